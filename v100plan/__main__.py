@@ -1,0 +1,3 @@
+from v100plan.cli import main
+
+main()

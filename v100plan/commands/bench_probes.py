@@ -1,0 +1,7 @@
+"""(commands to come)"""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    return None

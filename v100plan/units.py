@@ -1,0 +1,38 @@
+"""Parsing of the quantities users type: token counts with K = 1024."""
+
+from __future__ import annotations
+
+import re
+
+from v100plan.errors import BadInput
+
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+
+
+def parse_tokens(text: str | int) -> int:
+    """'186000' -> 186000, '186K' / '186k' -> 190464, '256K' -> 262144, '1M' -> 1048576.
+
+    K = 1024 and M = 1024 * 1024 tokens, as context lengths are quoted.
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _TOKENS.match(str(text))
+        if not m:
+            raise BadInput(
+                f"cannot read {text!r} as a token count",
+                hint="write a whole number of tokens, optionally with K (x1024) or M: 8192, 186K, 256K",
+            )
+        number, suffix = float(m.group(1)), m.group(2).lower()
+        value = number * {"": 1, "k": 1024, "m": 1024 * 1024}[suffix]
+        if value != int(value):
+            raise BadInput(f"{text!r} is not a whole number of tokens", hint="e.g. 186K or 190464")
+        value = int(value)
+    if value <= 0:
+        raise BadInput(f"a token count must be positive, got {text!r}", hint="e.g. --context 200K")
+    return value
+
+
+def format_tokens(n: int) -> str:
+    """262144 -> '256K', 190464 -> '186K', 1000 -> '1000'."""
+    return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
