@@ -1,0 +1,64 @@
+"""Counters the service exposes on /metrics, in the Prometheus text format (version 0.0.4).
+
+Written by hand rather than with a client library: a dozen series do not justify a
+dependency on every GPU host.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+_HELP = {
+    "v100plan_requests_total": ("counter", "HTTP requests answered, by endpoint and status code"),
+    "v100plan_prompt_tokens_total": ("counter", "prompt tokens sent to the ranks"),
+    "v100plan_completion_tokens_total": ("counter", "generated tokens served to clients (rank 0's, after lockstep)"),
+    "v100plan_lockstep_failures_total": ("counter", "LOCKSTEP FAILURE reports from either rank"),
+    "v100plan_rank_failures_total": ("counter", "rank generations ended by the watchdog, by cause"),
+    "v100plan_rank_restarts_total": ("counter", "rank pair starts after the first, successful or not"),
+    "v100plan_rank_restart_failures_total": ("counter", "rank pair starts that did not come up"),
+    "v100plan_cancelled_total": ("counter", "requests cancelled on both ranks (client gone or stop string)"),
+    "v100plan_ranks_up": ("gauge", "1 when both ranks are up and their self-test passed"),
+    "v100plan_rank_generation": ("gauge", "generation number of the current rank pair"),
+    "v100plan_queue_depth": ("gauge", "requests waiting behind the running one"),
+    "v100plan_allreduce_path": ("gauge", "1 for the allreduce path the ranks negotiated"),
+}
+
+
+def _labels(labels: tuple[tuple[str, str], ...]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+                     for k, v in labels)
+    return "{" + inner + "}"
+
+
+@dataclass
+class Metrics:
+    values: dict[str, dict[tuple, float]] = field(default_factory=lambda: defaultdict(dict))
+
+    def inc(self, name: str, amount: float = 1, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        series = self.values[name]
+        series[key] = series.get(key, 0) + amount
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self.values[name][tuple(sorted(labels.items()))] = value
+
+    def set_only(self, name: str, value: float, **labels: str) -> None:
+        """Replace every series of `name` by this one (e.g. the current allreduce path)."""
+        self.values[name] = {tuple(sorted(labels.items())): value}
+
+    def get(self, name: str, **labels: str) -> float:
+        return self.values.get(name, {}).get(tuple(sorted(labels.items())), 0)
+
+    def render(self) -> str:
+        out = []
+        for name, (kind, text) in _HELP.items():
+            out.append(f"# HELP {name} {text}")
+            out.append(f"# TYPE {name} {kind}")
+            series = self.values.get(name) or ({(): 0} if not name.endswith("_path") else {})
+            for labels, value in sorted(series.items()):
+                number = int(value) if float(value).is_integer() else value
+                out.append(f"{name}{_labels(labels)} {number}")
+        return "\n".join(out) + "\n"

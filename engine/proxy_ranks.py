@@ -1,0 +1,251 @@
+"""One generation of the two rank processes: start them, talk to them, kill them.
+
+Each rank is `python -m engine rank ...` (a child of serve) listening on a Unix
+socket; we connect once and exchange newline-delimited JSON (contracts.md). A
+reader task per rank puts every message on that rank's inbox and stamps the time
+of the last message, which the watchdog reads. Nothing here decides policy: the
+service (proxy_service.py) and the watchdog (watchdog.py) do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine import protocol
+from engine.serve_config import ServeConfig, rank_command
+
+# Unix socket paths are limited to 107 bytes on Linux; deep test directories exceed it.
+_SUN_PATH_MAX = 100
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel SIGKILLs the rank when serve dies, even by
+    SIGKILL, so a killed proxy never leaves an orphan rank holding the GPU."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the socket EOF still tells the rank to exit
+
+
+class RankStartError(Exception):
+    """The pair did not come up; the message says which rank and why (its log tail)."""
+
+
+@dataclass
+class RankLink:
+    rank: int
+    proc: asyncio.subprocess.Process
+    socket_path: str
+    log_path: str
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # until ready; then `sink`
+    sink: asyncio.Queue | None = None                            # the pair's merged queue
+    ready: dict | None = None
+    last_message_monotonic: float = field(default_factory=time.monotonic)
+    last_counter: int | None = None
+    eof: bool = False
+    fatal_message: str | None = None
+    ping_sent_monotonic: float | None = None  # an unanswered ping's send time
+    fault_replies: asyncio.Queue = field(default_factory=asyncio.Queue)  # fault_armed answers only
+    _reader_task: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def exited(self) -> bool:
+        return self.proc.returncode is not None
+
+    async def send(self, message: dict) -> None:
+        if self.writer is None or self.writer.is_closing():
+            raise ConnectionError(f"rank {self.rank}: control socket is closed")
+        self.writer.write(protocol.encode(message))
+        await self.writer.drain()
+
+    async def _read_loop(self) -> None:
+        assert self.reader is not None
+        while True:
+            try:
+                line = await self.reader.readline()
+            except (ConnectionError, asyncio.LimitOverrunError, ValueError):
+                line = b""
+            if not line:
+                self.eof = True
+                await (self.inbox if self.sink is None else self.sink).put({"type": "eof", "_rank": self.rank})
+                return
+            try:
+                msg = protocol.decode(line)
+            except protocol.ProtocolError:
+                continue  # not a protocol message; the rank's log has the context
+            self.last_message_monotonic = time.monotonic()
+            if "counter" in msg:
+                self.last_counter = msg["counter"]
+            kind = msg.get("type")
+            if kind == "pong":
+                self.ping_sent_monotonic = None
+                continue
+            if kind == "fault_armed":
+                self.fault_replies.put_nowait(msg)
+                continue
+            if kind == "fatal":
+                self.fatal_message = str(msg.get("message"))
+            msg["_rank"] = self.rank
+            await (self.inbox if self.sink is None else self.sink).put(msg)
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            text = Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+@dataclass
+class RankPair:
+    generation: int
+    links: list[RankLink]
+    run_dir: str
+    allreduce: str | None = None
+    race: dict | None = None
+    max_context: int | None = None
+    vocab_size: int | None = None
+    started_unix: float = field(default_factory=time.time)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # both ranks' messages, tagged "_rank"
+    failure: str | None = None                                   # set once, by whoever sees it first
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+
+    @property
+    def pids(self) -> list[int]:
+        return [link.pid for link in self.links]
+
+    async def close(self, grace_s: float = 2.0) -> None:
+        """Stop both ranks: SIGTERM (and SIGCONT, so a frozen rank can act on it), then SIGKILL
+        whatever is still there after the grace period. Always reaps both."""
+        for link in self.links:
+            if link.writer is not None:
+                link.writer.close()
+            if not link.exited:
+                for sig in (signal.SIGTERM, signal.SIGCONT):
+                    try:
+                        link.proc.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+        deadline = time.monotonic() + grace_s
+        for link in self.links:
+            try:
+                await asyncio.wait_for(link.proc.wait(), max(0.05, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                try:
+                    link.proc.kill()
+                except ProcessLookupError:
+                    pass
+                await link.proc.wait()
+            if link._reader_task is not None:
+                link._reader_task.cancel()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _run_dir(state_dir: str, generation: int) -> str:
+    base = os.path.join(state_dir, "run")
+    candidate = os.path.join(base, f"g{generation}")
+    if len(os.path.join(candidate, "r0.sock")) > _SUN_PATH_MAX:
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f"v100plan-g{generation}-")
+    shutil.rmtree(candidate, ignore_errors=True)
+    os.makedirs(candidate, mode=0o700)
+    return candidate
+
+
+async def start_pair(cfg: ServeConfig, generation: int) -> RankPair:
+    """Start both ranks of `generation` and wait for both `ready` messages.
+
+    Raises RankStartError (after killing whatever started) on a fatal message, an
+    early exit, or cfg.start_timeout_s without both ready.
+    """
+    run_dir = _run_dir(cfg.state_dir, generation)
+    rendezvous = os.path.join(run_dir, "rdv")
+    os.makedirs(rendezvous, mode=0o700, exist_ok=True)
+    log_dir = os.path.join(cfg.state_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    links: list[RankLink] = []
+    for rank in (0, 1):
+        sock = os.path.join(run_dir, f"r{rank}.sock")
+        log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *rank_command(cfg, rank, generation, rendezvous, sock),
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        links.append(RankLink(rank=rank, proc=proc, socket_path=sock, log_path=log_path))
+    pair = RankPair(generation=generation, links=links, run_dir=run_dir)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(_connect_and_wait_ready(link) for link in links)),
+                               cfg.start_timeout_s)
+    except asyncio.TimeoutError:
+        await pair.close(grace_s=0.5)
+        raise RankStartError(f"ranks not ready within {cfg.start_timeout_s:g} s") from None
+    except RankStartError:
+        await pair.close(grace_s=0.5)
+        raise
+    r0 = links[0].ready or {}
+    pair.allreduce = r0.get("allreduce")
+    pair.race = r0.get("race")
+    pair.max_context = r0.get("max_context")
+    pair.vocab_size = r0.get("vocab_size")
+    for link in links:
+        if link.ready.get("selftest") != "passed":
+            await pair.close(grace_s=0.5)
+            raise RankStartError(f"rank {link.rank}: allreduce self-test {link.ready.get('selftest')!r}")
+    if links[1].ready.get("allreduce") != pair.allreduce:
+        await pair.close(grace_s=0.5)
+        raise RankStartError(
+            f"ranks disagree on the allreduce path: {pair.allreduce} vs {links[1].ready.get('allreduce')}"
+        )
+    for link in links:  # from now on both ranks feed one queue, in arrival order
+        link.sink = pair.queue
+        while not link.inbox.empty():
+            pair.queue.put_nowait(link.inbox.get_nowait())
+    return pair
+
+
+async def _connect_and_wait_ready(link: RankLink) -> None:
+    while True:
+        if link.exited:
+            raise RankStartError(
+                f"rank {link.rank} exited with code {link.proc.returncode} before it was ready:\n{link.log_tail()}"
+            )
+        if os.path.exists(link.socket_path):
+            try:
+                link.reader, link.writer = await asyncio.open_unix_connection(link.socket_path, limit=1 << 24)
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                pass
+        await asyncio.sleep(0.05)
+    link._reader_task = asyncio.get_running_loop().create_task(link._read_loop())
+    while True:
+        msg = await link.inbox.get()
+        kind = msg.get("type")
+        if kind == "ready":
+            link.ready = msg
+            return
+        if kind in ("fatal", "eof"):
+            await asyncio.sleep(0.2)  # let the log receive the rank's last words
+            detail = msg.get("message") or f"closed its socket\n{link.log_tail()}"
+            raise RankStartError(f"rank {link.rank} failed to start: {detail}")
