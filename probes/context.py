@@ -1,0 +1,61 @@
+"""What the cases of one probe run share: options, the cards found, and what each case measured.
+
+Cases write into plain dicts here; probes/assemble.py freezes them into the
+report's dataclasses at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    mode: str = "standard"  # quick | standard | soak
+    load_duration_s: float = 30.0
+    sample_hz: float = 10.0
+    only: tuple[str, ...] = ()  # case keys; empty = all
+    keep_samples: bool = True
+
+    @classmethod
+    def for_mode(cls, mode: str, duration_s: float | None = None, only: tuple[str, ...] = ()) -> Options:
+        default = {"quick": 15.0, "standard": 30.0, "soak": 600.0}[mode]
+        return cls(mode=mode, load_duration_s=float(duration_s or default), only=only)
+
+
+@dataclasses.dataclass
+class CardState:
+    """One card as the cases learn about it: field -> value, field -> reason when unavailable."""
+
+    index: int
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)
+    unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def set(self, field: str, value: Any, reason: str | None = None) -> None:
+        self.values[field] = value
+        if value is None:
+            self.unavailable[field] = reason or "unavailable"
+        else:
+            self.unavailable.pop(field, None)
+
+
+@dataclasses.dataclass
+class ProbeContext:
+    options: Options
+    nvml_problem: str | None = None
+    cards: list[CardState] = dataclasses.field(default_factory=list)
+    host: dict[str, Any] = dataclasses.field(default_factory=dict)
+    host_unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
+    pairs: dict[tuple[int, int], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    method: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def pair(self, src: int, dst: int) -> dict[str, Any]:
+        return self.pairs.setdefault((src, dst), {"src": src, "dst": dst, "unavailable": {}})
+
+    def set_host(self, field: str, value: Any, reason: str | None = None) -> None:
+        self.host[field] = value
+        if value is None:
+            self.host_unavailable[field] = reason or "unavailable"
+        else:
+            self.host_unavailable.pop(field, None)
