@@ -87,7 +87,10 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
     async def chat(body: ChatRequest, request: Request):
         check_api_key(request, cfg.api_key)
         _check_common(body, text)
-        prompt_text = text.render_chat([(m.role, m.text()) for m in body.messages])
+        try:
+            prompt_text = text.render_chat([(m.role, m.text()) for m in body.messages])
+        except ValueError as exc:
+            raise ApiError(400, f"cannot build a chat prompt for this model: {exc}", "messages") from None
         prompt_ids = _encode(text, prompt_text)
         return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat")
 

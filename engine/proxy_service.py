@@ -42,6 +42,14 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+def _previous_generation(state_dir: str) -> int:
+    try:
+        with open(os.path.join(state_dir, "service.json")) as fh:
+            return int(json.load(fh).get("generation") or 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 class Service:
     def __init__(self, cfg: ServeConfig, log: StructuredLog, on_exit: Callable[[int], None]):
         self.cfg = cfg
@@ -50,7 +58,9 @@ class Service:
         self.on_exit = on_exit
         self.state = "starting"            # starting | up | restarting | exiting
         self.pair: RankPair | None = None
-        self.generation = 0
+        # Generations keep counting across proxy restarts (supervisor), so a generation number
+        # names one pair of rank processes for the life of the state directory.
+        self.generation = _previous_generation(cfg.state_dir)
         self.last_failure: str | None = None
         self.queue: deque[Job] = deque()
         self.running: Job | None = None
@@ -89,9 +99,9 @@ class Service:
     async def _bring_up(self, after_failure: str | None) -> RankPair | None:
         while True:
             self.generation += 1
-            if self.generation > 1:
+            if after_failure is not None or self.budget.consecutive_failures:
                 self.metrics.inc("v100plan_rank_restarts_total")
-            self._publish_down("starting" if self.generation == 1 else "restarting")
+            self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
             try:
                 pair = await start_pair(self.cfg, self.generation)
@@ -119,7 +129,7 @@ class Service:
             self.metrics.set("v100plan_rank_generation", pair.generation)
             if pair.allreduce:
                 self.metrics.set_only("v100plan_allreduce_path", 1, path=pair.allreduce)
-            self.log.emit("restart" if pair.generation > 1 else "ranks_up",
+            self.log.emit("restart" if after_failure is not None else "ranks_up",
                           generation=pair.generation, rank_pids=pair.pids, allreduce=pair.allreduce,
                           race=pair.race, max_context=pair.max_context, start_s=round(time.monotonic() - t0, 3),
                           after=after_failure)
@@ -182,7 +192,8 @@ class Service:
     def submit(self, params: GenerateParams, endpoint: str) -> Job:
         if self.state != "up":
             raise Unavailable(
-                f"the engine is {self.state}" + (f" after: {self.last_failure}" if self.last_failure else ""),
+                f"the engine is {self.state}"
+                + (f" after: {self.last_failure.splitlines()[0]}" if self.last_failure else ""),
                 retry_after_s=max(1, int(self.cfg.stall_timeout_s if self.state == "starting" else 5)),
             )
         if len(self.queue) >= self.cfg.queue_cap and (self.running is not None or self.queue):

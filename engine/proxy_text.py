@@ -10,61 +10,41 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.tokenizer import Tokenizer
+
 
 @dataclass(frozen=True)
 class ModelText:
     model_id: str
     vocab_size: int
-    bos_token_id: int | None
-    add_bos: bool
     eos_token_ids: tuple[int, ...]
-    chat_template: dict | None         # see render_chat
-    tokenizer: object | None           # tokenizers.Tokenizer, None without tokenizer.json
+    tokenizer: Tokenizer | None        # None without tokenizer.json: token-id prompts only
 
     def encode_prompt(self, text: str) -> list[int]:
-        """The model's BOS rule, then the text's tokens (no other special tokens)."""
+        """The model's BOS rule, then the text's tokens (engine.tokenizer, as `generate --prompt`)."""
         if self.tokenizer is None:
             raise ValueError("this model directory has no tokenizer.json: send the prompt as token ids")
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return ([self.bos_token_id] if self.add_bos and self.bos_token_id is not None else []) + ids
+        return self.tokenizer.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return "" if self.tokenizer is None else self.tokenizer.decode(ids)
 
     def render_chat(self, messages: list[tuple[str, str]]) -> str:
-        """messages as (role, text) -> the prompt text, ending where the assistant speaks.
-
-        The template is plain data (no code): {"message": "<|{role}|>{content}\\n",
-        "generation_prompt": "<|assistant|>"}; without one, a neutral "role: text" layout.
-        """
-        tpl = self.chat_template or {"message": "{role}: {content}\n", "generation_prompt": "assistant:"}
-        body = "".join(tpl["message"].replace("{role}", role).replace("{content}", text) for role, text in messages)
-        return body + tpl.get("generation_prompt", "")
+        """messages as (role, text) -> the prompt text, ending where the assistant speaks."""
+        if self.tokenizer is None:
+            raise ValueError("this model directory has no tokenizer.json: use /v1/completions with token ids")
+        return self.tokenizer.render_chat([{"role": r, "content": t} for r, t in messages])
 
 
 def load_model_text(model_dir: str, served_model_name: str | None) -> ModelText:
     root = Path(model_dir)
     config = json.loads((root / "config.json").read_text())
-    tokenizer = None
-    if (root / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    v100plan = config.get("v100plan") or {}
-    model_id = served_model_name or v100plan.get("served_model_id") or config.get("served_model_id") or root.name
-    return ModelText(
-        model_id=model_id,
-        vocab_size=int(config["vocab_size"]),
-        bos_token_id=config.get("bos_token_id"),
-        add_bos=bool(v100plan.get("add_bos", config.get("add_bos_token", config.get("bos_token_id") is not None))),
-        eos_token_ids=eos_ids,
-        chat_template=v100plan.get("chat_template") or config.get("chat_template"),
-        tokenizer=tokenizer,
-    )
+    # The demo model names itself in config.json's "v100plan" block; other models go by their directory.
+    model_id = served_model_name or (config.get("v100plan") or {}).get("model_id") or root.name
+    return ModelText(model_id=model_id, vocab_size=int(config["vocab_size"]), eos_token_ids=eos_ids,
+                     tokenizer=Tokenizer.from_dir(root))
 
 
 class TextAssembler:
