@@ -1,0 +1,43 @@
+"""`python -m engine COMMAND ...`: the bundle's entry point on a GPU host (or a CPU one).
+
+Each command is a module with ``main(argv) -> exit code``; add a command by adding
+one line to COMMANDS.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "shard": ("engine.shard", "split a checkpoint for tensor parallelism and verify it reassembles"),
+    "make-demo-model": ("engine.demo_cli", "write the v100plan-demo model (byte-identical everywhere)"),
+    "generate": ("engine.generate", "one-shot generation, TP1 in-process or TP2 over two rank processes"),
+    "rank": ("engine.rank_cli", "one tensor-parallel rank speaking the control-socket protocol"),
+    "bench": ("engine.bench", "decode and allreduce benchmark on a GPU host (prints JSON)"),
+    "serve": ("engine.serve", "the OpenAI-compatible service over two ranks"),
+    "supervise": ("engine.supervise", "run the service under a real process supervisor"),
+}
+
+
+def usage() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = ["usage: python -m engine COMMAND [options]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {about}" for name, (_, about) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"Error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Allreduce / gather paths between the two ranks, one interface.
+
+Every path implements ``all_gather(x) -> (rank 0's x, rank 1's x)`` as bit-exact
+copies; the sum is then formed by both ranks in the same fixed order
+(rank 0's half + rank 1's half), so both hold bit-identical activations whatever
+the transport. Path names are shared with the plan, the flags and the metrics:
+``nccl``, ``gloo``, ``host_mailbox``, ``device_mailbox``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+class PathError(RuntimeError):
+    """A path that cannot be set up or used, with the reason."""
+
+
+class PathTimeout(PathError):
+    """A wait for the peer passed its bound: an error with a clear message, never a hang."""
+
+
+class Path:
+    name = "none"
+
+    def __init__(self, rank: int, timeout_s: float, abort: threading.Event | None = None):
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.abort = abort or threading.Event()
+
+    def all_gather(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def allreduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.all_gather(x)
+        return a + b  # fixed order on both ranks
+
+    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.all_gather(x)
+        return torch.cat((a, b), dim=-1)
+
+    def close(self) -> None:
+        return None
