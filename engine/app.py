@@ -112,7 +112,8 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         except (Unavailable, QueueFull) as exc:
             status = 503 if isinstance(exc, Unavailable) else 429
             raise ApiError(status, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
-        request.state.log = {"id": job.id, "kind": kind, "stream": body.stream, "seed": seed,
+        request.state.job = job
+        request.state.log = {"kind": kind, "stream": body.stream, "seed": seed,
                              "prompt_tokens": len(prompt_ids), "max_tokens": params.max_tokens}
         assembler = TextAssembler(text, body.stop_strings(), text.eos_token_ids)
         created = int(time.time())
@@ -244,8 +245,7 @@ def _finish_reason(rank_reason: str, job: Job, assembler: TextAssembler) -> str:
 
 def _log(request: Request, job: Job, outcome: str, **extra) -> None:
     fields = dict(getattr(request.state, "log", {}) or {})
-    fields.update(outcome=outcome, generation=job.generation, rank_pids=job.rank_pids,
-                  completion_tokens=job.completion_tokens, rank_finish=list(job.rank_finish), **extra)
+    fields.update(outcome=outcome, **extra)
     request.state.log = fields
 
 

@@ -94,9 +94,23 @@ class EdgeMiddleware:
             status = status_box.get("status")
             if path.startswith("/v1/"):
                 self.metrics.inc("v100plan_requests_total", endpoint=path, status=str(status or "none"))
-                fields = dict(scope["state"].get("log") or {})
-                self.log.emit("request", method=scope.get("method"), path=path, status=status,
-                              duration_ms=round((time.monotonic() - t0) * 1000, 1), **fields)
+                self._log_request(scope, path, status, t0)
+
+    def _log_request(self, scope, path: str, status: int | None, t0: float) -> None:
+        fields = dict(scope["state"].get("log") or {})
+        job = scope["state"].get("job")
+
+        def emit(_event=None):
+            extra = job.log_fields() if job is not None else {}
+            self.log.emit("request", method=scope.get("method"), path=path, status=status,
+                          duration_ms=round((time.monotonic() - t0) * 1000, 1), **fields, **extra)
+
+        if job is not None and job.state != "finished":
+            # The client left before the ranks finished (they are cancelling): log once both
+            # ranks said how they ended, so the line shows that both stopped.
+            job.on_finish = emit
+        else:
+            emit()
 
     async def _too_large(self, send) -> None:
         resp = JSONResponse(error_body(413, f"request body over the limit of {self.limit} bytes", None,

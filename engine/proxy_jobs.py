@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from engine import protocol
 
@@ -49,6 +50,11 @@ class Job:
     rank_pids: list[int] | None = None
     completion_tokens: int = 0
     rank_finish: list[str | None] = field(default_factory=lambda: [None, None])
+    on_finish: Callable[[tuple], None] | None = None   # e.g. the deferred request log line
+
+    def log_fields(self) -> dict:
+        return {"id": self.id, "generation": self.generation, "rank_pids": self.rank_pids,
+                "completion_tokens": self.completion_tokens, "rank_finish": list(self.rank_finish)}
 
     def cancel(self, reason: str) -> None:
         """Ask both ranks to stop this request (the service sends the cancel message)."""
@@ -59,3 +65,5 @@ class Job:
         if self.state != "finished":
             self.state = "finished"
             self.events.put_nowait(event)
+            if self.on_finish is not None:
+                self.on_finish(event)

@@ -21,6 +21,7 @@ _HELP = {
     "v100plan_ranks_up": ("gauge", "1 when both ranks are up and their self-test passed"),
     "v100plan_rank_generation": ("gauge", "generation number of the current rank pair"),
     "v100plan_queue_depth": ("gauge", "requests waiting behind the running one"),
+    "v100plan_requests_running": ("gauge", "requests the ranks are working on (0 or 1: one sequence at a time)"),
     "v100plan_allreduce_path": ("gauge", "1 for the allreduce path the ranks negotiated"),
 }
 

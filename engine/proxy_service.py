@@ -229,6 +229,7 @@ class Service:
                 continue
             pair = self.pair
             self.running = job
+            self.metrics.set("v100plan_requests_running", 1)
             try:
                 await self._run(job, pair)
             except (ConnectionError, OSError) as exc:
@@ -236,6 +237,7 @@ class Service:
                 job.finish(("error", 503, f"the engine's ranks failed ({exc}); the service is restarting them"))
             finally:
                 self.running = None
+                self.metrics.set("v100plan_requests_running", 0)
                 if job.started_monotonic is not None:
                     self._recent_durations_s.append(time.monotonic() - job.started_monotonic)
 

@@ -1,0 +1,263 @@
+"""The service's API against real rank processes on 127.0.0.1: answers equal to the TP1
+reference, streaming, the official openai client, validation, auth, limits, queue cap,
+and client disconnects cancelling both ranks. One service for the whole module."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.test_service_support import (
+    MODEL_ID,
+    ServiceProcess,
+    chat_prompt_ids,
+    prompt_ids,
+    reference_until_eos,
+    tp1_reference,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+KEY = "test-key-5f0c"
+MAX_CONTEXT = 256
+
+
+@pytest.fixture(scope="module")
+def svc():
+    s = ServiceProcess("--queue-cap", "1", "--max-context", str(MAX_CONTEXT), "--body-limit-bytes", "65536",
+                       api_key=KEY)
+    try:
+        s.wait_healthy()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(svc):
+    return openai.OpenAI(base_url=svc.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def _expected(ids: list[int], n: int) -> list[int]:
+    return reference_until_eos(tp1_reference(tuple(ids), n)["token_ids"])
+
+
+def test_health_metrics_and_models(svc, client):
+    h = svc.client.get("/health")
+    assert h.status_code == 200
+    body = h.json()
+    assert body["status"] == "ok" and body["selftest"] == "passed" and len(body["rank_pids"]) == 2
+    assert body["allreduce"] in ("gloo", "host_mailbox")
+    metrics = svc.client.get("/metrics").text
+    assert "v100plan_ranks_up 1" in metrics
+    assert f'v100plan_allreduce_path{{path="{body["allreduce"]}"}} 1' in metrics
+    assert [m.id for m in client.models.list().data] == [MODEL_ID]
+    assert client.models.retrieve(MODEL_ID).id == MODEL_ID
+
+
+def test_completion_equals_tp1_reference(svc):
+    ids = prompt_ids("The quick brown fox")
+    r = svc.complete("The quick brown fox", 24)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    expected = _expected(ids, 24)
+    assert body["v100plan"]["token_ids"] == expected
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    assert body["usage"]["completion_tokens"] == len(expected)
+    assert body["choices"][0]["finish_reason"] == ("length" if len(expected) == 24 else "stop")
+    # Token ids as the prompt are used verbatim (no BOS added), as with `generate --prompt-ids`.
+    raw = [40, 41, 42, 43, 44]
+    r2 = svc.complete(raw, 10)
+    assert r2.json()["v100plan"]["token_ids"] == _expected(raw, 10)
+
+
+def test_openai_client_chat_and_streams(svc, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
+    expected_ids = _expected(chat_prompt_ids(messages), 20)
+    chat = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=20, temperature=0)
+    assert chat.model_extra["v100plan"]["token_ids"] == expected_ids
+    full_text = chat.choices[0].message.content
+    assert chat.choices[0].message.role == "assistant"
+
+    pieces, reasons = [], []
+    for chunk in client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=20, temperature=0,
+                                                stream=True):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            reasons.append(chunk.choices[0].finish_reason)
+    assert "".join(pieces) == full_text
+    assert reasons[-1] == chat.choices[0].finish_reason and all(r is None for r in reasons[:-1])
+
+    text = client.completions.create(model=MODEL_ID, prompt="Once upon", max_tokens=16, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL_ID, prompt="Once upon", max_tokens=16, temperature=0, stream=True))
+    assert streamed == text.choices[0].text
+    assert text.model_extra["v100plan"]["token_ids"] == _expected(prompt_ids("Once upon"), 16)
+
+
+def test_sse_wire_format_ends_with_done(svc):
+    with svc.client.stream("POST", "/v1/completions", json={"model": MODEL_ID, "prompt": "Hi", "max_tokens": 5,
+                                                           "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines)
+    last = json.loads(lines[-2][6:])
+    assert last["choices"][0]["finish_reason"] in ("length", "stop") and "usage" in last
+
+
+def test_max_tokens_truncates_and_stop_string_ends(svc):
+    ids = prompt_ids("The quick brown fox")
+    ref = tp1_reference(tuple(ids), 24)
+    expected = reference_until_eos(ref["token_ids"])
+    short = svc.complete("The quick brown fox", 3).json()
+    assert short["v100plan"]["token_ids"] == expected[:3] and short["choices"][0]["finish_reason"] == "length"
+    full_text = svc.complete("The quick brown fox", 24).json()["choices"][0]["text"]
+    stop = full_text[6:9]
+    assert len(stop) == 3 and stop in full_text
+    cut = full_text[: full_text.index(stop)]
+    r = svc.complete("The quick brown fox", 24, stop=[stop]).json()
+    assert r["choices"][0]["text"] == cut and r["choices"][0]["finish_reason"] == "stop"
+    with svc.client.stream("POST", "/v1/completions", json={"model": MODEL_ID, "prompt": "The quick brown fox",
+                                                           "max_tokens": 24, "temperature": 0, "stop": stop,
+                                                           "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == cut
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_seeds_same_on_both_ranks_and_fresh_per_request(svc):
+    ids = prompt_ids("Random words:")
+    a = svc.complete(ids, 16, temperature=0.9, seed=1234).json()["v100plan"]
+    b = svc.complete(ids, 16, temperature=0.9, seed=1234).json()["v100plan"]
+    assert a["token_ids"] == b["token_ids"] and a["seed"] == 1234
+    # Same distribution, same seed: the sampled tokens equal one process sampling alone.
+    assert a["token_ids"] == reference_until_eos(tp1_reference(tuple(ids), 16, 0.9, 1234)["token_ids"])
+    drawn = [svc.complete(ids, 4, temperature=0.9).json()["v100plan"]["seed"] for _ in range(3)]
+    assert len(set(drawn)) == 3
+    logged = {e.get("seed") for e in svc.events("request") if e.get("id")}
+    assert set(drawn) <= logged
+
+
+@pytest.mark.parametrize("payload, status, param", [
+    ({"model": MODEL_ID, "prompt": "x", "max_tokens": "5"}, 422, "max_tokens"),
+    ({"model": MODEL_ID, "prompt": "x", "temperature": "hot"}, 422, "temperature"),
+    ({"model": MODEL_ID, "prompt": "x", "temperature": 3.5}, 422, "temperature"),
+    ({"model": MODEL_ID, "prompt": "x", "stream": "yes"}, 422, "stream"),
+    ({"prompt": "x"}, 422, "model"),
+    ({"model": MODEL_ID, "prompt": "x", "n": 2}, 400, "n"),
+    ({"model": "gpt-4o", "prompt": "x"}, 404, "model"),
+])
+def test_bad_requests_name_the_field(svc, payload, status, param):
+    r = svc.client.post("/v1/completions", json=payload)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"] if status != 404 else err["param"] == param
+
+
+def test_bad_json_context_overflow_and_body_limit(svc):
+    r = svc.client.post("/v1/completions", content=b'{"model": ', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    ids = prompt_ids("a" * 40)
+    r = svc.complete("a" * 40, MAX_CONTEXT)
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert f"{len(ids)} tokens" in msg and f"context limit of {MAX_CONTEXT}" in msg
+    r = svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "x" * 70000, "max_tokens": 1})
+    assert r.status_code == 413
+    r = svc.client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": []})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "messages"
+
+
+def test_api_key_checked(svc):
+    anon = httpx.Client(base_url=svc.url, timeout=30)
+    try:
+        assert anon.get("/v1/models").status_code == 401
+        r = anon.post("/v1/completions", json={"model": MODEL_ID, "prompt": "x"},
+                      headers={"Authorization": "Bearer wrong-key"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert anon.get("/health").status_code == 200  # health and metrics stay open for supervisors
+    finally:
+        anon.close()
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=svc.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def _cancelled_line(svc, request_id_before: set, timeout_s: float = 20) -> dict:
+    def find():
+        for e in svc.events("request"):
+            if e.get("id") and e["id"] not in request_id_before and e.get("outcome") == "client_gone":
+                if e.get("rank_finish") == ["cancelled", "cancelled"]:
+                    return e
+        return None
+
+    return wait_until(find, timeout_s, what="a request line with both ranks cancelled")
+
+
+def _request_ids(svc) -> set:
+    return {e.get("id") for e in svc.events("request")}
+
+
+def test_stream_disconnect_cancels_both_ranks(svc):
+    before = _request_ids(svc)
+    cancelled_before = svc.metric("v100plan_cancelled_total")
+    with svc.client.stream("POST", "/v1/completions", json={"model": MODEL_ID, "prompt": "Long story",
+                                                           "max_tokens": 200, "temperature": 0,
+                                                           "stream": True}) as r:
+        got = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                got += 1
+                if got == 3:
+                    break  # leaving the block closes the connection mid-stream
+    line = _cancelled_line(svc, before)
+    assert line["completion_tokens"] < 200
+    wait_until(lambda: svc.metric("v100plan_cancelled_total") > cancelled_before, 10, what="cancel counted")
+    # Both ranks stopped on the same step and are in step: the next answer is still exact.
+    ids = prompt_ids("The quick brown fox")
+    assert svc.complete(ids, 12).json()["v100plan"]["token_ids"] == _expected(ids, 12)
+
+
+def test_non_streaming_disconnect_cancels_both_ranks(svc):
+    before = _request_ids(svc)
+    with pytest.raises(httpx.ReadTimeout):
+        svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Long story", "max_tokens": 200,
+                                                 "temperature": 0}, timeout=0.5)
+    line = _cancelled_line(svc, before)
+    assert line["completion_tokens"] < 200
+    ids = prompt_ids("Once upon")
+    assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == _expected(ids, 8)
+
+
+def test_queue_cap_answers_429_with_retry_after(svc):
+    # --queue-cap 1: one running, one waiting, the third is refused.
+    long = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 200, "temperature": 0}
+    results = {}
+
+    def call(name):
+        try:
+            results[name] = svc.client.post("/v1/completions", json=long, timeout=1.5).status_code
+        except httpx.ReadTimeout:
+            results[name] = "timeout"
+
+    first = threading.Thread(target=call, args=("first",))
+    first.start()
+    wait_until(lambda: svc.metric("v100plan_requests_running") == 1, 5, what="the first request to run")
+    second = threading.Thread(target=call, args=("second",))
+    second.start()
+    wait_until(lambda: svc.metric("v100plan_queue_depth") == 1, 5, what="the second request to wait")
+    r = svc.client.post("/v1/completions", json=long)
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+    assert "queue-cap 1" in r.json()["error"]["message"]
+    first.join()
+    second.join()
+    assert results == {"first": "timeout", "second": "timeout"}
+    # Both left; the service drains them (cancel on both ranks) and serves again.
+    ids = prompt_ids("Once upon")
+    got = wait_until(lambda: svc.complete(ids, 8), 30)
+    assert got.json()["v100plan"]["token_ids"] == _expected(ids, 8)
