@@ -1,7 +1,263 @@
-"""(commands to come)"""
+"""`v100plan plan`, `v100plan compare` and the `v100plan profiles` group.
+
+Each command: declare options, validate them, make one library call (the pure
+planner), render a table or emit one JSON document.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 
+from profiles.document import SCHEMA_VERSIONS, provenance
+from v100plan import catalogue, documents, output, render_plan
+from v100plan.errors import BadInput, DocumentError, UnknownId
+from v100plan.options import JsonOpt, OutOpt
+from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_from_doc, plan
+from v100plan.planner.from_probe import hardware_from_probe
+from v100plan.profile_checks import catalogue_problems
+from v100plan.units import parse_tokens
+
+DEFAULT_HARDWARE = "v100-pg500-216"
+DEFAULT_GPUS = 2
+DEFAULT_MODEL = "qwen3.8-27b-nvfp4"
+DEFAULT_ENGINE = "ninfer-v100-tp"
+DEFAULT_CONTEXT = "200K"
+
+
+class Objective(str, Enum):
+    latency = "latency"
+    throughput = "throughput"
+
+
+def _check_acceptance(acceptance: float | None) -> None:
+    if acceptance is not None and not 0.0 <= acceptance <= 1.0:
+        raise BadInput(f"--acceptance must be between 0 and 1, got {acceptance:g}",
+                       hint="it is the per-draft-token acceptance rate: tokens per round = 1 + k x A (e.g. 0.49, 0.745)")
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise BadInput(f"{name} must be at least 1, got {value}")
+
+
+def load_hardware(spec: str, gpus: int | None):
+    """A catalogue id, or a path to a ProbeReport (or a HardwareProfile) JSON file."""
+    if spec in catalogue.ids("hardware"):
+        return hardware_from_doc(catalogue.get("hardware", spec), gpus or DEFAULT_GPUS)
+    path = Path(spec)
+    if not (path.exists() or spec.endswith(".json") or "/" in spec):
+        raise UnknownId("hardware", spec, catalogue.ids("hardware"))
+    doc = documents.read_json(path)
+    kind = documents.detect_kind(doc)
+    if kind == "probe_report":
+        _validate_probe(doc, str(path))
+        return hardware_from_probe(doc, catalogue.all_of("hardware"), str(path), gpus)
+    if kind == "hardware_profile":
+        documents.validate(doc, kind, source=str(path))
+        return hardware_from_doc(doc, gpus or DEFAULT_GPUS)
+    raise DocumentError(str(path), f"expected a probe_report or hardware_profile document, found kind {doc.get('kind')!r}"
+                        if isinstance(doc, dict) else "expected a JSON object")
+
+
+def _validate_probe(doc: dict[str, Any], source: str) -> None:
+    import profiles
+
+    if profiles.schema_path("probe_report").exists():
+        documents.validate(doc, "probe_report", source=source)
+        return
+    # Without the schema file, still refuse another major version.
+    from profiles.document import version_problem
+
+    why = version_problem("probe_report", doc.get("schema_version"))
+    if why:
+        raise DocumentError(source, why, json_path="$.schema_version")
+
+
+def _model(model_id: str):
+    return model_from_doc(catalogue.get("model", model_id))
+
+
+def _family(model_id: str):
+    m = _model(model_id)
+    return tuple(model_from_doc(d) for d in catalogue.all_of("model") if d.get("family") == m.family)
+
+
+def plan_document(hardware: str, gpus: int | None, model: str, engine: str, context: str, acceptance: float | None,
+                  concurrency: int, objective: str) -> dict[str, Any]:
+    """One Plan document (kind "plan") for the CLI's inputs."""
+    tokens = parse_tokens(context)
+    _check_acceptance(acceptance)
+    _positive("--gpus", gpus)
+    _positive("--concurrency", concurrency)
+    m = _model(model)
+    e = engine_from_doc(catalogue.get("engine", engine))
+    hw = load_hardware(hardware, gpus)
+    target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective)
+    result = plan(hw, m, e, target, alternatives=_family(model))
+    inputs = {"hardware": hardware, "gpus": hw.gpus, "model": model, "engine": engine, "context_tokens": tokens,
+              "acceptance": acceptance, "concurrency": concurrency, "objective": objective}
+    doc = {"kind": "plan", "schema_version": SCHEMA_VERSIONS["plan"], "provenance": provenance(inputs), **result.to_dict()}
+    return documents.validate(doc, "plan", source="the planner's output")
+
+
+_HW_SPEC = re.compile(r"^(?P<id>.+?)x(?P<n>\d+)$")
+
+
+def parse_hw_spec(spec: str) -> tuple[str, int]:
+    """'v100-pg500-216x2' -> ('v100-pg500-216', 2); 'rtx4090-48g' -> ('rtx4090-48g', 1)."""
+    if spec in catalogue.ids("hardware") or Path(spec).exists():
+        return spec, 1
+    m = _HW_SPEC.match(spec)
+    if m and (m.group("id") in catalogue.ids("hardware") or Path(m.group("id")).exists()):
+        n = int(m.group("n"))
+        _positive(f"the GPU count in {spec!r}", n)
+        return m.group("id"), n
+    raise UnknownId("hardware", spec, catalogue.ids("hardware"))
+
+
+def compare_document(specs: list[str], model: str, engine: str, context: str, acceptance: float | None,
+                     objective: str) -> dict[str, Any]:
+    if not specs:
+        raise BadInput("name at least one hardware to compare", hint="e.g. v100plan compare v100-pg500-216x2 rtx4090-48g")
+    tokens = parse_tokens(context)
+    rows = []
+    for spec in specs:
+        hw_id, n = parse_hw_spec(spec)
+        doc = plan_document(hw_id, n, model, engine, context, acceptance, 1, objective)
+        best = next((s for s in doc["strategies"] if s["name"] == doc["recommended"]), None)
+        hw = load_hardware(hw_id, n)
+        price = hw.card.price_per_card
+        total = price[0] * n if price else None
+        rows.append({
+            "hardware": hw_id, "gpus": n, "best_strategy": doc["recommended"],
+            "decode_tok_s": best["decode_tok_s"] if best else None,
+            "decode_ceiling_tok_s": best["decode_ceiling_tok_s"] if best else None,
+            "aggregate_tok_s": best["aggregate_tok_s"] if best else None,
+            "prefill_s": best["prefill_s"] if best else None,
+            "max_context": max((s["max_context"] for s in doc["strategies"] if s["fits"]), default=0),
+            "price_total": total, "currency": price[1] if price else None,
+            "price_per_decode_tok_s": round(total / best["decode_tok_s"], 1) if (total and best and best["decode_tok_s"]) else None,
+            "reason": best["reason"] if best else "; ".join(f"{s['name']}: {s['reason']}" for s in doc["strategies"]),
+        })
+    inputs = {"hardware": specs, "model": model, "engine": engine, "context_tokens": tokens, "acceptance": acceptance,
+              "objective": objective}
+    return {"kind": "comparison", "schema_version": SCHEMA_VERSIONS["plan"], "provenance": provenance(inputs),
+            "inputs": inputs, "rows": rows}
+
+
+def _write_out(doc: dict[str, Any], out: str | None) -> None:
+    if out:
+        import json
+
+        Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command("plan")
+    def plan_cmd(
+        hardware: Annotated[str, typer.Option("--hardware", help="Catalogue hardware id, or a probe report JSON file.")] = DEFAULT_HARDWARE,
+        gpus: Annotated[Optional[int], typer.Option("--gpus", help="Number of cards (default 2; a probe report's card count).")] = None,
+        model: Annotated[str, typer.Option("--model", help="Catalogue model id.")] = DEFAULT_MODEL,
+        engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id.")] = DEFAULT_ENGINE,
+        context: Annotated[str, typer.Option("--context", help="Context length in tokens: 186000, 186K, 256K (K = 1024).")] = DEFAULT_CONTEXT,
+        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A: tokens/round = 1 + k x A.")] = None,
+        concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences decoded together by each engine instance.")] = 1,
+        objective: Annotated[Objective, typer.Option("--objective", help="Recommend by one-stream latency or aggregate throughput.")] = Objective.latency,
+        json_out: JsonOpt = False,
+        out: OutOpt = None,
+    ) -> None:
+        """How to run a model on these cards: every strategy, its speed beside the ceiling, and why."""
+        doc = plan_document(hardware, gpus, model, engine, context, acceptance, concurrency, objective.value)
+        _write_out(doc, out)
+        if json_out:
+            output.emit_json(doc)
+        else:
+            render_plan.print_all(render_plan.plan_renderables(doc))
+
+    @app.command("compare")
+    def compare_cmd(
+        hardware: Annotated[list[str], typer.Argument(help="Hardware as ID or IDxN (N cards), e.g. v100-pg500-216x2 rtx4090-48g.")],
+        model: Annotated[str, typer.Option("--model", help="Catalogue model id.")] = DEFAULT_MODEL,
+        engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id.")] = DEFAULT_ENGINE,
+        context: Annotated[str, typer.Option("--context", help="Context length in tokens (K = 1024).")] = DEFAULT_CONTEXT,
+        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A.")] = None,
+        objective: Annotated[Objective, typer.Option("--objective")] = Objective.latency,
+        json_out: JsonOpt = False,
+        out: OutOpt = None,
+    ) -> None:
+        """Boxes side by side: best strategy, decode tok/s, prefill, max context, price per tok/s."""
+        doc = compare_document(list(hardware), model, engine, context, acceptance, objective.value)
+        _write_out(doc, out)
+        if json_out:
+            output.emit_json(doc)
+        else:
+            render_plan.print_all(render_plan.compare_renderables(doc))
+
+    profiles_app = typer.Typer(help="The catalogue: list, show and validate profiles.", no_args_is_help=True)
+    app.add_typer(profiles_app, name="profiles")
+
+    @profiles_app.command("list")
+    def profiles_list(json_out: JsonOpt = False) -> None:
+        """Every catalogued hardware, model and engine id."""
+        entries = [{"catalogue": c, "id": d["id"], "name": d["name"]} for c in ("hardware", "model", "engine")
+                   for d in catalogue.all_of(c)]
+        if json_out:
+            output.emit_json(entries)
+            return
+        output.render(output.table("v100plan catalogue", ["catalogue", "id", "name"],
+                                   [[e["catalogue"], e["id"], e["name"]] for e in entries]))
+
+    @profiles_app.command("show")
+    def profiles_show(id_: Annotated[str, typer.Argument(metavar="ID", help="A hardware, model or engine id.")]) -> None:
+        """Print one profile (a JSON document, sources included)."""
+        for c in ("hardware", "model", "engine"):
+            if id_ in catalogue.ids(c):
+                output.emit_json(catalogue.get(c, id_))
+                return
+        every = [i for c in ("hardware", "model", "engine") for i in catalogue.ids(c)]
+        raise UnknownId("profile", id_, every)
+
+    @profiles_app.command("validate")
+    def profiles_validate(
+        files: Annotated[Optional[list[str]], typer.Argument(help="JSON files; none = the whole catalogue.")] = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Check documents against their schema (and catalogue files against the source rule)."""
+        paths = [Path(f) for f in files] if files else [catalogue.path_of(c, i) for c in ("hardware", "model", "engine")
+                                                         for i in catalogue.ids(c)]
+        results = []
+        for p in paths:
+            found: list[tuple[str, str]]
+            try:
+                doc = documents.read_json(p)
+            except DocumentError as e:
+                results.append({"file": str(p), "kind": None, "problems": [{"path": "$", "problem": e.problem}]})
+                continue
+            kind = documents.detect_kind(doc)
+            if kind is None:
+                found = [("$.kind", f"'kind' must be one of {', '.join(SCHEMA_VERSIONS)}")]
+            else:
+                found = documents.problems(doc, kind)
+                if not found and kind in catalogue.KINDS.values():
+                    found = catalogue_problems(doc, p)
+            results.append({"file": str(p), "kind": kind, "problems": [{"path": a, "problem": b} for a, b in found]})
+        bad = [r for r in results if r["problems"]]
+        if json_out:
+            output.emit_json({"valid": not bad, "files": results})
+        else:
+            rows = []
+            for r in results:
+                if not r["problems"]:
+                    rows.append([r["file"], r["kind"], "ok", ""])
+                for pr in r["problems"]:
+                    rows.append([r["file"], r["kind"], pr["path"], pr["problem"]])
+            output.render(output.table(None, ["file", "kind", "status / JSON path", "problem"], rows), to_stderr=False)
+        if bad:
+            raise DocumentError(bad[0]["file"], f"{len(bad)} of {len(results)} file(s) invalid; first: "
+                                f"{bad[0]['problems'][0]['path']}: {bad[0]['problems'][0]['problem']}",
+                                json_path=None, hint="fix the fields named above; the schemas are in profiles/schema/")

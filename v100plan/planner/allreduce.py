@@ -1,0 +1,119 @@
+"""Which allreduce path a TP2 pair uses, and what one allreduce costs.
+
+Path names are the engine's flags and metrics: nccl, gloo, host_mailbox,
+device_mailbox, none. Latencies come from the box (hardware profile or probe
+report) first, else from the engine profile's figures (FACTS.md: measured on the
+field report's V100 boxes), and say which.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from v100plan.planner.inputs import Engine, Hardware
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
+
+
+def size_key_bytes(key: str) -> float | None:
+    """'8k' -> 8192, '40k' -> 40960, '1m' -> 1048576, '20m' -> 20971520 (None if not a size)."""
+    m = _SIZE.match(key)
+    if not m:
+        return None
+    return float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
+
+
+def latency_us_at(table: dict[str, float], message_bytes: float, bulk_gbps: float | None = None) -> float:
+    """One allreduce of ``message_bytes`` from a size-keyed table of measured latencies.
+
+    Between two sizes: linear interpolation. Below the smallest: the smallest's figure
+    (latency-bound). Above the largest: the largest figure plus the extra bytes over
+    ``bulk_gbps`` when the link's bulk bandwidth is known, else scaled in proportion
+    to the bytes (the largest measured message's effective bandwidth).
+    """
+    points = sorted((b, us) for k, us in table.items() if (b := size_key_bytes(k)) is not None)
+    if not points:
+        raise ValueError("empty latency table")
+    if message_bytes <= points[0][0]:
+        return points[0][1]
+    for (b0, u0), (b1, u1) in zip(points, points[1:]):
+        if message_bytes <= b1:
+            return u0 + (u1 - u0) * (message_bytes - b0) / (b1 - b0)
+    b_max, u_max = points[-1]
+    if bulk_gbps:
+        return u_max + (message_bytes - b_max) / (bulk_gbps * 1e3)
+    return u_max * message_bytes / b_max
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    path: str                 # chosen for decode-sized messages
+    decode_us: float          # one decode-sized allreduce on that path
+    prefill_path: str         # chosen for prefill chunks (NCCL or a mailbox, whichever is faster)
+    prefill_us: float         # one prefill-chunk allreduce
+    source: str
+    rejected: tuple[str, ...]  # "path: why not" for every path not chosen
+
+
+def _table_for(path: str, hw: Hardware, engine: Engine) -> tuple[dict[str, float] | None, str]:
+    if hw.pair.allreduce_us.get(path):
+        return hw.pair.allreduce_us[path], f"{hw.origin}: {hw.pair.allreduce_source}"
+    if engine.allreduce_us.get(path):
+        return engine.allreduce_us[path], (f"engine {engine.id}'s figure (not measured on {hw.card.id}; "
+                                           "run `v100plan probe` on the box)")
+    return None, ""
+
+
+def path_problem(path: str, hw: Hardware) -> str | None:
+    """Why ``path`` cannot carry this pair's allreduces, or None if it can.
+
+    FACTS.md: broken P2P rules out the device mailbox (a 4 KB direct copy took 49 ms);
+    an NCCL without kernels for the card's architecture crashes at start (2.31 on sm_70).
+    """
+    if path == "gloo":
+        return "gloo is the CPU path; GPUs use nccl or a mailbox"
+    if path == "nccl" and hw.pair.nccl_supported is False:
+        return hw.pair.nccl_why or "the installed NCCL has no kernels for this card's architecture"
+    if path == "device_mailbox" and hw.pair.p2p != "working":
+        return ("peer-to-peer is broken on this box" if hw.pair.p2p == "broken"
+                else "peer-to-peer is not known to work (the engine's start-up self-test may still enable it)")
+    return None
+
+
+def choose_path(hw: Hardware, engine: Engine, decode_message_bytes: float, prefill_message_bytes: float) -> PathChoice | None:
+    """The fastest usable path for decode-sized messages (and separately for prefill chunks); None if none has a figure."""
+    usable: list[tuple[str, dict[str, float], str]] = []
+    rejected: list[str] = []
+    for path in engine.allreduce_paths:
+        why = path_problem(path, hw)
+        if why:
+            rejected.append(f"{path}: {why}")
+            continue
+        table, source = _table_for(path, hw, engine)
+        if table is None:
+            rejected.append(f"{path}: no latency figure for this box or engine")
+            continue
+        usable.append((path, table, source))
+    if not usable:
+        return None
+    bulk = hw.pair.p2p_bulk_gbps
+
+    def us(entry, size):
+        path, table, _ = entry
+        return latency_us_at(table, size, bulk if path != "host_mailbox" else None)
+
+    best = min(usable, key=lambda e: us(e, decode_message_bytes))
+    best_prefill = min(usable, key=lambda e: us(e, prefill_message_bytes))
+    for e in usable:
+        if e[0] != best[0]:
+            rejected.append(f"{e[0]}: {us(e, decode_message_bytes):.1f} us per decode allreduce, slower")
+    return PathChoice(
+        path=best[0], decode_us=us(best, decode_message_bytes), prefill_path=best_prefill[0],
+        prefill_us=us(best_prefill, prefill_message_bytes), source=best[2], rejected=tuple(rejected),
+    )
+
+
+def allreduce_ms_per_round(allreduces_per_round: int, us_each: float) -> float:
+    """allreduces per round x latency of one (FACTS.md: 134 x 16 us = 2.1 ms on the PCIe box's host mailbox)."""
+    return allreduces_per_round * us_each / 1e3

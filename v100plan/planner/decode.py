@@ -1,0 +1,60 @@
+"""Decode: the time of one round and the tokens it yields.
+
+round = weight bytes read / (bandwidth x weight_bw_fraction)
+      + KV bytes read at the context / (bandwidth x kv_bw_fraction)
+      + round overhead (slowed by a throttling pair's clock ratio)
+      + allreduces per round x one allreduce + hand-overs between cards
+tokens per round = 1 + k x acceptance          (k draft tokens, FACTS.md)
+ceiling          = tokens per round / (bytes read per round / bandwidth): no overhead, 100 % bandwidth
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Round:
+    weights_ms: float
+    kv_ms: float
+    overhead_ms: float
+    allreduce_ms: float
+    hops_ms: float
+    ceiling_ms: float
+    tokens_per_round: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.weights_ms + self.kv_ms + self.overhead_ms + self.allreduce_ms + self.hops_ms
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens_per_round / self.total_ms * 1e3
+
+    @property
+    def ceiling_tok_s(self) -> float:
+        return self.tokens_per_round / self.ceiling_ms * 1e3
+
+
+def tokens_per_round(draft_tokens: int, acceptance: float) -> float:
+    """1 + k x A: k draft tokens each accepted with probability A (FACTS.md's definition)."""
+    return 1.0 + draft_tokens * acceptance
+
+
+def read_ms(gb: float, bw_gbps: float, fraction: float = 1.0) -> float:
+    """gb / (bw_gbps x fraction) in milliseconds (GB = 1e9 bytes, GB/s = 1e9 bytes/s)."""
+    return gb / (bw_gbps * fraction) * 1e3
+
+
+def decode_round(weights_gb: float, kv_gb: float, bw_gbps: float, weight_fraction: float, kv_fraction: float,
+                 overhead_ms: float, clock_ratio: float, allreduce_ms: float, hops_ms: float, tpr: float) -> Round:
+    """One decode round (module docstring). ``clock_ratio`` <= 1 stretches only the overhead:
+    weight and KV reads are bandwidth-bound and a hot card's memory clock does not drop."""
+    return Round(
+        weights_ms=read_ms(weights_gb, bw_gbps, weight_fraction),
+        kv_ms=read_ms(kv_gb, bw_gbps, kv_fraction),
+        overhead_ms=overhead_ms / clock_ratio,
+        allreduce_ms=allreduce_ms, hops_ms=hops_ms,
+        ceiling_ms=read_ms(weights_gb + kv_gb, bw_gbps),
+        tokens_per_round=tpr,
+    )

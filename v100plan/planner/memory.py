@@ -1,0 +1,51 @@
+"""Memory per GPU and the largest context that fits.
+
+memory per GPU = resident weights + runtime reserve
+                 + concurrency x (KV bytes per token x context + recurrent state) x the GPU's share
+Units: GB = 1e9 bytes; the card's capacity is its GiB x 1.0737.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from v100plan.planner.inputs import Model
+from v100plan.planner.strategies import Layout
+
+
+@dataclass(frozen=True)
+class Memory:
+    weights_gb: float
+    kv_gb: float               # all sequences' KV (and state) on this GPU at the target context
+    reserve_gb: float
+    capacity_gb: float
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.kv_gb + self.reserve_gb
+
+
+def kv_gb(model: Model, context_tokens: int, share: float, concurrency: int) -> float:
+    """concurrency x (kv_bytes_per_token x context + state_bytes_per_sequence) x share / 1e9.
+
+    kv_bytes_per_token = attention layers x KV heads x head_dim x 2 x bytes + the profile's
+    overhead (27B: 16 x 4 x 256 x 2 x 1 = 32 KiB + 12,805 B = 7.0 GB at 150K, FACTS.md).
+    """
+    per_seq = model.kv_bytes_per_token * context_tokens + model.state_bytes_per_sequence
+    return concurrency * per_seq * share / 1e9
+
+
+def memory_per_gpu(model: Model, lay: Layout, context_tokens: int, concurrency: int,
+                   reserve_gb: float, capacity_gb: float) -> Memory:
+    return Memory(lay.weights_gb_per_gpu, kv_gb(model, context_tokens, lay.kv_share, concurrency), reserve_gb, capacity_gb)
+
+
+def max_context(model: Model, lay: Layout, concurrency: int, reserve_gb: float, capacity_gb: float) -> int:
+    """min(native context, floor((capacity - weights - reserve - C x state x share) / (C x KV per token x share))), >= 0."""
+    free_bytes = (capacity_gb - lay.weights_gb_per_gpu - reserve_gb) * 1e9
+    free_bytes -= concurrency * model.state_bytes_per_sequence * lay.kv_share
+    if free_bytes <= 0:
+        return 0
+    per_token = concurrency * model.kv_bytes_per_token * lay.kv_share
+    return min(model.native_context, math.floor(free_bytes / per_token))

@@ -1,0 +1,230 @@
+"""``plan(hardware, model, engine, target) -> Plan``: every strategy, the recommended one, and why.
+
+Pure: no I/O, no clocks. Reads like the arithmetic on a whiteboard; the
+``breakdown`` of each strategy keeps every term so the renderer can show it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from v100plan.planner import allreduce as ar
+from v100plan.planner import nearest
+from v100plan.planner.decode import Round, decode_round, tokens_per_round
+from v100plan.planner.inputs import Engine, Hardware, Model, Target
+from v100plan.planner.memory import Memory, max_context, memory_per_gpu
+from v100plan.planner.prefill import Prefill, chunks, prefill_time
+from v100plan.planner.result import Plan, StrategyResult
+from v100plan.planner.strategies import NAMES, Layout, layout
+from v100plan.units import format_tokens
+
+
+def _k(v: float) -> str:
+    return format_tokens(v) if isinstance(v, int) else str(v)
+
+
+def _memory_reason(mem: Memory, maxc: int, target: Target) -> str:
+    ctx = format_tokens(target.context_tokens)
+    terms = f"weights {mem.weights_gb:.1f} + KV {mem.kv_gb:.1f} + reserve {mem.reserve_gb:.1f}"
+    if maxc <= 0:
+        return (f"weights {mem.weights_gb:.1f} GB + reserve {mem.reserve_gb:.1f} GB leave no room for KV in "
+                f"{mem.capacity_gb:.1f} GB per GPU")
+    return (f"needs {mem.total_gb:.1f} GB per GPU at {ctx} ({terms}) but the card has {mem.capacity_gb:.1f} GB; "
+            f"fits up to {format_tokens(maxc)}")
+
+
+def _clock_ratio(hw: Hardware, lay: Layout) -> float:
+    """A TP pair waits for its slowest card every layer (FACTS.md), so only tp2 takes the pair's ratio."""
+    if lay.tp == 2 and hw.pair.sm_clock_ratio.value is not None:
+        return min(1.0, hw.pair.sm_clock_ratio.value)
+    return 1.0
+
+
+def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Target,
+              choice: ar.PathChoice | None, tpr: float, reserve_gb: float) -> StrategyResult:
+    lay = layout(name, model, target.gpus)
+    card = hw.card
+    C = target.concurrency
+    mem = memory_per_gpu(model, lay, target.context_tokens, C, reserve_gb, card.memory_gb)
+    maxc = max_context(model, lay, C, reserve_gb, card.memory_gb)
+    path = choice.path if (lay.tp == 2 and choice) else "none"
+    problems: list[str] = []
+    if lay.gpus_needed > target.gpus:
+        problems.append(f"needs {lay.gpus_needed} GPUs, {target.gpus} given")
+    if lay.tp == 2 and target.gpus >= 2 and choice is None:
+        problems.append("no usable allreduce path for this pair and engine")
+    if target.context_tokens > model.native_context:
+        problems.append(f"context {format_tokens(target.context_tokens)} exceeds the model's native "
+                        f"{format_tokens(model.native_context)}")
+    elif mem.total_gb > mem.capacity_gb:
+        problems.append(_memory_reason(mem, maxc, target))
+    breakdown = {
+        "memory": {"weights_gb": round(mem.weights_gb, 3), "kv_gb": round(mem.kv_gb, 3), "reserve_gb": round(mem.reserve_gb, 3),
+                   "capacity_gb": round(mem.capacity_gb, 3)},
+    }
+    base = dict(name=name, gpus_used=lay.gpus_needed if name != "replicas" else max(2, target.gpus),
+                max_context=maxc, memory_per_gpu_gb=round(mem.total_gb, 2), allreduce_path=path, breakdown=breakdown)
+    if problems:
+        return StrategyResult(fits=False, decode_tok_s=None, aggregate_tok_s=None, decode_ceiling_tok_s=None,
+                              aggregate_ceiling_tok_s=None, round_ms=None, prefill_s=None, reason="; ".join(problems), **base)
+
+    reason = (f"{mem.total_gb:.1f} of {mem.capacity_gb:.1f} GB per GPU at {format_tokens(target.context_tokens)}; "
+              f"up to {format_tokens(maxc)} ({'native limit' if maxc >= model.native_context else 'memory limit'})")
+    if lay.tp == 2 and choice:
+        reason += f"; {choice.path} allreduce"
+    if name == "replicas":
+        reason += f"; {lay.streams} independent streams, none faster than one card"
+    if name == "layer_split":
+        reason += "; cards take turns, no faster than one card"
+    missing = engine.missing()
+    fw, _ = engine.weight_fraction_for(model.format)
+    if fw.value is not None and "weight_bw_fraction" in missing:
+        missing.remove("weight_bw_fraction")
+    if missing:
+        reason += f"; no speeds: engine {engine.id} lacks {', '.join(missing)} (run `v100plan bench engine`)"
+        return StrategyResult(fits=True, decode_tok_s=None, aggregate_tok_s=None, decode_ceiling_tok_s=None,
+                              aggregate_ceiling_tok_s=None, round_ms=None, prefill_s=None, reason=reason, **base)
+
+    ratio = _clock_ratio(hw, lay)
+    ar_ms = ar.allreduce_ms_per_round(model.allreduces_per_round, choice.decode_us) if (lay.tp == 2 and choice) else 0.0
+    hop_us = choice.decode_us if choice else 0.0
+    kv_read_gb = C * (model.kv_bytes_per_token * target.context_tokens + model.state_bytes_per_sequence) * lay.kv_read_share / 1e9
+    weights_gb = lay.weights_read_gb
+    rnd: Round = decode_round(
+        weights_gb=weights_gb, kv_gb=kv_read_gb, bw_gbps=card.read_bw.value, weight_fraction=fw.value,
+        kv_fraction=engine.kv_bw_fraction.value, overhead_ms=engine.round_overhead_ms.value, clock_ratio=ratio,
+        allreduce_ms=ar_ms, hops_ms=lay.hops_per_round * hop_us / 1e3, tpr=tpr,
+    )
+    breakdown["decode"] = {
+        "bandwidth_gbps": card.read_bw.value, "weights_read_gb": round(weights_gb, 3), "kv_read_gb": round(kv_read_gb, 3),
+        "weight_bw_fraction": fw.value, "kv_bw_fraction": engine.kv_bw_fraction.value,
+        "weights_ms": round(rnd.weights_ms, 3), "kv_ms": round(rnd.kv_ms, 3), "overhead_ms": round(rnd.overhead_ms, 3),
+        "allreduce_ms": round(rnd.allreduce_ms, 3), "hops_ms": round(rnd.hops_ms, 3),
+        "allreduces_per_round": model.allreduces_per_round if lay.tp == 2 else 0,
+        "allreduce_us": round(choice.decode_us, 2) if (lay.tp == 2 and choice) else None,
+        "clock_ratio": ratio, "tokens_per_round": round(tpr, 4), "ceiling_ms": round(rnd.ceiling_ms, 3),
+    }
+    prefill_s = None
+    if card.tensor_tflops.value is not None:
+        n_chunks = chunks(target.context_tokens, engine.prefill_chunk_tokens)
+        comm_s = 0.0
+        if choice and lay.tp == 2:
+            comm_s = n_chunks * model.allreduces_per_round * choice.prefill_us / 1e6
+        elif choice and lay.hops_per_round:
+            comm_s = n_chunks * lay.hops_per_round * choice.prefill_us / 1e6
+        pf: Prefill = prefill_time(model, target.context_tokens, card.tensor_tflops.value, engine.prefill_compute_fraction.value,
+                                   engine.prefill_attention_fraction.value, ratio, lay.tp, comm_s)
+        prefill_s = round(pf.total_s, 2)
+        breakdown["prefill"] = {"tensor_tflops": card.tensor_tflops.value, "matrix_s": round(pf.matrix_s, 3),
+                                "attention_s": round(pf.attention_s, 3), "comm_s": round(pf.comm_s, 3), "chunks": n_chunks,
+                                "clock_ratio": ratio}
+    else:
+        reason += f"; no prefill estimate: {card.tensor_tflops.source}"
+    per_stream = rnd.tok_s
+    return StrategyResult(
+        fits=True, decode_tok_s=round(per_stream, 2), aggregate_tok_s=round(per_stream * C * lay.streams, 2),
+        decode_ceiling_tok_s=round(rnd.ceiling_tok_s, 2), aggregate_ceiling_tok_s=round(rnd.ceiling_tok_s * C * lay.streams, 2),
+        round_ms=round(rnd.total_ms, 3), prefill_s=prefill_s, reason=reason, **base,
+    )
+
+
+def _recommend(results: list[StrategyResult], objective: str) -> str | None:
+    fitting = [r for r in results if r.fits and r.decode_tok_s is not None]
+    if not fitting:
+        return None
+    if objective == "throughput":
+        key = lambda r: (r.aggregate_tok_s, r.decode_tok_s, -r.gpus_used)  # noqa: E731
+    else:
+        key = lambda r: (r.decode_tok_s, r.aggregate_tok_s, -r.gpus_used)  # noqa: E731
+    return max(fitting, key=key).name
+
+
+def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: Target,
+         choice: ar.PathChoice | None, acceptance: float, k: int) -> list[str]:
+    """The arithmetic of one strategy, line by line, for a person to check."""
+    d, m = r.breakdown.get("decode"), r.breakdown["memory"]
+    ctx = format_tokens(target.context_tokens)
+    lines = [f"bandwidth {hw.card.read_bw.value:g} GB/s ({hw.card.read_bw.source})"]
+    if d:
+        lines += [
+            f"weights read per round {d['weights_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['weight_bw_fraction']:g}) "
+            f"= {d['weights_ms']:.2f} ms",
+            f"KV read at {ctx}: {d['kv_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['kv_bw_fraction']:g}) = {d['kv_ms']:.2f} ms "
+            f"({model.kv_bytes_per_token:.0f} bytes/token x {target.concurrency} sequence(s))",
+            f"fixed per-round overhead {d['overhead_ms']:.2f} ms (engine {engine.id}"
+            + (f", stretched by clock ratio {d['clock_ratio']:g}" if d["clock_ratio"] < 1 else "") + ")",
+        ]
+        if d["allreduce_ms"]:
+            lines.append(f"allreduce {d['allreduces_per_round']} x {d['allreduce_us']:g} us ({r.allreduce_path}) = "
+                         f"{d['allreduce_ms']:.2f} ms; figure from {choice.source if choice else 'n/a'}")
+        if d["hops_ms"]:
+            lines.append(f"hand-overs between cards {d['hops_ms']:.3f} ms")
+        lines += [
+            f"round {r.round_ms:.2f} ms; tokens per round 1 + {k} x {acceptance:g} = {d['tokens_per_round']:g}; "
+            f"decode {d['tokens_per_round']:g} / {r.round_ms:.2f} ms = {r.decode_tok_s:.1f} tok/s per stream",
+            f"ceiling {d['tokens_per_round']:g} / ({d['weights_read_gb']:.2f} + {d['kv_read_gb']:.2f} GB / {d['bandwidth_gbps']:g} GB/s "
+            f"= {d['ceiling_ms']:.2f} ms) = {r.decode_ceiling_tok_s:.1f} tok/s",
+        ]
+    lines.append(f"memory per GPU: weights {m['weights_gb']:.2f} + KV {m['kv_gb']:.2f} + reserve {m['reserve_gb']:.2f} = "
+                 f"{r.memory_per_gpu_gb:.2f} GB of {m['capacity_gb']:.2f} GB; max context {format_tokens(r.max_context)}")
+    p = r.breakdown.get("prefill")
+    if p:
+        lines.append(f"prefill {ctx}: matrix {p['matrix_s']:.1f} s + attention {p['attention_s']:.1f} s + communication "
+                     f"{p['comm_s']:.1f} s = {r.prefill_s:.1f} s at {p['tensor_tflops']:g} TFLOPS peak "
+                     f"x {engine.prefill_compute_fraction.value:g} (matrix) / {engine.prefill_attention_fraction.value:g} (attention)")
+    return lines
+
+
+def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alternatives: tuple[Model, ...] = ()) -> Plan:
+    """Plan ``model`` on ``hardware`` with ``engine`` for ``target``; ``alternatives`` (other formats of the
+    model) are only used to name the nearest configuration that fits when nothing does."""
+    notes = list(hardware.notes)
+    k = min(engine.draft_tokens, model.max_draft_tokens)
+    if target.acceptance is not None:
+        acceptance = target.acceptance
+    else:
+        acceptance = engine.default_acceptance if k else 0.0
+    if engine.draft_tokens and not model.max_draft_tokens:
+        notes.append(f"{model.id} has no draft layer: no speculative decoding (1 token per round)")
+    tpr = tokens_per_round(k, acceptance)
+    fw, fw_note = engine.weight_fraction_for(model.format)
+    if fw_note:
+        notes.append(fw_note)
+    if engine.runtime_reserve_gb.value is None:
+        reserve = 0.0
+        notes.append(f"runtime reserve unknown for engine {engine.id}: memory per GPU excludes it")
+    else:
+        reserve = engine.runtime_reserve_gb.value
+    if not hardware.card.read_bw.source.startswith("measured"):
+        notes.append(f"{hardware.card.id}: bandwidth is nominal, not measured; run `v100plan probe` for a measured figure")
+    choice = None
+    if hardware.gpus >= 2 or target.gpus >= 2:
+        decode_bytes = (k + 1) * model.allreduce_bytes_per_token * target.concurrency
+        prefill_bytes = engine.prefill_chunk_tokens * model.allreduce_bytes_per_token
+        choice = ar.choose_path(hardware, engine, decode_bytes, prefill_bytes)
+        if choice:
+            notes += [f"allreduce {why}" for why in choice.rejected]
+            if choice.prefill_path != choice.path:
+                notes.append(f"prefill chunks use {choice.prefill_path} ({choice.prefill_us:.0f} us per chunk-sized allreduce)")
+    results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve) for n in NAMES]
+    rec = _recommend(results, target.objective)
+    why: list[str] = []
+    launch = None
+    if rec:
+        r = next(x for x in results if x.name == rec)
+        why = _why(r, hardware, model, engine, target, choice, acceptance, k)
+        lay = layout(rec, model, target.gpus)
+        launch = {
+            "engine": engine.id, "strategy": rec, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
+            "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": hardware.card.dtype,
+            "concurrency": target.concurrency, "draft_tokens": k,
+        }
+    inputs = {
+        "hardware": hardware.origin, "card": hardware.card.id, "gpus": target.gpus, "model": model.id, "engine": engine.id,
+        "context_tokens": target.context_tokens, "acceptance": acceptance, "draft_tokens": k,
+        "concurrency": target.concurrency, "objective": target.objective,
+    }
+    result = Plan(inputs=inputs, strategies=tuple(results), recommended=rec, why=tuple(why), notes=tuple(notes), launch=launch)
+    if not any(r.fits for r in results):
+        result = replace(result, nearest_fit=nearest.nearest_fit(hardware, model, engine, target, alternatives, plan))
+    return result

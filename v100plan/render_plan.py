@@ -1,0 +1,101 @@
+"""Plans and comparisons for people: tables plus the arithmetic of the recommended strategy.
+
+Builds renderables through v100plan.output (the only module importing rich); the
+same objects are printed by the CLI and rendered to text by golden tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from v100plan import output
+from v100plan.units import format_tokens
+
+
+def _num(v: float | None, fmt: str = "{:.1f}") -> str | None:
+    return None if v is None else fmt.format(v)
+
+
+def _speed(v: float | None, ceiling: float | None) -> str | None:
+    if v is None:
+        return None
+    return f"{v:.1f} / {ceiling:.0f}"
+
+
+def plan_renderables(doc: dict[str, Any]) -> list[Any]:
+    """The plan table, then 'why' lines for the recommended strategy, then notes."""
+    i = doc["inputs"]
+    title = (f"{i['model']} on {i['gpus']} x {i['card']} ({i['hardware']}), engine {i['engine']}, "
+             f"context {format_tokens(i['context_tokens'])}, acceptance {i['acceptance']:g} (k={i['draft_tokens']}), "
+             f"concurrency {i['concurrency']}")
+    rows = []
+    for s in doc["strategies"]:
+        mark = " *" if s["name"] == doc["recommended"] else ""
+        rows.append([
+            s["name"] + mark, "yes" if s["fits"] else "no", format_tokens(s["max_context"]) if s["max_context"] else "0",
+            _num(s["decode_tok_s"]), _num(s["decode_ceiling_tok_s"]), _num(s["aggregate_tok_s"]), _num(s["round_ms"]),
+            _num(s["prefill_s"], "{:.0f}"), f"{s['memory_per_gpu_gb']:.1f}", s["allreduce_path"],
+        ])
+    table = output.table(
+        title,
+        ["strategy", "fits", ("max ctx", "right"), ("tok/s", "right"), ("ceiling", "right"), ("aggr.", "right"),
+         ("round ms", "right"), ("prefill s", "right"), ("GB/GPU", "right"), "allreduce"],
+        rows,
+        caption="* recommended (" + ("best aggregate" if i.get("objective") == "throughput" else "best one-stream decode")
+        + "); tok/s: one stream; aggr.: all streams the strategy serves at once; ceiling: 100 % bandwidth, no overhead",
+    )
+    out: list[Any] = [table]
+    out += [f"  {s['name']}: {s['reason']}" for s in doc["strategies"]]
+    if doc["recommended"]:
+        out.append(f"Why {doc['recommended']}:")
+        out += [f"  {line}" for line in doc["why"]]
+    else:
+        out.append("No strategy fits." if not any(s["fits"] for s in doc["strategies"]) else
+                   "No speeds: the engine profile has no measured efficiencies.")
+    nf = doc.get("nearest_fit")
+    if nf:
+        out.append(f"Nearest configuration that fits: {nf['change']}: {nf['strategy']} with {nf['model']} on "
+                   f"{nf['gpus']} x {nf['hardware']} at {format_tokens(nf['context_tokens'])}")
+    if doc["launch"]:
+        L = doc["launch"]
+        out.append(f"Launch: engine {L['engine']}, tp {L['tp']}, replicas {L['replicas']}, allreduce {L['allreduce']}, "
+                   f"max context {L['max_context']}, dtype {L['dtype']}")
+    if doc.get("notes"):
+        out.append("Notes:")
+        out += [f"  - {n}" for n in doc["notes"]]
+    return out
+
+
+def compare_renderables(doc: dict[str, Any]) -> list[Any]:
+    rows = []
+    for r in doc["rows"]:
+        price = None if r["price_total"] is None else f"{r['price_total']:,.0f} {r['currency']}"
+        per = None if r["price_per_decode_tok_s"] is None else f"{r['price_per_decode_tok_s']:,.0f}"
+        rows.append([
+            f"{r['gpus']} x {r['hardware']}", r["best_strategy"] or "nothing fits",
+            _speed(r["decode_tok_s"], r["decode_ceiling_tok_s"]), _num(r["aggregate_tok_s"]),
+            _num(r["prefill_s"], "{:.0f}"), format_tokens(r["max_context"]) if r["max_context"] else "0", price, per,
+        ])
+    i = doc["inputs"]
+    table = output.table(
+        f"{i['model']}, context {format_tokens(i['context_tokens'])}, engine {i['engine']}",
+        ["hardware", "best strategy", ("decode tok/s / ceiling", "right"), ("aggregate", "right"), ("prefill s", "right"),
+         ("max ctx", "right"), ("price", "right"), ("price per tok/s", "right")],
+        rows,
+        caption="price per tok/s = price of the cards / one-stream decode tok/s (only where prices are known)",
+    )
+    return [table]
+
+
+def _plain(r: Any) -> Any:
+    # Text lines are printed as-is: square brackets would be read as console markup.
+    return r.replace("[", "(").replace("]", ")") if isinstance(r, str) else r
+
+
+def print_all(renderables: list[Any], to_stderr: bool = False) -> None:
+    for r in renderables:
+        output.render(_plain(r), to_stderr=to_stderr)
+
+
+def to_text(renderables: list[Any], width: int = output.GOLDEN_WIDTH) -> str:
+    return "".join(output.render_to_text(_plain(r), width) for r in renderables)
