@@ -14,6 +14,8 @@ from pathlib import Path
 
 from probes import nvml
 
+SCRUBBED = ("nvmlDeviceGetSerial", "nvmlDeviceGetUUID")
+
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--name":
@@ -32,6 +34,8 @@ def main(argv: list[str]) -> int:
         key = (entry["name"], json.dumps(entry["args"]))
         if key not in seen:  # the sampler asks the same questions many times: keep the first answer
             seen.add(key)
+            if entry["name"] in SCRUBBED and "value" in entry:
+                entry = {**entry, "value": "scrubbed-by-recorder"}  # fixtures get shared: no serials
             distinct.append(entry)
     (out_dir / f"{name}-nvml-answers.json").write_text(json.dumps(
         {"recorded_with": "python -m probes.record " + " ".join(argv[1:]), "constants": nvml.constants_used,

@@ -141,7 +141,7 @@ def _pair_rows(pair: dict[str, Any]) -> list[Row]:
     status = {"working": "passed", "broken": "failed", "unavailable": "warned"}.get(verdict, "waived")
     detail = pair.get("explanation") or verdict
     links = pair.get("nvlink_links")
-    if links:
+    if links and "NVLink" not in detail:
         detail += f"; {links} NVLink links"
     return [Row(subject, "P2P", status, detail)]
 
