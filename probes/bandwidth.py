@@ -43,8 +43,16 @@ extern "C" __global__ void read_f4(const float4* __restrict__ a, float* __restri
 }
 
 extern "C" __global__ void copy_f4(const float4* __restrict__ a, float4* __restrict__ b, long long n) {
+    // Four loads in flight before the four stores, as in the read kernel (one at a time reached
+    // 3.99 TB/s on the H200 against torch's 4.22).
     long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) b[i] = __ldg(a + i);
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        float4 v0 = __ldg(a + i), v1 = __ldg(a + i + stride);
+        float4 v2 = __ldg(a + i + 2 * stride), v3 = __ldg(a + i + 3 * stride);
+        b[i] = v0; b[i + stride] = v1; b[i + 2 * stride] = v2; b[i + 3 * stride] = v3;
+    }
+    for (; i < n; i += stride) b[i] = __ldg(a + i);
 }
 """
 

@@ -90,3 +90,21 @@ def test_nccl_archs_read_from_the_library_match_cuobjdump(quick_run):
     if by_tool is None:
         pytest.skip("no cuobjdump on this host to cross-check with")
     assert set(parsed) == set(by_tool), (parsed, by_tool)
+
+
+def test_pair_and_ipc_code_paths_run_on_one_card():
+    """One card has no pair, but the pair measurement's code can still run card 0 -> card 0,
+    so the P2P, IPC and allreduce code is exercised on a GPU before a two-card host sees it."""
+    import cupy as cp
+    import torch
+
+    from probes import ipc, p2p, stack
+
+    m = p2p.measure_pair(torch, 0, 0, runs=20)
+    assert m["p2p_direct_4k_us"] > 0 and m["host_staged_4k_us"] > 0 and m["p2p_bulk_gbps"] > 100
+    assert "copy_wrong" not in m
+    verdict, why = p2p.verdict_of({**m, "peer_access_reported": True})
+    assert verdict == "working", why  # an on-card copy is never 10x slower than staging
+    ok, text = ipc.check(cp, 0, 0)
+    assert ok, text
+    assert stack.small_allreduce(torch, 1) == ""
