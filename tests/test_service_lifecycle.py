@@ -1,0 +1,123 @@
+"""The service's process lifecycle: refusals at start, the restart cap, and supervisord bringing a
+killed proxy back; `supervise stop` leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.test_service_support import (
+    MODEL_ID,
+    REPO,
+    ServiceProcess,
+    demo_model,
+    free_port,
+    pid_alive,
+    prompt_ids,
+    reference_until_eos,
+    short_dir,
+    tp1_reference,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", "serve", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_refuses_public_bind_without_key_and_other_tp():
+    r = _serve("--model", demo_model(), "--host", "0.0.0.0", "--port", str(free_port()))
+    assert r.returncode == 2 and "without --api-key-file" in r.stderr
+    r = _serve("--model", demo_model(), "--tp", "1")
+    assert r.returncode == 2 and "--tp 2" in r.stderr
+    r = _serve("--model", "/nonexistent/model")
+    assert r.returncode == 2 and "config.json" in r.stderr
+
+
+def test_restart_cap_exits_non_zero():
+    # A private copy of the model that we break after the first start: every restart then fails.
+    model = os.path.join(short_dir("broken"), "demo")
+    shutil.copytree(demo_model(), model)
+    svc = ServiceProcess("--enable-fault-injection", "--max-restarts", "2", model=model)
+    try:
+        first = svc.wait_healthy()
+        os.remove(os.path.join(model, "model.safetensors"))
+        svc.inject("kill", rank=0)
+        assert svc.proc.wait(90) == 3
+        failed = svc.events("rank_start_failed")
+        assert [e["consecutive_failures"] for e in failed] == [1, 2, 3]
+        assert all(e["generation"] > first["generation"] for e in failed)
+        exit_line = svc.events("exit")[-1]
+        assert exit_line["code"] == 3 and "3 consecutive failed rank starts" in exit_line["reason"]
+        for pid in first["rank_pids"]:
+            assert not pid_alive(pid)
+    finally:
+        svc.stop()
+
+
+def _supervise(*args: str, timeout: float = 120) -> dict:
+    r = subprocess.run([sys.executable, "-m", "engine", "supervise", *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_supervisord_restarts_a_killed_proxy_and_stop_leaves_nothing():
+    state = short_dir("sup")
+    port = free_port()
+    started = _supervise("start", "--state-dir", state, "--wait-healthy-s", "90", "--",
+                         "--model", demo_model(), "--port", str(port), "--enable-fault-injection",
+                         "--stall-timeout-s", "5")
+    try:
+        assert started["program_state"] in ("STARTING", "RUNNING") and started["health_status"] == 200
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        before = client.get("/control/targets").json()
+        old_ranks = [r["pid"] for r in before["ranks"]]
+        client.post("/control/inject", json={"action": "kill_proxy"})
+        wait_until(lambda: not pid_alive(before["proxy_pid"]), 10, what="the proxy to die")
+        # The ranks die with their parent (PR_SET_PDEATHSIG), so no orphan holds the device.
+        for pid in old_ranks:
+            wait_until(lambda p=pid: not pid_alive(p), 10, what=f"orphan rank {pid} to be gone")
+
+        def back():
+            try:
+                t = client.get("/control/targets").json()
+                h = client.get("/health")
+            except httpx.TransportError:
+                return None
+            return t if h.status_code == 200 and t["proxy_pid"] != before["proxy_pid"] else None
+
+        after = wait_until(back, 90, 0.3, "supervisord to bring the proxy back")
+        assert after["generation"] > before["generation"]
+        ids = prompt_ids("Once upon")
+        r = client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Once upon", "max_tokens": 8,
+                                                 "temperature": 0})
+        assert r.json()["v100plan"]["token_ids"] == reference_until_eos(tp1_reference(tuple(ids), 8)["token_ids"])
+        status = _supervise("status", "--state-dir", state)
+        assert status["running"] and status["proxy_pid"] == after["proxy_pid"]
+        assert status["rank_pids"] == [r["pid"] for r in after["ranks"]]
+        client.close()
+    finally:
+        stopped = _supervise("stop", "--state-dir", state)
+    assert stopped["left_running"] == [] and stopped["had_to_kill"] == []
+    assert set(stopped["stopped"]) == {"supervisord", "proxy", "rank0", "rank1"}
+    time.sleep(0.2)
+    for pid in stopped["stopped"].values():
+        assert not pid_alive(pid)
+
+
+def test_systemd_unit_runs_serve_and_kills_the_cgroup():
+    unit = _supervise("unit", "--state-dir", "/var/lib/v100plan", "--", "--model", demo_model(), "--port", "8123")
+    text = unit["unit"]
+    assert "ExecStart=" in text and " -m engine serve --model " in text and "--state-dir /var/lib/v100plan" in text
+    assert "Restart=always" in text and "KillMode=control-group" in text
