@@ -57,13 +57,20 @@ def hardware_catalogue() -> tuple[list[dict[str, Any]], list[str]]:
     return profiles, problems
 
 
-def render_verdicts(judgement: probe_judge.Judgement, report: dict[str, Any], to_stderr: bool) -> None:
+def verdict_tables(judgement: probe_judge.Judgement, report: dict[str, Any]) -> list[Any]:
+    """The verdict table and the case table, as renderables (golden-tested at a fixed width)."""
     rows = [(r.subject, r.check, r.status, r.detail) for r in judgement.rows]
-    output.render(output.table("Verdicts", ["subject", "check", "status", "detail"], rows), to_stderr=to_stderr)
     cases = [(c["key"], c["status"], f"{c['duration_s']:.1f}", c.get("reason") or "") for c in report["cases"]]
-    output.render(output.table("Probe cases", ["case", "status", ("s", "right"), "reason"], cases,
-                               caption=f"overall: {report['overall']}, {report.get('wall_s', 0):.1f} s"),
-                  to_stderr=to_stderr)
+    return [
+        output.table("Verdicts", ["subject", "check", "status", "detail"], rows),
+        output.table("Probe cases", ["case", "status", ("s", "right"), "reason"], cases,
+                     caption=f"overall: {report['overall']}, {report.get('wall_s', 0):.1f} s"),
+    ]
+
+
+def render_verdicts(judgement: probe_judge.Judgement, report: dict[str, Any], to_stderr: bool) -> None:
+    for t in verdict_tables(judgement, report):
+        output.render(t, to_stderr=to_stderr)
 
 
 def register(app: typer.Typer) -> None:
