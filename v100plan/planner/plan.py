@@ -178,6 +178,15 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
 def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alternatives: tuple[Model, ...] = ()) -> Plan:
     """Plan ``model`` on ``hardware`` with ``engine`` for ``target``; ``alternatives`` (other formats of the
     model) are only used to name the nearest configuration that fits when nothing does."""
+    result = plan_strategies(hardware, model, engine, target)
+    if not any(r.fits for r in result.strategies):
+        result = replace(result, nearest_fit=nearest.nearest_fit(hardware, model, engine, target, alternatives,
+                                                                 plan_strategies))
+    return result
+
+
+def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Target) -> Plan:
+    """Every strategy, the recommended one and its arithmetic (no search for a nearest fit)."""
     notes = list(hardware.notes)
     k = min(engine.draft_tokens, model.max_draft_tokens)
     if target.acceptance is not None:
@@ -224,7 +233,4 @@ def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alter
         "context_tokens": target.context_tokens, "acceptance": acceptance, "draft_tokens": k,
         "concurrency": target.concurrency, "objective": target.objective,
     }
-    result = Plan(inputs=inputs, strategies=tuple(results), recommended=rec, why=tuple(why), notes=tuple(notes), launch=launch)
-    if not any(r.fits for r in results):
-        result = replace(result, nearest_fit=nearest.nearest_fit(hardware, model, engine, target, alternatives, plan))
-    return result
+    return Plan(inputs=inputs, strategies=tuple(results), recommended=rec, why=tuple(why), notes=tuple(notes), launch=launch)
