@@ -24,7 +24,7 @@ from tests.test_service_support import (
 pytestmark = pytest.mark.slow
 
 KEY = "test-key-5f0c"
-MAX_CONTEXT = 256
+MAX_CONTEXT = 2048
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +230,18 @@ def test_non_streaming_disconnect_cancels_both_ranks(svc):
                                                  "temperature": 0}, timeout=0.5)
     line = _cancelled_line(svc, before)
     assert line["completion_tokens"] < 200
+    ids = prompt_ids("Once upon")
+    assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == _expected(ids, 8)
+
+
+def test_disconnect_during_prefill_cancels_both_ranks(svc):
+    # About 1800 prompt tokens: 8 prefill chunks, most of a second on CPU; the client leaves after 0.3 s.
+    before = _request_ids(svc)
+    with pytest.raises(httpx.ReadTimeout):
+        svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "word " * 600, "max_tokens": 50,
+                                                 "temperature": 0}, timeout=0.3)
+    line = _cancelled_line(svc, before)
+    assert line["prompt_tokens"] > 1500 and line["completion_tokens"] == 0
     ids = prompt_ids("Once upon")
     assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == _expected(ids, 8)
 
