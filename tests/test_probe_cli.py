@@ -66,3 +66,8 @@ def test_bench_probes_reports_ratio_and_phases(cli):
     assert row["read_bw_gbps"] == 4465.7 and row["best_reference"] == "torch_sum_gbps"
     assert [p["case"] for p in doc["phases"]] == ["inventory", "software_stack", "bandwidth", "p2p", "cuda_ipc",
                                                   "throttle"]
+
+
+def test_unknown_case_key_is_bad_input(cli):
+    r = cli("probe", "--only", "bandwith")
+    assert r.exit_code == 2 and "unknown case key" in r.stderr and "bandwidth" in r.stderr

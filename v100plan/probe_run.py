@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from v100plan import documents
-from v100plan.errors import EnvironmentProblem
+from v100plan.errors import BadInput, EnvironmentProblem
 
 
 def probe_args(quick: bool, soak: float | None, duration: float | None, only: str | None) -> list[str]:
@@ -73,6 +73,9 @@ def run(args: list[str], on_event: Callable[[dict[str, Any]], None], timeout_s: 
         raise EnvironmentProblem(f"the probes did not finish within {timeout_s:.0f} s",
                                  hint="run `python -m probes --progress` by hand to see which case hangs") from None
     reader.join(timeout=5)
+    if proc.returncode == 2:  # the probes rejected an option (an unknown --only key)
+        raise BadInput("".join(other_stderr).strip() or "python -m probes rejected its options",
+                       hint="`python -m probes --list` shows the case keys")
     if proc.returncode not in (0, 1, 3):
         tail = "".join(other_stderr)[-800:]
         raise EnvironmentProblem(f"`python -m probes` exited with {proc.returncode}: {tail.strip()}",
