@@ -13,7 +13,6 @@ from v100plan.planner.allreduce import latency_us_at, size_key_bytes
 from v100plan.planner.decode import tokens_per_round
 from v100plan.planner.from_probe import hardware_from_probe
 from v100plan.planner.strategies import kv_share_tp2
-from v100plan.units import format_tokens
 
 HARDWARE = catalogue.ids("hardware")
 MODELS = catalogue.ids("model")
@@ -91,7 +90,7 @@ def test_nearest_fit_falls_back_to_a_shorter_context():
     assert not any(s.fits for s in p.strategies)
     nf = p.nearest_fit
     assert nf["context_tokens"] < 256 * K
-    assert nf["change"] == f"a context of at most {format_tokens(nf['context_tokens'])}"
+    assert nf["change"] == f"a context of at most {nf['context_tokens']:,} tokens"
     assert plan(hw, m, e, Target(nf["context_tokens"], 2)).strategy(nf["strategy"]).fits
 
 

@@ -16,6 +16,11 @@ def _num(v: float | None, fmt: str = "{:.1f}") -> str | None:
     return None if v is None else fmt.format(v)
 
 
+def _ctx(tokens: int) -> str:
+    """Whole K (K = 1024), rounded down so the shown context fits."""
+    return format_tokens(tokens) if tokens % 1024 == 0 or tokens < 1024 else f"{tokens // 1024}K"
+
+
 def _speed(v: float | None, ceiling: float | None) -> str | None:
     if v is None:
         return None
@@ -32,7 +37,7 @@ def plan_renderables(doc: dict[str, Any]) -> list[Any]:
     for s in doc["strategies"]:
         mark = " *" if s["name"] == doc["recommended"] else ""
         rows.append([
-            s["name"] + mark, "yes" if s["fits"] else "no", format_tokens(s["max_context"]) if s["max_context"] else "0",
+            s["name"] + mark, "yes" if s["fits"] else "no", _ctx(s["max_context"]),
             _num(s["decode_tok_s"]), _num(s["decode_ceiling_tok_s"]), _num(s["aggregate_tok_s"]), _num(s["round_ms"]),
             _num(s["prefill_s"], "{:.0f}"), f"{s['memory_per_gpu_gb']:.1f}", s["allreduce_path"],
         ])
@@ -55,7 +60,7 @@ def plan_renderables(doc: dict[str, Any]) -> list[Any]:
     nf = doc.get("nearest_fit")
     if nf:
         out.append(f"Nearest configuration that fits: {nf['change']}: {nf['strategy']} with {nf['model']} on "
-                   f"{nf['gpus']} x {nf['hardware']} at {format_tokens(nf['context_tokens'])}")
+                   f"{nf['gpus']} x {nf['hardware']} at {_ctx(nf['context_tokens'])}")
     if doc["launch"]:
         L = doc["launch"]
         out.append(f"Launch: engine {L['engine']}, tp {L['tp']}, replicas {L['replicas']}, allreduce {L['allreduce']}, "
@@ -74,7 +79,7 @@ def compare_renderables(doc: dict[str, Any]) -> list[Any]:
         rows.append([
             f"{r['gpus']} x {r['hardware']}", r["best_strategy"] or "nothing fits",
             _speed(r["decode_tok_s"], r["decode_ceiling_tok_s"]), _num(r["aggregate_tok_s"]),
-            _num(r["prefill_s"], "{:.0f}"), format_tokens(r["max_context"]) if r["max_context"] else "0", price, per,
+            _num(r["prefill_s"], "{:.0f}"), _ctx(r["max_context"]), price, per,
         ])
     i = doc["inputs"]
     table = output.table(

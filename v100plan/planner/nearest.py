@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from v100plan.units import format_tokens
-
 
 def nearest_fit(hardware, model, engine, target, alternatives, plan_fn: Callable) -> dict[str, Any] | None:
     tries: list[tuple[str, Any, Any, Any]] = []
@@ -33,6 +31,6 @@ def nearest_fit(hardware, model, engine, target, alternatives, plan_fn: Callable
     if runnable:
         best = max(runnable, key=lambda s: s.max_context)
         if best.max_context > 0:
-            return {"change": f"a context of at most {format_tokens(best.max_context)}", "hardware": hardware.origin,
+            return {"change": f"a context of at most {best.max_context:,} tokens", "hardware": hardware.origin,
                     "gpus": target.gpus, "model": model.id, "strategy": best.name, "context_tokens": best.max_context}
     return None

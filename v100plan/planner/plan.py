@@ -19,8 +19,11 @@ from v100plan.planner.strategies import NAMES, Layout, layout
 from v100plan.units import format_tokens
 
 
-def _k(v: float) -> str:
-    return format_tokens(v) if isinstance(v, int) else str(v)
+def ctx_text(tokens: int) -> str:
+    """A token count for people: exact K (K = 1024) when it is one, else whole K rounded down (what fits)."""
+    if tokens % 1024 == 0 or tokens < 1024:
+        return format_tokens(tokens)
+    return f"{tokens // 1024}K ({tokens:,} tokens)"
 
 
 def _memory_reason(mem: Memory, maxc: int, target: Target) -> str:
@@ -30,7 +33,7 @@ def _memory_reason(mem: Memory, maxc: int, target: Target) -> str:
         return (f"weights {mem.weights_gb:.1f} GB + reserve {mem.reserve_gb:.1f} GB leave no room for KV in "
                 f"{mem.capacity_gb:.1f} GB per GPU")
     return (f"needs {mem.total_gb:.1f} GB per GPU at {ctx} ({terms}) but the card has {mem.capacity_gb:.1f} GB; "
-            f"fits up to {format_tokens(maxc)}")
+            f"fits up to {ctx_text(maxc)}")
 
 
 def _clock_ratio(hw: Hardware, lay: Layout) -> float:
@@ -69,7 +72,7 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
                               aggregate_ceiling_tok_s=None, round_ms=None, prefill_s=None, reason="; ".join(problems), **base)
 
     reason = (f"{mem.total_gb:.1f} of {mem.capacity_gb:.1f} GB per GPU at {format_tokens(target.context_tokens)}; "
-              f"up to {format_tokens(maxc)} ({'native limit' if maxc >= model.native_context else 'memory limit'})")
+              f"up to {ctx_text(maxc)} ({'native limit' if maxc >= model.native_context else 'memory limit'})")
     if lay.tp == 2 and choice:
         reason += f"; {choice.path} allreduce"
     if name == "replicas":
@@ -166,7 +169,7 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
             f"= {d['ceiling_ms']:.2f} ms) = {r.decode_ceiling_tok_s:.1f} tok/s",
         ]
     lines.append(f"memory per GPU: weights {m['weights_gb']:.2f} + KV {m['kv_gb']:.2f} + reserve {m['reserve_gb']:.2f} = "
-                 f"{r.memory_per_gpu_gb:.2f} GB of {m['capacity_gb']:.2f} GB; max context {format_tokens(r.max_context)}")
+                 f"{r.memory_per_gpu_gb:.2f} GB of {m['capacity_gb']:.2f} GB; max context {ctx_text(r.max_context)}")
     p = r.breakdown.get("prefill")
     if p:
         lines.append(f"prefill {ctx}: matrix {p['matrix_s']:.1f} s + attention {p['attention_s']:.1f} s + communication "

@@ -1,0 +1,151 @@
+"""`plan`, `compare` and `profiles` through the real CLI: the JSON contract, golden renderings, bad input.
+
+Golden files live in tests/golden/; refresh them on purpose with
+    V100PLAN_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_cli_plan.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from v100plan import documents
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+REPO = Path(__file__).resolve().parent.parent
+PROBES = "tests/fixtures/probes"  # relative on purpose: the path appears in golden renderings
+
+
+@pytest.fixture(autouse=True)
+def _in_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+GOLDEN_CASES = {
+    "plan-default": ["plan"],
+    "plan-v100-16gb-nothing-fits": ["plan", "--hardware", "v100-pcie-16gb", "--gpus", "1"],
+    "plan-probe-nvlink-hot-card": ["plan", "--hardware", f"{PROBES}/facts-sxm2-pair-nvlink-hot-card1.json", "--context", "8K",
+                                   "--acceptance", "0.745"],
+    "plan-h200-llama8b": ["plan", "--hardware", "h200", "--gpus", "2", "--model", "llama3.1-8b-fp16", "--context", "32K"],
+    "compare-boxes": ["compare", "v100-pg500-216x2", "v100-sxm2-32gbx2", "rtx4090-48g", "h200"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_rendering(cli, name):
+    r = cli(*GOLDEN_CASES[name])
+    assert r.exit_code == 0, r.stderr
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
+        path.write_text(r.stdout)
+    assert path.exists(), f"missing {path}: run with V100PLAN_UPDATE_GOLDEN=1 once"
+    assert r.stdout == path.read_text(), f"{name} changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+
+
+def test_plan_with_no_arguments_is_the_bundled_default(cli):
+    r = cli("plan")
+    assert r.exit_code == 0, r.stderr
+    assert "qwen3.8-27b-nvfp4 on 2 x v100-pg500-216" in r.stdout and "Why tp2" in r.stdout
+
+
+def test_plan_json_is_one_valid_plan_document(cli):
+    r = cli("plan", "--context", "186K", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)  # the whole of stdout is one document
+    documents.validate(doc, "plan")
+    assert doc["kind"] == "plan" and doc["schema_version"] == "1.0"
+    assert doc["inputs"]["context_tokens"] == 186 * 1024
+    assert [s["name"] for s in doc["strategies"]] == ["single", "replicas", "layer_split", "tp2"]
+    for s in doc["strategies"]:
+        for key in ("fits", "max_context", "decode_tok_s", "aggregate_tok_s", "decode_ceiling_tok_s", "round_ms", "prefill_s",
+                    "memory_per_gpu_gb", "allreduce_path", "reason"):
+            assert key in s
+    assert doc["recommended"] == "tp2"
+    assert doc["launch"] == {"engine": "ninfer-v100-tp", "strategy": "tp2", "tp": 2, "replicas": 1, "gpus": 2,
+                             "allreduce": "host_mailbox", "max_context": 190464, "dtype": "float16", "concurrency": 1,
+                             "draft_tokens": 3}
+
+
+def test_plan_out_writes_the_same_document(cli, tmp_path):
+    out = tmp_path / "plan.json"
+    r = cli("plan", "--json", "--out", str(out))
+    assert r.exit_code == 0
+    assert json.loads(out.read_text())["strategies"] == json.loads(r.stdout)["strategies"]
+
+
+def test_plan_from_probe_report_defaults_gpus_to_its_cards(cli):
+    doc = cli.json("plan", "--hardware", f"{PROBES}/facts-pg500-216-pair-broken-p2p.json")
+    assert doc["inputs"]["gpus"] == 2
+    assert doc["strategies"][3]["allreduce_path"] == "host_mailbox"
+    assert any("P2P is broken" in n for n in doc["notes"])
+    one = cli.json("plan", "--hardware", f"{PROBES}/h200-probe-quick.json", "--model", "llama3.1-8b-fp16", "--context", "8K")
+    assert one["inputs"]["gpus"] == 1 and one["recommended"] == "single"
+
+
+def test_compare_json(cli):
+    doc = cli.json("compare", "--context", "128K", "v100-pg500-216x2", "rtx4090-48g", "a100-80gb")
+    rows = {r["hardware"]: r for r in doc["rows"]}
+    assert rows["v100-pg500-216"]["gpus"] == 2 and rows["v100-pg500-216"]["best_strategy"] == "tp2"
+    # price per decode tok/s where prices are known: 2 x 3,000 CNY / decode tok/s
+    v = rows["v100-pg500-216"]
+    assert v["price_per_decode_tok_s"] == pytest.approx(6000 / v["decode_tok_s"], rel=1e-3)
+    assert rows["a100-80gb"]["price_total"] is None and rows["a100-80gb"]["price_per_decode_tok_s"] is None
+
+
+def test_profiles_list_show_validate(cli):
+    listed = cli.json("profiles", "list")
+    assert {"catalogue": "hardware", "id": "h200", "name": "H200 SXM 141GB"} in listed
+    r = cli("profiles", "show", "ninfer-v100-tp")
+    assert r.exit_code == 0 and json.loads(r.stdout)["id"] == "ninfer-v100-tp"
+    r = cli("profiles", "validate")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert r.stdout.count(" ok ") >= 18
+
+
+def _no_traceback(r):
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["plan", "--hardware", "v100-fake"], "valid ids: a100-80gb, h100-sxm, h200"),
+    (["plan", "--model", "gpt-5"], "unknown model id 'gpt-5'; valid ids:"),
+    (["plan", "--engine", "vllm"], "valid ids: llamacpp-layer, ninfer-v100-tp, v100plan"),
+    (["plan", "--context", "-5"], "cannot read '-5' as a token count"),
+    (["plan", "--context", "0"], "must be positive"),
+    (["plan", "--context", "lots"], "cannot read 'lots' as a token count"),
+    (["plan", "--acceptance", "1.5"], "between 0 and 1"),
+    (["plan", "--gpus", "0"], "--gpus must be at least 1"),
+    (["plan", "--hardware", "missing-probe.json"], "file not found"),
+    (["compare", "v100-fakex2"], "unknown hardware id 'v100-fakex2'"),
+    (["profiles", "show", "nope"], "unknown profile id 'nope'"),
+])
+def test_bad_input_is_a_message_and_exit_2(cli, args, expected):
+    r = cli(*args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert "Error:" in r.stderr and expected in r.stderr.replace("\n", " ")
+    _no_traceback(r)
+
+
+def test_probe_report_of_another_major_version_is_refused(cli, tmp_path):
+    doc = json.loads(Path(f"{PROBES}/facts-pg500-216-pair-broken-p2p.json").read_text())
+    doc["schema_version"] = "2.0"
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(doc))
+    r = cli("plan", "--hardware", str(path))
+    assert r.exit_code == 2
+    text = r.stderr.replace("\n", " ")
+    assert "2.0" in text and "1.0" in text and "schema_version" in text
+    _no_traceback(r)
+
+
+def test_validate_reports_the_json_path_of_a_broken_file(cli, tmp_path):
+    doc = json.loads((REPO / "profiles/hardware/h200.json").read_text())
+    doc["memory_gib"] = -1
+    bad = tmp_path / "h200.json"
+    bad.write_text(json.dumps(doc))
+    r = cli("profiles", "validate", str(bad))
+    assert r.exit_code == 2
+    assert "$.memory_gib" in r.stdout
+    _no_traceback(r)
