@@ -64,7 +64,10 @@ def _run(cfg) -> int:
              stall_timeout_s=cfg.stall_timeout_s, max_restarts=cfg.max_restarts,
              fault_injection=cfg.enable_fault_injection, api_key=cfg.api_key is not None)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                           access_log=False, lifespan="on", timeout_graceful_shutdown=5))
+                                           access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                                           # the stdlib loop everywhere: rank children are forked from
+                                           # this thread, which PR_SET_PDEATHSIG ties them to
+                                           loop="asyncio"))
     server_box["server"] = server
     # Bind before the lifespan starts the ranks: a taken port fails in milliseconds, not after
     # the ranks loaded their weights.

@@ -57,7 +57,7 @@ def chat_prompt_ids(messages: list[dict]) -> list[int]:
 
 @functools.lru_cache(maxsize=64)
 def tp1_reference(ids: tuple[int, ...], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-                  model: str | None = None, device: str | None = None) -> dict:
+                  model: str | None = None, device: str | None = None, dtype: str | None = None) -> dict:
     """`python -m engine generate --tp 1` on the same token ids: {"token_ids": [...], "text": ...}."""
     cmd = [sys.executable, "-m", "engine", "generate", "--model", model or demo_model(), "--tp", "1",
            "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(max_tokens), "--json"]
@@ -65,6 +65,8 @@ def tp1_reference(ids: tuple[int, ...], max_tokens: int, temperature: float = 0.
         cmd += ["--temperature", str(temperature), "--seed", str(seed)]
     if device:
         cmd += ["--device", device]
+    if dtype:
+        cmd += ["--dtype", dtype]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
