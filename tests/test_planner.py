@@ -175,3 +175,17 @@ def test_planning_is_fast_and_pure():
     elapsed = time.perf_counter() - start
     assert elapsed < 2.0, f"{len(first)} plans took {elapsed:.2f} s"
     assert [plan_ids(h, 2, m, 128 * K) for h in HARDWARE for m in MODELS] == first
+
+
+def test_engine_allreduce_figures_may_mark_a_path_unavailable():
+    doc = dict(catalogue.get("engine", "ninfer-v100-tp"))
+    doc["allreduce_us"] = {"nccl": {"unavailable": "no sm_70 kernels"}, "host_mailbox": {"8k": 11.0, "40k": 15.0}}
+    from v100plan import documents
+
+    documents.validate(doc, "engine_profile")
+    e = engine_from_doc(doc)
+    assert e.allreduce_us == {"host_mailbox": {"8k": 11.0, "40k": 15.0}}
+    hw = hardware_from_doc(catalogue.get("hardware", "v100-pcie-32gb"), 2)
+    p = plan(hw, model_from_doc(catalogue.get("model", "qwen3.8-27b-nvfp4")), e, Target(8 * K, 2))
+    assert p.strategy("tp2").allreduce_path == "host_mailbox"
+    assert any("nccl: no latency figure" in n for n in p.notes)

@@ -142,6 +142,17 @@ class Target:
     objective: str = "latency"       # "latency" | "throughput"
 
 
+def _latency_tables(raw: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    """path -> {size: us}, keeping only measured sizes (a path may carry just 'unavailable': reason)."""
+    tables = {}
+    for path, table in (raw or {}).items():
+        if isinstance(table, dict):
+            numbers = {k: float(v) for k, v in table.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if numbers:
+                tables[path] = numbers
+    return tables
+
+
 def _fmt(v: float | None) -> str:
     return "none" if v is None else f"{v:g}"
 
@@ -178,7 +189,7 @@ def pair_from_doc(doc: dict[str, Any]) -> Pair:
         nccl_supported=None, nccl_why=None,
         sm_clock_ratio=Sourced(ratio, srcs.get("sm_clock_ratio_under_pair_load")
                                or una.get("sm_clock_ratio_under_pair_load", "not known")),
-        allreduce_us={k: dict(v) for k, v in (p.get("allreduce_us") or {}).items()},
+        allreduce_us=_latency_tables(p.get("allreduce_us")),
         allreduce_source=srcs.get("allreduce_us", "no allreduce figures for this box"),
         p2p_bulk_gbps=p.get("p2p_bulk_gbps"),
     )
@@ -223,6 +234,6 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         prefill_chunk_tokens=int(doc.get("prefill_chunk_tokens", 2048)),
         draft_tokens=int(spec.get("draft_tokens", 0)),
         default_acceptance=float(spec.get("default_acceptance", 0.0)),
-        allreduce_us={k: dict(v) for k, v in (doc.get("allreduce_us") or {}).items()},
+        allreduce_us=_latency_tables(doc.get("allreduce_us")),
         allreduce_paths=tuple(doc.get("allreduce_paths", ("nccl", "host_mailbox", "device_mailbox"))),
     )
