@@ -119,6 +119,7 @@ def _no_traceback(r):
     (["plan", "--gpus", "0"], "--gpus must be at least 1"),
     (["plan", "--hardware", "missing-probe.json"], "file not found"),
     (["compare", "v100-fakex2"], "unknown hardware id 'v100-fakex2'"),
+    (["plan", "--hardware", f"{PROBES}/h200-probe-quick.json", "--gpus", "2"], "has 1 card(s)"),
     (["profiles", "show", "nope"], "unknown profile id 'nope'"),
 ])
 def test_bad_input_is_a_message_and_exit_2(cli, args, expected):

@@ -42,7 +42,10 @@ def test_kv_share_under_tp2():
 @pytest.mark.parametrize("model", MODELS)
 def test_every_catalogue_pair_gets_an_answer(hardware, model):
     """fits with speeds and ceilings, or says why in numbers; a prediction never exceeds its ceiling."""
-    p = plan_ids(hardware, 2, model, 32 * K)
+    m = model_from_doc(catalogue.get("model", model))
+    family = tuple(model_from_doc(d) for d in catalogue.all_of("model") if d["family"] == m.family)
+    hw = hardware_from_doc(catalogue.get("hardware", hardware), 2)
+    p = plan(hw, m, engine_from_doc(catalogue.get("engine", "ninfer-v100-tp")), Target(32 * K, 2), alternatives=family)
     assert len(p.strategies) == 4 and [s.name for s in p.strategies] == ["single", "replicas", "layer_split", "tp2"]
     for s in p.strategies:
         assert s.reason
@@ -59,6 +62,7 @@ def test_every_catalogue_pair_gets_an_answer(hardware, model):
         assert p.launch["strategy"] == p.recommended
     else:
         assert p.recommended is None and p.launch is None
+        assert p.nearest_fit is not None, "nothing fits and no nearest configuration named"
 
 
 def test_fp16_32b_does_not_fit_two_v100s_and_says_why():

@@ -44,6 +44,9 @@ def hardware_from_probe(report: dict[str, Any], catalogue: list[dict[str, Any]],
     cards = report.get("cards") or []
     if not cards:
         raise BadInput(f"{source}: the probe report has no cards", hint="probe a host with at least one NVIDIA GPU")
+    if gpus is not None and gpus > len(cards):
+        raise BadInput(f"--gpus {gpus} but the probe report {source} has {len(cards)} card(s)",
+                       hint=f"leave --gpus out to plan on its {len(cards)} card(s), or probe the whole box")
     gpus = gpus or len(cards)
     used = cards[:gpus]
     notes: list[str] = []
