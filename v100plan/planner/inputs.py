@@ -126,11 +126,14 @@ class Engine:
                     f"({_fmt(self.weight_bw_fraction.value)}) stands in")
         return self.weight_bw_fraction, note
 
-    def missing(self) -> list[str]:
-        """Names of the efficiencies this engine profile does not have (not yet measured)."""
-        names = ("weight_bw_fraction", "kv_bw_fraction", "round_overhead_ms", "prefill_compute_fraction",
-                 "prefill_attention_fraction", "runtime_reserve_gb")
-        return [n for n in names if getattr(self, n).value is None]
+    def missing_for_decode(self, fmt: str) -> list[str]:
+        """Efficiencies a decode prediction needs that this profile does not have (not yet measured)."""
+        fw, _ = self.weight_fraction_for(fmt)
+        found = [] if fw.value is not None else ["weight_bw_fraction"]
+        return found + [n for n in ("kv_bw_fraction", "round_overhead_ms") if getattr(self, n).value is None]
+
+    def missing_for_prefill(self) -> list[str]:
+        return [n for n in ("prefill_compute_fraction", "prefill_attention_fraction") if getattr(self, n).value is None]
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,17 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
     )
 
 
+def _attention_fraction(eff: dict[str, Any], missing: str) -> Sourced:
+    """The prefill attention kernel's own fraction, else the matrix one stands in (said in the source)."""
+    own = _sourced(eff.get("prefill_attention_fraction"), missing)
+    if own.value is not None:
+        return own
+    matrix = _sourced(eff.get("prefill_compute_fraction"), missing)
+    if matrix.value is None:
+        return own
+    return Sourced(matrix.value, "prefill_compute_fraction stands in (no attention-kernel figure): " + matrix.source)
+
+
 def engine_from_doc(doc: dict[str, Any]) -> Engine:
     eff = doc.get("efficiency", {})
     spec = doc.get("speculative") or {}
@@ -229,7 +243,7 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         kv_bw_fraction=_sourced(eff.get("kv_bw_fraction"), missing),
         round_overhead_ms=_sourced(eff.get("round_overhead_ms"), missing),
         prefill_compute_fraction=_sourced(eff.get("prefill_compute_fraction"), missing),
-        prefill_attention_fraction=_sourced(eff.get("prefill_attention_fraction") or eff.get("prefill_compute_fraction"), missing),
+        prefill_attention_fraction=_attention_fraction(eff, missing),
         runtime_reserve_gb=_sourced(eff.get("runtime_reserve_gb"), missing),
         prefill_chunk_tokens=int(doc.get("prefill_chunk_tokens", 2048)),
         draft_tokens=int(spec.get("draft_tokens", 0)),

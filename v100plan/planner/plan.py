@@ -79,10 +79,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         reason += f"; {lay.streams} independent streams, none faster than one card"
     if name == "layer_split":
         reason += "; cards take turns, no faster than one card"
-    missing = engine.missing()
     fw, _ = engine.weight_fraction_for(model.format)
-    if fw.value is not None and "weight_bw_fraction" in missing:
-        missing.remove("weight_bw_fraction")
+    missing = engine.missing_for_decode(model.format)
     if missing:
         reason += f"; no speeds: engine {engine.id} lacks {', '.join(missing)} (run `v100plan bench engine`)"
         return StrategyResult(fits=True, decode_tok_s=None, aggregate_tok_s=None, decode_ceiling_tok_s=None,
@@ -108,7 +106,9 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         "clock_ratio": ratio, "tokens_per_round": round(tpr, 4), "ceiling_ms": round(rnd.ceiling_ms, 3),
     }
     prefill_s = None
-    if card.tensor_tflops.value is not None:
+    if engine.missing_for_prefill():
+        reason += f"; no prefill estimate: engine {engine.id} lacks {', '.join(engine.missing_for_prefill())}"
+    elif card.tensor_tflops.value is not None:
         n_chunks = chunks(target.context_tokens, engine.prefill_chunk_tokens)
         comm_s = 0.0
         if choice and lay.tp == 2:
