@@ -189,31 +189,41 @@ class Model:
         return logits[0] if all_logits else logits[0, -1]
 
     # ---- one token with device-side positions (CUDA-graph capturable) ------------------------------
-    @torch.inference_mode()
     def decode_static(self, tok: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
         """tok [1] and pos [1] (device int64) -> float32 logits [V]. Attention reads cache positions
-        [0, window): no shape depends on pos, so one graph per window serves every position below it."""
+        [0, window): no shape depends on pos, so one graph per window serves every position below it.
+        Call it under torch.inference_mode() (left undecorated so torch.compile sees plain code)."""
         cfg = self.cfg
         x = F.embedding(tok.view(1, 1), self.embed)  # [1, 1, D]
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [1, hd]
-        mask = (torch.arange(window, device=self.device) <= pos).view(1, 1, 1, window)
+        mask = (torch.arange(window, device=self.device) <= pos).view(1, 1, 1, window)  # [1, 1, 1, W]
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = layer.qkv(h, cos, sin, cfg.rms_norm_eps)  # q [1, h, 1, hd]; k, v [1, kv, 1, hd]
             layer.k_cache.index_copy_(2, pos, k)
             layer.v_cache.index_copy_(2, pos, v)
-            g = layer.n_heads // layer.n_kv
-            # Grouped-query attention without copying K/V: the g query heads of one kv head become
-            # g query rows against that kv head.
-            qg = q.view(1, layer.n_kv, g, layer.hd)  # [1, kv, g, hd]
-            a = F.scaled_dot_product_attention(
-                qg, layer.k_cache[:, :, :window], layer.v_cache[:, :, :window], attn_mask=mask)  # [1, kv, g, hd]
-            a = a.reshape(1, 1, layer.n_heads * layer.hd)
+            a = self._decode_attention(layer, q, window, mask).reshape(1, 1, layer.n_heads * layer.hd)
             x = x + self._reduce(F.linear(a, layer.wo, self._bias_once(layer.bo)))
             h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             x = x + self._reduce(self._mlp(layer, h))
         x = rms_norm(x, self.norm, cfg.rms_norm_eps)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
+
+    def _decode_attention(self, layer: Layer, q: torch.Tensor, window: int, mask: torch.Tensor) -> torch.Tensor:
+        """One query position against cache positions [0, window), written as two batched matrix products.
+
+        The g query heads of one kv head become g query rows against that kv head (no K/V copies).
+        A fused SDPA kernel here parallelises over the g x kv query rows only (32 for Llama-3.1-8B) and
+        read the cache at about 5 % of the H200's bandwidth (bench, 2026-11-29); the matrix products
+        spread the window over the whole GPU."""
+        g = layer.n_heads // layer.n_kv
+        qg = q.view(1, layer.n_kv, g, layer.hd)  # [1, kv, g, hd]
+        k = layer.k_cache[:, :, :window]  # [1, kv, W, hd]
+        v = layer.v_cache[:, :, :window]  # [1, kv, W, hd]
+        s = torch.matmul(qg, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(layer.hd))  # [1, kv, g, W]
+        s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1).to(v.dtype)  # [1, kv, g, W]
+        return torch.matmul(p, v)  # [1, kv, g, hd]
 
     def weight_bytes(self) -> int:
         """Bytes this rank reads per decode step from weights (embedding: one row, not the table)."""

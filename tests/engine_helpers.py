@@ -1,0 +1,58 @@
+"""Shared, session-scoped engine fixtures: the demo model and small random models of real architectures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = Path(__file__).resolve().parent / "fixtures" / "engine" / "configs"
+
+# Real config.json values, shrunk so a model runs in milliseconds on CPU: width, depth and vocabulary
+# change; rope settings, norms, biases, q/k norms, tying and head_dim != hidden / heads stay as published.
+SHRINK = {
+    "llama-3.1-8b": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2),
+    "qwen3-8b": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=48),
+    "qwen2.5-0.5b": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2),
+}
+
+
+def small_config(name: str) -> dict:
+    raw = json.loads((CONFIGS / f"{name}.json").read_text())
+    raw.update(num_hidden_layers=2, vocab_size=512, intermediate_size=256, max_position_embeddings=4096,
+               bos_token_id=1, eos_token_id=2)
+    raw.update(SHRINK[name])
+    raw.pop("torch_dtype", None)
+    return raw
+
+
+def make_hf_model(name: str, out: Path):
+    """A transformers model with random weights from the shrunk real config, saved as safetensors."""
+    import torch
+    import transformers
+
+    raw = small_config(name)
+    cfg = transformers.AutoConfig.for_model(**raw)
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.normal_(1.0, 0.1)
+            elif "bias" in n:
+                p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.08)  # wider than init so greedy choices are not near-ties
+    model.save_pretrained(out, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> Path:
+    from engine import demo
+
+    d = tmp_path_factory.mktemp("demo") / "v100plan-demo"
+    demo.make(d)
+    return d
