@@ -201,7 +201,7 @@ async def start_pair(cfg: ServeConfig, generation: int) -> RankPair:
     except asyncio.TimeoutError:
         await pair.close(grace_s=0.5)
         raise RankStartError(f"ranks not ready within {cfg.start_timeout_s:g} s") from None
-    except RankStartError:
+    except (RankStartError, asyncio.CancelledError):  # cancelled: serve is shutting down mid-start
         await pair.close(grace_s=0.5)
         raise
     r0 = links[0].ready or {}

@@ -76,14 +76,17 @@ class Service:
         self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(self._worker())]
 
     async def stop(self) -> None:
+        """Serve is shutting down (SIGTERM, SIGINT or the restart cap): end requests, stop both ranks."""
         self.state = "exiting"
         for task in self._tasks:
             task.cancel()
         self._fail_pending(503, "the service is shutting down")
+        pids = self.pair.pids if self.pair else []
         if self.pair is not None:
             await self.pair.close()
             self.pair = None
         self._write_state()
+        self.log.emit("serve_stop", generation=self.generation, rank_pids_stopped=pids)
 
     async def _lifecycle(self) -> None:
         previous_reason: str | None = None
@@ -194,7 +197,7 @@ class Service:
             raise Unavailable(
                 f"the engine is {self.state}"
                 + (f" after: {self.last_failure.splitlines()[0]}" if self.last_failure else ""),
-                retry_after_s=max(1, int(self.cfg.stall_timeout_s if self.state == "starting" else 5)),
+                retry_after_s=10 if self.state == "starting" else 5,
             )
         if len(self.queue) >= self.cfg.queue_cap and (self.running is not None or self.queue):
             raise QueueFull(f"{len(self.queue)} requests are already waiting (--queue-cap {self.cfg.queue_cap})",
