@@ -111,7 +111,7 @@ def _no_traceback(r):
 @pytest.mark.parametrize("args, expected", [
     (["plan", "--hardware", "v100-fake"], "valid ids: a100-80gb, h100-sxm, h200"),
     (["plan", "--model", "gpt-5"], "unknown model id 'gpt-5'; valid ids:"),
-    (["plan", "--engine", "vllm"], "valid ids: llamacpp-layer, ninfer-v100-tp, v100plan"),
+    (["plan", "--engine", "vllm"], "valid ids: llamacpp-layer, ninfer-v100-port, ninfer-v100-tp, v100plan"),
     (["plan", "--context", "-5"], "cannot read '-5' as a token count"),
     (["plan", "--context", "0"], "must be positive"),
     (["plan", "--context", "lots"], "cannot read 'lots' as a token count"),
