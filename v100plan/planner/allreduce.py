@@ -97,7 +97,7 @@ def choose_path(hw: Hardware, engine: Engine, decode_message_bytes: float, prefi
         usable.append((path, table, source))
     if not usable:
         return None
-    bulk = hw.pair.p2p_bulk_gbps
+    bulk = hw.pair.bulk_gbps()
 
     def us(entry, size):
         path, table, _ = entry

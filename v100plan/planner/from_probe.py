@@ -109,7 +109,7 @@ def hardware_from_probe(report: dict[str, Any], catalogue: list[dict[str, Any]],
     pair = Pair(
         interconnect="nvlink" if links else pair.interconnect, p2p=p2p, nccl_supported=nccl_supported, nccl_why=nccl_why,
         sm_clock_ratio=ratio, allreduce_us=pair.allreduce_us, allreduce_source=pair.allreduce_source,
-        p2p_bulk_gbps=min(bulk) if bulk else pair.p2p_bulk_gbps,
+        p2p_bulk_gbps=min(bulk) if bulk else pair.p2p_bulk_gbps, link_bw_nominal_gbps=pair.link_bw_nominal_gbps,
     )
     return Hardware(card=card, pair=pair, gpus=gpus, origin=source, notes=tuple(notes))
 

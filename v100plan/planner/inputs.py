@@ -52,7 +52,15 @@ class Pair:
     sm_clock_ratio: Sourced          # median SM clock under pair load / max; None: not known (taken as 1.0)
     allreduce_us: dict[str, dict[str, float]]  # path -> {"40k": us, ...} measured on this box
     allreduce_source: str
-    p2p_bulk_gbps: float | None
+    p2p_bulk_gbps: float | None      # measured between the cards
+    link_bw_nominal_gbps: float | None = None  # datasheet, one direction (NVLink or the PCIe slot)
+
+    def bulk_gbps(self) -> float | None:
+        """Bandwidth a large peer-to-peer allreduce message moves at: measured, else the link's datasheet
+        figure (optimistic), and only when peer-to-peer works; None otherwise."""
+        if self.p2p != "working":
+            return None
+        return self.p2p_bulk_gbps or self.link_bw_nominal_gbps
 
 
 @dataclass(frozen=True)
@@ -194,7 +202,7 @@ def pair_from_doc(doc: dict[str, Any]) -> Pair:
                                or una.get("sm_clock_ratio_under_pair_load", "not known")),
         allreduce_us=_latency_tables(p.get("allreduce_us")),
         allreduce_source=srcs.get("allreduce_us", "no allreduce figures for this box"),
-        p2p_bulk_gbps=p.get("p2p_bulk_gbps"),
+        p2p_bulk_gbps=p.get("p2p_bulk_gbps"), link_bw_nominal_gbps=p.get("link_bw_nominal_gbps"),
     )
 
 
