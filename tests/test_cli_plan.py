@@ -150,3 +150,18 @@ def test_validate_reports_the_json_path_of_a_broken_file(cli, tmp_path):
     assert r.exit_code == 2
     assert "$.memory_gib" in r.stdout
     _no_traceback(r)
+
+
+def test_every_plan_document_is_schema_valid(monkeypatch):
+    """Every hardware x model x engine in the catalogue gives a Plan document the schema accepts."""
+    import profiles.document
+    from v100plan import catalogue
+    from v100plan.commands.planning import plan_document
+
+    monkeypatch.setattr(profiles.document, "git_revision", lambda: None)  # one git call per plan is slow here
+    for hw in catalogue.ids("hardware"):
+        for model in catalogue.ids("model"):
+            for engine in catalogue.ids("engine"):
+                doc = plan_document(hw, 2, model, engine, "64K", None, 1, "latency")
+                documents.validate(doc, "plan")
+                assert doc["recommended"] is None or doc["launch"]["strategy"] == doc["recommended"]
