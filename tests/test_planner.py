@@ -193,3 +193,12 @@ def test_engine_allreduce_figures_may_mark_a_path_unavailable():
     p = plan(hw, model_from_doc(catalogue.get("model", "qwen3.8-27b-nvfp4")), e, Target(8 * K, 2))
     assert p.strategy("tp2").allreduce_path == "host_mailbox"
     assert any("nccl: no latency figure" in n for n in p.notes)
+
+
+def test_probe_report_with_mixed_cards_says_so():
+    report = _probe("facts-pg500-216-pair-broken-p2p.json")
+    cards = [dict(c) for c in report["cards"]]
+    cards[1].update(pci_device_id="10de:1db5", read_bw_gbps=878.0, memory_total_gib=16.0)
+    hw = hardware_from_probe({**report, "cards": cards}, catalogue.all_of("hardware"), "probe.json")
+    assert hw.card.read_bw.value == 878.0 and hw.card.memory_gib == 16.0
+    assert any("the cards differ" in n for n in hw.notes)

@@ -59,6 +59,10 @@ def hardware_from_probe(report: dict[str, Any], catalogue: list[dict[str, Any]],
     card: Card = card_from_doc(base)
     pair: Pair = pair_from_doc(base)
     notes.append(f"hardware from probe report {source}: card matched catalogue profile {base['id']}")
+    kinds = {(c.get("pci_device_id") or "").lower() for c in used}
+    if len(kinds) > 1:
+        notes.append(f"the cards differ (PCI ids {', '.join(sorted(kinds))}): planned as card 0's kind with the "
+                     "slowest card's bandwidth and the smallest memory")
 
     measured = [c["read_bw_gbps"] for c in used if c.get("read_bw_gbps")]
     if measured:
