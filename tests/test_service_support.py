@@ -7,6 +7,7 @@ is computed once by `python -m engine generate --tp 1`.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -24,6 +25,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 MODEL_ID = "v100plan-demo"
 _TMP = tempfile.mkdtemp(prefix="v1p-svc-")  # short: Unix socket paths live under it
+atexit.register(shutil.rmtree, _TMP, True)
 
 
 def short_dir(name: str) -> str:
