@@ -202,3 +202,31 @@ def test_probe_report_with_mixed_cards_says_so():
     hw = hardware_from_probe({**report, "cards": cards}, catalogue.all_of("hardware"), "probe.json")
     assert hw.card.read_bw.value == 878.0 and hw.card.memory_gib == 16.0
     assert any("the cards differ" in n for n in hw.notes)
+
+
+MOE = "qwen3-30b-a3b-int4-gptq"
+
+
+def test_moe_one_token_reads_only_its_experts():
+    m = model_from_doc(catalogue.get("model", MOE))
+    s = plan_ids("v100-pg500-216", 1, MOE, 8 * K).strategy("single")
+    expected = m.decode_read_gb + m.moe_expert_gb * 8 / 128
+    assert s.breakdown["decode"]["weights_read_gb"] == pytest.approx(expected, abs=0.01)
+    assert s.breakdown["decode"]["weights_read_gb"] < 0.2 * m.weights_total_gb
+
+
+def test_moe_batches_touch_more_experts():
+    m = model_from_doc(catalogue.get("model", MOE))
+    one = plan_ids("v100-pg500-216", 1, MOE, 1 * K).strategy("single")
+    many = plan_ids("v100-pg500-216", 1, MOE, 1 * K, concurrency=32)
+    s = many.strategy("single")
+    touched = 1 - (1 - 8 / 128) ** 32
+    assert s.breakdown["decode"]["weights_read_gb"] == pytest.approx(m.decode_read_gb + m.moe_expert_gb * touched, abs=0.01)
+    assert one.aggregate_tok_s < s.aggregate_tok_s < 32 * one.aggregate_tok_s
+    assert any("MoE" in n for n in many.notes)
+
+
+def test_moe_tp2_splits_the_expert_reads():
+    p = plan_ids("v100-pg500-216", 2, MOE, 8 * K)
+    single, tp2 = p.strategy("single").breakdown["decode"], p.strategy("tp2").breakdown["decode"]
+    assert tp2["weights_read_gb"] < single["weights_read_gb"]

@@ -95,6 +95,9 @@ class Model:
     allreduce_bytes_per_token: float
     max_draft_tokens: int
     acceptance: dict[str, float] = field(default_factory=dict)
+    moe_experts: int = 0              # experts per MoE layer (0: dense)
+    moe_active_experts: int = 0       # experts each token is routed to
+    moe_expert_gb: float = 0.0        # all experts' weights (part of the split weights, not of decode_read_gb)
 
     @property
     def kv_shape_bytes_per_token(self) -> float:
@@ -213,6 +216,7 @@ def hardware_from_doc(doc: dict[str, Any], gpus: int) -> Hardware:
 def model_from_doc(doc: dict[str, Any]) -> Model:
     w, kv, tp, att, layers = doc["weights"], doc["kv_cache"], doc["tp"], doc["attention"], doc["layers"]
     draft = doc.get("draft") or {}
+    moe = doc.get("moe") or {}
     acc = {k: v for k, v in (doc.get("acceptance") or {}).items() if k != "sources"}
     return Model(
         id=doc["id"], name=doc["name"], family=doc.get("family", doc["id"]), format=doc.get("format", "unknown"),
@@ -226,6 +230,8 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         matrix_flops_per_token=float(doc["matrix_flops_per_token"]),
         allreduces_per_round=int(tp["allreduces_per_round"]), allreduce_bytes_per_token=float(tp["allreduce_bytes_per_token"]),
         max_draft_tokens=int(draft.get("max_draft_tokens", 0)), acceptance=acc,
+        moe_experts=int(moe.get("experts", 0)), moe_active_experts=int(moe.get("active_experts", 0)),
+        moe_expert_gb=float(moe.get("expert_gb", 0.0)),
     )
 
 

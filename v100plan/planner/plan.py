@@ -44,8 +44,8 @@ def _clock_ratio(hw: Hardware, lay: Layout) -> float:
 
 
 def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Target,
-              choice: ar.PathChoice | None, tpr: float, reserve_gb: float) -> StrategyResult:
-    lay = layout(name, model, target.gpus)
+              choice: ar.PathChoice | None, tpr: float, reserve_gb: float, verified_tokens: int) -> StrategyResult:
+    lay = layout(name, model, target.gpus, verified_tokens * target.concurrency)
     card = hw.card
     C = target.concurrency
     mem = memory_per_gpu(model, lay, target.context_tokens, C, reserve_gb, card.memory_gb)
@@ -218,14 +218,17 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
             notes += [f"allreduce {why}" for why in choice.rejected]
             if choice.prefill_path != choice.path:
                 notes.append(f"prefill chunks use {choice.prefill_path} ({choice.prefill_us:.0f} us per chunk-sized allreduce)")
-    results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve) for n in NAMES]
+    if model.moe_experts and (k + 1) * target.concurrency > 1:
+        notes.append(f"MoE: {(k + 1) * target.concurrency} tokens per round touch more experts than one "
+                     "(uniform routing assumed)")
+    results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1) for n in NAMES]
     rec = _recommend(results, target.objective)
     why: list[str] = []
     launch = None
     if rec:
         r = next(x for x in results if x.name == rec)
         why = _why(r, hardware, model, engine, target, choice, acceptance, k)
-        lay = layout(rec, model, target.gpus)
+        lay = layout(rec, model, target.gpus, (k + 1) * target.concurrency)
         launch = {
             "engine": engine.id, "strategy": rec, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
             "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": hardware.card.dtype,

@@ -37,20 +37,39 @@ def kv_share_tp2(kv_heads: int) -> float:
     return math.ceil(kv_heads / 2) / kv_heads
 
 
-def layout(name: str, model: Model, gpus: int) -> Layout:
-    """Geometry of strategy ``name`` for ``model`` on ``gpus`` cards (formulas in the module docstring)."""
+def expert_read_gb(model: Model, tokens_per_round: float) -> float:
+    """MoE expert bytes read in one round: all experts' bytes x the expected share of experts touched
+    by ``tokens_per_round`` tokens routed to ``active`` of ``experts`` each, uniformly:
+    1 - (1 - active / experts) ** tokens. One token reads active / experts of them (8 / 128 = 6 %);
+    a batch of 32 touches 87 %. Uniform routing is an assumption: real routers are skewed, which
+    lowers the share (so this errs towards slower)."""
+    if not model.moe_experts:
+        return 0.0
+    untouched = (1.0 - model.moe_active_experts / model.moe_experts) ** max(tokens_per_round, 1.0)
+    return model.moe_expert_gb * (1.0 - untouched)
+
+
+def layout(name: str, model: Model, gpus: int, tokens_per_round: float = 1.0) -> Layout:
+    """Geometry of strategy ``name`` for ``model`` on ``gpus`` cards (formulas in the module docstring).
+
+    ``tokens_per_round`` (verified tokens x sequences) only matters for MoE models, whose
+    per-round expert reads grow with it (see expert_read_gb).
+    """
     w = model.weights_total_gb
+    read = model.decode_read_gb + expert_read_gb(model, tokens_per_round)
     if name == "single":
-        return Layout(name, 1, 1, 1, w, model.decode_read_gb, 1.0, 1.0, 0)
+        return Layout(name, 1, 1, 1, w, read, 1.0, 1.0, 0)
     if name == "replicas":
-        return Layout(name, 2, max(gpus, 2), 1, w, model.decode_read_gb, 1.0, 1.0, 0)
+        return Layout(name, 2, max(gpus, 2), 1, w, read, 1.0, 1.0, 0)
     if name == "layer_split":
         # Balanced halves: each card holds half the file and half of each sequence's KV;
         # the round visits both halves in turn, so the critical path reads all of it.
-        return Layout(name, 2, 1, 1, w / 2, model.decode_read_gb, 0.5, 1.0, 2)
+        return Layout(name, 2, 1, 1, w / 2, read, 0.5, 1.0, 2)
     if name == "tp2":
         share = kv_share_tp2(model.kv_heads)
         per_rank = model.weights_replicated_gb + model.weights_split_gb / 2
-        read = model.decode_read_gb - model.weights_split_gb / 2
-        return Layout(name, 2, 1, 2, per_rank, read, share, share, 0)
+        # Every split tensor but the experts is read whole each round; each rank reads its half of it.
+        dense_split = model.weights_split_gb - model.moe_expert_gb
+        rank_read = model.decode_read_gb - dense_split / 2 + expert_read_gb(model, tokens_per_round) / 2
+        return Layout(name, 2, 1, 2, per_rank, rank_read, share, share, 0)
     raise ValueError(f"unknown strategy {name!r}")
