@@ -105,30 +105,37 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         "allreduce_us": round(choice.decode_us, 2) if (lay.tp == 2 and choice) else None,
         "clock_ratio": ratio, "tokens_per_round": round(tpr, 4), "ceiling_ms": round(rnd.ceiling_ms, 3),
     }
-    prefill_s = None
-    if engine.missing_for_prefill():
-        reason += f"; no prefill estimate: engine {engine.id} lacks {', '.join(engine.missing_for_prefill())}"
-    elif card.tensor_tflops.value is not None:
-        n_chunks = chunks(target.context_tokens, engine.prefill_chunk_tokens)
-        comm_s = 0.0
-        if choice and lay.tp == 2:
-            comm_s = n_chunks * model.allreduces_per_round * choice.prefill_us / 1e6
-        elif choice and lay.hops_per_round:
-            comm_s = n_chunks * lay.hops_per_round * choice.prefill_us / 1e6
-        pf: Prefill = prefill_time(model, target.context_tokens, card.tensor_tflops.value, engine.prefill_compute_fraction.value,
-                                   engine.prefill_attention_fraction.value, ratio, lay.tp, comm_s)
-        prefill_s = round(pf.total_s, 2)
-        breakdown["prefill"] = {"tensor_tflops": card.tensor_tflops.value, "matrix_s": round(pf.matrix_s, 3),
-                                "attention_s": round(pf.attention_s, 3), "comm_s": round(pf.comm_s, 3), "chunks": n_chunks,
-                                "clock_ratio": ratio}
-    else:
-        reason += f"; no prefill estimate: {card.tensor_tflops.source}"
+    prefill_s, prefill_breakdown, why_not = _prefill(hw, model, engine, target, choice, lay, ratio)
+    if prefill_breakdown:
+        breakdown["prefill"] = prefill_breakdown
+    if why_not:
+        reason += f"; no prefill estimate: {why_not}"
     per_stream = rnd.tok_s
     return StrategyResult(
         fits=True, decode_tok_s=round(per_stream, 2), aggregate_tok_s=round(per_stream * C * lay.streams, 2),
         decode_ceiling_tok_s=round(rnd.ceiling_tok_s, 2), aggregate_ceiling_tok_s=round(rnd.ceiling_tok_s * C * lay.streams, 2),
         round_ms=round(rnd.total_ms, 3), prefill_s=prefill_s, reason=reason, **base,
     )
+
+
+def _prefill(hw: Hardware, model: Model, engine: Engine, target: Target, choice: ar.PathChoice | None, lay: Layout,
+             ratio: float) -> tuple[float | None, dict | None, str | None]:
+    """Time to first token for the target context: (seconds, breakdown, None) or (None, None, why not)."""
+    if engine.missing_for_prefill():
+        return None, None, f"engine {engine.id} lacks {', '.join(engine.missing_for_prefill())}"
+    if hw.card.tensor_tflops.value is None:
+        return None, None, hw.card.tensor_tflops.source
+    n_chunks = chunks(target.context_tokens, engine.prefill_chunk_tokens)
+    comm_s = 0.0
+    if choice and lay.tp == 2:
+        comm_s = n_chunks * model.allreduces_per_round * choice.prefill_us / 1e6
+    elif choice and lay.hops_per_round:
+        comm_s = n_chunks * lay.hops_per_round * choice.prefill_us / 1e6
+    pf: Prefill = prefill_time(model, target.context_tokens, hw.card.tensor_tflops.value, engine.prefill_compute_fraction.value,
+                               engine.prefill_attention_fraction.value, ratio, lay.tp, comm_s)
+    return round(pf.total_s, 2), {"tensor_tflops": hw.card.tensor_tflops.value, "matrix_s": round(pf.matrix_s, 3),
+                                  "attention_s": round(pf.attention_s, 3), "comm_s": round(pf.comm_s, 3),
+                                  "chunks": n_chunks, "clock_ratio": ratio}, None
 
 
 def _recommend(results: list[StrategyResult], objective: str) -> str | None:
