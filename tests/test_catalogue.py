@@ -114,3 +114,11 @@ def test_schemas_are_valid_json_schema():
 
     for path in profiles.SCHEMA_DIR.glob("*.schema.json"):
         jsonschema.Draft202012Validator.check_schema(json.loads(path.read_text()))
+
+
+def test_a_profile_outside_the_catalogue_may_have_any_file_name(tmp_path):
+    from pathlib import Path
+
+    doc = catalogue.get("hardware", "h200")
+    assert catalogue_problems(doc, tmp_path / "my-box.json") == []
+    assert catalogue_problems(doc, Path(profiles.CATALOGUES["hardware"]) / "other.json")[0][0] == "$.id"

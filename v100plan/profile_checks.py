@@ -52,9 +52,13 @@ def unsourced_numbers(doc: dict[str, Any]) -> list[str]:
 
 
 def catalogue_problems(doc: dict[str, Any], path: Path) -> list[tuple[str, str]]:
-    """(JSON path, problem) pairs for a catalogue file that passed its schema."""
+    """(JSON path, problem) pairs for a profile that passed its schema. The id-is-the-file-name rule
+    applies inside the catalogue only; the source rule applies to every profile."""
+    import profiles
+
     problems = []
-    if doc.get("id") != path.stem:
+    in_catalogue = path.resolve().parent in {d.resolve() for d in profiles.CATALOGUES.values()}
+    if in_catalogue and doc.get("id") != path.stem:
         problems.append(("$.id", f"id {doc.get('id')!r} must equal the file name {path.stem!r}"))
     problems += [(p, "a number without a source (add it to 'sources') or a null without a reason ('unavailable')")
                  for p in unsourced_numbers(doc)]
