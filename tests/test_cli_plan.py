@@ -165,3 +165,15 @@ def test_every_plan_document_is_schema_valid(monkeypatch):
                 doc = plan_document(hw, 2, model, engine, "64K", None, 1, "latency")
                 documents.validate(doc, "plan")
                 assert doc["recommended"] is None or doc["launch"]["strategy"] == doc["recommended"]
+
+
+def test_plan_accepts_a_hardware_profile_file(cli, tmp_path):
+    doc = json.loads((REPO / "profiles/hardware/v100-pcie-32gb.json").read_text())
+    doc.update(id="my-v100-box", mem_bw_measured_gbps=850.0)
+    doc["sources"]["mem_bw_measured_gbps"] = "measurement, my box, 2026-11-29"
+    del doc["unavailable"]["mem_bw_measured_gbps"]
+    path = tmp_path / "my-box.json"
+    path.write_text(json.dumps(doc))
+    plan = cli.json("plan", "--hardware", str(path), "--context", "32K")
+    assert plan["inputs"]["hardware"] == str(path)
+    assert "850 GB/s (measured: measurement, my box" in " ".join(plan["why"])
