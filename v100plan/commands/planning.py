@@ -59,7 +59,9 @@ def load_hardware(spec: str, gpus: int | None):
         return hardware_from_probe(doc, catalogue.all_of("hardware"), str(path), gpus)
     if kind == "hardware_profile":
         documents.validate(doc, kind, source=str(path))
-        return hardware_from_doc(doc, gpus or DEFAULT_GPUS)
+        from dataclasses import replace
+
+        return replace(hardware_from_doc(doc, gpus or DEFAULT_GPUS), origin=str(path))
     raise DocumentError(str(path), f"expected a probe_report or hardware_profile document, found kind {doc.get('kind')!r}"
                         if isinstance(doc, dict) else "expected a JSON object")
 
