@@ -31,6 +31,9 @@ def nearest_fit(hardware, model, engine, target, alternatives, plan_fn: Callable
     if runnable:
         best = max(runnable, key=lambda s: s.max_context)
         if best.max_context > 0:
+            # At that context, recommend as the planner would (several strategies may fit there).
+            again = plan_fn(hardware, model, engine, replace(target, context_tokens=best.max_context))
             return {"change": f"a context of at most {best.max_context:,} tokens", "hardware": hardware.origin,
-                    "gpus": target.gpus, "model": model.id, "strategy": best.name, "context_tokens": best.max_context}
+                    "gpus": target.gpus, "model": model.id, "strategy": again.recommended or best.name,
+                    "context_tokens": best.max_context}
     return None
