@@ -21,17 +21,29 @@ from rich.table import Table
 GOLDEN_WIDTH = 120
 
 
-def _width() -> int | None:
+def _width(stream) -> int | None:
+    """V100PLAN_WIDTH if set; the terminal's width on a terminal; else GOLDEN_WIDTH.
+
+    Piped output (a file, `less`, a CI log) has no width of its own; rich would
+    assume 80 columns and truncate the tables' headers.
+    """
     w = os.environ.get("V100PLAN_WIDTH")
-    return int(w) if w and w.isdigit() else None
+    if w and w.isdigit():
+        return int(w)
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        pass
+    return GOLDEN_WIDTH
 
 
 def stdout_console() -> Console:
-    return Console(file=sys.stdout, width=_width(), soft_wrap=False, highlight=False)
+    return Console(file=sys.stdout, width=_width(sys.stdout), soft_wrap=False, highlight=False)
 
 
 def stderr_console() -> Console:
-    return Console(file=sys.stderr, width=_width(), highlight=False)
+    return Console(file=sys.stderr, width=_width(sys.stderr), highlight=False)
 
 
 def emit_json(doc: Any) -> None:
