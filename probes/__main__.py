@@ -79,5 +79,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
+    sys.stderr.flush()
     # A timed-out case may leave a daemon thread inside a GPU call: do not wait for it at exit.
     os._exit(code)

@@ -63,16 +63,27 @@ def run(args: list[str], on_event: Callable[[dict[str, Any]], None], timeout_s: 
             else:
                 other_stderr.append(line)
 
+    chunks: list[str] = []
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        chunks.append(proc.stdout.read())
+
+    # Two readers of our own: communicate() would also read stderr and race the progress reader.
     reader = threading.Thread(target=read_events, daemon=True)
+    out_reader = threading.Thread(target=read_stdout, daemon=True)
     reader.start()
+    out_reader.start()
     try:
-        stdout, _ = proc.communicate(timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        proc.wait()
         raise EnvironmentProblem(f"the probes did not finish within {timeout_s:.0f} s",
                                  hint="run `python -m probes --progress` by hand to see which case hangs") from None
-    reader.join(timeout=5)
+    reader.join(timeout=10)
+    out_reader.join(timeout=10)
+    stdout = "".join(chunks)
     if proc.returncode == 2:  # the probes rejected an option (an unknown --only key)
         raise BadInput("".join(other_stderr).strip() or "python -m probes rejected its options",
                        hint="`python -m probes --list` shows the case keys")
