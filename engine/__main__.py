@@ -15,6 +15,7 @@ COMMANDS = {
     "generate": ("engine.generate", "one-shot generation, TP1 in-process or TP2 over two rank processes"),
     "rank": ("engine.rank_cli", "one tensor-parallel rank speaking the control-socket protocol"),
     "bench": ("engine.bench", "decode and allreduce benchmark on a GPU host (prints JSON)"),
+    "bench-tp2": ("engine.bench_tp2", "two GPUs: allreduce paths, the start-up race, TP2 vs TP1 decode (prints JSON)"),
     "serve": ("engine.serve", "the OpenAI-compatible service over two ranks"),
     "supervise": ("engine.supervise", "run the service under a real process supervisor"),
 }

@@ -1,0 +1,409 @@
+"""`python -m engine bench-tp2`: two processes, one GPU each: the allreduce paths, the start-up race, and
+TP2 vs TP1 decode of a real-shape, random-weight model, printed as one JSON document.
+
+What each number is (both ranks run every phase in lockstep; rank 0 writes the document):
+  race                  engine/allreduce/select.py's `--allreduce auto` choice, as a rank starts it, and
+                        whether it is the fastest path at 8 KB and 40 KB by this bench's own table
+  allreduce[path]       per size (4 KB .. 1 MB): a bit-exact check of the sum of known data, then
+                        eager_us: median of --iters single allreduces, synchronised before and after each;
+                        graph_us: --graph-ops allreduces captured in one CUDA graph, median over 5 batches
+                        of 20 replays / ops (only paths the GPU can run without the host: NCCL)
+  read_bw_gbps[rank]    sum over a 4 GiB float32 buffer on each card (engine.bench)
+  tp1[rank]             each card alone: the whole model (world 1): weights as batch-1 GEMVs in one
+                        graph, decode step per context (graph, and eager), the engine.bench fit, a prefill chunk
+  tp2[path]             the engine's TP split (engine/model.py, world 2) over that path: decode per context,
+                        in a CUDA graph for NCCL, eager for the mailboxes (their waits poll from the host)
+The weights are random, made on each GPU: decode speed depends on shapes and bytes, not values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+SIZES = (4 << 10, 8 << 10, 16 << 10, 40 << 10, 64 << 10, 256 << 10, 1 << 20)
+GPU_PATHS = ("nccl", "device_mailbox", "host_mailbox")
+CPU_PATHS = ("host_mailbox", "gloo")
+GRAPH_PATHS = ("nccl",)  # the mailboxes wait on the host (polling), which a CUDA graph cannot hold
+NO_GRAPH = "its wait polls from the host between kernels, which a CUDA graph cannot capture"
+
+
+def size_label(nbytes: int) -> str:
+    return f"{nbytes // 1024}k" if nbytes < (1 << 20) else f"{nbytes >> 20}m"
+
+
+def known_data(nbytes: int, rank: int, dtype, device):
+    """(this rank's input, the expected sum) for a bit-exact check; both sides round the same way."""
+    import torch
+
+    n = nbytes // dtype.itemsize
+    base = (torch.arange(n, dtype=torch.float32) % 251) * 0.25
+    mine = (base + 1000.0 * rank).to(dtype).to(device)
+    expect = (base.to(dtype) + (base + 1000.0).to(dtype)).to(device)  # rank 0's + rank 1's, in that order
+    return mine, expect
+
+
+def bit_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)))
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def eager_us(fn, device, iters: int) -> float:
+    """Median microseconds of fn(), synchronised before and after each call."""
+    for _ in range(10):
+        fn()
+    ts = []
+    for _ in range(iters):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        ts.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(ts)
+
+
+def graph_us(fn, ops: int) -> tuple[float, object]:
+    """``ops`` calls of fn captured in one CUDA graph: median microseconds per call, and the graph."""
+    from engine.bench import _capture, _time_graph
+
+    def many():
+        for _ in range(ops):
+            fn()
+
+    g = _capture(many)
+    return _time_graph(g, n=20) * 1e3 / ops, g
+
+
+def allreduce_table(p, rank: int, device, dtype, iters: int, graph_ops: int, graph_ok: bool) -> dict:
+    import torch
+
+    row: dict = {"eager_us": {}, "graph_us": {}, "bit_exact": {}}
+    if not graph_ok:
+        row["graph_us"] = {"unavailable": f"{p.name}: {NO_GRAPH}" if p.name != "gloo" else "gloo is a CPU path"}
+    for size in SIZES:
+        label = size_label(size)
+        mine, expect = known_data(size, rank, dtype, device)
+        ok = bit_equal(p.allreduce_sum(mine), expect)
+        x = torch.ones(size // dtype.itemsize, dtype=dtype, device=device)
+        row["eager_us"][label] = round(eager_us(lambda: p.allreduce_sum(x), device, iters), 2)
+        if graph_ok:
+            out = {}
+
+            def step():
+                out["y"] = p.allreduce_sum(mine)
+
+            us, g = graph_us(step, graph_ops)
+            g.replay()
+            _sync(device)
+            ok = ok and bit_equal(out["y"], expect)  # the captured result, after a replay
+            row["graph_us"][label] = round(us, 2)
+            del g
+        row["bit_exact"][label] = ok
+    return row
+
+
+def race_phase(rank, device, dtype, rdv, store) -> dict:
+    from engine.allreduce import select
+
+    t0 = time.perf_counter()
+    choice = select.choose("auto", rank=rank, device=device, dtype=dtype, timeout_s=60.0, abort=None,
+                           rendezvous_dir=rdv, generation=1, store=store, log=lambda m: None)
+    out = {"picked": choice.path.name, "why": choice.why, "selftest": choice.selftest, "race_us": choice.race,
+           "race_trusted": choice.race_trusted, "seconds": round(time.perf_counter() - t0, 2)}
+    choice.path.close()
+    return out
+
+
+def judge_race(race: dict, table: dict) -> dict:
+    """Is the race's pick the fastest path at 8 KB and 40 KB by the bench's own table (the engine's mode:
+    graph where the path has one, else eager)?"""
+    verdict = {}
+    for label in ("8k", "40k"):
+        cost = {}
+        for name, row in table.items():
+            if not isinstance(row, dict) or "eager_us" not in row:
+                continue
+            g = row["graph_us"].get(label) if isinstance(row.get("graph_us"), dict) else None
+            cost[name] = g if g is not None else row["eager_us"][label]
+        if cost:
+            best = min(cost, key=cost.get)
+            verdict[label] = {"fastest": best, "fastest_us": cost[best], "picked_us": cost.get(race.get("picked")),
+                              "picked_is_fastest": best == race.get("picked")}
+    return verdict
+
+
+def build_model(cfg, world, rank, dtype, device, comm, max_ctx):
+    from engine import weights
+    from engine.model import Model
+
+    m = Model(cfg, world=world, rank=rank, dtype=dtype, device=device, comm=comm)
+    weights.init_random(m, seed=7 + rank)
+    m.setup_cache(max_ctx)
+    return m
+
+
+def decode_eager(model, contexts: list[int], steps: int) -> dict:
+    """Eager decode steps (no graph): median ms per step at each context."""
+    import torch
+
+    out = {}
+    kv_per_pos = model.cfg.kv_bytes_per_token(model.head.element_size()) // model.world
+    for ctx in contexts:
+        window = -(-ctx // 256) * 256
+        tok = torch.zeros(1, dtype=torch.long, device=model.device)
+        pos = torch.full((1,), ctx - 1, dtype=torch.long, device=model.device)
+        ms = eager_us(lambda: model.decode_static(tok, pos, window), model.device, steps) / 1e3
+        out[str(ctx)] = {"window": window, "ms": round(ms, 4), "tok_s": round(1000 / ms, 2),
+                         "kv_bytes": kv_per_pos * window}
+    return out
+
+
+def tp1_phase(cfg, rank, device, dtype, contexts, steps, max_ctx, peak_tflops) -> dict:
+    import torch
+
+    from engine import bench
+
+    model = build_model(cfg, 1, 0, dtype, device, None, max_ctx)
+    out: dict = {"weight_bytes": model.weight_bytes()}
+    with torch.inference_mode():
+        if device.type == "cuda":
+            out["gemv"] = bench.gemv_only(model)
+            out["decode_graph"] = bench.decode(model, contexts, model.decode_static)
+            out["fit"] = bench.fit(out["decode_graph"], out["gemv"]["ms"], READ_BW[0])
+            out["prefill"] = bench.prefill(model)
+            if peak_tflops:
+                out["prefill"]["compute_fraction"] = round(out["prefill"]["tflops"] / peak_tflops, 4)
+        out["decode_eager"] = decode_eager(model, contexts, steps)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
+    import torch
+
+    from engine import bench
+    from engine.comm import Comm
+
+    comm = Comm(p)
+    model = build_model(cfg, 2, rank, dtype, device, comm, max_ctx)
+    out: dict = {"weight_bytes_per_rank": model.weight_bytes()}
+    with torch.inference_mode():
+        tok = torch.zeros(1, dtype=torch.long, device=device)
+        before = comm.calls
+        model.decode_static(tok, torch.zeros(1, dtype=torch.long, device=device), 256)
+        out["exchanges_per_step"] = comm.calls - before  # allreduces + the head's gather
+        if device.type == "cuda" and p.name in GRAPH_PATHS:
+            dec = bench.decode(model, contexts, model.decode_static)
+            w = model.weight_bytes()
+            for v in dec.values():
+                v["kv_bytes"] //= 2  # this rank's half of the KV heads
+                v["total_gbps"] = round(bench.x_bytes_over_ms(w + v["kv_bytes"], v["ms"]), 1)
+            out["decode_graph"] = dec
+        out["decode_eager"] = decode_eager(model, contexts, steps)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+READ_BW = [0.0]  # this rank's measured read bandwidth (GB/s), set before the TP1 phase
+
+
+def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from engine import bench
+    from engine import config as ecfg
+    from engine.allreduce import PathError
+    from engine.allreduce.dist import init_control
+    from engine.allreduce.select import build, same_device, selftest
+
+    device = torch.device(f"cuda:{rank}" if args.device == "cuda" else args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = getattr(torch, args.dtype)
+    store = init_control(rdv, 0, rank, 2, float(args.timeout_s))
+    torch.set_grad_enabled(False)
+    doc: dict = {}
+
+    def save(key, value):
+        # Gather both ranks' value; rank 0 keeps the pair and rewrites the file after every phase.
+        both = [None, None]
+        dist.all_gather_object(both, value)
+        if rank == 0:
+            doc[key] = both
+            Path(out_path).write_text(json.dumps(doc))
+
+    def guarded(fn, *a):
+        try:
+            return fn(*a)
+        except Exception as e:  # noqa: BLE001 - one phase failing must not lose the others
+            return {"error": f"{type(e).__name__}: {str(e)[:400]}", "trace": traceback.format_exc()[-1500:]}
+
+    raw = json.loads(Path(args.config).read_text())
+    if args.layers:
+        raw["num_hidden_layers"] = args.layers
+    cfg = ecfg.from_dict(raw)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    max_ctx = -(-max(contexts) // 256) * 256 + 256
+    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "uuid": str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else None,
+            "shared_device": same_device(device)}
+    save("card", info)
+    if device.type == "cuda":
+        READ_BW[0] = round(bench.read_bandwidth_gbps(device), 1)
+        save("read_bw_gbps", READ_BW[0])
+    else:
+        READ_BW[0] = 1.0
+    save("race", guarded(race_phase, rank, device, dtype, rdv, store))
+
+    names = GPU_PATHS if device.type == "cuda" else CPU_PATHS
+    paths = {}
+    for gen, name in enumerate(names, start=2):
+        why = None
+        try:
+            p = build(name, rank=rank, device=device, timeout_s=60.0, abort=None, rendezvous_dir=rdv,
+                      generation=gen, store=store, shared_device=info["shared_device"])
+            why = selftest(p, rank, device, dtype)
+        except (PathError, RuntimeError) as e:
+            p, why = None, f"{type(e).__name__}: {e}"
+        both = [None, None]
+        dist.all_gather_object(both, why)
+        if any(both):
+            save(f"allreduce.{name}", {"unavailable": "; ".join(w for w in both if w)})
+            if p is not None:
+                p.close()
+            continue
+        paths[name] = p
+        graph_ok = device.type == "cuda" and name in GRAPH_PATHS
+        save(f"allreduce.{name}", guarded(allreduce_table, p, rank, device, dtype, args.iters, args.graph_ops, graph_ok))
+
+    if not args.skip_decode:
+        save("tp1", guarded(tp1_phase, cfg, rank, device, dtype, contexts, args.eager_steps, max_ctx, args.peak_tflops))
+        # NCCL last: a graph capture that hangs one rank must not cost the mailboxes' results.
+        for name, p in sorted(paths.items(), key=lambda kv: kv[0] == "nccl"):
+            save(f"tp2.{name}", guarded(tp2_phase, cfg, rank, device, dtype, p, contexts, args.eager_steps, max_ctx))
+    for p in paths.values():
+        p.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def assemble(per_rank: dict, args: argparse.Namespace, meta: dict) -> dict:
+    """Rank 0's view of each phase, with rank 1's where the two cards differ (bandwidth, TP1)."""
+    doc = dict(meta)
+    cards = per_rank.get("card", [None, None])
+    doc["cards"] = cards
+    doc["read_bw_gbps"] = per_rank.get("read_bw_gbps")
+    doc["allreduce"] = {k.split(".", 1)[1]: v[0] for k, v in per_rank.items() if k.startswith("allreduce.")}
+    race = (per_rank.get("race") or [None])[0] or {}
+    doc["race"] = race
+    if race and "picked" in race:
+        doc["race"]["judged"] = judge_race(race, doc["allreduce"])
+    if "tp1" in per_rank:
+        doc["tp1"] = {"rank0": per_rank["tp1"][0], "rank1": per_rank["tp1"][1]}
+    doc["tp2"] = {}
+    for k, v in per_rank.items():
+        if k.startswith("tp2."):
+            r0 = v[0]
+            doc["tp2"][k.split(".", 1)[1]] = r0
+            if isinstance(r0, dict) and isinstance(v[1], dict) and "decode_graph" in v[1]:
+                r0["rank1_decode_graph_ms"] = {c: e["ms"] for c, e in v[1]["decode_graph"].items()}
+    return doc
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine bench-tp2", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"), help="a config.json (real shape)")
+    p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")
+    p.add_argument("--contexts", default="1024,4096,16384,32768")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cuda: rank r on cuda:r")
+    p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--iters", type=int, default=300, help="eager allreduces per size")
+    p.add_argument("--graph-ops", type=int, default=20, help="allreduces captured per graph")
+    p.add_argument("--eager-steps", type=int, default=30, help="eager decode steps per context")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
+    p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
+    p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--timeout-s", type=int, default=420, help="the whole run's bound")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+
+    import multiprocessing as mp
+
+    import torch
+
+    if args.device == "cuda" and torch.cuda.device_count() < 2:
+        print(json.dumps({"kind": "engine_bench_tp2", "error": "needs two CUDA GPUs",
+                          "cuda_devices": torch.cuda.device_count()}))
+        return 4
+    if args.dtype is None:
+        major = torch.cuda.get_device_capability(0)[0] if args.device == "cuda" else 0
+        args.dtype = "bfloat16" if major >= 8 else ("float16" if args.device == "cuda" else "float32")
+    nccl = None
+    if args.device == "cuda" and torch.distributed.is_nccl_available():
+        nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+    meta = {
+        "kind": "engine_bench_tp2", "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+        "dtype": args.dtype, "config": Path(args.config).name, "layers_override": args.layers,
+        "contexts": [int(c) for c in args.contexts.split(",")], "sizes": [size_label(s) for s in SIZES],
+        "peak_tflops": args.peak_tflops, "peak_source": args.peak_source,
+        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                               "NVSHMEM_DISABLE_NVLS")},
+        "method": (f"one process per GPU; allreduce eager: median of {args.iters} synchronised calls; graph: "
+                   f"{args.graph_ops} calls per CUDA graph, median of 5 x 20 replays; decode graph: median of "
+                   f"5 x 50 replays; decode eager: median of {args.eager_steps} synchronised steps; random weights"),
+    }
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="v100plan-tp2-") as d:
+        out = os.path.join(d, "tp2.json")
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=worker, args=(r, d, args, out)) for r in range(2)]
+        for pr in procs:
+            pr.start()
+        deadline = time.monotonic() + args.timeout_s
+        for pr in procs:
+            pr.join(timeout=max(1.0, deadline - time.monotonic()))
+        timed_out = any(pr.is_alive() for pr in procs)
+        for pr in procs:
+            if pr.is_alive():
+                pr.kill()
+                pr.join(5)
+        per_rank = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
+    doc = assemble(per_rank, args, meta)
+    doc["seconds"] = round(time.perf_counter() - t0, 1)
+    if timed_out:
+        doc["incomplete"] = f"the ranks did not finish within {args.timeout_s} s; phases after the last one shown are missing"
+    elif any(pr.exitcode for pr in procs):
+        doc["incomplete"] = f"rank exit codes {[pr.exitcode for pr in procs]}"
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0 if per_rank and "incomplete" not in doc else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
