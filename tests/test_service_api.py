@@ -29,8 +29,9 @@ MAX_CONTEXT = 2048
 
 @pytest.fixture(scope="module")
 def svc():
+    # Generous timeouts: nothing here is a fault, and CI's two shared cores can be slow.
     s = ServiceProcess("--queue-cap", "1", "--max-context", str(MAX_CONTEXT), "--body-limit-bytes", "65536",
-                       api_key=KEY)
+                       api_key=KEY, stall_timeout_s=60, allreduce_timeout_s=30)
     try:
         s.wait_healthy()
         yield s
@@ -226,20 +227,20 @@ def test_stream_disconnect_cancels_both_ranks(svc):
 def test_non_streaming_disconnect_cancels_both_ranks(svc):
     before = _request_ids(svc)
     with pytest.raises(httpx.ReadTimeout):
-        svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Long story", "max_tokens": 200,
+        svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1000,
                                                  "temperature": 0}, timeout=0.5)
     line = _cancelled_line(svc, before)
-    assert line["completion_tokens"] < 200
+    assert line["completion_tokens"] < 1000
     ids = prompt_ids("Once upon")
     assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == _expected(ids, 8)
 
 
 def test_disconnect_during_prefill_cancels_both_ranks(svc):
-    # About 1800 prompt tokens: 8 prefill chunks, most of a second on CPU; the client leaves after 0.3 s.
+    # About 1800 prompt tokens: 8 prefill chunks, most of a second on CPU; the client leaves after 0.15 s.
     before = _request_ids(svc)
     with pytest.raises(httpx.ReadTimeout):
         svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "word " * 600, "max_tokens": 50,
-                                                 "temperature": 0}, timeout=0.3)
+                                                 "temperature": 0}, timeout=0.15)
     line = _cancelled_line(svc, before)
     assert line["prompt_tokens"] > 1500 and line["completion_tokens"] == 0
     ids = prompt_ids("Once upon")
@@ -248,7 +249,7 @@ def test_disconnect_during_prefill_cancels_both_ranks(svc):
 
 def test_queue_cap_answers_429_with_retry_after(svc):
     # --queue-cap 1: one running, one waiting, the third is refused.
-    long = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 200, "temperature": 0}
+    long = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1000, "temperature": 0}
     results = {}
 
     def call(name):
@@ -271,5 +272,7 @@ def test_queue_cap_answers_429_with_retry_after(svc):
     assert results == {"first": "timeout", "second": "timeout"}
     # Both left; the service drains them (cancel on both ranks) and serves again.
     ids = prompt_ids("Once upon")
-    got = wait_until(lambda: svc.complete(ids, 8), 30)
+    got = svc.complete(ids, 8)
+    assert got.status_code == 200, got.text
     assert got.json()["v100plan"]["token_ids"] == _expected(ids, 8)
+    assert not svc.events("rank_failure")  # nothing in this module may cost a restart
