@@ -38,6 +38,7 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
     tp.check_divisible(cfg, world)
     if dst.exists() and any(dst.iterdir()) and not force:
         raise ValueError(f"{dst} exists and is not empty (give --force to overwrite)")
+    # Cloned: safetensors slices can share the mapped file's memory, which save_file refuses.
     parts: list[dict[str, torch.Tensor]] = [{} for _ in range(world)]
     kinds: dict[str, str] = {}
     originals: dict[str, tuple[Path, str]] = {}
@@ -50,7 +51,7 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
                 kinds[name] = tp.kind_of(name)
                 originals[name] = (path, name)
                 for r in range(world):
-                    parts[r][name] = tp.take(f.get_slice(name), kinds[name], r, world).contiguous()
+                    parts[r][name] = tp.take(f.get_slice(name), kinds[name], r, world).clone()
             if "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
                 if not cfg.tie_word_embeddings:
                     raise ValueError("no lm_head.weight and the config does not tie it to the embeddings")
@@ -58,7 +59,7 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
                 originals["lm_head.weight"] = (path, "model.embed_tokens.weight")
                 for r in range(world):
                     parts[r]["lm_head.weight"] = tp.take(f.get_slice("model.embed_tokens.weight"), "vocab",
-                                                         r, world).contiguous()
+                                                         r, world).clone()
     if dst.exists() and force:
         shutil.rmtree(dst)
     bytes_per_rank = []

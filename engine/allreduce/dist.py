@@ -16,6 +16,7 @@ def init_control(rendezvous_dir: str, generation: int, rank: int, world: int, ti
     """The gloo process group over a FileStore in the rendezvous directory (one file per generation,
     so a restarted pair never meets a stale store). Gloo binds the loopback interface."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.makedirs(rendezvous_dir, exist_ok=True)
     store = dist.FileStore(os.path.join(rendezvous_dir, f"store-g{generation}"), world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
