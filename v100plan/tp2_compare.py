@@ -1,0 +1,95 @@
+"""The planner's TP1 and TP2 decode predictions next to what the two-GPU bench measured.
+
+For each context the bench ran and each allreduce path it measured, the planner is run with an
+engine profile that offers only that path (so its arithmetic uses that path's figure), and its
+round time is set against the measured step: error % = (predicted - measured) / measured.
+The "planner" rows let the planner pick the path itself, as `v100plan plan` does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from v100plan import catalogue
+from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_from_doc
+from v100plan.planner.from_probe import hardware_from_probe
+from v100plan.planner.plan import plan_strategies
+
+MODEL_FOR_CONFIG = {"llama-3.1-8b.config.json": "llama3.1-8b-fp16"}
+
+
+def model_id_for(bench: dict[str, Any]) -> str | None:
+    """The catalogue model whose shape the bench ran (None when layers were cut or the config is unknown)."""
+    if bench.get("layers_override"):
+        return None
+    return MODEL_FOR_CONFIG.get(bench.get("config", ""))
+
+
+def hardware(probe: dict[str, Any] | None, probe_source: str | None, card_id: str = "h200"):
+    """The pair as the planner sees it: from the probe report when given, else the catalogue card x 2."""
+    if probe:
+        return hardware_from_probe(probe, catalogue.all_of("hardware"), probe_source or "probe report", 2)
+    return hardware_from_doc(catalogue.get("hardware", card_id), 2)
+
+
+def _measured_ms(bench: dict[str, Any], strategy: str, path: str | None, ctx: str, mode: str) -> float | None:
+    key = "decode_graph" if mode == "graph" else "decode_eager"
+    if strategy == "single":
+        src = ((bench.get("tp1") or {}).get("rank0") or {}).get(key) or {}
+    else:
+        src = ((bench.get("tp2") or {}).get(path) or {}).get(key) or {}
+    return (src.get(ctx) or {}).get("ms")
+
+
+def _only(engine_doc: dict[str, Any], path: str) -> dict[str, Any]:
+    doc = copy.deepcopy(engine_doc)
+    doc["allreduce_paths"] = [path]
+    return doc
+
+
+def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_id: str, mode: str) -> list[dict[str, Any]]:
+    """One row per (context, strategy, path): predicted and measured ms and tok/s, and the error."""
+    model = model_from_doc(catalogue.get("model", model_id))
+    out = []
+    paths = [None] + list(engine_doc["allreduce_paths"])  # None: the planner's own choice
+    for ctx in bench.get("contexts", []):
+        for path in paths:
+            engine = engine_from_doc(engine_doc if path is None else _only(engine_doc, path))
+            p = plan_strategies(hw, model, engine, Target(context_tokens=int(ctx), gpus=2))
+            by_name = {s.name: s for s in p.strategies}
+            for strat in (("single", "tp2") if path is None else ("tp2",)):
+                s = by_name[strat]
+                used = s.allreduce_path if strat == "tp2" else None
+                measured = _measured_ms(bench, strat, used, str(ctx), mode)
+                pred = s.round_ms
+                d = s.breakdown.get("decode") or {}
+                out.append({
+                    "context": int(ctx), "strategy": strat, "mode": mode,
+                    "path": used, "chosen_by": "planner" if path is None else "fixed",
+                    "predicted_ms": pred, "measured_ms": measured,
+                    "predicted_tok_s": s.decode_tok_s,
+                    "measured_tok_s": round(1000 / measured, 2) if measured else None,
+                    "error_pct": round((pred - measured) / measured * 100, 1) if (pred and measured) else None,
+                    "terms_ms": {k: d.get(k) for k in ("weights_ms", "kv_ms", "overhead_ms", "allreduce_ms")},
+                    "allreduce_us": d.get("allreduce_us"), "clock_ratio": d.get("clock_ratio"),
+                })
+    return out
+
+
+def comparison(bench: dict[str, Any], engines: dict[str, dict[str, Any]], probe: dict[str, Any] | None,
+               probe_source: str | None) -> dict[str, Any]:
+    """Every mode's rows, on the probe report's view of the pair and on the catalogue card's."""
+    model_id = model_id_for(bench)
+    if model_id is None:
+        return {"rows": [], "unavailable": f"no catalogue model matches {bench.get('config')} "
+                                           f"(layers override {bench.get('layers_override')})"}
+    views = {"catalogue h200 x 2": hardware(None, None)}
+    if probe:
+        views = {"probe report": hardware(probe, probe_source), **views}
+    out: list[dict[str, Any]] = []
+    for view, hw in views.items():
+        for mode, doc in engines.items():
+            for r in rows(bench, doc, hw, model_id, mode):
+                out.append({"hardware": view, **r})
+    return {"model": model_id, "rows": out}
