@@ -27,14 +27,23 @@ _SUN_PATH_MAX = 100
 _PR_SET_PDEATHSIG = 1
 
 
+def _load_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: the socket EOF still tells the rank to exit
+
+
+# Looked up here, in the parent: between fork and exec the child may only make the call itself
+# (a dlopen there could wait forever on a loader lock another thread held at fork time).
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: the kernel SIGKILLs the rank when serve dies, even by
     SIGKILL, so a killed proxy never leaves an orphan rank holding the GPU."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the socket EOF still tells the rank to exit
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 class RankStartError(Exception):
