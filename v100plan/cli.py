@@ -77,12 +77,13 @@ def _root(
 
 def _register() -> None:
     # Each command module owns its commands; this list is the only wiring.
-    from v100plan.commands import bench_engine, bench_probes, planning, probe
+    from v100plan.commands import bench_engine, bench_probes, bench_tp2, planning, probe
 
     planning.register(app)
     probe.register(app)
     bench_probes.register(bench_app)
     bench_engine.register(bench_app)
+    bench_tp2.register(bench_app)
 
 
 _register()

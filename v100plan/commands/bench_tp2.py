@@ -1,0 +1,131 @@
+"""`v100plan bench tp2`: two GPUs measured (or a recorded run judged): allreduce paths, the start-up race,
+TP2 vs TP1 decode, the EngineProfile those numbers give, and the planner's prediction against them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from profiles.document import provenance
+from v100plan import documents, output, tp2_compare, tp2_profile
+from v100plan.errors import BadInput, DocumentError, EnvironmentProblem, NothingMeasured
+from v100plan.options import JsonOpt, OutOpt, QuietOpt
+
+REPO = Path(__file__).resolve().parent.parent.parent
+FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded `python -m engine bench-tp2` JSON instead of measuring.")]
+ProbeOpt = Annotated[Optional[Path], typer.Option("--probe", help="A ProbeReport of the same host: its read bandwidth and pair view feed the plan.")]
+ProfileOutOpt = Annotated[Optional[Path], typer.Option("--profile-out", help="Write the measured EngineProfile (CUDA-graph decode) here.")]
+ContextsOpt = Annotated[str, typer.Option("--contexts", help="Decode contexts in tokens, comma-separated (measuring only).")]
+
+
+def run_bench(contexts: str) -> dict[str, Any]:
+    """`python -m engine bench-tp2` in a subprocess (the engine bundle, as on a GPU host)."""
+    cmd = [sys.executable, "-m", "engine", "bench-tp2", "--contexts", contexts, "--peak-tflops", "989.5",
+           "--peak-source", "NVIDIA H200 datasheet (SXM): 1,979 TFLOPS BF16 with sparsity (dense half)"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    try:
+        doc = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise EnvironmentProblem(f"the engine bench printed no JSON (exit {r.returncode}): {r.stderr[-400:]}",
+                                 hint="run `python -m engine bench-tp2` by hand on the GPU host") from None
+    if doc.get("error"):
+        raise EnvironmentProblem(f"engine bench: {doc['error']}", hint="run on a host with two NVIDIA GPUs")
+    return doc
+
+
+def load_bench(path: Path) -> dict[str, Any]:
+    doc = documents.read_json(path)
+    if not isinstance(doc, dict) or doc.get("kind") != "engine_bench_tp2":
+        raise DocumentError(str(path), "expected the JSON of `python -m engine bench-tp2` (kind engine_bench_tp2)")
+    return doc
+
+
+def _us(v: Any) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) else "—"
+
+
+def render(bench: dict[str, Any], cmp: dict[str, Any], to_stderr: bool) -> None:
+    sizes = bench.get("sizes", [])
+    rows = []
+    for path, row in bench.get("allreduce", {}).items():
+        if "eager_us" not in row:
+            rows.append((path, "—", *["—"] * len(sizes), row.get("unavailable") or row.get("error")))
+            continue
+        exact = "bit-exact" if all(row["bit_exact"].values()) else "NOT bit-exact"
+        rows.append((path, "eager", *[_us(row["eager_us"].get(s)) for s in sizes], exact))
+        g = row.get("graph_us") or {}
+        rows.append((path, "graph", *[_us(g.get(s)) for s in sizes], g.get("unavailable", exact)[:60]))
+    output.render(output.table("Allreduce between the two GPUs (median us)", ["path", "mode", *[(s, "right") for s in sizes], "check"],
+                               rows), to_stderr=to_stderr)
+    race = bench.get("race") or {}
+    judged = race.get("judged") or {}
+    output.render(output.table(
+        "Start-up race (--allreduce auto)", ["picked", "why", "fastest at 8k", "fastest at 40k"],
+        [(race.get("picked"), race.get("why") or race.get("error"),
+          *[(f"{j['fastest']} ({_us(j['fastest_us'])} us)" if (j := judged.get(k)) else "—") for k in ("8k", "40k")])]),
+        to_stderr=to_stderr)
+    tp1 = ((bench.get("tp1") or {}).get("rank0") or {})
+    tp2 = bench.get("tp2") or {}
+    drows = []
+    for ctx in map(str, bench.get("contexts", [])):
+        one = (tp1.get("decode_graph") or {}).get(ctx, {}).get("ms")
+        two = ((tp2.get("nccl") or {}).get("decode_graph") or {}).get(ctx, {}).get("ms")
+        eag = [((tp2.get(p) or {}).get("decode_eager") or {}).get(ctx, {}).get("ms") for p in ("nccl", "device_mailbox", "host_mailbox")]
+        drows.append((ctx, _us(one), _us(two), f"{one / two:.2f}x" if one and two else "—",
+                      _us((tp1.get("decode_eager") or {}).get(ctx, {}).get("ms")), *[_us(e) for e in eag]))
+    output.render(output.table(
+        "Decode step, batch 1 (ms; graph = whole step in one CUDA graph)",
+        ["context", ("TP1 graph", "right"), ("TP2 nccl graph", "right"), ("speed-up", "right"), ("TP1 eager", "right"),
+         ("TP2 nccl eager", "right"), ("TP2 dev-mbox eager", "right"), ("TP2 host-mbox eager", "right")], drows),
+        to_stderr=to_stderr)
+    prow = [(r["hardware"], r["mode"], r["context"], r["strategy"], r["path"] or "—", _us(r["predicted_ms"]),
+             _us(r["measured_ms"]), f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "—")
+            for r in cmp.get("rows", []) if r["chosen_by"] == "planner"]
+    output.render(output.table(
+        f"Planner prediction vs measured ({cmp.get('model') or cmp.get('unavailable')})",
+        ["hardware", "mode", ("context", "right"), "strategy", "path", ("predicted ms", "right"), ("measured ms", "right"),
+         ("error", "right")], prow), to_stderr=to_stderr)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("tp2")
+    def bench_tp2(
+        from_file: FromOpt = None,
+        probe: ProbeOpt = None,
+        profile_out: ProfileOutOpt = None,
+        contexts: ContextsOpt = "1024,4096,16384,32768",
+        json_out: JsonOpt = False,
+        quiet: QuietOpt = False,
+        out: OutOpt = None,
+    ) -> None:
+        """Two GPUs: allreduce paths, the start-up race, TP2 vs TP1 decode, and the planner's TP2 prediction checked."""
+        bench = load_bench(from_file) if from_file else run_bench(contexts)
+        bench_source = str(from_file) if from_file else "python -m engine bench-tp2 (this run)"
+        probe_doc = documents.load(probe, "probe_report") if probe else None
+        try:
+            engines = {mode: tp2_profile.engine_profile(bench, probe_doc, bench_source=bench_source,
+                                                        probe_source=str(probe) if probe else None, mode=mode)
+                       for mode in ("graph", "eager")}
+        except tp2_profile.BenchProblem as e:
+            raise NothingMeasured(f"{bench_source}: {e}", hint="the bench's JSON says which phase failed") from None
+        for mode, doc in engines.items():
+            documents.validate(doc, "engine_profile", source=f"engine profile ({mode}) built from {bench_source}")
+        cmp = tp2_compare.comparison(bench, engines, probe_doc, str(probe) if probe else None)
+        if profile_out:
+            if profile_out.is_dir():
+                raise BadInput(f"--profile-out {profile_out} is a directory", hint="give a file name ending in .json")
+            profile_out.write_text(json.dumps(engines["graph"], indent=2) + "\n")
+        doc = {"bench": bench_source, "probe_report": str(probe) if probe else None, "race": bench.get("race"),
+               "engine_profiles": engines, "comparison": cmp,
+               "provenance": provenance({"bench": bench_source, "probe_report": str(probe) if probe else None})}
+        if out:
+            Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        if json_out:
+            output.emit_json(doc)
+        if not quiet:
+            render(bench, cmp, to_stderr=json_out)
