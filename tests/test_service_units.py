@@ -1,0 +1,149 @@
+"""The service's pure parts, without processes: stop strings and streamed text, the watchdog's
+verdicts, the restart budget, the Prometheus text, and the serve flags' refusals."""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace
+
+import pytest
+
+from engine import watchdog
+from engine.proxy_metrics import Metrics
+from engine.proxy_text import ModelText, TextAssembler
+from engine.serve_config import ServeConfigError, add_serve_arguments, config_from_args, parse_devices
+from engine.supervise import supervisord_conf, systemd_unit
+from tests.test_service_support import demo_model
+
+
+class _CharTokenizer:
+    """One character per token id (id = code point), for exact control over token boundaries."""
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+TEXT = ModelText(model_id="m", vocab_size=0x3000, eos_token_ids=(0,), tokenizer=_CharTokenizer())
+
+
+def _feed(asm: TextAssembler, text: str) -> list[str]:
+    return [asm.add(ord(c)) for c in text]
+
+
+def test_stop_string_spanning_tokens_is_never_shown():
+    asm = TextAssembler(TEXT, ["END"], TEXT.eos_token_ids)
+    deltas = _feed(asm, "abcEN")
+    assert "".join(deltas) == "abc"  # "EN" is held back: it may start "END"
+    assert asm.add(ord("D")) == "" and asm.stopped
+    assert asm.flush() == "" and asm.emitted == "abc"
+    assert asm.add(ord("x")) == ""  # tokens after the stop (before the ranks stop) are dropped
+
+
+def test_held_back_text_is_released_when_it_is_not_a_stop():
+    asm = TextAssembler(TEXT, ["END"], TEXT.eos_token_ids)
+    out = "".join(_feed(asm, "xENy"))
+    assert out == "xE" and asm.flush() == "Ny" and not asm.stopped
+
+
+def test_earliest_of_several_stops_wins_and_eos_is_not_text():
+    asm = TextAssembler(TEXT, ["zz", "q"], TEXT.eos_token_ids)
+    shown = "".join(_feed(asm, "ab"))
+    assert asm.add(0) == ""  # end of sequence: ends the answer, adds no text
+    assert shown + asm.flush() == "ab" and asm.ids == [97, 98, 0]
+    asm2 = TextAssembler(TEXT, ["zz", "q"], ())
+    _feed(asm2, "azzq")
+    assert asm2.stopped and asm2.emitted == "a"
+
+
+def test_no_stop_strings_stream_every_token_at_once():
+    asm = TextAssembler(TEXT, [], ())
+    assert _feed(asm, "hello") == list("hello")
+
+
+def test_demo_tokenizer_pieces_concatenate_to_the_whole():
+    from engine.proxy_text import load_model_text
+
+    text = load_model_text(demo_model(), None)
+    assert text.model_id == "v100plan-demo" and text.eos_token_ids == (2, 7)
+    ids = text.encode_prompt("Hello world, streaming text")[1:]
+    asm = TextAssembler(text, [], text.eos_token_ids)
+    assert "".join(asm.add(i) for i in ids) + asm.flush() == text.decode(ids)
+
+
+def _link(rank, *, exited=None, eof=False, fatal=None, last=0.0, ping=None):
+    proc = SimpleNamespace(returncode=exited, pid=1000 + rank)
+    return SimpleNamespace(rank=rank, proc=proc, pid=proc.pid, exited=exited is not None, eof=eof,
+                           fatal_message=fatal, last_message_monotonic=last, last_counter=7,
+                           ping_sent_monotonic=ping)
+
+
+def _pair(*links):
+    return SimpleNamespace(links=list(links))
+
+
+def test_watchdog_verdicts():
+    ok = _pair(_link(0, last=99.0), _link(1, last=99.0))
+    assert watchdog.pair_failure(ok, busy_since_monotonic=98.0, stall_timeout_s=5, now=100.0) is None
+    dead = _pair(_link(0, last=99.0), _link(1, exited=-9, last=99.0))
+    assert "rank 1 (pid 1001) exited with code -9" in watchdog.pair_failure(dead, None, 5, now=100.0)
+    lock = _pair(_link(0, fatal="LOCKSTEP FAILURE step 3"), _link(1))
+    assert "LOCKSTEP FAILURE" in watchdog.pair_failure(lock, None, 5, now=100.0)
+    # Busy: a rank silent longer than the stall timeout since the request started.
+    stalled = _pair(_link(0, last=99.0), _link(1, last=90.0))
+    assert "rank 1 (pid 1001) made no progress for 6.0 s" in watchdog.pair_failure(stalled, 94.0, 5, now=100.0)
+    assert watchdog.pair_failure(stalled, 96.0, 5, now=100.0) is None  # the request started 4 s ago
+    # Idle: an unanswered ping older than the stall timeout.
+    frozen = _pair(_link(0, ping=94.0), _link(1))
+    assert "did not answer a ping" in watchdog.pair_failure(frozen, None, 5, now=100.0)
+    assert watchdog.pair_failure(frozen, None, 10, now=100.0) is None
+
+
+def test_restart_budget_counts_consecutive_failures_only():
+    b = watchdog.RestartBudget(2)
+    for came_up in (False, False, True, False, False):
+        b.record(came_up)
+        assert not b.exhausted
+    b.record(False)
+    assert b.exhausted and b.consecutive_failures == 3
+    assert watchdog.RestartBudget(0).backoff_s() == 0.5
+
+
+def test_metrics_text_format():
+    m = Metrics()
+    m.inc("v100plan_requests_total", endpoint="/v1/completions", status="200")
+    m.inc("v100plan_requests_total", endpoint="/v1/completions", status="200")
+    m.set_only("v100plan_allreduce_path", 1, path="gloo")
+    m.set_only("v100plan_allreduce_path", 1, path="host_mailbox")
+    text = m.render()
+    assert 'v100plan_requests_total{endpoint="/v1/completions",status="200"} 2\n' in text
+    assert 'path="host_mailbox"} 1' in text and 'path="gloo"' not in text
+    assert "# TYPE v100plan_ranks_up gauge" in text and "v100plan_lockstep_failures_total 0" in text
+
+
+def _cfg(*argv):
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+    return config_from_args(p.parse_args(["--model", demo_model(), *argv]))
+
+
+def test_serve_flags(tmp_path):
+    cfg = _cfg("--stall-timeout-s", "8")
+    assert cfg.devices == ("cpu", "cpu") and cfg.dtype == "float32" and cfg.ping_interval_s == 2.0
+    assert _cfg("--device", "cuda").devices == ("cuda:0", "cuda:1")
+    assert _cfg("--device", "cuda:0,cuda:0").dtype == "float16"
+    with pytest.raises(ServeConfigError, match="not a loopback address"):
+        _cfg("--host", "10.0.0.5")
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    assert _cfg("--host", "10.0.0.5", "--api-key-file", str(key)).api_key == "s3cret"
+    with pytest.raises(ServeConfigError):
+        parse_devices("gpu0")
+
+
+def test_supervisor_files_restart_the_proxy_and_reach_the_ranks():
+    conf = supervisord_conf("/srv/state%x", ["/usr/bin/python3", "-m", "engine", "serve", "--port", "8000"])
+    assert "command=/usr/bin/python3 -m engine serve --port 8000" in conf
+    assert "autorestart=true" in conf and "stopasgroup=true" in conf and "killasgroup=true" in conf
+    assert "file=/srv/state%%x/supervisor.sock" in conf  # '%' escaped for supervisord's expansion
+    unit = systemd_unit(["/usr/bin/python3", "-m", "engine", "serve"])
+    assert "Restart=always" in unit and "KillMode=control-group" in unit
