@@ -48,8 +48,6 @@ def build(ctx: ProbeContext, results: list[CaseResult], wall_s: float) -> ProbeR
     for (s, d), raw in sorted(ctx.pairs.items()):
         values = {k: v for k, v in raw.items() if k in pair_fields}
         pairs.append(Pair(**values))
-    if not pairs and len(ctx.cards) < 2:
-        pass  # one card: no pairs, and the p2p case says so as "waived"
     host_fields = {f.name for f in dataclasses.fields(Host)}
     host_values = {k: v for k, v in ctx.host.items() if k in host_fields}
     host_unavailable = dict(ctx.host_unavailable)
