@@ -278,8 +278,10 @@ def main(argv: list[str]) -> int:
         raw["num_hidden_layers"] = args.layers
     cfg = ecfg.from_dict(raw)
     contexts = [int(c) for c in args.contexts.split(",")]
+    from profiles.document import utc_now
+
     doc: dict = {
-        "kind": "engine_bench", "device": torch.cuda.get_device_name(dev), "compute_capability": f"{major}.{minor}",
+        "kind": "engine_bench", "created_utc": utc_now(), "device": torch.cuda.get_device_name(dev), "compute_capability": f"{major}.{minor}",
         "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": dtype, "config": Path(args.config).name,
         "model_type": cfg.model_type, "num_layers": cfg.num_layers, "parameters": cfg.param_count(),
         "peak_tflops": args.peak_tflops, "peak_source": args.peak_source,
