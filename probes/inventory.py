@@ -122,8 +122,9 @@ def read_nvlink(card: CardState, handle) -> None:  # noqa: ANN001 - an NVML hand
         version = nvml.query("nvmlDeviceGetNvLinkVersion", handle, link)
         remote = nvml.query("nvmlDeviceGetNvLinkRemotePciInfo", handle, link,
                             convert=lambda p: p.busId.decode() if isinstance(p.busId, bytes) else str(p.busId))
+        kind = nvml.query("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)  # 0 GPU, 1 IBM NPU, 2 switch
         links.append({"link": link, "active": bool(state.value), "version": version.value,
-                      "remote_pci_bus_id": remote.value})
+                      "remote_pci_bus_id": remote.value, "remote_device_type": kind.value})
     if links:
         card.set("nvlink", {"links": links, "active_links": sum(1 for x in links if x["active"])})
     else:

@@ -93,12 +93,39 @@ def _bus(x: str | None) -> str:
     return (x or "").lower()[-7:]  # "bb:dd.f": NVML pads the domain differently across calls
 
 
-def nvlink_links_between(src_values: dict[str, Any], dst_values: dict[str, Any]) -> int | None:
-    nv = src_values.get("nvlink")
+# NVML names an NVSwitch as the remote end of a link by this all-ones PCI address (seen on the
+# two-H200 machine, 2026-11-29: 18 links per card, every remote FFFFFFFF:FF:FF.0, topo NV18) or by
+# remote device type 2 (NVML_NVLINK_DEVICE_TYPE_SWITCH).
+SWITCH_BUS = "ff:ff.0"
+SWITCH_TYPE = 2
+
+
+def _to_switch(link: dict[str, Any]) -> bool:
+    return _bus(link.get("remote_pci_bus_id")) == SWITCH_BUS or link.get("remote_device_type") == SWITCH_TYPE
+
+
+def nvlink_between(src_values: dict[str, Any], dst_values: dict[str, Any]) -> tuple[int | None, str | None]:
+    """(active links from src that reach dst, "direct" | "switch"), or (None, None) when NVLink is unknown.
+
+    Direct links name the peer's PCI address. On NVSwitch boards every link goes to a switch,
+    so two cards that both have switch links reach each other over the fewer of their counts.
+    """
+    nv, peer = src_values.get("nvlink"), dst_values.get("nvlink")
     if not nv:
-        return None
+        return None, None
     target = _bus(dst_values.get("pci_bus_id"))
-    return sum(1 for link in nv["links"] if link["active"] and _bus(link.get("remote_pci_bus_id")) == target)
+    direct = sum(1 for link in nv["links"] if link["active"] and _bus(link.get("remote_pci_bus_id")) == target)
+    if direct:
+        return direct, "direct"
+    src_sw = sum(1 for link in nv["links"] if link["active"] and _to_switch(link))
+    dst_sw = sum(1 for link in (peer or {}).get("links", []) if link["active"] and _to_switch(link))
+    if src_sw and dst_sw:
+        return min(src_sw, dst_sw), "switch"
+    return 0, None
+
+
+def nvlink_links_between(src_values: dict[str, Any], dst_values: dict[str, Any]) -> int | None:
+    return nvlink_between(src_values, dst_values)[0]
 
 
 def _p2p_applicable(ctx: ProbeContext) -> str | None:
@@ -119,11 +146,13 @@ def run_p2p(ctx: ProbeContext) -> Outcome:
             pair = ctx.pair(s, d)
             m = measure_pair(torch, s, d, runs)
             pair.update({k: v for k, v in m.items() if k != "copy_wrong"})
-            links = nvlink_links_between(s_card.values, d_card.values)
+            links, via = nvlink_between(s_card.values, d_card.values)
             pair["nvlink_links"] = links
             if links is None:
                 pair["unavailable"]["nvlink_links"] = s_card.unavailable.get("nvlink", "NVLink state unknown")
             pair["verdict"], pair["explanation"] = verdict_of(m)
+            if links:
+                pair["explanation"] += f"; {links} NVLink links" + (" through an NVSwitch" if via == "switch" else "")
             lines[f"{s}->{d}"] = pair["explanation"]
             if pair["verdict"] == "broken":
                 broken.append(f"{s}->{d}: {pair['explanation']}")

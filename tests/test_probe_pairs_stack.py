@@ -88,3 +88,29 @@ def test_nccl_version_codes(version_code, text, monkeypatch):
 
     monkeypatch.setattr(stack.ctypes, "CDLL", lambda path: Lib())
     assert stack._nccl_version_of("/fake/libnccl.so.2") == text
+
+
+H200X2 = json.loads((FIXTURES / "probes" / "h200x2-probe-quick.json").read_text())
+
+
+def test_nvswitch_links_count_for_the_pair_on_the_recorded_two_h200_machine():
+    """Recorded on the two-H200 machine (2026-11-29): every link's remote is FFFFFFFF:FF:FF.0, an NVSwitch;
+    `nvidia-smi topo -m` said NV18 between the cards."""
+    c0, c1 = H200X2["cards"]
+    assert c0["nvlink"]["active_links"] == 18
+    assert p2p.nvlink_between(c0, c1) == (18, "switch")
+    assert p2p.nvlink_between(c1, c0) == (18, "switch")
+
+
+def test_recorded_two_h200_pairs_work_and_are_judged(cli):
+    from v100plan import documents
+
+    documents.validate(H200X2, "probe_report")
+    assert [p["verdict"] for p in H200X2["pairs"]] == ["working", "working"]
+    assert all(p["ipc_cross_device"] for p in H200X2["pairs"])
+    stack_case = next(c for c in H200X2["cases"] if c["key"] == "software_stack")
+    assert stack_case["details"]["allreduce"] == "40 KB NCCL allreduce over all cards: right sum"
+    r = cli("probe", "--from", FIXTURES / "probes" / "h200x2-probe-quick.json", "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads(r.stdout)["verdicts"]
+    assert [row["status"] for row in rows if row["check"] == "P2P"] == ["passed", "passed"]
