@@ -365,7 +365,9 @@ def main(argv: list[str]) -> int:
     if args.device == "cuda" and torch.distributed.is_nccl_available():
         nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
     meta = {
-        "kind": "engine_bench_tp2", "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "kind": "engine_bench_tp2",
+        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))) if args.device == "cuda" else None,
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
         "dtype": args.dtype, "config": Path(args.config).name, "layers_override": args.layers,
         "contexts": [int(c) for c in args.contexts.split(",")], "sizes": [size_label(s) for s in SIZES],

@@ -8,6 +8,7 @@ figure is a prediction, not a fit:
   prefill_compute_fraction = a 2048-token chunk's FLOP/s / the card's dense bf16 tensor peak
   allreduce_us        = per path and size: in a CUDA graph where the path can be captured (NCCL),
                         else eager (the mailboxes wait on the host)
+The arithmetic is `v100plan bench engine`'s own builder, fed card 0's TP1 figures.
 The read bandwidth is the probe report's slowest card when one is given (what `v100plan plan --hardware
 <probe report>` divides by), else the bench's own sum over 4 GiB.
 
@@ -19,8 +20,6 @@ figure is its eager one.
 from __future__ import annotations
 
 from typing import Any
-
-from profiles.document import SCHEMA_VERSIONS, provenance
 
 GRAPH_PATH = "nccl"  # the one path the bench captures in a CUDA graph
 
@@ -81,68 +80,54 @@ def allreduce_tables(bench: dict[str, Any], mode: str) -> dict[str, dict[str, An
     return out
 
 
+def single_gpu_view(bench: dict[str, Any], bw: float, bw_from: str, cc: str | None = None) -> dict[str, Any]:
+    """Card 0's TP1 figures in the shape of a `python -m engine bench` result, so `v100plan bench engine`'s
+    EngineProfile builder reads them; the fit is redone against ``bw`` (the planner's bandwidth)."""
+    t = tp1_terms(bench)
+    tp1 = bench["tp1"]["rank0"]
+    kv_gbps = 1 / (t["slope_ms_per_byte"] * 1e-3) / 1e9 if t["slope_ms_per_byte"] > 0 else None
+    fit = {"intercept_ms": round(t["intercept_ms"], 4), "kv_gbps": round(kv_gbps, 1) if kv_gbps else None,
+           "kv_bw_fraction": round(kv_gbps / bw, 4) if kv_gbps else None,
+           "round_overhead_ms": round(t["intercept_ms"] - t["gemv_ms"], 4)}
+    card = (bench.get("cards") or [{}])[0] or {}
+    return {"device": f"{card.get('device', 'GPU')} x 2, card 0", "compute_capability": cc or bench.get("compute_capability") or "not recorded",
+            "torch": bench.get("torch"), "cuda": bench.get("cuda"), "config": bench.get("config"), "dtype": bench.get("dtype"),
+            "created_utc": bench.get("created_utc", ""), "method": bench.get("method"),
+            "read_bw_gbps": round(bw, 1), "read_bw_from": bw_from, "gemv": tp1["gemv"],
+            "decode": {"graph": tp1["decode_graph"]}, "fit": {"graph": fit}, "prefill": tp1.get("prefill") or {},
+            "peak_tflops": bench.get("peak_tflops"), "peak_source": bench.get("peak_source")}
+
+
 def engine_profile(bench: dict[str, Any], probe: dict[str, Any] | None = None, *, bench_source: str,
-                   probe_source: str | None = None, mode: str = "graph",
-                   peak_tflops: float | None = None, peak_source: str | None = None) -> dict[str, Any]:
-    """The EngineProfile document (schema engine_profile) these measurements describe."""
+                   probe_source: str | None = None, mode: str = "graph") -> dict[str, Any]:
+    """The EngineProfile document (schema engine_profile) these measurements describe: the TP1
+    efficiencies through `v100plan bench engine`'s builder, then this bench's allreduce figures."""
+    from v100plan.commands.bench_engine import engine_profile as single_gpu_profile
+
     if mode not in ("graph", "eager"):
         raise BenchProblem(f"mode must be graph or eager, got {mode!r}")
     bw, bw_from = read_bw(bench, probe)
     t = tp1_terms(bench)
-    where = f"measurement, {bench_source} ({bench.get('created_utc', 'undated')[:10]}, card 0, TP1)"
-    weight_gbps = t["weight_bytes"] / (t["gemv_ms"] * 1e-3) / 1e9
-    kv_gbps = 1 / (t["slope_ms_per_byte"] * 1e-3) / 1e9 if t["slope_ms_per_byte"] > 0 else None
-    overhead = t["intercept_ms"] - t["gemv_ms"]
-    calibration = [
-        {"key": "weights", "figure": f"GEMV-only step {t['gemv_ms']:.3f} ms for {t['weight_bytes']:,} B",
-         "parameter": "weight_bw_fraction",
-         "arithmetic": f"{weight_gbps:.1f} GB/s / {bw:.1f} GB/s ({bw_from}) = {weight_gbps / bw:.4f}"},
-        {"key": "kv_and_overhead", "figure": f"TP1 graph decode at {', '.join(map(str, t['contexts']))} tokens",
-         "parameter": "kv_bw_fraction, round_overhead_ms",
-         "arithmetic": (f"least squares step ms = {t['intercept_ms']:.4f} + {t['slope_ms_per_byte'] * 1e9:.4f} ms/GB"
-                        f" x K/V GB; K/V {kv_gbps or 0:.1f} GB/s / {bw:.1f} = {(kv_gbps or 0) / bw:.4f}; overhead "
-                        f"{t['intercept_ms']:.4f} - {t['gemv_ms']:.4f} = {overhead:.4f} ms")},
-    ]
+    cc = ((probe or {}).get("cards") or [{}])[0].get("compute_capability")
+    view = single_gpu_view(bench, bw, bw_from, cc)
+    doc = single_gpu_profile(view, profile_id=f"v100plan-{mode}-measured", bench_file=bench_source)
+    doc["provenance"]["inputs"].update({"probe_report": probe_source, "mode": mode, "read_bw_from": bw_from})
+    doc["provenance"]["nccl"] = bench.get("nccl")
+    eff = doc["efficiency"]
     if mode == "eager":
         if t["eager_extra_ms"] is None:
             raise BenchProblem("the bench has no TP1 eager decode on card 0")
-        calibration.append({"key": "eager", "figure": "TP1 eager minus graph step, mean over the contexts",
-                            "parameter": "round_overhead_ms",
-                            "arithmetic": f"{overhead:.4f} + {t['eager_extra_ms']:.4f} = {overhead + t['eager_extra_ms']:.4f} ms"})
-        overhead += t["eager_extra_ms"]
-    pf = t["prefill"]
-    peak = peak_tflops or bench.get("peak_tflops")
-    pf_value = round(pf["tflops"] / peak, 4) if pf.get("tflops") and peak else None
-    pf_source = (f"{where}: {pf['tokens']}-token chunk {pf['tflops']} TFLOP/s / {peak} TFLOPS "
-                 f"({peak_source or bench.get('peak_source') or 'peak given to the bench'})"
-                 if pf_value else "not measured: the bench had no prefill chunk or no peak")
+        o = eff["round_overhead_ms"]
+        o["note"] += f"; eager: + {t['eager_extra_ms']:.4f} ms, TP1 eager minus graph step, mean over the contexts"
+        o["value"] = round(o["value"] + t["eager_extra_ms"], 4)
     tables = allreduce_tables(bench, mode)
     ar_mode = ("NCCL inside a CUDA graph (as the graph-captured decode step runs it), the mailboxes eager"
                if mode == "graph" else "every path eager, synchronised per call (as an eager step runs it)")
-    eager_word = "eager decode" if mode == "eager" else "CUDA-graph decode"
-    return {
-        "kind": "engine_profile",
-        "schema_version": SCHEMA_VERSIONS["engine_profile"],
-        "provenance": provenance(
-            {"bench": bench_source, "probe_report": probe_source, "mode": mode},
-            torch=bench.get("torch"), cuda=bench.get("cuda"), nccl=bench.get("nccl"),
-            method=bench.get("method"), measured_utc=bench.get("created_utc")),
-        "id": f"v100plan-{mode}-measured",
-        "name": f"v100plan bundled engine, {eager_word}, measured on two {(bench.get('cards') or [{}])[0].get('device', 'GPUs')}",
-        "description": (f"Efficiencies of python -m engine's {eager_word} measured by `python -m engine bench-tp2` "
-                        f"({bench.get('dtype')}, {bench.get('config')}); allreduce figures: {ar_mode}."),
-        "status": "measured",
-        "efficiency": {
-            "weight_bw_fraction": {"value": round(weight_gbps / bw, 4), "source": where},
-            "kv_bw_fraction": {"value": round(kv_gbps / bw, 4) if kv_gbps else None,
-                               "source": where if kv_gbps else "the decode time did not rise with context"},
-            "round_overhead_ms": {"value": round(overhead, 4), "source": where},
-            "prefill_compute_fraction": {"value": pf_value, "source": pf_source},
-        },
-        "prefill_chunk_tokens": pf.get("tokens", 2048),
-        "speculative": {"draft_tokens": 0, "default_acceptance": 0.0, "source": "the bundled engine does not speculate"},
-        "allreduce_paths": [p for p in tables if "unavailable" not in tables[p] and p != "gloo"],
-        "allreduce_us": tables,
-        "allreduce_source": f"{where.replace(', TP1', '')}: two processes, one per GPU; {ar_mode}",
-        "calibration": calibration,
-    }
+    step = "eager decode" if mode == "eager" else "CUDA-graph decode"
+    doc["name"] = f"v100plan engine, {step}, measured on two {view['device'].split(' x ')[0]}"
+    doc["description"] = (f"{doc['description']} Read bandwidth: {bw_from}. Step: {step}. Allreduce figures from "
+                          f"`python -m engine bench-tp2`, one process per GPU: {ar_mode}.")
+    doc["allreduce_paths"] = [p for p in tables if "unavailable" not in tables[p] and p != "gloo"]
+    doc["allreduce_us"] = tables
+    doc["allreduce_source"] = f"measured: {bench_source} ({bench.get('created_utc', '')[:10]}), two GPUs: {ar_mode}"
+    return doc
