@@ -42,6 +42,10 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+def _restarting(reason: str) -> str:
+    return f"the engine's ranks failed ({reason.splitlines()[0]}); the service is restarting them"
+
+
 def _previous_generation(state_dir: str) -> int:
     try:
         with open(os.path.join(state_dir, "service.json")) as fh:
@@ -150,7 +154,7 @@ class Service:
         self._publish_down("restarting")
         self.log.emit("rank_failure", generation=pair.generation, rank_pids=pair.pids, reason=reason,
                       cause=cause, in_flight=self.running.id if self.running else None)
-        self._fail_pending(503, f"the engine's ranks failed ({reason}); the service is restarting them")
+        self._fail_pending(503, _restarting(reason))
         await pair.close()
         self.pair = None
 
@@ -193,6 +197,9 @@ class Service:
         return max(1, int(per * (len(self.queue) + 1) + 0.999))
 
     def submit(self, params: GenerateParams, endpoint: str) -> Job:
+        if self.state == "up" and self.pair is not None and self.pair.failure is not None:
+            self.last_failure = self.pair.failure  # found dead a moment ago; the watchdog is on it
+            self.state = "restarting"
         if self.state != "up":
             raise Unavailable(
                 f"the engine is {self.state}"
@@ -223,7 +230,7 @@ class Service:
 
     async def _worker(self) -> None:
         while True:
-            while not self.queue or self.state != "up" or self.pair is None:
+            while not self.queue or self.state != "up" or self.pair is None or self.pair.failure is not None:
                 self._wake.clear()
                 await self._wake.wait()
             job = self.queue.popleft()
@@ -237,7 +244,7 @@ class Service:
                 await self._run(job, pair)
             except (ConnectionError, OSError) as exc:
                 pair.fail(f"rank control socket: {exc}")
-                job.finish(("error", 503, f"the engine's ranks failed ({exc}); the service is restarting them"))
+                job.finish(("error", 503, _restarting(pair.failure)))
             finally:
                 self.running = None
                 self.metrics.set("v100plan_requests_running", 0)
@@ -258,8 +265,11 @@ class Service:
         getter = asyncio.ensure_future(pair.queue.get())
         try:
             while not (done[0] and done[1]):
-                if pair.failure is not None or job.state == "finished":
-                    return  # the lifecycle task ends the job with 503 (or already did)
+                if pair.failure is not None:
+                    job.finish(("error", 503, _restarting(pair.failure)))
+                    return
+                if job.state == "finished":
+                    return
                 if job.cancel_reason is not None and not job.cancel_sent:
                     job.cancel_sent = True
                     for link in pair.links:
