@@ -32,9 +32,11 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
 SIZES = (4 << 10, 8 << 10, 16 << 10, 40 << 10, 64 << 10, 256 << 10, 1 << 20)
-GPU_PATHS = ("nccl", "device_mailbox", "host_mailbox")
+GPU_PATHS = ("nccl", "device_mailbox", "host_mailbox", "device_mailbox_graph")
 CPU_PATHS = ("host_mailbox", "gloo")
-GRAPH_PATHS = ("nccl",)  # the mailboxes wait on the host (polling), which a CUDA graph cannot hold
+# The engine's mailboxes wait on the host (polling), which a CUDA graph cannot hold; the experimental
+# device_mailbox_graph (engine/graph_mailbox.py) waits in a kernel.
+GRAPH_PATHS = ("nccl", "device_mailbox_graph")
 NO_GRAPH = "its wait polls from the host between kernels, which a CUDA graph cannot capture"
 
 
@@ -117,6 +119,8 @@ def allreduce_table(p, rank: int, device, dtype, iters: int, graph_ops: int, gra
             row["graph_us"][label] = round(us, 2)
             del g
         row["bit_exact"][label] = ok
+    if hasattr(p, "check"):
+        p.check()  # a GPU-side wait that timed out fails the table
     return row
 
 
@@ -220,6 +224,8 @@ def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
                 v["total_gbps"] = round(bench.x_bytes_over_ms(w + v["kv_bytes"], v["ms"]), 1)
             out["decode_graph"] = dec
         out["decode_eager"] = decode_eager(model, contexts, steps)
+    if hasattr(p, "check"):
+        p.check()
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -235,9 +241,9 @@ def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None
 
     from engine import bench
     from engine import config as ecfg
-    from engine.allreduce import PathError
     from engine.allreduce.dist import init_control
     from engine.allreduce.select import build, same_device, selftest
+    from engine.graph_mailbox import GraphMailbox
 
     device = torch.device(f"cuda:{rank}" if args.device == "cuda" else args.device)
     if device.type == "cuda":
@@ -276,18 +282,24 @@ def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None
         save("read_bw_gbps", READ_BW[0])
     else:
         READ_BW[0] = 1.0
-    save("race", guarded(race_phase, rank, device, dtype, rdv, store))
+    if not args.skip_race:
+        save("race", guarded(race_phase, rank, device, dtype, rdv, store))
 
     names = GPU_PATHS if device.type == "cuda" else CPU_PATHS
+    if args.paths:
+        names = [n for n in args.paths.split(",") if n in names]
     paths = {}
     for gen, name in enumerate(names, start=2):
         why = None
         try:
-            p = build(name, rank=rank, device=device, timeout_s=60.0, abort=None, rendezvous_dir=rdv,
-                      generation=gen, store=store, shared_device=info["shared_device"])
+            if name == "device_mailbox_graph":
+                p = GraphMailbox(rank, 60.0, device=device, store=store, generation=gen, barrier=dist.barrier)
+            else:
+                p = build(name, rank=rank, device=device, timeout_s=60.0, abort=None, rendezvous_dir=rdv,
+                          generation=gen, store=store, shared_device=info["shared_device"])
             why = selftest(p, rank, device, dtype)
-        except (PathError, RuntimeError) as e:
-            p, why = None, f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - a path that cannot start (any library error) is a result
+            p, why = None, f"{type(e).__name__}: {str(e)[:300]}"
         both = [None, None]
         dist.all_gather_object(both, why)
         if any(both):
@@ -299,10 +311,13 @@ def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None
         graph_ok = device.type == "cuda" and name in GRAPH_PATHS
         save(f"allreduce.{name}", guarded(allreduce_table, p, rank, device, dtype, args.iters, args.graph_ops, graph_ok))
 
-    if not args.skip_decode:
+    if not args.skip_decode and not args.skip_tp1:
         save("tp1", guarded(tp1_phase, cfg, rank, device, dtype, contexts, args.eager_steps, max_ctx, args.peak_tflops))
-        # NCCL last: a graph capture that hangs one rank must not cost the mailboxes' results.
-        for name, p in sorted(paths.items(), key=lambda kv: kv[0] == "nccl"):
+    if not args.skip_decode:
+        # Graph-captured paths last, the experimental one last of all: a capture that hangs one rank must
+        # not cost the other paths' results.
+        last = {"nccl": 1, "device_mailbox_graph": 2}
+        for name, p in sorted(paths.items(), key=lambda kv: last.get(kv[0], 0)):
             save(f"tp2.{name}", guarded(tp2_phase, cfg, rank, device, dtype, p, contexts, args.eager_steps, max_ctx))
     for p in paths.values():
         p.close()
@@ -346,6 +361,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
     p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
     p.add_argument("--skip-decode", action="store_true")
+    p.add_argument("--skip-tp1", action="store_true", help="TP2 only (TP1 recorded elsewhere)")
+    p.add_argument("--skip-race", action="store_true")
+    p.add_argument("--paths", default=None, help="comma-separated allreduce paths (default: all for the device)")
     p.add_argument("--timeout-s", type=int, default=420, help="the whole run's bound")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
