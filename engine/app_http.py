@@ -13,6 +13,9 @@ from fastapi.responses import JSONResponse
 from engine.proxy_log import StructuredLog
 from engine.proxy_metrics import Metrics
 
+# Metric labels name these paths; anything else counts as "other" (bounded label values).
+_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+
 
 class ApiError(Exception):
     """An answer other than 200, raised anywhere in a route."""
@@ -93,7 +96,8 @@ class EdgeMiddleware:
         finally:
             status = status_box.get("status")
             if path.startswith("/v1/"):
-                self.metrics.inc("v100plan_requests_total", endpoint=path, status=str(status or "none"))
+                endpoint = path if path in _ENDPOINTS or path.startswith("/v1/models/") else "other"
+                self.metrics.inc("v100plan_requests_total", endpoint=endpoint, status=str(status or "none"))
                 self._log_request(scope, path, status, t0)
 
     def _log_request(self, scope, path: str, status: int | None, t0: float) -> None:
