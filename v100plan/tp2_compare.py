@@ -48,9 +48,9 @@ def _only(engine_doc: dict[str, Any], path: str) -> dict[str, Any]:
     return doc
 
 
-def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_id: str, mode: str) -> list[dict[str, Any]]:
+def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_doc: dict[str, Any], mode: str) -> list[dict[str, Any]]:
     """One row per (context, strategy, path): predicted and measured ms and tok/s, and the error."""
-    model = model_from_doc(catalogue.get("model", model_id))
+    model = model_from_doc(model_doc)
     out = []
     paths = [None] + list(engine_doc["allreduce_paths"])  # None: the planner's own choice
     for ctx in bench.get("contexts", []):
@@ -78,18 +78,22 @@ def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_id: str, m
 
 
 def comparison(bench: dict[str, Any], engines: dict[str, dict[str, Any]], probe: dict[str, Any] | None,
-               probe_source: str | None) -> dict[str, Any]:
-    """Every mode's rows, on the probe report's view of the pair and on the catalogue card's."""
-    model_id = model_id_for(bench)
-    if model_id is None:
-        return {"rows": [], "unavailable": f"no catalogue model matches {bench.get('config')} "
-                                           f"(layers override {bench.get('layers_override')})"}
+               probe_source: str | None, model_doc: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every mode's rows, on the probe report's view of the pair and on the catalogue card's.
+    ``model_doc``: the ModelProfile of the shape the bench ran, when the catalogue has none."""
+    if model_doc is None:
+        model_id = model_id_for(bench)
+        if model_id is None:
+            return {"rows": [], "unavailable": f"no catalogue model matches {bench.get('config')} (layers override "
+                                               f"{bench.get('layers_override')}): pass its model profile"}
+        model_doc = catalogue.get("model", model_id)
+    model_id = model_doc["id"]
     views = {"catalogue h200 x 2": hardware(None, None)}
     if probe:
         views = {"probe report": hardware(probe, probe_source), **views}
     out: list[dict[str, Any]] = []
     for view, hw in views.items():
         for mode, doc in engines.items():
-            for r in rows(bench, doc, hw, model_id, mode):
+            for r in rows(bench, doc, hw, model_doc, mode):
                 out.append({"hardware": view, **r})
     return {"model": model_id, "rows": out}

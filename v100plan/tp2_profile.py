@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-GRAPH_PATH = "nccl"  # the one path the bench captures in a CUDA graph
+GRAPH_PATH = "nccl"  # the one engine path the bench captures in a CUDA graph
+PATH_NAMES = ("nccl", "gloo", "host_mailbox", "device_mailbox")  # the engine's --allreduce names
 
 
 class BenchProblem(ValueError):
@@ -68,6 +69,8 @@ def tp1_terms(bench: dict[str, Any]) -> dict[str, Any]:
 def allreduce_tables(bench: dict[str, Any], mode: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for path, row in (bench.get("allreduce") or {}).items():
+        if path not in PATH_NAMES:
+            continue  # experimental paths (device_mailbox_graph) are no engine flag: compared separately
         if not isinstance(row, dict) or "eager_us" not in row:
             out[path] = {"unavailable": str((row or {}).get("unavailable") or (row or {}).get("error") or "not measured")}
             continue

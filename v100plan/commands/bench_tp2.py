@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded `python -m engine bench-tp2` JSON instead of measuring.")]
 ProbeOpt = Annotated[Optional[Path], typer.Option("--probe", help="A ProbeReport of the same host: its read bandwidth and pair view feed the plan.")]
 ProfileOutOpt = Annotated[Optional[Path], typer.Option("--profile-out", help="Write the measured EngineProfile (CUDA-graph decode) here.")]
+ModelOpt = Annotated[Optional[Path], typer.Option("--model-profile", help="ModelProfile of the bench's shape when the catalogue has none.")]
 ContextsOpt = Annotated[str, typer.Option("--contexts", help="Decode contexts in tokens, comma-separated (measuring only).")]
 
 
@@ -98,6 +99,7 @@ def register(app: typer.Typer) -> None:
         from_file: FromOpt = None,
         probe: ProbeOpt = None,
         profile_out: ProfileOutOpt = None,
+        model_profile: ModelOpt = None,
         contexts: ContextsOpt = "1024,4096,16384,32768",
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
@@ -115,7 +117,8 @@ def register(app: typer.Typer) -> None:
             raise NothingMeasured(f"{bench_source}: {e}", hint="the bench's JSON says which phase failed") from None
         for mode, doc in engines.items():
             documents.validate(doc, "engine_profile", source=f"engine profile ({mode}) built from {bench_source}")
-        cmp = tp2_compare.comparison(bench, engines, probe_doc, str(probe) if probe else None)
+        model_doc = documents.load(model_profile, "model_profile") if model_profile else None
+        cmp = tp2_compare.comparison(bench, engines, probe_doc, str(probe) if probe else None, model_doc)
         if profile_out:
             if profile_out.is_dir():
                 raise BadInput(f"--profile-out {profile_out} is a directory", hint="give a file name ending in .json")
