@@ -79,3 +79,17 @@ def test_cli_without_a_gpu_is_an_environment_problem(cli):
     r = cli("bench", "engine", "--no-compile", "--quiet")
     assert r.exit_code == 4
     assert "needs a CUDA GPU" in r.stderr
+
+
+def test_variant_without_a_usable_fit_is_not_used(bench):
+    cdt = bench["fit"]["compiled_cdt_graph"]
+    assert cdt["kv_bw_fraction"] is None and cdt["slope_ms_per_gb"] < 0  # time fell as the context grew
+    assert best_variant(bench) == "eager_graph"
+
+
+def test_recorded_runs_show_why_decode_attention_is_two_matrix_products(bench):
+    """The same day's first run used the fused SDPA kernel for decode attention: K/V read at about 5 % of
+    the read bandwidth. The matrix-product form in the engine now reads it several times faster."""
+    sdpa = json.loads((FIXTURES / "engine" / "bench-h200-2026-11-29-sdpa.json").read_text())
+    assert sdpa["fit"]["eager_graph"]["kv_bw_fraction"] < 0.1
+    assert bench["fit"]["eager_graph"]["kv_bw_fraction"] > 0.3

@@ -31,8 +31,13 @@ PATH_NAMES = ("nccl", "gloo", "host_mailbox", "device_mailbox")
 
 
 def best_variant(bench: dict[str, Any]) -> str:
-    """The decode variant with the shortest step at the smallest context measured by every variant."""
-    variants = {k: v for k, v in bench["decode"].items() if "unavailable" not in v}
+    """The fastest decode variant (shortest step at the smallest context all of them measured) among
+    those whose step time grew with the context, so their line through the points means something."""
+    variants = {k: v for k, v in bench["decode"].items()
+                if "unavailable" not in v and (bench["fit"].get(k) or {}).get("kv_bw_fraction")}
+    if not variants:
+        raise BadInput("no decode variant in this bench has a usable fit (two or more contexts, time "
+                       "growing with context)", hint="run the bench with more than one context")
     common = set.intersection(*(set(v) for v in variants.values()))
     ctx = min(common, key=int)
     return min(variants, key=lambda k: variants[k][ctx]["ms"])
@@ -52,16 +57,22 @@ def engine_profile(bench: dict[str, Any], profile_id: str = "v100plan-measured",
         return {"value": None if value is None else round(value, 4), "source": src, "note": note}
 
     weight = bench["gemv"]["weight_gbps"] / read
+    weight_note = f"GEMV-only {bench['gemv']['weight_gbps']} GB/s / read {read} GB/s"
     overhead = fit.get("round_overhead_ms")
+    overhead_note = f"{variant}: intercept {fit.get('intercept_ms')} ms - GEMV-only {bench['gemv']['ms']} ms"
+    if overhead is not None and overhead < 0:
+        # The step's fixed part beat the separate GEMV-only run (the compiled step fuses its own
+        # matrix-vector kernels): all of the intercept is then weight reading, at that speed.
+        weight = bench["gemv"]["weight_bytes"] / (fit["intercept_ms"] * 1e-3) / 1e9 / read
+        weight_note = f"{variant}: weight bytes / intercept {fit['intercept_ms']} ms / read {read} GB/s"
+        overhead, overhead_note = 0.0, f"{variant}: intercept below the GEMV-only time: no overhead left to see"
     prefill = bench.get("prefill") or {}
     pf = prefill.get("compute_fraction")
     efficiency = {
-        "weight_bw_fraction": num(weight, f"GEMV-only {bench['gemv']['weight_gbps']} GB/s / read {read} GB/s"),
+        "weight_bw_fraction": num(weight, weight_note),
         "kv_bw_fraction": num(fit.get("kv_bw_fraction"),
                               f"{variant}: 1 / slope of step time over K/V bytes ({fit.get('kv_gbps')} GB/s) / read"),
-        "round_overhead_ms": num(max(overhead, 0.0) if overhead is not None else None,
-                                 f"{variant}: intercept {fit.get('intercept_ms')} ms - GEMV-only "
-                                 f"{bench['gemv']['ms']} ms"),
+        "round_overhead_ms": num(overhead, overhead_note),
         "prefill_compute_fraction": num(
             pf, f"{prefill.get('tflops')} TFLOP/s on a {prefill.get('tokens')}-token chunk / "
                 f"{bench.get('peak_tflops')} TFLOP/s ({bench.get('peak_source') or 'no peak given'})"
