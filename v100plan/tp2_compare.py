@@ -16,6 +16,7 @@ from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_f
 from v100plan.planner.from_probe import hardware_from_probe
 from v100plan.planner.plan import plan_strategies
 
+GRAPH_MAILBOX = "graph_mailbox"  # mode: a CUDA-graph step over engine/graph_mailbox.py
 MODEL_FOR_CONFIG = {"llama-3.1-8b.config.json": "llama3.1-8b-fp16"}
 
 
@@ -34,12 +35,27 @@ def hardware(probe: dict[str, Any] | None, probe_source: str | None, card_id: st
 
 
 def _measured_ms(bench: dict[str, Any], strategy: str, path: str | None, ctx: str, mode: str) -> float | None:
-    key = "decode_graph" if mode == "graph" else "decode_eager"
+    key = "decode_eager" if mode == "eager" else "decode_graph"
+    if mode == GRAPH_MAILBOX and path == "device_mailbox":
+        path = "device_mailbox_graph"  # the experimental GPU-side mailbox stands in for device_mailbox
     if strategy == "single":
         src = ((bench.get("tp1") or {}).get("rank0") or {}).get(key) or {}
     else:
         src = ((bench.get("tp2") or {}).get(path) or {}).get(key) or {}
     return (src.get(ctx) or {}).get("ms")
+
+
+def graph_mailbox_engine(bench: dict[str, Any], graph_doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The graph-mode profile with the GPU-side mailbox's in-graph figures as its only (device_mailbox) path,
+    when the bench measured that mailbox; else None."""
+    row = (bench.get("allreduce") or {}).get("device_mailbox_graph") or {}
+    graph = row.get("graph_us") or {}
+    if not graph or "unavailable" in graph or not all((row.get("bit_exact") or {"": False}).values()):
+        return None
+    doc = copy.deepcopy(graph_doc)
+    doc["allreduce_paths"] = ["device_mailbox"]
+    doc["allreduce_us"] = {"device_mailbox": dict(graph)}
+    return doc
 
 
 def _only(engine_doc: dict[str, Any], path: str) -> dict[str, Any]:
@@ -58,7 +74,8 @@ def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_doc: dict[
             engine = engine_from_doc(engine_doc if path is None else _only(engine_doc, path))
             p = plan_strategies(hw, model, engine, Target(context_tokens=int(ctx), gpus=2))
             by_name = {s.name: s for s in p.strategies}
-            for strat in (("single", "tp2") if path is None else ("tp2",)):
+            both = path is None and mode != GRAPH_MAILBOX  # TP1 does not depend on the path
+            for strat in (("single", "tp2") if both else ("tp2",)):
                 s = by_name[strat]
                 used = s.allreduce_path if strat == "tp2" else None
                 measured = _measured_ms(bench, strat, used, str(ctx), mode)
@@ -91,6 +108,9 @@ def comparison(bench: dict[str, Any], engines: dict[str, dict[str, Any]], probe:
     views = {"catalogue h200 x 2": hardware(None, None)}
     if probe:
         views = {"probe report": hardware(probe, probe_source), **views}
+    engines = dict(engines)
+    if "graph" in engines and (gm := graph_mailbox_engine(bench, engines["graph"])):
+        engines[GRAPH_MAILBOX] = gm
     out: list[dict[str, Any]] = []
     for view, hw in views.items():
         for mode, doc in engines.items():

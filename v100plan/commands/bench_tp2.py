@@ -65,25 +65,21 @@ def render(bench: dict[str, Any], cmp: dict[str, Any], to_stderr: bool) -> None:
                                rows), to_stderr=to_stderr)
     race = bench.get("race") or {}
     judged = race.get("judged") or {}
-    output.render(output.table(
-        "Start-up race (--allreduce auto)", ["picked", "why", "fastest at 8k", "fastest at 40k"],
-        [(race.get("picked"), race.get("why") or race.get("error"),
-          *[(f"{j['fastest']} ({_us(j['fastest_us'])} us)" if (j := judged.get(k)) else "—") for k in ("8k", "40k")])]),
-        to_stderr=to_stderr)
+    if race:
+        output.render(output.table(
+            "Start-up race (--allreduce auto)", ["picked", "why", "fastest at 8k", "fastest at 40k"],
+            [(race.get("picked"), race.get("why") or race.get("error"),
+              *[(f"{j['fastest']} ({_us(j['fastest_us'])} us)" if (j := judged.get(k)) else "—") for k in ("8k", "40k")])]),
+            to_stderr=to_stderr)
     tp1 = ((bench.get("tp1") or {}).get("rank0") or {})
     tp2 = bench.get("tp2") or {}
-    drows = []
-    for ctx in map(str, bench.get("contexts", [])):
-        one = (tp1.get("decode_graph") or {}).get(ctx, {}).get("ms")
-        two = ((tp2.get("nccl") or {}).get("decode_graph") or {}).get(ctx, {}).get("ms")
-        eag = [((tp2.get(p) or {}).get("decode_eager") or {}).get(ctx, {}).get("ms") for p in ("nccl", "device_mailbox", "host_mailbox")]
-        drows.append((ctx, _us(one), _us(two), f"{one / two:.2f}x" if one and two else "—",
-                      _us((tp1.get("decode_eager") or {}).get(ctx, {}).get("ms")), *[_us(e) for e in eag]))
+    cols = [("TP1", "graph", tp1)] + [(f"TP2 {p}", "graph", t) for p, t in tp2.items() if "decode_graph" in t]
+    cols += [("TP1", "eager", tp1)] + [(f"TP2 {p}", "eager", t) for p, t in tp2.items() if "decode_eager" in t]
+    drows = [(ctx, *[_us(((t.get(f"decode_{mode}") or {}).get(ctx) or {}).get("ms")) for _, mode, t in cols])
+             for ctx in map(str, bench.get("contexts", []))]
     output.render(output.table(
-        "Decode step, batch 1 (ms; graph = whole step in one CUDA graph)",
-        ["context", ("TP1 graph", "right"), ("TP2 nccl graph", "right"), ("speed-up", "right"), ("TP1 eager", "right"),
-         ("TP2 nccl eager", "right"), ("TP2 dev-mbox eager", "right"), ("TP2 host-mbox eager", "right")], drows),
-        to_stderr=to_stderr)
+        "Decode step, batch 1 (ms; graph = whole step in one CUDA graph; eager = step by step)",
+        ["context", *[(f"{name} {mode}", "right") for name, mode, _ in cols]], drows), to_stderr=to_stderr)
     prow = [(r["hardware"], r["mode"], r["context"], r["strategy"], r["path"] or "—", _us(r["predicted_ms"]),
              _us(r["measured_ms"]), f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "—")
             for r in cmp.get("rows", []) if r["chosen_by"] == "planner"]
