@@ -12,6 +12,7 @@ import time
 import pytest
 
 from engine import protocol
+from engine.allreduce.host_mailbox import mailbox_file
 from tests import engine_helpers
 from tests.engine_helpers import REPO
 
@@ -80,6 +81,8 @@ def test_ready_reports_path_selftest_and_socket_is_private(pair):
         assert msg["rank"] == r and msg["allreduce"] == "host_mailbox" and msg["selftest"] == "passed"
         assert msg["vocab_size"] == 256 and msg["max_context"] == 256
         assert os.stat(pair.sock(r)).st_mode & 0o777 == 0o600
+        # Mapped by both ranks, then unlinked: a rank that dies leaves nothing in /dev/shm.
+        assert not os.path.exists(mailbox_file(os.path.join(pair.dir, "rdv"), 0, r))
 
 
 def test_generate_streams_progress_tokens_done_on_both_ranks(pair):

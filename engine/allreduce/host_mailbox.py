@@ -10,7 +10,8 @@ Two slots suffice: a rank can only write k + 2 after it has read the peer's k + 
 which the peer writes only after it has finished reading k.
 
 The file is created 0600 under a temporary name, sized, and renamed into place:
-never truncated while the peer maps it. Its name carries the rendezvous key and the
+never truncated while the peer maps it; once both ranks have mapped both files the
+names are unlinked (the mappings stay), so nothing is left behind in /dev/shm. Its name carries the rendezvous key and the
 generation, so a restarted pair starts from fresh zeroed files. Every wait is
 bounded by the timeout and an abort flag.
 """
@@ -78,6 +79,10 @@ class HostMailbox(Path):
         if not os.path.exists(self.peer_path):
             raise PathError(f"peer mailbox {self.peer_path} is missing after the start-up barrier")
         self._peer_mm, self.peer = _map(self.peer_path, size)
+        # Both mappings exist now; the names are no longer needed, and unlinking them here means a rank
+        # that dies later leaves nothing behind in /dev/shm.
+        barrier()
+        os.unlink(self.mine_path)
         self.step = 0
 
     def _u64(self, buf: np.ndarray, off: int) -> np.ndarray:
@@ -127,7 +132,3 @@ class HostMailbox(Path):
                     mm.close()
             except BufferError:
                 pass  # a view is still alive; the mapping goes with the process
-        try:
-            os.unlink(self.mine_path)
-        except OSError:
-            pass
