@@ -5,6 +5,7 @@ the generated ids only, exactly --max-tokens of them unless --stop-at-eos;
 --prompt-ids are used verbatim, --prompt gets the model's BOS rule; text is null
 when the model directory has no tokenizer.json. --tp 2 starts two rank processes
 (an unsharded checkpoint is sliced by each rank at load) and prints rank 0's result.
+Exit codes: 0 done, 1 the ranks failed (start-up or mid-request), 2 bad input.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
+    except RanksFailed as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+
+
+class RanksFailed(RuntimeError):
+    """The two ranks did not start or did not finish the request (their stderr says why)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,15 +128,15 @@ def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
     try:
         pair = RankPair(args.model, devices, dtype, args.allreduce, max_context)
     except LaunchError as e:
-        raise ValueError(f"the ranks did not start: {e}") from None
+        raise RanksFailed(f"the ranks did not start: {e}") from None
     try:
         print(f"ranks ready: allreduce {pair.ready[0]['allreduce']}", file=sys.stderr)
         tokens, _ = pair.generate(protocol.generate("g1", ids, args.max_tokens, args.temperature, args.top_p,
                                                     args.seed, sorted(stop)))
     except LaunchError as e:
-        raise ValueError(f"generation failed: {e}") from None
+        raise RanksFailed(f"generation failed: {e}") from None
     finally:
         pair.close()
     if tokens[0] != tokens[1]:
-        raise ValueError("the two ranks produced different tokens (lockstep should have stopped them)")
+        raise RanksFailed("the two ranks produced different tokens (lockstep should have stopped them)")
     return tokens[0]

@@ -82,3 +82,9 @@ def test_bad_prompt_ids_are_refused(demo_dir):
     assert "comma-separated integers" in r.stderr
     r = gen(demo_dir, "--prompt-ids", "1,9999", "--max-tokens", 3, expect_rc=2)
     assert "outside the vocabulary" in r.stderr
+
+
+def test_tp2_start_failure_exits_1_with_the_reason(demo_dir):
+    r = gen(demo_dir, "--tp", 2, "--allreduce", "device_mailbox", "--prompt-ids", "1,2", "--max-tokens", 2,
+            expect_rc=1)
+    assert "the ranks did not start" in r.stderr and "device mailbox needs CUDA" in r.stderr
