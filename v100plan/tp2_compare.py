@@ -68,7 +68,8 @@ def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_doc: dict[
     """One row per (context, strategy, path): predicted and measured ms and tok/s, and the error."""
     model = model_from_doc(model_doc)
     out = []
-    paths = [None] + list(engine_doc["allreduce_paths"])  # None: the planner's own choice
+    offered = list(engine_doc["allreduce_paths"])
+    paths = [None] + (offered if len(offered) > 1 else [])  # None: the planner's own choice
     for ctx in bench.get("contexts", []):
         for path in paths:
             engine = engine_from_doc(engine_doc if path is None else _only(engine_doc, path))
