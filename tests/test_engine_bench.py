@@ -93,3 +93,11 @@ def test_recorded_runs_show_why_decode_attention_is_two_matrix_products(bench):
     sdpa = json.loads((FIXTURES / "engine" / "bench-h200-2026-11-29-sdpa.json").read_text())
     assert sdpa["fit"]["eager_graph"]["kv_bw_fraction"] < 0.1
     assert bench["fit"]["eager_graph"]["kv_bw_fraction"] > 0.3
+
+
+def test_stored_profile_is_what_the_converter_writes(bench):
+    """tests/fixtures/engine/engine-profile-h200-2026-11-29.json: `v100plan bench engine --from` of the bench."""
+    stored = documents.load(FIXTURES / "engine" / "engine-profile-h200-2026-11-29.json", "engine_profile")
+    fresh = engine_profile(bench, stored["id"])
+    assert stored["efficiency"] == fresh["efficiency"]
+    assert stored["allreduce_us"] == fresh["allreduce_us"]
