@@ -265,3 +265,15 @@ def test_qwen3_shape_needs_its_own_overhead(probe, engines):
     assert cross["model"] == fitted["model"] == "qwen3-8b-bf16"
     for r in fitted["rows"]:
         assert abs(r["error_pct"]) < (3 if r["strategy"] == "single" else 20), r
+
+
+def test_golden_rendering_of_the_recording(cli):
+    """What a person reads. Refresh on purpose only: V100PLAN_UPDATE_GOLDEN=1 pytest tests/test_multigpu.py"""
+    import os
+
+    r = cli("bench", "tp2", "--from", BENCH, "--probe", PROBE)
+    assert r.exit_code == 0, r.stderr
+    golden = DIR / "golden-bench-tp2.txt"
+    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
+        golden.write_text(r.stdout)
+    assert r.stdout == golden.read_text(), "rendering changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
