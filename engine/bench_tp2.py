@@ -7,12 +7,13 @@ What each number is (both ranks run every phase in lockstep; rank 0 writes the d
   allreduce[path]       per size (4 KB .. 1 MB): a bit-exact check of the sum of known data, then
                         eager_us: median of --iters single allreduces, synchronised before and after each;
                         graph_us: --graph-ops allreduces captured in one CUDA graph, median over 5 batches
-                        of 20 replays / ops (only paths the GPU can run without the host: NCCL)
+                        of 20 replays / ops (only paths the GPU can run without the host: NCCL and the
+                        experimental GPU-side mailbox, engine/graph_mailbox.py, "device_mailbox_graph")
   read_bw_gbps[rank]    sum over a 4 GiB float32 buffer on each card (engine.bench)
   tp1[rank]             each card alone: the whole model (world 1): weights as batch-1 GEMVs in one
                         graph, decode step per context (graph, and eager), the engine.bench fit, a prefill chunk
   tp2[path]             the engine's TP split (engine/model.py, world 2) over that path: decode per context,
-                        in a CUDA graph for NCCL, eager for the mailboxes (their waits poll from the host)
+                        in a CUDA graph where the path can be captured, and eager for every path
 The weights are random, made on each GPU: decode speed depends on shapes and bytes, not values.
 """
 
