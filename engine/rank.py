@@ -116,6 +116,9 @@ class Rank:
                 raise ValueError(f"bfloat16 on compute capability {major}.{minor} has no tensor-core support; "
                                  f"use --dtype float16")
         dtype = getattr(torch, a.dtype)
+        if device.type == "cpu":
+            # Two ranks on one host share its cores: each taking all of them only makes them fight.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
         cfg = config.load(a.model)
         self.path, self.choice = None, None
         if a.world == 2:
