@@ -100,8 +100,15 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
     )
 
 
+def files_dir(model_dir: str | Path) -> Path:
+    """Where config.json and the tokenizer files live: the directory itself, or rank0/ of a
+    ``python -m engine shard`` output (every rank directory holds the same copies)."""
+    d = Path(model_dir)
+    return d / "rank0" if (d / "shard.json").exists() and not (d / "config.json").exists() else d
+
+
 def load(model_dir: str | Path) -> ModelConfig:
-    path = Path(model_dir) / "config.json"
+    path = files_dir(model_dir) / "config.json"
     if not path.exists():
         raise ConfigError(f"{path} not found: a model directory holds config.json and *.safetensors")
     return from_dict(json.loads(path.read_text()))

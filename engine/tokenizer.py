@@ -17,7 +17,9 @@ class Tokenizer:
     def __init__(self, model_dir: str | Path):
         from tokenizers import Tokenizer as _Tok
 
-        d = Path(model_dir)
+        from engine.config import files_dir
+
+        d = files_dir(model_dir)
         self.tok = _Tok.from_file(str(d / "tokenizer.json"))
         tc_path = d / "tokenizer_config.json"
         self.tokenizer_config: dict[str, Any] = json.loads(tc_path.read_text()) if tc_path.exists() else {}
@@ -31,7 +33,9 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer | None:
         """None when the directory has no tokenizer.json (then only token ids can be given)."""
-        return cls(model_dir) if (Path(model_dir) / "tokenizer.json").exists() else None
+        from engine.config import files_dir
+
+        return cls(model_dir) if (files_dir(model_dir) / "tokenizer.json").exists() else None
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids with the model's BOS rule applied."""

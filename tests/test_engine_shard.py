@@ -92,3 +92,17 @@ def test_a_shard_dir_for_another_tp_is_refused(demo_dir, tmp_path):
     shard.shard(demo_dir, tmp_path / "s", 2)
     with pytest.raises(weights.WeightsError, match="sharded for tp 2"):
         weights.load_into(Model(ecfg.load(demo_dir)), tmp_path / "s")
+
+
+def test_generate_tp2_from_a_shard_directory_matches_tp1(demo_dir, tmp_path):
+    import json as _json
+
+    shard.shard(demo_dir, tmp_path / "s", 2)
+    outs = []
+    for model, tp_ in ((demo_dir, "1"), (tmp_path / "s", "2")):
+        r = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(model), "--tp", tp_,
+                            "--prompt", "Shards!", "--max-tokens", "12", "--json"], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(_json.loads(r.stdout.strip().splitlines()[-1]))
+    assert outs[0] == outs[1] and outs[1]["text"] is not None
