@@ -104,9 +104,10 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
                                     f"{len(prompt_ids) + max_tokens} exceeds the context limit of {limit} tokens",
                                "max_tokens" if len(prompt_ids) < limit else "prompt")
         seed = body.seed if body.seed is not None else secrets.randbelow(SEED_MAX)
+        eos_ids = () if body.ignore_eos else text.eos_token_ids
         params = GenerateParams(prompt_ids=tuple(prompt_ids), max_tokens=max_tokens or 1,
                                 temperature=body.temperature, top_p=body.top_p, seed=seed,
-                                stop_token_ids=text.eos_token_ids)
+                                stop_token_ids=eos_ids)
         try:
             job = service.submit(params, kind)
         except (Unavailable, QueueFull) as exc:
@@ -115,7 +116,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         request.state.job = job
         request.state.log = {"kind": kind, "stream": body.stream, "seed": seed,
                              "prompt_tokens": len(prompt_ids), "max_tokens": params.max_tokens}
-        assembler = TextAssembler(text, body.stop_strings(), text.eos_token_ids)
+        assembler = TextAssembler(text, body.stop_strings(), eos_ids)
         created = int(time.time())
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:

@@ -28,6 +28,9 @@ class _Sampling(BaseModel):
     seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX)
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
+    # As in vLLM's API: keep generating past end-of-sequence tokens, up to max_tokens
+    # (load tests and the acceptance suite need requests of a known length).
+    ignore_eos: StrictBool = False
     n: StrictInt = 1
     logprobs: object = None
     presence_penalty: float = Field(default=0.0, strict=True)

@@ -25,6 +25,10 @@ pytestmark = pytest.mark.slow
 
 KEY = "test-key-5f0c"
 MAX_CONTEXT = 2048
+# A request that cannot finish before its client leaves, however fast the machine decodes:
+# all the context there is, past end-of-sequence ("ignore_eos"; greedy "Long story" meets EOS
+# after ~90 tokens, and the demo model decodes ~1 ms per token on a quiet CPU).
+LONG_TOKENS = MAX_CONTEXT - 32
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +212,8 @@ def test_stream_disconnect_cancels_both_ranks(svc):
     before = _request_ids(svc)
     cancelled_before = svc.metric("v100plan_cancelled_total")
     with svc.client.stream("POST", "/v1/completions", json={"model": MODEL_ID, "prompt": "Long story",
-                                                           "max_tokens": 200, "temperature": 0,
-                                                           "stream": True}) as r:
+                                                           "max_tokens": LONG_TOKENS, "temperature": 0,
+                                                           "ignore_eos": True, "stream": True}) as r:
         got = 0
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -217,7 +221,7 @@ def test_stream_disconnect_cancels_both_ranks(svc):
                 if got == 3:
                     break  # leaving the block closes the connection mid-stream
     line = _cancelled_line(svc, before)
-    assert line["completion_tokens"] < 200
+    assert line["completion_tokens"] < LONG_TOKENS
     wait_until(lambda: svc.metric("v100plan_cancelled_total") > cancelled_before, 10, what="cancel counted")
     # Both ranks stopped on the same step and are in step: the next answer is still exact.
     ids = prompt_ids("The quick brown fox")
@@ -227,10 +231,10 @@ def test_stream_disconnect_cancels_both_ranks(svc):
 def test_non_streaming_disconnect_cancels_both_ranks(svc):
     before = _request_ids(svc)
     with pytest.raises(httpx.ReadTimeout):
-        svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1000,
-                                                 "temperature": 0}, timeout=0.5)
+        svc.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Long story", "max_tokens": LONG_TOKENS,
+                                                 "temperature": 0, "ignore_eos": True}, timeout=0.5)
     line = _cancelled_line(svc, before)
-    assert line["completion_tokens"] < 1000
+    assert line["completion_tokens"] < LONG_TOKENS
     ids = prompt_ids("Once upon")
     assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == _expected(ids, 8)
 
@@ -248,8 +252,11 @@ def test_disconnect_during_prefill_cancels_both_ranks(svc):
 
 
 def test_queue_cap_answers_429_with_retry_after(svc):
-    # --queue-cap 1: one running, one waiting, the third is refused.
-    long = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1000, "temperature": 0}
+    # --queue-cap 1: one running, one waiting, the third is refused. The long requests ask for
+    # all the context there is, so they are still running when the third arrives however fast
+    # the machine decodes; their clients give up after 1.5 s (or, on a very fast machine, finish).
+    long = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": LONG_TOKENS, "temperature": 0,
+            "ignore_eos": True}
     results = {}
 
     def call(name):
@@ -269,10 +276,25 @@ def test_queue_cap_answers_429_with_retry_after(svc):
     assert "queue-cap 1" in r.json()["error"]["message"]
     first.join()
     second.join()
-    assert results == {"first": "timeout", "second": "timeout"}
+    assert set(results) == {"first", "second"}
+    assert set(results.values()) <= {200, "timeout"}, results
     # Both left; the service drains them (cancel on both ranks) and serves again.
     ids = prompt_ids("Once upon")
     got = svc.complete(ids, 8)
     assert got.status_code == 200, got.text
     assert got.json()["v100plan"]["token_ids"] == _expected(ids, 8)
     assert not svc.events("rank_failure")  # nothing in this module may cost a restart
+
+
+def test_ignore_eos_generates_exactly_max_tokens_like_tp1(svc):
+    # Greedy "Long story" reaches end-of-sequence early; with ignore_eos the answer runs on to
+    # max_tokens and equals TP1's exactly-N tokens (generate without --stop-at-eos).
+    ids = prompt_ids("Long story")
+    ref = tp1_reference(tuple(ids), 120)["token_ids"]
+    plain = svc.complete(ids, 120).json()
+    assert plain["choices"][0]["finish_reason"] == "stop" and plain["usage"]["completion_tokens"] < 120
+    full = svc.complete(ids, 120, ignore_eos=True).json()
+    assert full["choices"][0]["finish_reason"] == "length"
+    assert full["v100plan"]["token_ids"] == ref
+    r = svc.complete(ids, 4, ignore_eos="yes")
+    assert r.status_code == 422 and "ignore_eos" in r.text

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 STALL_S = 6.0
 PROMPT = "The quick brown fox"
-LONG = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 200, "temperature": 0}
+# Long enough to still be running when the fault lands, however fast the machine decodes.
+LONG = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
