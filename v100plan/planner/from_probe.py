@@ -4,8 +4,11 @@
   gives what a probe does not measure (tensor peak, price);
 - measured read bandwidth replaces nominal: the slowest card's, since a TP pair
   waits for it every layer and replicas are quoted per card;
-- the slowest card's SM clock ratio under load (throttle verdict not "clean")
-  slows a TP pair (FACTS.md: the pair runs at the hot card's speed);
+- the slowest thermally limited card's SM clock ratio under load slows a TP pair
+  (FACTS.md: the pair runs at the hot card's speed). A power cap does not: the
+  probe's load is matrix products at full power, while decode reads memory and
+  draws far less, so the cap that bound the probe does not bind a decode round
+  (on the lent H200 the cap held SM clocks at 0.73-0.77 of max under that load);
 - any pair with verdict "broken" -> P2P broken (host mailbox); all "working" -> P2P working;
 - a card whose NCCL has no kernels for its architecture rules NCCL out.
 Pure: takes the parsed document and the catalogue documents, returns Hardware.
@@ -77,7 +80,10 @@ def hardware_from_probe(report: dict[str, Any], catalogue: list[dict[str, Any]],
     ratios = []
     for c in used:
         t = c.get("throttle") or {}
-        if t.get("verdict") not in (None, "clean", "not_measured") and t.get("sm_clock_ratio") is not None:
+        if t.get("verdict") == "power_capped":
+            notes.append(f"card {c.get('index')} is power capped under the probe's matrix-product load; "
+                         "decode draws less power, so the plan does not slow for it")
+        if t.get("verdict") == "thermally_limited" and t.get("sm_clock_ratio") is not None:
             ratios.append((t["sm_clock_ratio"], c.get("index"), t["verdict"]))
     ratio = Sourced(None, "probe report: no card throttled under load")
     if ratios:
