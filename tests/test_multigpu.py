@@ -59,6 +59,17 @@ def test_probe_cards_read_at_least_90_percent_of_nominal(probe):
         assert 0.9 * 4800 < card["read_bw_gbps"] < 4800  # H200 datasheet: 4.8 TB/s
 
 
+def test_second_probe_run_counts_the_nvlinks_through_the_nvswitch():
+    """Recorded after the NVSwitch fix (2026-11-29, two H200, `nvidia-smi topo -m`: NV18): each card's 18
+    links end at a switch, not at the peer's PCI address; the probe must still count them for the pair."""
+    run2 = documents.load(DIR / "h200x2-probe-quick-run2.json", "probe_report")
+    for pair in run2["pairs"]:
+        assert pair["verdict"] == "working" and pair["nvlink_links"] == 18, pair
+        assert "through an NVSwitch" in pair["explanation"]
+        assert 200 < pair["p2p_bulk_gbps"] < 450
+    assert sum(c["duration_s"] for c in run2["cases"]) < 60  # quick mode inside its minute on two cards
+
+
 # ---- the bench ------------------------------------------------------------------------------------------
 
 def test_every_path_has_every_size_and_is_bit_exact(bench):
