@@ -35,6 +35,7 @@ SCHEMA_VERSIONS: dict[str, str] = {
     "engine_profile": "1.0",
     "probe_report": "1.0",
     "plan": "1.0",
+    "comparison": "1.0",
     "acceptance_report": "0.1",
 }
 

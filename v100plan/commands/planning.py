@@ -148,8 +148,9 @@ def compare_document(specs: list[str], model: str, engine: str, context: str, ac
         })
     inputs = {"hardware": specs, "model": model, "engine": engine, "context_tokens": tokens, "acceptance": acceptance,
               "objective": objective}
-    return {"kind": "comparison", "schema_version": SCHEMA_VERSIONS["plan"], "provenance": provenance(inputs),
-            "inputs": inputs, "rows": rows}
+    doc = {"kind": "comparison", "schema_version": SCHEMA_VERSIONS["comparison"], "provenance": provenance(inputs),
+           "inputs": inputs, "rows": rows}
+    return documents.validate(doc, "comparison", source="compare")
 
 
 def _write_out(doc: dict[str, Any], out: str | None) -> None:
