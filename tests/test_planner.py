@@ -230,3 +230,28 @@ def test_moe_tp2_splits_the_expert_reads():
     p = plan_ids("v100-pg500-216", 2, MOE, 8 * K)
     single, tp2 = p.strategy("single").breakdown["decode"], p.strategy("tp2").breakdown["decode"]
     assert tp2["weights_read_gb"] < single["weights_read_gb"]
+
+
+def test_tp2_fractions_apply_to_tp2_only_and_fall_back_per_field():
+    """tp2_weight_bw_fraction / tp2_kv_bw_fraction divide only the tp2 round; each absent one falls back to
+    the one-card figure on its own, and the plan notes the fallback."""
+    import copy
+
+    doc = copy.deepcopy(catalogue.get("engine", "ninfer-v100-tp"))
+    hw = hardware_from_doc(catalogue.get("hardware", "v100-pg500-216"), 2)
+    m = model_from_doc(catalogue.get("model", "qwen3.8-27b-groupwise-int"))
+    t = Target(64 * K, 2)
+    base = plan(hw, m, engine_from_doc(doc), t)
+    doc["efficiency"]["tp2_kv_bw_fraction"] = {"value": 0.3, "source": "test"}
+    half = plan(hw, m, engine_from_doc(doc), t)
+    doc["efficiency"]["tp2_weight_bw_fraction"] = {"value": 0.2, "source": "test"}
+    both = plan(hw, m, engine_from_doc(doc), t)
+    b, h, w = (p.strategy("tp2").breakdown["decode"] for p in (base, half, both))
+    assert (b["weight_bw_fraction"], b["kv_bw_fraction"]) == (0.33, 0.427)  # groupwise-int's by-format figure
+    assert (h["weight_bw_fraction"], h["kv_bw_fraction"]) == (0.33, 0.3)
+    assert (w["weight_bw_fraction"], w["kv_bw_fraction"]) == (0.2, 0.3) and w["fractions_source"]["weight"] == "test"
+    assert h["kv_ms"] == pytest.approx(b["kv_ms"] * 0.427 / 0.3, rel=1e-3)
+    assert w["weights_ms"] == pytest.approx(b["weights_ms"] * 0.33 / 0.2, rel=1e-3)
+    assert both.strategy("single").breakdown["decode"] == base.strategy("single").breakdown["decode"]
+    assert any("no tp2_weight_bw_fraction" in n for n in half.notes)
+    assert not any("one-card fractions" in n for n in both.notes)

@@ -205,3 +205,16 @@ def test_tuning_made_the_single_card_faster():
     old = plan_ids(PCIE_BOX, 1, NVFP4, 8 * K, acceptance=0.745, engine="ninfer-v100-port").strategy("single").decode_tok_s
     new = plan_ids(PCIE_BOX, 1, NVFP4, 8 * K, acceptance=0.745).strategy("single").decode_tok_s
     assert within(new / old, 97.2 / 79)
+
+
+def test_half_width_kernels_already_in_the_tp2_calibration():
+    """FACTS.md: half-width matrix kernels take 0.51-0.61 of the full-width time. ninfer-v100-tp sets no
+    tp2_* fractions (calibration 'tp2_half_width'): a rank's 12.4 GB shard already reads in 0.61 of the one-card
+    weight time (the replicated tensors are not halved) and reproduces the TP2 round's 13.2 + 4.6 ms, so a TP2
+    factor on top would count the half-width kernels twice."""
+    e = engine_from_doc(catalogue.get("engine", "ninfer-v100-tp"))
+    assert e.tp2_weight_bw_fraction.value is None and e.tp2_kv_bw_fraction.value is None
+    p = plan_ids(PCIE_BOX, 2, NVFP4, 193 * K, acceptance=0.49)
+    ratio = p.strategy("tp2").breakdown["decode"]["weights_ms"] / p.strategy("single").breakdown["decode"]["weights_ms"]
+    assert 0.51 <= round(ratio, 2) <= 0.61
+    assert any("no tp2_weight_bw_fraction or tp2_kv_bw_fraction" in n for n in p.notes)

@@ -6,6 +6,13 @@ round = weight bytes read / (bandwidth x weight_bw_fraction)
       + allreduces per round x one allreduce + hand-overs between cards
 tokens per round = 1 + k x acceptance          (k draft tokens, FACTS.md)
 ceiling          = tokens per round / (bytes read per round / bandwidth): no overhead, 100 % bandwidth
+
+Under tp2 each card reads its shard and its half of the KV heads with half-width kernels, which
+run less efficiently than full-width ones: the round then divides by the engine's
+tp2_weight_bw_fraction and tp2_kv_bw_fraction where the profile has them (Engine.decode_fractions).
+Sources: FACTS.md, half-width V100 matrix kernels take 0.51-0.61 of the full-width time (not 0.50);
+two H200s (tests/fixtures/multigpu, 2026-11-29), a rank's K/V reads ran at 1.07 TB/s under TP2 vs
+1.72 at TP1. Without them the one-card fractions stand in and the plan says so.
 """
 
 from __future__ import annotations

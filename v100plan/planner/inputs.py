@@ -126,6 +126,10 @@ class Engine:
     default_acceptance: float
     allreduce_us: dict[str, dict[str, float]]
     allreduce_paths: tuple[str, ...]
+    # Half-width kernels under TP2 (each card runs every split matrix and its share of the KV heads at half
+    # width): achieved fractions of the read bandwidth per card. None: the one-card fractions stand in.
+    tp2_weight_bw_fraction: Sourced = Sourced(None, "not in the engine profile")
+    tp2_kv_bw_fraction: Sourced = Sourced(None, "not in the engine profile")
 
     def weight_fraction_for(self, fmt: str) -> tuple[Sourced, str | None]:
         """The weight-read fraction for a weight format, and a note when the engine's default stands in."""
@@ -136,6 +140,26 @@ class Engine:
             note = (f"engine {self.id} is not calibrated for {fmt} weights; its default weight_bw_fraction "
                     f"({_fmt(self.weight_bw_fraction.value)}) stands in")
         return self.weight_bw_fraction, note
+
+    def decode_fractions(self, fmt: str, tp: int) -> tuple[Sourced, Sourced]:
+        """(weight, KV) read fractions for one card of a ``tp``-way split: under TP2 the engine's tp2_* figures
+        where the profile has them, else (and at TP1) the one-card figures."""
+        fw, _ = self.weight_fraction_for(fmt)
+        fk = self.kv_bw_fraction
+        if tp == 2:
+            if self.tp2_weight_bw_fraction.value is not None:
+                fw = self.tp2_weight_bw_fraction
+            if self.tp2_kv_bw_fraction.value is not None:
+                fk = self.tp2_kv_bw_fraction
+        return fw, fk
+
+    def tp2_fallback_note(self) -> str | None:
+        """What the plan says when TP2 reads at the one-card fractions (None when the profile has both TP2 figures)."""
+        absent = [n for n in ("tp2_weight_bw_fraction", "tp2_kv_bw_fraction") if getattr(self, n).value is None]
+        if not absent:
+            return None
+        return (f"engine {self.id} has no {' or '.join(absent)}: tp2 reads at the one-card fractions, as if half-width "
+                "kernels were as efficient as full-width ones (the profile's calibration says whether a TP2 figure checked it)")
 
     def missing_for_decode(self, fmt: str) -> list[str]:
         """Efficiencies a decode prediction needs that this profile does not have (not yet measured)."""
@@ -264,4 +288,6 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         default_acceptance=float(spec.get("default_acceptance", 0.0)),
         allreduce_us=_latency_tables(doc.get("allreduce_us")),
         allreduce_paths=tuple(doc.get("allreduce_paths", ("nccl", "host_mailbox", "device_mailbox"))),
+        tp2_weight_bw_fraction=_sourced(eff.get("tp2_weight_bw_fraction"), missing),
+        tp2_kv_bw_fraction=_sourced(eff.get("tp2_kv_bw_fraction"), missing),
     )

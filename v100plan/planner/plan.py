@@ -79,7 +79,7 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         reason += f"; {lay.streams} independent streams, none faster than one card"
     if name == "layer_split":
         reason += "; cards take turns, no faster than one card"
-    fw, _ = engine.weight_fraction_for(model.format)
+    fw, fk = engine.decode_fractions(model.format, lay.tp)
     missing = engine.missing_for_decode(model.format)
     if missing:
         reason += f"; no speeds: engine {engine.id} lacks {', '.join(missing)} (run `v100plan bench engine`)"
@@ -93,12 +93,13 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     weights_gb = lay.weights_read_gb
     rnd: Round = decode_round(
         weights_gb=weights_gb, kv_gb=kv_read_gb, bw_gbps=card.read_bw.value, weight_fraction=fw.value,
-        kv_fraction=engine.kv_bw_fraction.value, overhead_ms=engine.round_overhead_ms.value, clock_ratio=ratio,
+        kv_fraction=fk.value, overhead_ms=engine.round_overhead_ms.value, clock_ratio=ratio,
         allreduce_ms=ar_ms, hops_ms=lay.hops_per_round * hop_us / 1e3, tpr=tpr,
     )
     breakdown["decode"] = {
         "bandwidth_gbps": card.read_bw.value, "weights_read_gb": round(weights_gb, 3), "kv_read_gb": round(kv_read_gb, 3),
-        "weight_bw_fraction": fw.value, "kv_bw_fraction": engine.kv_bw_fraction.value,
+        "weight_bw_fraction": fw.value, "kv_bw_fraction": fk.value,
+        "fractions_source": {"weight": fw.source, "kv": fk.source},
         "weights_ms": round(rnd.weights_ms, 3), "kv_ms": round(rnd.kv_ms, 3), "overhead_ms": round(rnd.overhead_ms, 3),
         "allreduce_ms": round(rnd.allreduce_ms, 3), "hops_ms": round(rnd.hops_ms, 3),
         "allreduces_per_round": model.allreduces_per_round if lay.tp == 2 else 0,
@@ -156,11 +157,13 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
     ctx = format_tokens(target.context_tokens)
     lines = [f"bandwidth {hw.card.read_bw.value:g} GB/s ({hw.card.read_bw.source})"]
     if d:
+        fw_tp2 = " (tp2 figure)" if r.name == "tp2" and engine.tp2_weight_bw_fraction.value is not None else ""
+        fk_tp2 = " (tp2 figure)" if r.name == "tp2" and engine.tp2_kv_bw_fraction.value is not None else ""
         lines += [
-            f"weights read per round {d['weights_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['weight_bw_fraction']:g}) "
-            f"= {d['weights_ms']:.2f} ms",
-            f"KV read at {ctx}: {d['kv_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['kv_bw_fraction']:g}) = {d['kv_ms']:.2f} ms "
-            f"({model.kv_bytes_per_token:.0f} bytes/token x {target.concurrency} sequence(s))",
+            f"weights read per round {d['weights_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['weight_bw_fraction']:g}"
+            f"{fw_tp2}) = {d['weights_ms']:.2f} ms",
+            f"KV read at {ctx}: {d['kv_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['kv_bw_fraction']:g}{fk_tp2}) "
+            f"= {d['kv_ms']:.2f} ms ({model.kv_bytes_per_token:.0f} bytes/token x {target.concurrency} sequence(s))",
             f"fixed per-round overhead {d['overhead_ms']:.2f} ms (engine {engine.id}"
             + (f", stretched by clock ratio {d['clock_ratio']:g}" if d["clock_ratio"] < 1 else "") + ")",
         ]
@@ -225,6 +228,9 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
             notes += [f"allreduce {why}" for why in choice.rejected]
             if choice.prefill_path != choice.path:
                 notes.append(f"prefill chunks use {choice.prefill_path} ({choice.prefill_us:.0f} us per chunk-sized allreduce)")
+    tp2_note = engine.tp2_fallback_note()
+    if target.gpus >= 2 and tp2_note and not engine.missing_for_decode(model.format):
+        notes.append(tp2_note)
     if model.moe_experts and (k + 1) * target.concurrency > 1:
         notes.append(f"MoE: {(k + 1) * target.concurrency} tokens per round touch more experts than one "
                      "(uniform routing assumed)")
