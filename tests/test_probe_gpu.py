@@ -100,7 +100,7 @@ def test_pair_and_ipc_code_paths_run_on_one_card():
 
     from probes import ipc, p2p, stack
 
-    m = p2p.measure_pair(torch, 0, 0, runs=20)
+    m = p2p.measure_pair(cp, 0, 0, runs=20)
     assert m["p2p_direct_4k_us"] > 0 and m["host_staged_4k_us"] > 0 and m["p2p_bulk_gbps"] > 100
     assert "copy_wrong" not in m
     verdict, why = p2p.verdict_of({**m, "peer_access_reported": True})
