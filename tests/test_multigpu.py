@@ -133,6 +133,21 @@ def test_recorded_engine_profile_validates_and_matches_the_bench(path, mode, eng
     assert doc["allreduce_us"] == engines[mode]["allreduce_us"]
 
 
+def test_tp2_fractions_arithmetic(bench, engines):
+    """Half-width kernels read less efficiently: the TP2 fractions sit below the TP1 ones. The K/V one is a
+    rank's K/V bytes per ms of step growth between 1K and 4K (1.05 TB/s; all four contexts give 1.07)."""
+    g, e = engines["graph"]["efficiency"], engines["eager"]["efficiency"]
+    tp2 = bench["tp2"]["nccl"]["decode_graph"]
+    slope_gbps = (tp2["4096"]["kv_bytes"] - tp2["1024"]["kv_bytes"]) / (tp2["4096"]["ms"] - tp2["1024"]["ms"]) / 1e6
+    assert g["tp2_kv_bw_fraction"]["value"] == pytest.approx(slope_gbps / 4483.0, abs=1e-4)
+    assert g["tp2_kv_bw_fraction"]["value"] < 0.7 * g["kv_bw_fraction"]["value"]
+    assert 0.5 < g["tp2_weight_bw_fraction"]["value"] < g["weight_bw_fraction"]["value"]
+    for key in ("tp2_weight_bw_fraction", "tp2_kv_bw_fraction"):
+        assert e[key]["value"] == g[key]["value"]  # the eager step runs the same kernels
+    fit = [c for c in engines["graph"]["calibration"] if c["key"] == "tp2_graph_fit"]
+    assert len(fit) == 1 and fit[0]["contexts"] == [1024, 4096] and fit[0]["path"] == "nccl"
+
+
 def test_engine_profile_arithmetic(bench, probe, engines):
     g = engines["graph"]["efficiency"]
     bw = min(c["read_bw_gbps"] for c in probe["cards"])
@@ -166,19 +181,50 @@ def test_planner_reproduces_tp1_it_was_calibrated_on(comparison):
     assert all(abs(r["error_pct"]) < 3 for r in rows)
 
 
+# Held-out TP2 errors, as recorded: the TP2 fractions were fitted on the 1K and 4K graph steps only.
+HELD_OUT_ERROR_PCT = {"probe report": {16384: -0.2, 32768: 0.4}, "catalogue h200 x 2": {16384: 0.8, 32768: 1.5}}
+
+
 @pytest.mark.parametrize("hardware", ["probe report", "catalogue h200 x 2"])
-def test_planner_tp2_prediction_within_20_percent_at_every_context(comparison, hardware):
+def test_planner_tp2_prediction_fitted_at_1k_4k_holds_at_16k_32k(comparison, hardware):
     rows = _rows(comparison, hardware, "graph", "tp2")
     assert [r["context"] for r in rows] == [1024, 4096, 16384, 32768]
     assert all(r["path"] == "nccl" for r in rows)
-    assert all(abs(r["error_pct"]) < 20 for r in rows), [(r["context"], r["error_pct"]) for r in rows]
+    assert [r["role"] for r in rows] == ["TP2 fit", "TP2 fit", "held out", "held out"]
+    held = {r["context"]: r["error_pct"] for r in rows if r["role"] == "held out"}
+    assert held == pytest.approx(HELD_OUT_ERROR_PCT[hardware], abs=0.05)
+    assert all(abs(e) <= 1.5 for e in held.values())  # the largest held-out error measured (catalogue view, 32K)
+    fitted = [r["error_pct"] for r in rows if r["role"] == "TP2 fit"]
+    # The catalogue view divides by the datasheet-class 4400 GB/s, not the probe's 4483 the fit used.
+    assert all(abs(e) <= (0.05 if hardware == "probe report" else 1.0) for e in fitted)
 
 
-def test_catalogue_view_underpredicts_more_as_context_grows(comparison):
-    # Recorded finding: per-rank K/V reads under TP2 (4 KV heads) ran slower than TP1's (8), which the
-    # planner's single kv_bw_fraction does not model, so the TP2 error grows with context.
-    errs = [r["error_pct"] for r in _rows(comparison, "catalogue h200 x 2", "graph", "tp2")]
-    assert errs == sorted(errs, reverse=True) and errs[-1] < 0
+def test_tp2_fractions_come_from_1k_and_4k_only(bench, probe):
+    """Moving the 16K and 32K steps must not move the fractions: they are held out, not fitted."""
+    import copy
+
+    moved = copy.deepcopy(bench)
+    for ctx in ("16384", "32768"):
+        moved["tp2"]["nccl"]["decode_graph"][ctx]["ms"] *= 1.5
+    a = tp2_profile.engine_profile(bench, probe, bench_source=BENCH.name, probe_source=PROBE.name)["efficiency"]
+    b = tp2_profile.engine_profile(moved, probe, bench_source=BENCH.name, probe_source=PROBE.name)["efficiency"]
+    for key in ("tp2_weight_bw_fraction", "tp2_kv_bw_fraction"):
+        assert a[key]["value"] == b[key]["value"]
+        assert "1K + 4K only" in a[key]["source"]
+
+
+def test_without_tp2_fractions_the_planner_is_optimistic_and_says_so(bench, probe, engines):
+    """The recorded problem the fractions fix: with the one-card fractions standing in, TP2 was predicted
+    9-17 % fast (a rank's K/V at 1.07 TB/s under TP2 vs 1.72 at TP1), more so as context grows."""
+    import copy
+
+    bare = copy.deepcopy(engines["graph"])
+    for key in ("tp2_weight_bw_fraction", "tp2_kv_bw_fraction"):
+        del bare["efficiency"][key]
+    bare["calibration"] = [c for c in bare["calibration"] if c["key"] != "tp2_graph_fit"]
+    rows = _rows(tp2_compare.comparison(bench, {"graph": bare}, probe, PROBE.name), "probe report", "graph", "tp2")
+    assert [r["error_pct"] for r in rows] == pytest.approx([-9.9, -10.8, -14.0, -16.8], abs=0.05)
+    assert all(r["role"] == "—" for r in rows)  # no TP2 fit: nothing to call held out
 
 
 # ---- the CLI ----------------------------------------------------------------------------------------------
@@ -256,11 +302,17 @@ def test_graph_figures_reproduce_across_the_two_recordings(bench, bench_gm):
     assert bench["allreduce"]["nccl"]["graph_us"]["8k"] == pytest.approx(bench_gm["allreduce"]["nccl"]["graph_us"]["8k"], rel=0.05)
 
 
-def test_planner_predicts_the_graph_mailbox_step_within_20_percent(bench_gm, probe, engines):
+def test_planner_predicts_the_graph_mailbox_step_it_never_saw(bench_gm, probe, engines):
+    """Cross-check: another recording and another allreduce path (the GPU-side mailbox in a graph); nothing
+    of it entered the profile. Recorded: +1.7..+3.1 % (probe view), +2.8..+4.2 % (catalogue view)."""
     cmp = tp2_compare.comparison(bench_gm, {"graph": engines["graph"]}, probe, PROBE.name)
     rows = [r for r in cmp["rows"] if r["mode"] == tp2_compare.GRAPH_MAILBOX]
     assert len(rows) == 8 and all(r["strategy"] == "tp2" and r["path"] == "device_mailbox" for r in rows)
-    assert all(abs(r["error_pct"]) < 20 for r in rows), [(r["hardware"], r["context"], r["error_pct"]) for r in rows]
+    assert all(r["role"] == "held out" for r in cmp["rows"])
+    assert all(0 < r["error_pct"] <= 4.2 for r in rows), [(r["hardware"], r["context"], r["error_pct"]) for r in rows]
+    nccl = [r for r in cmp["rows"] if r["mode"] == "graph" and r["strategy"] == "tp2" and r["hardware"] == "probe report"
+            and r["chosen_by"] == "planner"]
+    assert all(-1.1 <= r["error_pct"] < 0 for r in nccl)  # the same step re-measured in the second call
 
 
 def test_qwen3_shape_needs_its_own_overhead(probe, engines):
@@ -276,6 +328,27 @@ def test_qwen3_shape_needs_its_own_overhead(probe, engines):
     assert cross["model"] == fitted["model"] == "qwen3-8b-bf16"
     for r in fitted["rows"]:
         assert abs(r["error_pct"]) < (3 if r["strategy"] == "single" else 20), r
+
+
+def test_qwen3_tp2_from_its_own_tp1_and_the_llama_tp2_fractions(probe, engines):
+    """Cross-check the TP2 fit never saw: Qwen3-8B's own TP1 profile (its shape has no catalogue entry, so
+    no TP2 fit of its own) with the TP2 fractions fitted on Llama-3.1-8B at 1K + 4K. Without them TP2 errs
+    -7.4..-15.3 %; with them +0.1..+0.3 % (probe view) and +0.7..+1.2 % (catalogue view), as recorded."""
+    from v100plan import tp2_calibrate
+
+    bench_q = json.loads(QWEN3.read_text())
+    model = documents.load(QWEN3_MODEL, "model_profile")
+    own = tp2_profile.engine_profile(bench_q, probe, bench_source=QWEN3.name, probe_source=PROBE.name)
+    assert "tp2_weight_bw_fraction" not in own["efficiency"]
+    crossed = tp2_calibrate.borrow(own, engines["graph"], "fitted on Llama-3.1-8B")
+    rows = [r for r in tp2_compare.comparison(bench_q, {"graph": crossed}, probe, PROBE.name, model)["rows"]
+            if r["strategy"] == "tp2"]
+    assert len(rows) == 8
+    for r in rows:
+        assert 0 <= r["error_pct"] <= (0.3 if r["hardware"] == "probe report" else 1.2), r
+    before = [r for r in tp2_compare.comparison(bench_q, {"graph": own}, probe, PROBE.name, model)["rows"]
+              if r["strategy"] == "tp2" and r["hardware"] == "probe report"]
+    assert [r["error_pct"] for r in before] == pytest.approx([-7.4, -8.1, -11.7, -15.3], abs=0.05)
 
 
 def test_golden_rendering_of_the_recording(cli):

@@ -3,7 +3,9 @@
 For each context the bench ran and each allreduce path it measured, the planner is run with an
 engine profile that offers only that path (so its arithmetic uses that path's figure), and its
 round time is set against the measured step: error % = (predicted - measured) / measured.
-The "planner" rows let the planner pick the path itself, as `v100plan plan` does.
+The "planner" rows let the planner pick the path itself, as `v100plan plan` does. Each row's "role" says
+whether its measurement set the profile ("TP1 fit", "TP2 fit": the TP2 fractions' calibration contexts)
+or not ("held out"): only held-out errors say what a prediction is worth.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from v100plan import catalogue
+from v100plan import catalogue, tp2_calibrate
 from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_from_doc
 from v100plan.planner.from_probe import hardware_from_probe
 from v100plan.planner.plan import plan_strategies
@@ -84,6 +86,7 @@ def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_doc: dict[
                 d = s.breakdown.get("decode") or {}
                 out.append({
                     "context": int(ctx), "strategy": strat, "mode": mode,
+                    "role": tp2_calibrate.role(engine_doc, bench, strat, mode, used, int(ctx)),
                     "path": used, "chosen_by": "planner" if path is None else "fixed",
                     "predicted_ms": pred, "measured_ms": measured,
                     "predicted_tok_s": s.decode_tok_s,

@@ -102,9 +102,36 @@ def single_gpu_view(bench: dict[str, Any], bw: float, bw_from: str, cc: str | No
 
 
 def engine_profile(bench: dict[str, Any], probe: dict[str, Any] | None = None, *, bench_source: str,
-                   probe_source: str | None = None, mode: str = "graph") -> dict[str, Any]:
+                   probe_source: str | None = None, mode: str = "graph", model_doc: dict[str, Any] | None = None,
+                   tp2_contexts: list[int] | None = None) -> dict[str, Any]:
     """The EngineProfile document (schema engine_profile) these measurements describe: the TP1
-    efficiencies through `v100plan bench engine`'s builder, then this bench's allreduce figures."""
+    efficiencies through `v100plan bench engine`'s builder, this bench's allreduce figures, and the TP2
+    fractions fitted on the TP2 CUDA-graph step at ``tp2_contexts`` only (default the two shortest; see
+    v100plan/tp2_calibrate.py). ``model_doc``: the ModelProfile of the bench's shape (default: the
+    catalogue's, when it has one). The eager profile takes the graph fit: same kernels, the host's time is
+    in its overhead."""
+    from v100plan import catalogue, tp2_calibrate, tp2_compare
+
+    doc = _measured_profile(bench, probe, bench_source=bench_source, probe_source=probe_source, mode=mode)
+    if model_doc is None and (model_id := tp2_compare.model_id_for(bench)):
+        model_doc = catalogue.get("model", model_id)
+    if model_doc is None:
+        return doc  # no shape to fit against: the plan notes that the one-card fractions stand in
+    graph = doc if mode == "graph" else _measured_profile(bench, probe, bench_source=bench_source,
+                                                          probe_source=probe_source, mode="graph")
+    contexts = tp2_contexts or tp2_calibrate.default_contexts(bench)
+    try:
+        result = tp2_calibrate.fit(bench, graph, tp2_compare.hardware(probe, probe_source), model_doc, contexts)
+    except tp2_calibrate.CalibrationProblem as e:
+        for key in ("tp2_weight_bw_fraction", "tp2_kv_bw_fraction"):
+            doc["efficiency"][key] = {"value": None, "source": f"not calibrated from {bench_source}: {e}"}
+        return doc
+    return tp2_calibrate.apply(doc, result, bench_source)
+
+
+def _measured_profile(bench: dict[str, Any], probe: dict[str, Any] | None, *, bench_source: str,
+                      probe_source: str | None, mode: str) -> dict[str, Any]:
+    """The profile without TP2 fractions: TP1 efficiencies and this bench's allreduce figures."""
     from v100plan.commands.bench_engine import engine_profile as single_gpu_profile
 
     if mode not in ("graph", "eager"):

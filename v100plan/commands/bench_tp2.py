@@ -19,7 +19,7 @@ from v100plan.options import JsonOpt, OutOpt, QuietOpt
 REPO = Path(__file__).resolve().parent.parent.parent
 FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded `python -m engine bench-tp2` JSON instead of measuring.")]
 ProbeOpt = Annotated[Optional[Path], typer.Option("--probe", help="A ProbeReport of the same host: its read bandwidth and pair view feed the plan.")]
-ProfileOutOpt = Annotated[Optional[Path], typer.Option("--profile-out", help="Write the measured EngineProfile (CUDA-graph decode) here.")]
+ProfileOutOpt = Annotated[Optional[Path], typer.Option("--profile-out", help="Write the measured EngineProfile (CUDA-graph decode, TP2 fractions fitted at the two shortest contexts) here.")]
 ModelOpt = Annotated[Optional[Path], typer.Option("--model-profile", help="ModelProfile of the bench's shape when the catalogue has none.")]
 ContextsOpt = Annotated[str, typer.Option("--contexts", help="Decode contexts in tokens, comma-separated (measuring only).")]
 
@@ -48,6 +48,10 @@ def load_bench(path: Path) -> dict[str, Any]:
 
 def _us(v: Any) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) else "—"
+
+
+def _ms(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) else "—"
 
 
 def render(bench: dict[str, Any], cmp: dict[str, Any], to_stderr: bool) -> None:
@@ -80,13 +84,14 @@ def render(bench: dict[str, Any], cmp: dict[str, Any], to_stderr: bool) -> None:
     output.render(output.table(
         "Decode step, batch 1 (ms; graph = whole step in one CUDA graph; eager = step by step)",
         ["context", *[(f"{name} {mode}", "right") for name, mode, _ in cols]], drows), to_stderr=to_stderr)
-    prow = [(r["hardware"], r["mode"], r["context"], r["strategy"], r["path"] or "—", _us(r["predicted_ms"]),
-             _us(r["measured_ms"]), f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "—")
+    prow = [(r["hardware"], r["mode"], r["context"], r["strategy"], r["path"] or "—", _ms(r["predicted_ms"]),
+             _ms(r["measured_ms"]), f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "—", r.get("role") or "—")
             for r in cmp.get("rows", []) if r["chosen_by"] == "planner"]
     output.render(output.table(
-        f"Planner prediction vs measured ({cmp.get('model') or cmp.get('unavailable')})",
+        f"Planner prediction vs measured ({cmp.get('model') or cmp.get('unavailable')}; role: did this measurement "
+        "set the profile, or is it held out)",
         ["hardware", "mode", ("context", "right"), "strategy", "path", ("predicted ms", "right"), ("measured ms", "right"),
-         ("error", "right")], prow), to_stderr=to_stderr)
+         ("error", "right"), "role"], prow), to_stderr=to_stderr)
 
 
 def register(app: typer.Typer) -> None:
@@ -105,15 +110,16 @@ def register(app: typer.Typer) -> None:
         bench = load_bench(from_file) if from_file else run_bench(contexts)
         bench_source = str(from_file) if from_file else "python -m engine bench-tp2 (this run)"
         probe_doc = documents.load(probe, "probe_report") if probe else None
+        model_doc = documents.load(model_profile, "model_profile") if model_profile else None
         try:
             engines = {mode: tp2_profile.engine_profile(bench, probe_doc, bench_source=bench_source,
-                                                        probe_source=str(probe) if probe else None, mode=mode)
+                                                        probe_source=str(probe) if probe else None, mode=mode,
+                                                        model_doc=model_doc)
                        for mode in ("graph", "eager")}
         except tp2_profile.BenchProblem as e:
             raise NothingMeasured(f"{bench_source}: {e}", hint="the bench's JSON says which phase failed") from None
         for mode, doc in engines.items():
             documents.validate(doc, "engine_profile", source=f"engine profile ({mode}) built from {bench_source}")
-        model_doc = documents.load(model_profile, "model_profile") if model_profile else None
         cmp = tp2_compare.comparison(bench, engines, probe_doc, str(probe) if probe else None, model_doc)
         if profile_out:
             if profile_out.is_dir():
