@@ -121,6 +121,9 @@ def _no_traceback(r):
     (["compare", "v100-fakex2"], "unknown hardware id 'v100-fakex2'"),
     (["plan", "--hardware", f"{PROBES}/h200-probe-quick.json", "--gpus", "2"], "has 1 card(s)"),
     (["profiles", "show", "nope"], "unknown profile id 'nope'"),
+    (["plan", "--engine", "missing-engine.json"], "missing-engine.json: file not found"),
+    (["plan", "--engine", "tests/fixtures/multigpu/h200x2-probe-quick.json"], "expected an engine_profile document"),
+    (["compare", "--engine", "missing-engine.json", "h200x2"], "file not found"),
 ])
 def test_bad_input_is_a_message_and_exit_2(cli, args, expected):
     r = cli(*args)
@@ -177,3 +180,53 @@ def test_plan_accepts_a_hardware_profile_file(cli, tmp_path):
     plan = cli.json("plan", "--hardware", str(path), "--context", "32K")
     assert plan["inputs"]["hardware"] == str(path)
     assert "850 GB/s (measured: measurement, my box" in " ".join(plan["why"])
+
+
+MULTIGPU = "tests/fixtures/multigpu"
+
+
+def test_plan_accepts_an_engine_profile_file(cli):
+    """The measured two-H200 profile as --engine: its TP2 fractions are used (no fallback note) and the plan's
+    tp2 round at 16K is the bench comparison's held-out prediction (6.889 ms vs 6.90 measured)."""
+    r = cli("plan", "--hardware", f"{MULTIGPU}/h200x2-probe-quick.json", "--model", "llama3.1-8b-fp16",
+            "--engine", f"{MULTIGPU}/h200x2-engine-profile.json", "--context", "16K", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    tp2 = next(s for s in doc["strategies"] if s["name"] == "tp2")
+    assert tp2["round_ms"] == pytest.approx(6.889, abs=0.001)
+    assert tp2["breakdown"]["decode"]["kv_bw_fraction"] == 0.2351
+    assert "tp2_graph_fit" in tp2["breakdown"]["decode"]["fractions_source"]["kv"]
+    assert doc["inputs"]["engine"] == "v100plan-graph-measured"
+    assert not any("one-card fractions" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("name", ["engine-profile-h200-2026-11-29.json"])
+def test_plan_with_a_one_gpu_engine_profile_file_says_tp2_falls_back(cli, name):
+    """A profile measured on one card has no TP2 fractions: the plan says the one-card ones stand in."""
+    r = cli("plan", "--hardware", "h200", "--gpus", "2", "--model", "llama3.1-8b-fp16",
+            "--engine", f"tests/fixtures/engine/{name}", "--context", "32K", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert any("no tp2_weight_bw_fraction or tp2_kv_bw_fraction" in n for n in doc["notes"])
+    assert all(s["decode_tok_s"] for s in doc["strategies"] if s["fits"])
+
+
+def test_compare_accepts_an_engine_profile_file(cli):
+    r = cli("compare", "--model", "llama3.1-8b-fp16", "--context", "32K", "--engine",
+            f"{MULTIGPU}/h200x2-engine-profile.json", "h200x2", "h200", "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [(x["gpus"], x["best_strategy"]) for x in rows] == [(2, "tp2"), (1, "single")]
+    # catalogue h200 x 2 at 32K: the bench comparison's held-out +1.5 % on 7.877 ms measured
+    assert 1000 / rows[0]["decode_tok_s"] == pytest.approx(7.995, abs=0.002)
+
+
+def test_an_invalid_engine_profile_file_names_its_json_path(cli, tmp_path):
+    doc = json.loads(Path(f"{MULTIGPU}/h200x2-engine-profile.json").read_text())
+    doc["efficiency"]["tp2_kv_bw_fraction"]["value"] = 1.7
+    bad = tmp_path / "engine.json"
+    bad.write_text(json.dumps(doc))
+    r = cli("plan", "--engine", str(bad))
+    assert r.exit_code == 2
+    assert "$.efficiency.tp2_kv_bw_fraction" in r.stderr.replace("\n", "")
+    _no_traceback(r)

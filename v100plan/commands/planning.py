@@ -66,6 +66,22 @@ def load_hardware(spec: str, gpus: int | None):
                         if isinstance(doc, dict) else "expected a JSON object")
 
 
+def load_engine(spec: str):
+    """A catalogue engine id, or a path to an EngineProfile JSON file (e.g. `v100plan bench tp2 --profile-out`)."""
+    if spec in catalogue.ids("engine"):
+        return engine_from_doc(catalogue.get("engine", spec))
+    path = Path(spec)
+    if not (path.exists() or spec.endswith(".json") or "/" in spec):
+        raise UnknownId("engine", spec, catalogue.ids("engine"))
+    doc = documents.read_json(path)
+    kind = documents.detect_kind(doc)
+    if kind != "engine_profile":
+        raise DocumentError(str(path), f"expected an engine_profile document, found kind {doc.get('kind')!r}"
+                            if isinstance(doc, dict) else "expected a JSON object",
+                            hint="`v100plan bench tp2 --profile-out F` or `v100plan bench engine` writes one")
+    return engine_from_doc(documents.validate(doc, kind, source=str(path)))
+
+
 def _validate_probe(doc: dict[str, Any], source: str) -> None:
     import profiles
 
@@ -97,7 +113,7 @@ def plan_document(hardware: str, gpus: int | None, model: str, engine: str, cont
     _positive("--gpus", gpus)
     _positive("--concurrency", concurrency)
     m = _model(model)
-    e = engine_from_doc(catalogue.get("engine", engine))
+    e = load_engine(engine)
     hw = load_hardware(hardware, gpus)
     target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective)
     result = plan(hw, m, e, target, alternatives=_family(model))
@@ -166,7 +182,7 @@ def register(app: typer.Typer) -> None:
         hardware: Annotated[str, typer.Option("--hardware", help="Catalogue hardware id, or a probe report JSON file.")] = DEFAULT_HARDWARE,
         gpus: Annotated[Optional[int], typer.Option("--gpus", help="Number of cards (default 2; a probe report's card count).")] = None,
         model: Annotated[str, typer.Option("--model", help="Catalogue model id.")] = DEFAULT_MODEL,
-        engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id.")] = DEFAULT_ENGINE,
+        engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id, or an engine profile JSON file.")] = DEFAULT_ENGINE,
         context: Annotated[str, typer.Option("--context", help="Context length in tokens: 186000, 186K, 256K (K = 1024).")] = DEFAULT_CONTEXT,
         acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A: tokens/round = 1 + k x A.")] = None,
         concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences decoded together by each engine instance.")] = 1,
@@ -186,7 +202,7 @@ def register(app: typer.Typer) -> None:
     def compare_cmd(
         hardware: Annotated[list[str], typer.Argument(help="Hardware as ID or IDxN (N cards), e.g. v100-pg500-216x2 rtx4090-48g.")],
         model: Annotated[str, typer.Option("--model", help="Catalogue model id.")] = DEFAULT_MODEL,
-        engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id.")] = DEFAULT_ENGINE,
+        engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id, or an engine profile JSON file.")] = DEFAULT_ENGINE,
         context: Annotated[str, typer.Option("--context", help="Context length in tokens (K = 1024).")] = DEFAULT_CONTEXT,
         acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A.")] = None,
         objective: Annotated[Objective, typer.Option("--objective")] = Objective.latency,
