@@ -1,8 +1,8 @@
 """Peer-to-peer between cards, per ordered pair, and the two-process CUDA IPC check.
 
 Per pair (src, dst): peer access as the driver reports it (enabled here when reported);
-the device-side latency of a 4 KB copy src -> dst (direct: cudaMemcpyPeerAsync, over
-P2P once peer access is on) and of the same 4 KB staged through pinned host memory
+the device-side latency of a 4 KB copy src -> dst (direct: cudaMemcpyAsync device to
+device, over P2P once peer access is on) and of the same 4 KB staged through pinned host memory
 (src -> host on a stream of src, plus host -> dst on a stream of dst); bulk 256 MiB
 src -> dst timed with device events; NVLink links between them from NVML.
 
@@ -42,7 +42,7 @@ def method_text(runs: int) -> str:
             f"CUDA graph between device events, per copy = elapsed / {copy_latency.CHAIN_COPIES}, median of "
             f"{runs} launches (a path over {copy_latency.SLOW_COPY_US:.0f} us a copy: chains of "
             f"{copy_latency.SLOW_CHAIN_COPIES}, {copy_latency.SLOW_REPEATS} launches); direct = "
-            "cudaMemcpyPeerAsync src->dst with peer access enabled; host-staged = D2H into pinned memory on "
+            "cudaMemcpyAsync device-to-device src->dst with peer access enabled; host-staged = D2H into pinned memory on "
             "src + H2D from it on dst, each chained the same way; bulk 256 MiB cudaMemcpyPeerAsync, "
             "event-timed median; wall time of one host-synchronised copy kept in the case details")
 
@@ -109,7 +109,10 @@ def measure_pair(cp: Any, s: int, d: int, runs: int) -> dict[str, Any]:
     host = rt.hostAlloc(SMALL_BYTES, HOST_ALLOC_PORTABLE)
     try:
         def direct(stream: int) -> None:
-            rt.memcpyPeerAsync(dst_direct.data.ptr, d, src.data.ptr, s, SMALL_BYTES, stream)
+            # cudaMemcpyAsync, not cudaMemcpyPeerAsync: the latter cannot be captured in a graph
+            # (the two-H200 run, 2026-11-29: cudaErrorStreamCaptureInvalidated). With unified
+            # addressing and peer access on, a device-to-device copy across cards goes over P2P.
+            rt.memcpyAsync(dst_direct.data.ptr, src.data.ptr, SMALL_BYTES, rt.memcpyDeviceToDevice, stream)
 
         def d2h(stream: int) -> None:
             rt.memcpyAsync(host, src.data.ptr, SMALL_BYTES, rt.memcpyDeviceToHost, stream)

@@ -69,7 +69,7 @@ def test_per_copy_time_does_not_depend_on_the_chain_length(cp, pair, monkeypatch
         dst = cp.zeros(1024, dtype=cp.float32)
 
     def issue(stream: int) -> None:
-        cp.cuda.runtime.memcpyPeerAsync(dst.data.ptr, d, src.data.ptr, s, 4096, stream)
+        cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, 4096, cp.cuda.runtime.memcpyDeviceToDevice, stream)
 
     per_copy = {}
     for n in (25, 400):
