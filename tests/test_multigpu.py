@@ -361,3 +361,20 @@ def test_golden_rendering_of_the_recording(cli):
     if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
         golden.write_text(r.stdout)
     assert r.stdout == golden.read_text(), "rendering changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+
+
+def test_a_bench_that_cannot_fit_tp2_keeps_the_one_card_fractions_with_why(bench, probe):
+    """A TP2 step that does not grow with K/V bytes cannot set the fractions: null, the reason, and the
+    planner falls back to the one-card ones."""
+    import copy
+
+    flat = copy.deepcopy(bench)
+    flat["tp2"]["nccl"]["decode_graph"]["4096"]["ms"] = flat["tp2"]["nccl"]["decode_graph"]["1024"]["ms"]
+    doc = tp2_profile.engine_profile(flat, probe, bench_source="flat.json", probe_source=PROBE.name)
+    documents.validate(doc, "engine_profile")
+    for key in ("tp2_weight_bw_fraction", "tp2_kv_bw_fraction"):
+        assert doc["efficiency"][key]["value"] is None
+        assert "does not grow with K/V bytes" in doc["efficiency"][key]["source"]
+    from v100plan.planner import engine_from_doc
+
+    assert "one-card fractions" in engine_from_doc(doc).tp2_fallback_note()

@@ -8,6 +8,8 @@ figure is a prediction, not a fit:
   prefill_compute_fraction = a 2048-token chunk's FLOP/s / the card's dense bf16 tensor peak
   allreduce_us        = per path and size: in a CUDA graph where the path can be captured (NCCL),
                         else eager (the mailboxes wait on the host)
+  tp2_*_bw_fraction   = fitted on the TP2 CUDA-graph step at the two shortest contexts only, the longer
+                        ones held out to test them (v100plan/tp2_calibrate.py)
 The arithmetic is `v100plan bench engine`'s own builder, fed card 0's TP1 figures.
 The read bandwidth is the probe report's slowest card when one is given (what `v100plan plan --hardware
 <probe report>` divides by), else the bench's own sum over 4 GiB.
