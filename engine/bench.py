@@ -245,6 +245,10 @@ def allreduce(device: str, dtype: str, iters: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if "--variants" in argv:  # several ways to run the same decode step, compared in one process
+        from engine import bench_variants
+
+        return bench_variants.main([a for a in argv if a != "--variants"])
     p = argparse.ArgumentParser(prog="python -m engine bench", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"), help="a config.json (real shape)")
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")

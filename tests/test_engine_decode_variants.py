@@ -1,0 +1,159 @@
+"""Decode variants (`python -m engine bench --variants`): the per-layer step computes what
+Model.decode_static computes, the correctness check rejects NaN and drift, the CPU dry run covers every
+variant, and the recorded H200 runs are judged: every variant correct or failed with its reason, and
+each ratio follows from the same run's read bandwidth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tests.engine_helpers import small_config
+
+RECORDED = FIXTURES / "engine" / "h200-decode-variants-2026-11-29.json"
+# The first run of the day judged against the eager bf16 step with a fixed 5 % bar: every compiled
+# variant, the existing compiled step included, differed by 6-7 %, so none was timed (kept as evidence
+# for the float32 reference the bench uses now).
+RECORDED_STRICT = FIXTURES / "engine" / "h200-decode-variants-2026-11-29-vs-eager-bf16.json"
+
+
+def _model(name: str, ctx: int = 40):
+    import torch
+
+    from engine import config as ecfg
+    from engine.model import Model
+    from engine.weights import expected_tensors
+
+    model = Model(ecfg.from_dict(small_config(name)), dtype=torch.float32, device="cpu")
+    g = torch.Generator().manual_seed(7)
+    with torch.inference_mode():
+        for label, t in expected_tensors(model):  # norms and biases random too, so folding mistakes show
+            t.normal_(1.0 if "norm" in label else 0.0, 0.1 if t.dim() == 1 else 0.05, generator=g)
+        model.setup_cache(256)
+        for layer in model.layers:
+            layer.k_cache.normal_(generator=g)
+            layer.v_cache.normal_(generator=g)
+    return model
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-8b", "qwen2.5-0.5b"])
+@pytest.mark.parametrize("body", ["plain", "fused"])
+def test_per_layer_step_matches_decode_static(name, body):
+    import torch
+
+    from engine import decode_fast
+
+    model = _model(name)
+    tok = torch.tensor([5])
+    pos = torch.tensor([37])
+    with torch.inference_mode():
+        want = model.decode_static(tok, pos, 256)
+        k_want = model.layers[1].k_cache[:, :, 37].clone()
+        model.layers[1].k_cache[:, :, 37] = 0  # the fast step must write it again
+        got = decode_fast.make_step(model, body, None)(tok, pos, 256)
+    assert got.shape == want.shape == (model.cfg.vocab_size,)
+    assert float((got - want).norm() / want.norm()) < 1e-5
+    assert torch.allclose(model.layers[1].k_cache[:, :, 37], k_want, atol=1e-5)
+
+
+def test_per_layer_step_traces_as_one_graph_per_layer_function():
+    """fullgraph=True: a graph break would raise; the layer function compiles once for all layers."""
+    import torch
+
+    from engine import decode_fast
+
+    model = _model("qwen3-8b")
+    tok, pos = torch.tensor([3]), torch.tensor([12])
+    with torch.inference_mode():
+        want = model.decode_static(tok, pos, 256)
+        got = decode_fast.make_step(model, "fused", {}, backend="eager")(tok, pos, 256)
+    assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+def test_check_rejects_nan_and_drift_and_passes_rounding():
+    import torch
+
+    from engine.bench_variants import check
+
+    ref = torch.randn(1000)
+    assert check(ref + 1e-4 * torch.randn(1000), ref, 0.01)["correct"]
+    drift = check(ref * 1.1, ref, 0.01)
+    assert not drift["correct"] and "relative error" in drift["reason"]
+    bad = ref.clone()
+    bad[3] = float("nan")
+    nan = check(bad, ref, 10.0)  # a NaN fails under any tolerance
+    assert not nan["correct"] and nan["reason"] == "non-finite logits" and nan["rel_err"] is None
+
+
+def test_cpu_dry_run_covers_every_variant(tmp_path, capsys):
+    from engine import bench_variants
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(small_config("llama-3.1-8b")))
+    out = tmp_path / "variants.json"
+    rc = bench_variants.main(["--config", str(cfg), "--device", "cpu", "--backend", "eager", "--context", "40",
+                              "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == doc
+    assert [k for k in doc["variants"]] == [v[0] for v in bench_variants.VARIANTS]
+    for name, row in doc["variants"].items():
+        assert row["status"] == "passed" and row["correct"], name
+        assert row["rel_err"] <= doc["reference"]["tolerance_rel"]
+    assert doc["read_bw_gbps"] is None and "not a speed measurement" in doc["method"]
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return json.loads(RECORDED.read_text())
+
+
+def test_recorded_run_is_the_h200_llama_8b_step(recorded):
+    assert recorded["kind"] == "engine_bench_variants" and recorded["device"] == "NVIDIA H200"
+    assert recorded["num_layers"] == 32 and recorded["dtype"] == "bfloat16" and recorded["context"] == 512
+    assert recorded["weight_bytes"] > 14e9
+    assert 3000 < recorded["read_bw_gbps"] < 5000  # measured in the same run
+    floor = recorded["weight_bytes"] / (recorded["read_bw_gbps"] * 1e9) * 1e3
+    assert recorded["floor_ms"] == pytest.approx(floor, abs=1e-3)
+    assert recorded["target_80_ms"] == pytest.approx(floor / 0.8, abs=1e-3)
+
+
+def test_every_recorded_variant_is_correct_or_failed_with_a_reason(recorded):
+    ref = recorded["reference"]
+    assert ref["tolerance_rel"] == pytest.approx(
+        max(ref["tolerance_factor"] * ref["eager_rel_err"], ref["tolerance_floor"]), abs=1e-5)
+    assert {"eager_graph", "compiled_graph"} <= set(recorded["variants"])
+    for name, row in recorded["variants"].items():
+        assert row["predicted_ms"] > 0 and row["prediction"], name
+        if row["status"] == "passed":
+            assert row["finite"] and row["correct"] and row["rel_err"] <= ref["tolerance_rel"], name
+        else:
+            assert row["status"] in ("failed", "skipped") and row["reason"], name
+
+
+def test_recorded_ratios_use_the_same_run_read_bandwidth(recorded):
+    read = recorded["read_bw_gbps"]
+    timed = {k: v for k, v in recorded["variants"].items() if v["status"] == "passed"}
+    assert len(timed) >= 2
+    for name, row in timed.items():
+        gbps = recorded["weight_bytes"] / (row["ms"] * 1e-3) / 1e9
+        assert row["weight_gbps"] == pytest.approx(gbps, abs=0.2), name
+        assert row["read_bw_fraction"] == pytest.approx(gbps / read, abs=1e-4), name
+        assert row["tok_s"] == pytest.approx(1000 / row["ms"], abs=0.01), name
+    best = min(timed, key=lambda k: timed[k]["ms"])
+    assert recorded["best"] == best
+    assert recorded["target_80_reached"] == (timed[best]["ms"] <= recorded["target_80_ms"])
+    # The figures the README quotes: 80 % not reached; compiling beats the eager graph by > 25 %.
+    assert recorded["target_80_reached"] is False
+    assert timed[best]["ms"] < 0.75 * timed["eager_graph"]["ms"]
+
+
+def test_strict_first_run_failed_every_compiled_variant_with_its_reason():
+    doc = json.loads(RECORDED_STRICT.read_text())
+    assert doc["variants"]["eager_graph"]["status"] == "passed"
+    for name, row in doc["variants"].items():
+        if name != "eager_graph":
+            assert row["status"] == "failed" and "relative error" in row["reason"] and "ms" not in row, name
+            assert 0.05 < row["rel_err"] < 0.08, name  # bf16 rounding over 32 layers, never NaN
