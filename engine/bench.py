@@ -13,6 +13,8 @@ What each number is (every time is a median over CUDA-graph replays or repeats):
                         FLOPs) / time, against --peak-tflops when given
   allreduce[path][size] two processes on this host, median microseconds per allreduce
 The weights are random (shape and bytes are what decode speed depends on), made on the GPU.
+`--variants` runs engine/bench_variants.py instead: several ways to run the same decode step, each
+checked against a float32 reference and timed in one process (the search for the fastest decode path).
 """
 
 from __future__ import annotations

@@ -88,13 +88,13 @@ def test_check_rejects_nan_and_drift_and_passes_rounding():
 
 
 def test_cpu_dry_run_covers_every_variant(tmp_path, capsys):
-    from engine import bench_variants
+    from engine import bench, bench_variants
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(small_config("llama-3.1-8b")))
     out = tmp_path / "variants.json"
-    rc = bench_variants.main(["--config", str(cfg), "--device", "cpu", "--backend", "eager", "--context", "40",
-                              "--out", str(out)])
+    rc = bench.main(["--variants", "--config", str(cfg), "--device", "cpu", "--backend", "eager", "--context", "40",
+                     "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == doc
