@@ -15,12 +15,10 @@ Kernels are compiled by cupy (NVRTC) on first use, before any graph capture.
 
 from __future__ import annotations
 
-import pickle
-
 import torch
 
 from engine.allreduce import Path, PathError, PathTimeout
-from engine.allreduce.device_mailbox import _Buffer
+from engine.allreduce.device_mailbox import _Buffer, exchange_inboxes
 
 SOURCE = r"""
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -86,13 +84,8 @@ class GraphMailbox(Path):
         self.slot_words = max_bytes // 4
         # _Buffer gives int32 [2, words, 2] = two slots of `words` 8-byte words, zeroed, with an IPC handle.
         self.inbox = _Buffer(self.slot_words, device)
-        key = f"device_mailbox_graph/g{generation}/r"
-        store.set(key + str(rank), pickle.dumps(self.inbox.handle))
-        barrier()
-        try:
-            self.peer_inbox = _Buffer.open(pickle.loads(store.get(key + str(1 - rank))), device)
-        except Exception as e:  # noqa: BLE001 - any IPC failure means this path is unusable here
-            raise PathError(f"cannot open the peer's CUDA IPC buffer: {type(e).__name__}: {e}") from None
+        self.peer_inbox = exchange_inboxes(self.inbox, f"device_mailbox_graph/g{generation}/r", rank, device,
+                                           store, barrier)
         self.ctr = torch.zeros(1, dtype=torch.int32, device=device)
         self.failed = torch.zeros(1, dtype=torch.int32, device=device)
         self.timeout_ns = int(timeout_s * 1e9)

@@ -69,6 +69,19 @@ class _Buffer:
         return fn(*args)
 
 
+def exchange_inboxes(inbox: _Buffer, key: str, rank: int, device: torch.device, store, barrier) -> torch.Tensor:
+    """Publish this rank's inbox handle under ``key + rank``, wait for the peer's, and open it.
+
+    The peer's inbox is where this rank writes; any IPC failure makes the path unusable here.
+    """
+    store.set(key + str(rank), pickle.dumps(inbox.handle))
+    barrier()
+    try:
+        return _Buffer.open(pickle.loads(store.get(key + str(1 - rank))), device)
+    except Exception as e:  # noqa: BLE001 - any IPC failure means this path is unusable here
+        raise PathError(f"cannot open the peer's CUDA IPC buffer: {type(e).__name__}: {e}") from None
+
+
 class DeviceMailbox(Path):
     name = "device_mailbox"
 
@@ -80,13 +93,7 @@ class DeviceMailbox(Path):
         self.device = device
         self.words = max_bytes // 4
         self.inbox = _Buffer(self.words, device)
-        key = f"device_mailbox/g{generation}/r"
-        store.set(key + str(rank), pickle.dumps(self.inbox.handle))
-        barrier()
-        try:
-            self.peer_inbox = _Buffer.open(pickle.loads(store.get(key + str(1 - rank))), device)
-        except Exception as e:  # noqa: BLE001 - any IPC failure means this path is unusable here
-            raise PathError(f"cannot open the peer's CUDA IPC buffer: {type(e).__name__}: {e}") from None
+        self.peer_inbox = exchange_inboxes(self.inbox, f"device_mailbox/g{generation}/r", rank, device, store, barrier)
         self.staging = torch.zeros((self.words, 2), dtype=torch.int32, device=device)
         self.epoch = _epoch(generation)
         self.counter = 0
