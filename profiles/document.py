@@ -36,7 +36,7 @@ SCHEMA_VERSIONS: dict[str, str] = {
     "probe_report": "1.0",
     "plan": "1.0",
     "comparison": "1.0",
-    "acceptance_report": "0.1",
+    "acceptance_report": "1.0",
 }
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
