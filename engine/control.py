@@ -23,7 +23,10 @@ from engine.serve_config import host_is_loopback
 
 SIGNALS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP, "thaw": signal.SIGCONT}
 RANK_FAULTS = ("corrupt_hash", "stall_allreduce", "exit")
-ACTIONS = tuple(SIGNALS) + RANK_FAULTS + ("kill_proxy",)
+# kill_proxy: the supervisor must bring the proxy back. fail_starts: the next `count` rank starts fail
+# their allreduce self-test on rank 1 (real rank processes that refuse to come up), so a kill now
+# starts a restart storm that reaches --max-restarts and makes serve exit non-zero.
+ACTIONS = tuple(SIGNALS) + RANK_FAULTS + ("kill_proxy", "fail_starts")
 
 
 class Injection(BaseModel):
@@ -31,6 +34,7 @@ class Injection(BaseModel):
     action: str
     rank: StrictInt | None = Field(default=None, ge=0, le=1)
     at_step: StrictInt | None = Field(default=None, ge=0)
+    count: StrictInt | None = Field(default=None, ge=1, le=100)
 
 
 def register_control(app: FastAPI, service: Service) -> None:
@@ -63,6 +67,12 @@ def register_control(app: FastAPI, service: Service) -> None:
             # Answer first, then die by SIGKILL (no clean-up: that is the point of the test).
             asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGKILL)
             return {"action": "kill_proxy", "pid": os.getpid(), "generation": service.generation}
+        if body.action == "fail_starts":
+            if body.count is None:
+                raise ApiError(400, "action 'fail_starts' needs a count (1-100)", "count")
+            service.fail_starts_armed = body.count
+            service.log.emit("fault_armed", action="fail_starts", count=body.count)
+            return {"action": "fail_starts", "count": body.count, "generation": service.generation}
         if body.rank is None:
             raise ApiError(400, f"action {body.action!r} needs a rank (0 or 1)", "rank")
         pair = service.pair

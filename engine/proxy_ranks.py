@@ -180,7 +180,7 @@ def _run_dir(state_dir: str, generation: int) -> str:
     return candidate
 
 
-async def start_pair(cfg: ServeConfig, generation: int) -> RankPair:
+async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, ...] = ()) -> RankPair:
     """Start both ranks of `generation` and wait for both `ready` messages.
 
     Raises RankStartError (after killing whatever started) on a fatal message, an
@@ -197,7 +197,7 @@ async def start_pair(cfg: ServeConfig, generation: int) -> RankPair:
         log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
-                *rank_command(cfg, rank, generation, rendezvous, sock),
+                *rank_command(cfg, rank, generation, rendezvous, sock, rank1_extra if rank == 1 else ()),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=_die_with_parent,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},

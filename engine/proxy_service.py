@@ -21,7 +21,7 @@ from engine.proxy_jobs import GenerateParams, Job
 from engine.proxy_log import StructuredLog
 from engine.proxy_metrics import Metrics
 from engine.proxy_ranks import RankPair, RankStartError, start_pair
-from engine.serve_config import ServeConfig
+from engine.serve_config import ALLREDUCE_PATHS, ServeConfig
 
 EXIT_RESTARTS_EXHAUSTED = 3
 
@@ -72,6 +72,8 @@ class Service:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._recent_durations_s: deque[float] = deque(maxlen=8)
+        # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
+        self.fail_starts_armed = 0
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -111,7 +113,7 @@ class Service:
             self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
             try:
-                pair = await start_pair(self.cfg, self.generation)
+                pair = await start_pair(self.cfg, self.generation, self._start_fault())
             except RankStartError as exc:
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
@@ -143,6 +145,14 @@ class Service:
             self._write_state()
             self._wake.set()
             return pair
+
+    def _start_fault(self) -> tuple[str, ...]:
+        """Rank 1's flags that make this start's allreduce self-test fail, while a storm is armed."""
+        if self.fail_starts_armed <= 0:
+            return ()
+        self.fail_starts_armed -= 1
+        paths = ALLREDUCE_PATHS[1:] if self.cfg.allreduce == "auto" else (self.cfg.allreduce,)
+        return tuple(arg for p in paths for arg in ("--fail-selftest", p))
 
     async def _take_down(self, pair: RankPair, reason: str) -> None:
         self.last_failure = reason

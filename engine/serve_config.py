@@ -162,8 +162,11 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     )
 
 
-def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str) -> list[str]:
-    """The `python -m engine rank ...` line for one rank (contracts.md, rank <-> proxy protocol)."""
+def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str,
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    """The `python -m engine rank ...` line for one rank (contracts.md, rank <-> proxy protocol).
+
+    `extra`: further rank flags, e.g. the fault hook that fails this start's self-test."""
     cmd = [
         sys.executable, "-m", "engine", "rank",
         "--model", cfg.model_dir,
@@ -181,4 +184,4 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd.append("--enable-fault-injection")
     if cfg.allreduce_timeout_s is not None:
         cmd += ["--allreduce-timeout-s", str(cfg.allreduce_timeout_s)]
-    return cmd
+    return cmd + list(extra)
