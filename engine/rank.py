@@ -228,6 +228,10 @@ class Rank:
             except ValueError as e:  # the request itself is unusable: both ranks see the same input
                 server.send(protocol.error(rid, str(e)))
             else:
+                # One line per request in each rank's log: the acceptance suite checks the two ranks
+                # agree request by request (same steps, same finish, same token hash).
+                log(self.r, f"request {rid} finish={reason} steps={seq['n']} tokens={len(out)} "
+                            f"hash={token_hash(out, 0):016x}")
                 server.send(protocol.done(rid, reason, len(req["prompt_ids"]), len(out)))
             finally:
                 self.cancelled.discard(rid)
