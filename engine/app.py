@@ -59,13 +59,16 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request):
         check_api_key(request, cfg.api_key)
-        return {"object": "list", "data": [_model_card(text)]}
+        return {"object": "list", "data": [_model_card(text, _context_limit())]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request):
         check_api_key(request, cfg.api_key)
         _check_model(model_id, text)
-        return _model_card(text)
+        return _model_card(text, _context_limit())
+
+    def _context_limit() -> int | None:
+        return (service.pair.max_context if service.pair else None) or cfg.max_context
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -261,8 +264,10 @@ def _extension(job: Job, assembler: TextAssembler) -> dict:
             "rank_pids": job.rank_pids}
 
 
-def _model_card(text: ModelText) -> dict:
-    return {"id": text.model_id, "object": "model", "created": 0, "owned_by": "v100plan"}
+def _model_card(text: ModelText, max_model_len: int | None) -> dict:
+    # max_model_len as vLLM names it: clients (the acceptance suite among them) learn the context limit.
+    return {"id": text.model_id, "object": "model", "created": 0, "owned_by": "v100plan",
+            "max_model_len": max_model_len}
 
 
 def _full_body(kind, rid, created, model_id, assembler: TextAssembler, reason, usage, job) -> dict:
