@@ -25,6 +25,8 @@ def usage() -> str:
     width = max(len(c) for c in COMMANDS)
     lines = ["usage: python -m engine COMMAND [options]", "", "commands:"]
     lines += [f"  {name.ljust(width)}  {about}" for name, (_, about) in COMMANDS.items()]
+    lines += ["", "`python -m engine COMMAND --help` lists a command's options with their defaults.",
+              "Exit codes: 0 done, 1 failed, 2 bad input, 4 device or dependency missing, 130 interrupted."]
     return "\n".join(lines)
 
 
@@ -36,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"Error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        return int(module.main(argv[1:]) or 0)
+    except KeyboardInterrupt:
+        print("Error: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ SCHEMA_VERSIONS: dict[str, str] = {
     "plan": "1.0",
     "comparison": "1.0",
     "acceptance_report": "1.0",
+    "catalogue_listing": "1.0",
+    "validation_report": "1.0",
+    "probe_bench": "1.0",
+    "tp2_bench": "1.0",
 }
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -96,7 +96,13 @@ def test_compare_json(cli):
 
 def test_profiles_list_show_validate(cli):
     listed = cli.json("profiles", "list")
-    assert {"catalogue": "hardware", "id": "h200", "name": "H200 SXM 141GB"} in listed
+    assert listed["kind"] == "catalogue_listing" and listed["provenance"]["tool"] == "v100plan"
+    assert {"catalogue": "hardware", "id": "h200", "name": "H200 SXM 141GB"} in [
+        {k: e[k] for k in ("catalogue", "id", "name")} for e in listed["entries"]]
+    shown = cli.json("profiles", "show", "h200")
+    assert shown["kind"] == "hardware_profile" and shown["id"] == "h200" and "provenance" in shown
+    checked = cli.json("profiles", "validate")
+    assert checked["kind"] == "validation_report" and checked["valid"] is True
     r = cli("profiles", "show", "ninfer-v100-tp")
     assert r.exit_code == 0 and json.loads(r.stdout)["id"] == "ninfer-v100-tp"
     r = cli("profiles", "validate")
@@ -112,7 +118,7 @@ def _no_traceback(r):
     (["plan", "--hardware", "v100-fake"], "valid ids: a100-80gb, h100-sxm, h200"),
     (["plan", "--model", "gpt-5"], "unknown model id 'gpt-5'; valid ids:"),
     (["plan", "--engine", "vllm"], "valid ids: llamacpp-layer, ninfer-v100-port, ninfer-v100-tp, v100plan"),
-    (["plan", "--context", "-5"], "cannot read '-5' as a token count"),
+    (["plan", "--context", "-5"], "a token count must be positive, got '-5'"),
     (["plan", "--context", "0"], "must be positive"),
     (["plan", "--context", "lots"], "cannot read 'lots' as a token count"),
     (["plan", "--acceptance", "1.5"], "between 0 and 1"),

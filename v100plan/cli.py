@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from v100plan import __version__
-from v100plan.errors import EXIT_INTERNAL, V100planError
+from v100plan.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, V100planError
 
 
 def _debug() -> bool:
@@ -34,7 +34,12 @@ class _Group(TyperGroup):
                 raise
             output.error(e.message, e.hint)
             raise typer.Exit(e.exit_code) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            if _debug():
+                raise
+            output.error("interrupted", "the command stopped before it finished; run it again to redo it")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except (typer.Exit, typer.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence
             # Usage errors (typer.BadParameter and friends) are the CLI library's to print.
@@ -50,7 +55,8 @@ class _Group(TyperGroup):
 app = typer.Typer(
     cls=_Group,
     name="v100plan",
-    help="Plan, probe, deploy and accept LLM serving on second-hand data-centre GPUs (V100 first).",
+    help="Hardware-aware planning and qualification of LLM serving on second-hand data-centre GPUs (V100 first). "
+         "Each command below says what it does; `v100plan COMMAND --help` gives its options and defaults.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,  # SSH secrets pass through locals
     pretty_exceptions_enable=False,

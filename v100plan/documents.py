@@ -78,8 +78,24 @@ def read_json(path: str | Path) -> Any:
 
 
 def load(path: str | Path, kind: str) -> dict[str, Any]:
-    """Read a JSON file and validate it as a ``kind`` document."""
-    return validate(read_json(path), kind, source=str(path))
+    """Read a JSON file and validate it as a ``kind`` document.
+
+    A document that declares another kind is refused with that kind named (not with the
+    first schema problem it happens to have).
+    """
+    doc = read_json(path)
+    expect_kind(doc, (kind,), str(path))
+    return validate(doc, kind, source=str(path))
+
+
+def expect_kind(doc: Any, kinds: tuple[str, ...], source: str, hint: str | None = None) -> str | None:
+    """The one wording for a document of the wrong kind: 'expected a X document, found kind Y'."""
+    found = doc.get("kind") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        raise DocumentError(source, f"expected a JSON object ({' or '.join(kinds)} document)", hint=hint)
+    if found is not None and found not in kinds:
+        raise DocumentError(source, f"expected a {' or '.join(kinds)} document, found kind {found!r}", hint=hint)
+    return found
 
 
 def detect_kind(doc: Any) -> str | None:

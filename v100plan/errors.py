@@ -8,6 +8,7 @@ Exit codes (documented in README.md, "Exit codes"):
   3  nothing could be measured: every case was waived (e.g. no NVIDIA driver)
   4  environment problem: a dependency, host or service needed is missing or unreachable
   70 internal error (a bug in v100plan): set V100PLAN_DEBUG=1 to see the traceback
+  130 interrupted (Ctrl-C): the command stopped before it finished
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ EXIT_BAD_INPUT = 2
 EXIT_NOTHING_MEASURED = 3
 EXIT_ENVIRONMENT = 4
 EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
 
 EXIT_CODES = {
     EXIT_OK: "success: everything ran and passed (or only warned)",
@@ -26,6 +28,7 @@ EXIT_CODES = {
     EXIT_NOTHING_MEASURED: "nothing could be measured: every case was waived",
     EXIT_ENVIRONMENT: "environment problem: a dependency, host or service is missing or unreachable",
     EXIT_INTERNAL: "internal error in v100plan (V100PLAN_DEBUG=1 shows the traceback)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
 

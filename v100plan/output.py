@@ -11,9 +11,11 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -59,15 +61,55 @@ def _json_default(obj: Any) -> Any:
 
 
 def hint(text: str) -> None:
-    """A hint or note for a person: always stderr, so stdout stays machine-readable."""
-    stderr_console().print(text)
+    """A hint or note for a person: always stderr, so stdout stays machine-readable.
+
+    The text is printed as written: brackets in it (``v100plan[engine]``, a regex) are not markup.
+    """
+    stderr_console().print(text, markup=False)
 
 
 def error(message: str, hint_text: str | None = None) -> None:
+    """``Error: message`` and ``Hint: hint`` on stderr; user text is escaped, never read as markup."""
     con = stderr_console()
-    con.print(f"[bold red]Error:[/] {message}", markup=True, highlight=False)
+    con.print(f"[bold red]Error:[/] {escape(message)}", markup=True, highlight=False)
     if hint_text:
-        con.print(f"[dim]Hint:[/] {hint_text}", markup=True, highlight=False)
+        con.print(f"[dim]Hint:[/] {escape(hint_text)}", markup=True, highlight=False)
+
+
+def check_out(path: str | os.PathLike[str] | None, option: str = "--out") -> Path | None:
+    """Refuse an output path that cannot be written, before any work is done.
+
+    A directory, a missing parent directory or one without write permission is bad input
+    (exit 2) named after ``option``; None passes through.
+    """
+    from v100plan.errors import BadInput
+
+    if path is None:
+        return None
+    p = Path(path)
+    hint_text = f"give {option} a file path in an existing, writable directory, e.g. {option} plan.json"
+    if p.is_dir():
+        raise BadInput(f"{option} {str(p)!r} is a directory, not a file", hint=hint_text)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise BadInput(f"{option} {str(p)!r}: directory {str(parent)!r} does not exist", hint=hint_text)
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise BadInput(f"{option} {str(p)!r} is not writable", hint=hint_text)
+    return p
+
+
+def write_json(path: str | os.PathLike[str] | None, doc: Any, option: str = "--out", indent: int = 2) -> None:
+    """Write ``doc`` as JSON to ``path`` (checked first; a failed write is an environment problem)."""
+    from v100plan.errors import EnvironmentProblem
+
+    p = check_out(path, option)
+    if p is None:
+        return
+    try:
+        p.write_text(json.dumps(doc, indent=indent, default=_json_default) + "\n")
+    except OSError as e:
+        raise EnvironmentProblem(f"{option} {str(p)!r} could not be written: {e.strerror or e}",
+                                 hint="check the disk space and permissions there") from None
 
 
 def table(
@@ -77,23 +119,27 @@ def table(
     caption: str | None = None,
 ) -> Table:
     """A rich Table. ``columns`` items are a header or (header, justify)."""
-    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    t = Table(title=escape(title) if title else None, caption=escape(caption) if caption else None,
+              title_justify="left", caption_justify="left")
     for col in columns:
         header, justify = (col, "left") if isinstance(col, str) else col
-        t.add_column(header, justify=justify)  # type: ignore[arg-type]
+        t.add_column(escape(header), justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        t.add_row(*("—" if v is None else str(v) for v in row))
+        # Cells carry user text (file names, regex patterns, hardware ids): never markup.
+        t.add_row(*("—" if v is None else escape(str(v)) for v in row))
     return t
 
 
 def render(renderable: Any, *, to_stderr: bool = False) -> None:
-    (stderr_console() if to_stderr else stdout_console()).print(renderable)
+    """Print a table or a line of text; a plain string is printed as written (brackets are not markup)."""
+    (stderr_console() if to_stderr else stdout_console()).print(renderable, markup=False)
 
 
 def render_to_text(renderable: Any, width: int = GOLDEN_WIDTH) -> str:
     """Render at a fixed width without colour: what golden-file tests compare."""
-    con = Console(width=width, record=True, file=open(os.devnull, "w"), color_system=None, highlight=False)
-    con.print(renderable)
+    with open(os.devnull, "w") as sink:
+        con = Console(width=width, record=True, file=sink, color_system=None, highlight=False)
+        con.print(renderable, markup=False)
     return con.export_text()
 
 

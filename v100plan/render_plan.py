@@ -92,15 +92,6 @@ def compare_renderables(doc: dict[str, Any]) -> list[Any]:
     return [table]
 
 
-def _plain(r: Any) -> Any:
-    # Text lines are printed as-is: square brackets would be read as console markup.
-    return r.replace("[", "(").replace("]", ")") if isinstance(r, str) else r
-
-
 def print_all(renderables: list[Any], to_stderr: bool = False) -> None:
     for r in renderables:
-        output.render(_plain(r), to_stderr=to_stderr)
-
-
-def to_text(renderables: list[Any], width: int = output.GOLDEN_WIDTH) -> str:
-    return "".join(output.render_to_text(_plain(r), width) for r in renderables)
+        output.render(r, to_stderr=to_stderr)

@@ -6,7 +6,8 @@ import re
 
 from v100plan.errors import BadInput
 
-_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+_TOKENS = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+_HINT = "write a whole number of tokens, optionally with K (x1024) or M: 8192, 186K, 256K"
 
 
 def parse_tokens(text: str | int) -> int:
@@ -21,15 +22,15 @@ def parse_tokens(text: str | int) -> int:
         if not m:
             raise BadInput(
                 f"cannot read {text!r} as a token count",
-                hint="write a whole number of tokens, optionally with K (x1024) or M: 8192, 186K, 256K",
+                hint=_HINT,
             )
         number, suffix = float(m.group(1)), m.group(2).lower()
         value = number * {"": 1, "k": 1024, "m": 1024 * 1024}[suffix]
         if value != int(value):
-            raise BadInput(f"{text!r} is not a whole number of tokens", hint="e.g. 186K or 190464")
+            raise BadInput(f"{text!r} is not a whole number of tokens", hint=_HINT)
         value = int(value)
     if value <= 0:
-        raise BadInput(f"a token count must be positive, got {text!r}", hint="e.g. --context 200K")
+        raise BadInput(f"a token count must be positive, got {text!r}", hint=_HINT)
     return value
 
 

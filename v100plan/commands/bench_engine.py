@@ -148,6 +148,7 @@ def register(app: typer.Typer) -> None:
         out: OutOpt = None,
     ) -> None:
         """Measure the engine's decode, prefill and allreduce on this GPU host; write an EngineProfile."""
+        output.check_out(out)
         if from_file:
             bench = documents.read_json(from_file)
             if not isinstance(bench, dict) or bench.get("kind") != "engine_bench":
@@ -166,8 +167,7 @@ def register(app: typer.Typer) -> None:
                 args += ["--peak-tflops", str(peak), "--peak-source", peak_source or "given"]
             bench = run_bench(python, args, quiet)
         doc = documents.validate(engine_profile(bench, profile_id, from_file), "engine_profile")
-        if out:
-            Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+        output.write_json(out, doc)
         if json_out:
             output.emit_json(doc)
         if not quiet:

@@ -13,7 +13,7 @@ import typer
 
 from profiles.document import provenance
 from v100plan import documents, output, tp2_compare, tp2_profile
-from v100plan.errors import BadInput, DocumentError, EnvironmentProblem, NothingMeasured
+from v100plan.errors import DocumentError, EnvironmentProblem, NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -107,6 +107,8 @@ def register(app: typer.Typer) -> None:
         out: OutOpt = None,
     ) -> None:
         """Two GPUs: allreduce paths, the start-up race, TP2 vs TP1 decode, and the planner's TP2 prediction checked."""
+        output.check_out(out)
+        output.check_out(profile_out, "--profile-out")
         bench = load_bench(from_file) if from_file else run_bench(contexts)
         bench_source = str(from_file) if from_file else "python -m engine bench-tp2 (this run)"
         probe_doc = documents.load(probe, "probe_report") if probe else None
@@ -121,15 +123,11 @@ def register(app: typer.Typer) -> None:
         for mode, doc in engines.items():
             documents.validate(doc, "engine_profile", source=f"engine profile ({mode}) built from {bench_source}")
         cmp = tp2_compare.comparison(bench, engines, probe_doc, str(probe) if probe else None, model_doc)
-        if profile_out:
-            if profile_out.is_dir():
-                raise BadInput(f"--profile-out {profile_out} is a directory", hint="give a file name ending in .json")
-            profile_out.write_text(json.dumps(engines["graph"], indent=2) + "\n")
+        output.write_json(profile_out, engines["graph"], "--profile-out")
         doc = {"bench": bench_source, "probe_report": str(probe) if probe else None, "race": bench.get("race"),
                "engine_profiles": engines, "comparison": cmp,
                "provenance": provenance({"bench": bench_source, "probe_report": str(probe) if probe else None})}
-        if out:
-            Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        output.write_json(out, doc, indent=1)
         if json_out:
             output.emit_json(doc)
         if not quiet:

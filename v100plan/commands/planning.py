@@ -7,7 +7,6 @@ planner), render a table or emit one JSON document.
 from __future__ import annotations
 
 import re
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -29,9 +28,7 @@ DEFAULT_ENGINE = "ninfer-v100-tp"
 DEFAULT_CONTEXT = "200K"
 
 
-class Objective(str, Enum):
-    latency = "latency"
-    throughput = "throughput"
+OBJECTIVES = ("latency", "throughput")
 
 
 def _check_acceptance(acceptance: float | None) -> None:
@@ -40,9 +37,16 @@ def _check_acceptance(acceptance: float | None) -> None:
                        hint="it is the per-draft-token acceptance rate: tokens per round = 1 + k x A (e.g. 0.49, 0.745)")
 
 
-def _positive(name: str, value: int | None) -> None:
+def _positive(name: str, value: int | None, example: str | None = None) -> None:
     if value is not None and value < 1:
-        raise BadInput(f"{name} must be at least 1, got {value}")
+        raise BadInput(f"{name} must be at least 1, got {value}", hint=f"e.g. {example or name + ' 2'}")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """One wording for an option outside its choices (typer's own would print a library's message)."""
+    if value not in choices:
+        raise BadInput(f"{name} must be one of {', '.join(choices)}, got {value!r}", hint=f"e.g. {name} {choices[0]}")
+    return value
 
 
 def load_hardware(spec: str, gpus: int | None):
@@ -109,6 +113,7 @@ def plan_document(hardware: str, gpus: int | None, model: str, engine: str, cont
                   concurrency: int, objective: str) -> dict[str, Any]:
     """One Plan document (kind "plan") for the CLI's inputs."""
     tokens = parse_tokens(context)
+    _choice("--objective", objective, OBJECTIVES)
     _check_acceptance(acceptance)
     _positive("--gpus", gpus)
     _positive("--concurrency", concurrency)
@@ -133,7 +138,7 @@ def parse_hw_spec(spec: str) -> tuple[str, int]:
     m = _HW_SPEC.match(spec)
     if m and (m.group("id") in catalogue.ids("hardware") or Path(m.group("id")).exists()):
         n = int(m.group("n"))
-        _positive(f"the GPU count in {spec!r}", n)
+        _positive(f"the GPU count in {spec!r}", n, example=f"{m.group('id')}x2")
         return m.group("id"), n
     raise UnknownId("hardware", spec, catalogue.ids("hardware"))
 
@@ -169,11 +174,13 @@ def compare_document(specs: list[str], model: str, engine: str, context: str, ac
     return documents.validate(doc, "comparison", source="compare")
 
 
-def _write_out(doc: dict[str, Any], out: str | None) -> None:
-    if out:
-        import json
-
-        Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+def listing_document() -> dict[str, Any]:
+    """The catalogue as one document (kind "catalogue_listing")."""
+    entries = [{"catalogue": c, "id": d["id"], "name": d["name"], "status": d.get("status")}
+               for c in ("hardware", "model", "engine") for d in catalogue.all_of(c)]
+    doc = {"kind": "catalogue_listing", "schema_version": SCHEMA_VERSIONS["catalogue_listing"],
+           "provenance": provenance({"catalogues": ["hardware", "model", "engine"]}), "entries": entries}
+    return documents.validate(doc, "catalogue_listing", source="profiles list")
 
 
 def register(app: typer.Typer) -> None:
@@ -186,13 +193,14 @@ def register(app: typer.Typer) -> None:
         context: Annotated[str, typer.Option("--context", help="Context length in tokens: 186000, 186K, 256K (K = 1024).")] = DEFAULT_CONTEXT,
         acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A: tokens/round = 1 + k x A.")] = None,
         concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences decoded together by each engine instance.")] = 1,
-        objective: Annotated[Objective, typer.Option("--objective", help="Recommend by one-stream latency or aggregate throughput.")] = Objective.latency,
+        objective: Annotated[str, typer.Option("--objective", help="Recommend by one-stream decode speed (latency) or by aggregate tok/s of all streams (throughput).")] = "latency",
         json_out: JsonOpt = False,
         out: OutOpt = None,
     ) -> None:
         """How to run a model on these cards: every strategy, its speed beside the ceiling, and why."""
-        doc = plan_document(hardware, gpus, model, engine, context, acceptance, concurrency, objective.value)
-        _write_out(doc, out)
+        output.check_out(out)
+        doc = plan_document(hardware, gpus, model, engine, context, acceptance, concurrency, objective)
+        output.write_json(out, doc)
         if json_out:
             output.emit_json(doc)
         else:
@@ -205,13 +213,14 @@ def register(app: typer.Typer) -> None:
         engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id, or an engine profile JSON file.")] = DEFAULT_ENGINE,
         context: Annotated[str, typer.Option("--context", help="Context length in tokens (K = 1024).")] = DEFAULT_CONTEXT,
         acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A.")] = None,
-        objective: Annotated[Objective, typer.Option("--objective")] = Objective.latency,
+        objective: Annotated[str, typer.Option("--objective", help="Pick each box's best strategy by one-stream decode speed (latency) or aggregate tok/s (throughput).")] = "latency",
         json_out: JsonOpt = False,
         out: OutOpt = None,
     ) -> None:
         """Boxes side by side: best strategy, decode tok/s, prefill, max context, price per tok/s."""
-        doc = compare_document(list(hardware), model, engine, context, acceptance, objective.value)
-        _write_out(doc, out)
+        output.check_out(out)
+        doc = compare_document(list(hardware), model, engine, context, acceptance, objective)
+        output.write_json(out, doc)
         if json_out:
             output.emit_json(doc)
         else:
@@ -222,18 +231,18 @@ def register(app: typer.Typer) -> None:
 
     @profiles_app.command("list")
     def profiles_list(json_out: JsonOpt = False) -> None:
-        """Every catalogued hardware, model and engine id."""
-        entries = [{"catalogue": c, "id": d["id"], "name": d["name"]} for c in ("hardware", "model", "engine")
-                   for d in catalogue.all_of(c)]
+        """Every catalogued hardware, model and engine id, with its name and status."""
+        doc = listing_document()
         if json_out:
-            output.emit_json(entries)
+            output.emit_json(doc)
             return
-        output.render(output.table("v100plan catalogue", ["catalogue", "id", "name"],
-                                   [[e["catalogue"], e["id"], e["name"]] for e in entries]))
+        output.render(output.table("v100plan catalogue", ["catalogue", "id", "name", "status"],
+                                   [[e["catalogue"], e["id"], e["name"], e.get("status")] for e in doc["entries"]]))
 
     @profiles_app.command("show")
-    def profiles_show(id_: Annotated[str, typer.Argument(metavar="ID", help="A hardware, model or engine id.")]) -> None:
-        """Print one profile (a JSON document, sources included)."""
+    def profiles_show(id_: Annotated[str, typer.Argument(metavar="ID", help="A hardware, model or engine id.")],
+                      json_out: JsonOpt = False) -> None:
+        """Print one profile: its JSON document, sources included (the same with or without --json)."""
         for c in ("hardware", "model", "engine"):
             if id_ in catalogue.ids(c):
                 output.emit_json(catalogue.get(c, id_))
@@ -267,7 +276,10 @@ def register(app: typer.Typer) -> None:
             results.append({"file": str(p), "kind": kind, "problems": [{"path": a, "problem": b} for a, b in found]})
         bad = [r for r in results if r["problems"]]
         if json_out:
-            output.emit_json({"valid": not bad, "files": results})
+            output.emit_json(documents.validate(
+                {"kind": "validation_report", "schema_version": SCHEMA_VERSIONS["validation_report"],
+                 "provenance": provenance({"files": [str(p) for p in paths]}), "valid": not bad, "files": results},
+                "validation_report", source="profiles validate"))
         else:
             rows = []
             for r in results:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -90,13 +89,13 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 everything passed or warned, 1 a check failed or errored, 3 nothing could be
         measured (no NVIDIA driver, or every case waived).
         """
+        output.check_out(out)  # before measuring: a GPU host's run is never lost to a bad path
         report = measure_or_load(quick, soak, duration, only, from_file, show_progress=not quiet)
         hardware, problems = hardware_catalogue()
         judgement = probe_judge.judge(report, hardware, catalogue_problems=problems)
         doc = judgement.report
         doc["verdicts"] = judgement.to_dict()["rows"]
-        if out:
-            Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        output.write_json(out, doc, indent=1)
         if json_out:
             output.emit_json(doc)
         if not quiet:
