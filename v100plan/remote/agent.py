@@ -1,0 +1,271 @@
+"""The helper v100plan runs on a host: ``python3 -c <this file> ACTION JSON-ARGS``.
+
+Stdlib only (it runs before any venv exists); every action prints one JSON object on
+stdout. It is sent as the command's source, never stored on the host, so a read-only
+action (``state``, ``sha256``) leaves the host's files untouched (what --dry-run needs).
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+
+
+def _out(doc):
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def _link_target(path):
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def _read_json(path, default):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
+
+
+def _write_json(path, doc):
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def state(a):
+    """What is already on the host: bundle, venv, the deployment's releases. Read-only."""
+    root = os.path.expanduser(a["root"])
+    out = {"root": root, "python": sys.version.split()[0], "rsync": shutil.which("rsync") is not None,
+           "home": os.path.expanduser("~")}
+    if a.get("bundle"):
+        out["bundle"] = os.path.isdir(os.path.join(root, "bundles", a["bundle"]))
+        out["bundle_tar"] = os.path.isfile(os.path.join(root, "bundles", a["bundle"] + ".tar.gz"))
+    if a.get("venv"):
+        out["venv"] = os.path.isfile(os.path.join(root, "venvs", a["venv"], ".v100plan-complete"))
+    if a.get("dep"):
+        d = os.path.join(root, a["dep"])
+        rel = os.path.join(d, "releases")
+        out["exists"] = os.path.isdir(d)
+        out["current"] = _link_target(os.path.join(d, "current"))
+        out["releases"] = sorted(os.listdir(rel)) if os.path.isdir(rel) else []
+        out["history"] = _read_json(os.path.join(d, "history.json"), [])
+        out["api_key"] = os.path.isfile(os.path.join(d, "api_key"))
+        if a.get("model"):
+            out["model"] = os.path.isfile(os.path.join(d, "models", a["model"], ".v100plan-verified"))
+        if out["current"]:
+            out["current_manifest"] = _read_json(os.path.join(rel, out["current"], "manifest.json"), None)
+    _out(out)
+
+
+def mkdirs(a):
+    for p in a["paths"]:
+        os.makedirs(os.path.expanduser(p), mode=0o700, exist_ok=True)
+    _out({"ok": True})
+
+
+def extract(a):
+    """Unpack a bundle tar into ``dest`` (through a temporary directory, so it appears whole or not at all)."""
+    dest = os.path.expanduser(a["dest"])
+    if os.path.isdir(dest) and not a.get("replace"):
+        _out({"extracted": False})
+        return
+    tmp = "%s.tmp-%d" % (dest, os.getpid())
+    os.makedirs(tmp)
+    with tarfile.open(os.path.expanduser(a["tar"])) as tar:
+        for m in tar.getmembers():
+            if m.name.startswith("/") or ".." in m.name.split("/") or not (m.isfile() or m.isdir()):
+                raise SystemExit("refusing tar member %r" % m.name)
+        tar.extractall(tmp)
+    for name in a.get("links", {}):
+        os.symlink(a["links"][name], os.path.join(tmp, name))
+    if a.get("manifest") is not None:
+        _write_json(os.path.join(tmp, "manifest.json"), a["manifest"])
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)
+    os.rename(tmp, dest)
+    _out({"extracted": True})
+
+
+def venv(a):
+    """Create the venv ``dir`` with ``requirements`` unless a complete one is there (one creator at a time)."""
+    d = os.path.expanduser(a["dir"])
+    os.makedirs(os.path.dirname(d), mode=0o700, exist_ok=True)
+    marker = os.path.join(d, ".v100plan-complete")
+    with open(d + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(marker):
+            _out({"created": False, "dir": d})
+            return
+        if os.path.isdir(d):
+            shutil.rmtree(d)  # a half-built venv from a run that broke off
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "venv", d], check=True, stdout=sys.stderr)
+        cmd = [os.path.join(d, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+        if a.get("index_url"):
+            cmd += ["--extra-index-url", a["index_url"]]
+        proc = subprocess.run(cmd + a["requirements"], stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(d, ignore_errors=True)
+            _out({"created": False, "error": proc.stderr.strip()[-1500:]})
+            sys.exit(3)
+        _write_json(os.path.join(d, ".v100plan-deps.json"), {"requirements": a["requirements"],
+                                                               "index_url": a.get("index_url")})
+        open(marker, "w").close()
+        _out({"created": True, "dir": d, "seconds": round(time.monotonic() - t0, 1)})
+
+
+def sha256(a):
+    """{relative path: SHA-256} of every file under ``dir`` except v100plan's markers. Read-only."""
+    d = os.path.expanduser(a["dir"])
+    out = {}
+    for base, dirs, files in os.walk(d):
+        dirs.sort()
+        for f in sorted(files):
+            if f.startswith(".v100plan-") or f.endswith(".part"):
+                continue
+            p = os.path.join(base, f)
+            h = hashlib.sha256()
+            with open(p, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            out[os.path.relpath(p, d)] = h.hexdigest()
+    _out({"files": out})
+
+
+def verified(a):
+    """Mark a model directory as checked (its files matched the local SHA-256s)."""
+    open(os.path.join(os.path.expanduser(a["dir"]), ".v100plan-verified"), "w").close()
+    _out({"ok": True})
+
+
+def lock(a):
+    """Hold the deployment's lock until our stdin closes (the SSH channel ends, however it ends)."""
+    path = os.path.expanduser(a["path"])
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        with open(path) as fh:
+            holder = fh.read().strip()
+        _out({"locked": False, "holder": holder})
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, (a["info"] + " pid %d" % os.getpid()).encode())
+    _out({"locked": True})
+    sys.stdin.read()
+
+
+def switch(a):
+    """Point ``current`` at the release atomically (a new link renamed over the old) and record it."""
+    d = os.path.expanduser(a["dep"])
+    rel = a["release"]
+    tmp = os.path.join(d, "current.tmp-%d" % os.getpid())
+    os.symlink(os.path.join("releases", rel), tmp)
+    os.replace(tmp, os.path.join(d, "current"))
+    hist = [h for h in _read_json(os.path.join(d, "history.json"), []) if h.get("release") != rel]
+    hist.append({"release": rel, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": a.get("why")})
+    _write_json(os.path.join(d, "history.json"), hist)
+    keep = set(h["release"] for h in hist[-a.get("keep", 5):])
+    removed = []
+    rel_dir = os.path.join(d, "releases")
+    for name in sorted(os.listdir(rel_dir)):
+        if name not in keep and not name.endswith(".failed"):
+            shutil.rmtree(os.path.join(rel_dir, name), ignore_errors=True)
+            removed.append(name)
+    _write_json(os.path.join(d, "history.json"), [h for h in hist if h["release"] in keep])
+    _out({"current": rel, "removed": removed})
+
+
+def discard(a):
+    """Remove a release that never became current (it failed its checks)."""
+    p = os.path.join(os.path.expanduser(a["dep"]), "releases", a["release"])
+    shutil.rmtree(p, ignore_errors=True)
+    _out({"removed": a["release"]})
+
+
+def keygen(a):
+    """The service's API key: created 0600 on the host if absent; never printed."""
+    import secrets
+
+    path = os.path.expanduser(a["path"])
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)
+        _out({"created": False})
+        return
+    os.write(fd, (secrets.token_urlsafe(32) + "\n").encode())
+    os.close(fd)
+    _out({"created": True})
+
+
+def _http(url, key, body=None, timeout=60):
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def smoke(a):
+    """/health, /v1/models and one short completion on the local service. Read-only."""
+    with open(os.path.expanduser(a["key_file"])) as fh:
+        key = fh.read().strip()
+    base = "http://127.0.0.1:%d" % a["port"]
+    try:
+        code, health = _http(base + "/health", key, timeout=10)
+        if code != 200:
+            _out({"ok": False, "reason": "/health answered %d: %s" % (code, health)})
+            return
+        _, models = _http(base + "/v1/models", key, timeout=10)
+        model = models["data"][0]["id"]
+        t0 = time.monotonic()
+        _, done = _http(base + "/v1/completions", key, {"model": model, "prompt": a.get("prompt", "Hello"),
+                                                         "max_tokens": 4, "temperature": 0}, timeout=120)
+        text = done["choices"][0].get("text")
+        if not isinstance(text, str) or done.get("usage", {}).get("completion_tokens", 0) < 1:
+            _out({"ok": False, "reason": "the smoke completion returned no tokens: %s" % json.dumps(done)[:300]})
+            return
+        _out({"ok": True, "model": model, "health": health, "completion_tokens": done["usage"]["completion_tokens"],
+              "completion_s": round(time.monotonic() - t0, 3)})
+    except urllib.error.HTTPError as e:
+        _out({"ok": False, "reason": "HTTP %d from the service: %s" % (e.code, e.read()[:300].decode(errors="replace"))})
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        _out({"ok": False, "reason": "the service did not answer the smoke request: %s" % e})
+
+
+def logs(a):
+    """The last ``lines`` lines of each service log. Read-only."""
+    run = os.path.expanduser(a["run"])
+    out = {}
+    for rel in a["files"]:
+        p = os.path.join(run, rel)
+        try:
+            with open(p, "rb") as fh:
+                fh.seek(0, 2)
+                size = fh.tell()
+                fh.seek(max(0, size - 256 * 1024))
+                out[rel] = fh.read().decode(errors="replace").splitlines()[-a.get("lines", 50):]
+        except OSError:
+            out[rel] = None
+    _out({"logs": out})
+
+
+ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, sha256, verified, lock, switch, discard,
+                                   keygen, smoke, logs)}
+
+if __name__ == "__main__":
+    ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

@@ -1,0 +1,288 @@
+"""Opening SSH connections with Fabric, with the host-key policy v100plan promises.
+
+Fabric alone auto-adds unknown host keys and never loads known_hosts. Here every
+connection loads known_hosts (``--known-hosts FILE``, else ssh_config's
+UserKnownHostsFile, else ~/.ssh/known_hosts) and refuses a key it does not know
+(paramiko RejectPolicy semantics). ``--accept-new-host-key`` records an unknown key
+explicitly (``[host]:port`` form for ports other than 22). A key that differs from the
+recorded one always fails, with a message that says it changed.
+
+Every command is built from an argument list joined with shlex, wrapped in the host's
+``timeout`` so a hung command is stopped there too, and run with a local timeout as a
+backstop. Fabric is imported only inside v100plan/remote.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from v100plan.remote.errors import HostKeyError, RemoteFailed, RemoteTimeout, Unreachable
+from v100plan.remote.hosts import HostSpec
+
+# exit status of coreutils `timeout` when it had to stop the command
+TIMEOUT_EXIT = 124
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    known_hosts: str | None = None        # None: ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts
+    accept_new_host_key: bool = False
+    identity: str | None = None           # a private key file (else ssh_config / agent / ~/.ssh keys)
+    connect_timeout_s: float = 10.0
+    command_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class Result:
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def _known_hosts_path(options: SshOptions, ssh_config: dict) -> str:
+    if options.known_hosts:
+        return os.path.expanduser(options.known_hosts)
+    files = ssh_config.get("userknownhostsfile")
+    if files:
+        return os.path.expanduser(str(files).split()[0])
+    return os.path.expanduser("~/.ssh/known_hosts")
+
+
+def _fingerprint(key) -> str:  # noqa: ANN001 - a paramiko PKey
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return f"{key.get_name()} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+
+
+def _policy(known_hosts: str, accept_new: bool):
+    """A paramiko MissingHostKeyPolicy: refuse (default) or record the key in ``known_hosts``."""
+    from paramiko.client import MissingHostKeyPolicy
+
+    class Policy(MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):  # noqa: ANN001 - paramiko's signature
+            if not accept_new:
+                raise HostKeyError(
+                    f"host key for {hostname} is unknown ({_fingerprint(key)}); refusing to connect",
+                    hint=f"check the fingerprint with the host's owner, then run again with "
+                         f"--accept-new-host-key to record it in {known_hosts}")
+            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+            with _KNOWN_HOSTS_LOCK:
+                Path(known_hosts).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
+            client.get_host_keys().add(hostname, key.get_name(), key)
+
+    return Policy()
+
+
+class Remote:
+    """One open SSH connection to one host (a Fabric Connection with v100plan's policy)."""
+
+    def __init__(self, spec: HostSpec, options: SshOptions):
+        self.spec = spec
+        self.options = options
+        self.bytes_sent = 0
+        self._conn = None
+        self._sftp = None
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+    @property
+    def connection(self):
+        """The underlying fabric.Connection (open)."""
+        return self.open()
+
+    def open(self):
+        if self._conn is not None:
+            return self._conn
+        import paramiko
+        from fabric import Config, Connection
+
+        kwargs = {}
+        if self.options.identity:
+            kwargs["key_filename"] = [os.path.expanduser(self.options.identity)]
+        conn = Connection(self.spec.host, user=self.spec.user, port=self.spec.port, config=Config(),
+                          connect_timeout=max(1, int(round(self.options.connect_timeout_s))),
+                          connect_kwargs=kwargs)
+        known = _known_hosts_path(self.options, conn.ssh_config)
+        conn.client.set_missing_host_key_policy(_policy(known, self.options.accept_new_host_key))
+        if os.path.exists(known):
+            try:
+                conn.client.load_host_keys(known)
+            except (OSError, paramiko.SSHException) as e:
+                raise HostKeyError(f"known_hosts file {known} cannot be read: {e}",
+                                   hint="fix or move that file, or name another with --known-hosts") from None
+        where = f"{self.label}"
+        try:
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as e:
+            raise HostKeyError(
+                f"host key for {where} CHANGED: known_hosts ({known}) has {_fingerprint(e.expected_key)}, "
+                f"the host offered {_fingerprint(e.key)}; refusing to connect (this can be an attack)",
+                hint=f"if the host was really reinstalled, remove its old line with "
+                     f"`ssh-keygen -R {shlex.quote(self._known_name())} -f {shlex.quote(known)}` "
+                     f"and run again with --accept-new-host-key") from None
+        except paramiko.AuthenticationException as e:
+            raise Unreachable(f"{where}: SSH authentication failed ({e})",
+                              hint="check the user name and key (-i/--identity, ssh-agent, ~/.ssh/config)") from None
+        except (TimeoutError, socket.timeout):
+            raise Unreachable(f"{where}: no SSH answer within {self.options.connect_timeout_s:g} s",
+                              hint="check the host name, port and firewall; --connect-timeout waits longer") from None
+        except socket.gaierror as e:
+            raise Unreachable(f"{where}: host name cannot be resolved ({e.strerror})",
+                              hint="check the spelling, or add the host to ~/.ssh/config") from None
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise Unreachable(f"{where}: cannot open an SSH session ({e or type(e).__name__})",
+                              hint=f"check that sshd runs there: ssh -p {self.spec.port or 22} {where}") from None
+        self._conn = conn
+        return conn
+
+    def _known_name(self) -> str:
+        port = self.spec.port or 22
+        return self.spec.host if port == 22 else f"[{self.spec.host}]:{port}"
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Remote:
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- commands --------------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, cwd: str | None = None, timeout_s: float | None = -1,
+            check: bool = True, what: str | None = None, env: dict[str, str] | None = None) -> Result:
+        """Run ``argv`` (each item shlex-quoted) on the host. ``timeout_s`` -1: the default command
+        timeout; None: no timeout (a follow). A non-zero exit raises RemoteFailed when ``check``."""
+        import invoke
+
+        conn = self.open()
+        command = shlex.join(argv)
+        if env:
+            command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + command
+        if cwd:
+            command = f"cd {shlex.quote(cwd)} && {command}"
+        limit = self.options.command_timeout_s if timeout_s == -1 else timeout_s
+        if limit is not None:
+            # stopped on the host by `timeout` (TERM, then KILL 5 s later), locally 15 s after that
+            command = f"timeout -k 5 {max(1, int(limit))} sh -c {shlex.quote(command)}"
+        label = what or shlex.join(argv[:3])
+        try:
+            r = conn.run(command, hide=True, warn=True, in_stream=False,
+                         timeout=None if limit is None else limit + 20)
+        except invoke.exceptions.CommandTimedOut:
+            raise RemoteTimeout(f"{self.label}: `{label}` did not finish within {limit:g} s",
+                                hint="the host may be overloaded or the command hung; --command-timeout "
+                                     "allows longer") from None
+        except (OSError, EOFError) as e:
+            raise Unreachable(f"{self.label}: the SSH connection broke during `{label}` ({e})",
+                              hint="run again; check the network and the host") from None
+        if limit is not None and r.exited == TIMEOUT_EXIT:
+            raise RemoteTimeout(f"{self.label}: `{label}` did not finish within {limit:g} s and was stopped there",
+                                hint="the host may be overloaded or the command hung; --command-timeout "
+                                     "allows longer")
+        result = Result(label, r.exited, r.stdout, r.stderr)
+        if check and r.exited != 0:
+            tail = (r.stderr.strip() or r.stdout.strip())[-800:]
+            raise RemoteFailed(f"{self.label}: `{label}` exited with {r.exited}: {tail}",
+                               hint=f"run it by hand to see the whole output: ssh {self.label}")
+        return result
+
+    def stream(self, argv: Sequence[str], on_line: Callable[[str], None], *, cwd: str | None = None) -> int:
+        """Run ``argv`` with no timeout, passing stdout lines to ``on_line`` as they arrive (logs --follow)."""
+        conn = self.open()
+        command = shlex.join(argv)
+        if cwd:
+            command = f"cd {shlex.quote(cwd)} && {command}"
+        chan = conn.client.get_transport().open_session()
+        chan.exec_command(command)
+        buf = b""
+        try:
+            while True:
+                data = chan.recv(65536)
+                if not data:
+                    break
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    on_line(line.decode(errors="replace"))
+        finally:
+            chan.close()
+        if buf:
+            on_line(buf.decode(errors="replace"))
+        return chan.recv_exit_status()
+
+    # -- files -----------------------------------------------------------------------------
+
+    def sftp(self):
+        if self._sftp is None:
+            self._sftp = self.open().sftp()
+        return self._sftp
+
+    def read_text(self, path: str) -> str:
+        with self.sftp().open(path, "r") as fh:
+            return fh.read().decode()
+
+    def upload(self, local: str | Path, remote: str, on_bytes: Callable[[int], None] | None = None) -> int:
+        """Send ``local`` to ``remote`` resumably: into ``remote.part`` (continued from its size if a
+        previous upload broke off), then renamed. Returns the bytes sent now."""
+        sftp = self.sftp()
+        part = remote + ".part"
+        total = os.path.getsize(local)
+        try:
+            done = sftp.stat(part).st_size or 0
+        except OSError:
+            done = 0
+        if done > total:
+            sftp.remove(part)
+            done = 0
+        sent = 0
+        with open(local, "rb") as src, sftp.open(part, "ab" if done else "wb") as dst:
+            dst.set_pipelined(True)
+            src.seek(done)
+            while True:
+                chunk = src.read(1 << 20)
+                if not chunk:
+                    break
+                dst.write(chunk)
+                sent += len(chunk)
+                self.bytes_sent += len(chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))
+        sftp.posix_rename(part, remote)
+        return sent
+
+    def write_private(self, path: str, data: bytes) -> None:
+        """A 0600 file: created empty, chmod-ed, then filled, so the content is never world-readable."""
+        sftp = self.sftp()
+        with sftp.open(path, "w") as fh:
+            fh.chmod(0o600)
+            fh.write(data)
+        self.bytes_sent += len(data)

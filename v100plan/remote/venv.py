@@ -1,0 +1,46 @@
+"""The Python environments v100plan builds on a host, named by their dependency set.
+
+A venv lives in ``<remote-root>/venvs/<id>``, the id a hash of the interpreter command,
+the pinned requirements and the package index. A deploy whose dependency set did not
+change reuses the venv as it is; a changed set gets a new one (the old stays until removed).
+Versions are pinned to what the control machine runs, so the host runs what was tested here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from importlib import metadata
+
+# What probes/ needs on a host (torch is optional there: the engine's venv has it).
+PROBE_PACKAGES = ("nvidia-ml-py",)
+# What engine/ and its service need (pyproject extras engine + serve), plus NVML for the probes.
+ENGINE_PACKAGES = ("numpy", "safetensors", "tokenizers", "fastapi", "uvicorn", "supervisor", "nvidia-ml-py")
+
+
+def pinned(name: str) -> str:
+    """``name==<the version installed here>`` (a local label such as +cpu dropped), or ``name``."""
+    try:
+        v = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return name
+    return f"{name}=={re.sub(r'[+].*$', '', v)}"
+
+
+def local_torch() -> str:
+    return pinned("torch")
+
+
+def probe_requirements() -> list[str]:
+    return [pinned(p) for p in PROBE_PACKAGES]
+
+
+def engine_requirements(torch_spec: str | None = None) -> list[str]:
+    return [torch_spec or local_torch(), *(pinned(p) for p in ENGINE_PACKAGES)]
+
+
+def venv_id(python: str, requirements: list[str], index_url: str | None) -> str:
+    doc = json.dumps({"python": python, "requirements": sorted(requirements), "index_url": index_url},
+                     sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
