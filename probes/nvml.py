@@ -149,23 +149,3 @@ def const(name: str, default: Any = None) -> Any:
 
 
 constants_used: dict[str, int] = {}
-
-
-class Fields:
-    """Collects readings into a record: ``values`` by field name and ``unavailable`` reasons."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-        self.unavailable: dict[str, str] = {}
-
-    def put(self, field: str, reading: Reading) -> Any:
-        self.values[field] = reading.value
-        if not reading.ok:
-            self.unavailable[field] = reading.reason or "unavailable"
-        return reading.value
-
-    def set(self, field: str, value: Any, reason: str | None = None) -> Any:
-        self.values[field] = value
-        if value is None:
-            self.unavailable[field] = reason or "unavailable"
-        return value

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from v100plan import documents
-from v100plan.commands.bench_engine import best_variant, engine_profile
+from v100plan.calibrate.single import best_variant, engine_profile
 
 BENCH = FIXTURES / "engine" / "bench-h200-2026-11-29.json"
 

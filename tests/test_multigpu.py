@@ -11,7 +11,8 @@ import pytest
 
 from tests.conftest import FIXTURES, REPO
 from tests.engine_helpers import small_config
-from v100plan import documents, tp2_compare, tp2_profile
+from v100plan import documents
+from v100plan.calibrate import tp2_compare, tp2_profile
 
 DIR = FIXTURES / "multigpu"
 BENCH = DIR / "h200x2-bench-tp2.json"
@@ -334,13 +335,13 @@ def test_qwen3_tp2_from_its_own_tp1_and_the_llama_tp2_fractions(probe, engines):
     """Cross-check the TP2 fit never saw: Qwen3-8B's own TP1 profile (its shape has no catalogue entry, so
     no TP2 fit of its own) with the TP2 fractions fitted on Llama-3.1-8B at 1K + 4K. Without them TP2 errs
     -7.4..-15.3 %; with them +0.1..+0.3 % (probe view) and +0.7..+1.2 % (catalogue view), as recorded."""
-    from v100plan import tp2_calibrate
+    from v100plan.calibrate import tp2_fit
 
     bench_q = json.loads(QWEN3.read_text())
     model = documents.load(QWEN3_MODEL, "model_profile")
     own = tp2_profile.engine_profile(bench_q, probe, bench_source=QWEN3.name, probe_source=PROBE.name)
     assert "tp2_weight_bw_fraction" not in own["efficiency"]
-    crossed = tp2_calibrate.borrow(own, engines["graph"], "fitted on Llama-3.1-8B")
+    crossed = tp2_fit.borrow(own, engines["graph"], "fitted on Llama-3.1-8B")
     rows = [r for r in tp2_compare.comparison(bench_q, {"graph": crossed}, probe, PROBE.name, model)["rows"]
             if r["strategy"] == "tp2"]
     assert len(rows) == 8

@@ -14,6 +14,10 @@ import copy
 import dataclasses
 from typing import Any
 
+from v100plan.cards import identify
+
+__all__ = ["Judgement", "Row", "identify", "judge", "nothing_measured"]
+
 # Measured read bandwidth over the bandwidth the memory clock implies. Tuned read kernels
 # reach 0.91 on the lent H200 (4.39 of 4.82 TB/s, 2026-11-29), 0.98 on a V100-SXM2 and 0.93 on
 # a PG500-216 (FACTS.md: 878 of 898, 1058 of 1133 GB/s); under 0.85 the card or its setup is off.
@@ -52,33 +56,6 @@ def _value(x: Any) -> Any:
 def _num(profile: dict[str, Any], key: str) -> float | None:
     v = _value(profile.get(key))
     return float(v) if isinstance(v, (int, float)) else None
-
-
-def identify(card: dict[str, Any], hardware: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
-    """The catalogue profile of ``card`` and how it was chosen (or None and why not)."""
-    dev = (card.get("pci_device_id") or "").lower()
-    if not dev:
-        return None, "NVML gave no PCI device id"
-    matches = [h for h in hardware if dev in [x.lower() for x in h.get("pci_device_ids", [])]]
-    if not matches:
-        return None, f"PCI id {dev} is not in the catalogue"
-    if len(matches) == 1:
-        return matches[0], f"PCI id {dev}"
-    sub = (card.get("pci_subsystem_id") or "").lower()
-    by_sub = [h for h in matches if sub and sub in [x.lower() for x in h.get("pci_subsystem_ids", [])]]
-    if len(by_sub) == 1:
-        return by_sub[0], f"PCI id {dev}, subsystem {sub}"
-    pool = by_sub or matches
-    mem = card.get("memory_total_gib")
-    clock = card.get("mem_clock_max_mhz")
-
-    def distance(h: dict[str, Any]) -> tuple[float, float]:
-        gib, mhz = _num(h, "memory_gib"), _num(h, "mem_clock_max_mhz")
-        return (abs(gib - mem) if gib is not None and mem is not None else 1e9,
-                abs(mhz - clock) if mhz is not None and clock is not None else 1e9)
-
-    best = min(pool, key=distance)
-    return best, f"PCI id {dev} shared by {len(matches)} profiles; closest memory size and memory clock"
 
 
 def _card_rows(card: dict[str, Any], profile: dict[str, Any] | None, how: str, n_cards: int) -> list[Row]:

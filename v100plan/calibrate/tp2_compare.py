@@ -13,27 +13,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from v100plan import catalogue, tp2_calibrate
-from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_from_doc
-from v100plan.planner.from_probe import hardware_from_probe
+from v100plan import catalogue
+from v100plan.calibrate import tp2_fit
+from v100plan.calibrate.views import card_id_for, hardware, model_id_for
+from v100plan.planner import Target, engine_from_doc, model_from_doc
 from v100plan.planner.plan import plan_strategies
 
 GRAPH_MAILBOX = "graph_mailbox"  # mode: a CUDA-graph step over engine/graph_mailbox.py
-MODEL_FOR_CONFIG = {"llama-3.1-8b.config.json": "llama3.1-8b-fp16"}
-
-
-def model_id_for(bench: dict[str, Any]) -> str | None:
-    """The catalogue model whose shape the bench ran (None when layers were cut or the config is unknown)."""
-    if bench.get("layers_override"):
-        return None
-    return MODEL_FOR_CONFIG.get(bench.get("config", ""))
-
-
-def hardware(probe: dict[str, Any] | None, probe_source: str | None, card_id: str = "h200"):
-    """The pair as the planner sees it: from the probe report when given, else the catalogue card x 2."""
-    if probe:
-        return hardware_from_probe(probe, catalogue.all_of("hardware"), probe_source or "probe report", 2)
-    return hardware_from_doc(catalogue.get("hardware", card_id), 2)
 
 
 def _measured_ms(bench: dict[str, Any], strategy: str, path: str | None, ctx: str, mode: str) -> float | None:
@@ -86,7 +72,7 @@ def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_doc: dict[
                 d = s.breakdown.get("decode") or {}
                 out.append({
                     "context": int(ctx), "strategy": strat, "mode": mode,
-                    "role": tp2_calibrate.role(engine_doc, bench, strat, mode, used, int(ctx)),
+                    "role": tp2_fit.role(engine_doc, bench, strat, mode, used, int(ctx)),
                     "path": used, "chosen_by": "planner" if path is None else "fixed",
                     "predicted_ms": pred, "measured_ms": measured,
                     "predicted_tok_s": s.decode_tok_s,
@@ -99,8 +85,10 @@ def rows(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_doc: dict[
 
 
 def comparison(bench: dict[str, Any], engines: dict[str, dict[str, Any]], probe: dict[str, Any] | None,
-               probe_source: str | None, model_doc: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every mode's rows, on the probe report's view of the pair and on the catalogue card's.
+               probe_source: str | None, model_doc: dict[str, Any] | None = None,
+               card_id: str | None = None) -> dict[str, Any]:
+    """Every mode's rows, on the probe report's view of the pair and on the catalogued card's (``card_id``,
+    default the card the probe report or the bench's device names; left out when none is catalogued).
     ``model_doc``: the ModelProfile of the shape the bench ran, when the catalogue has none."""
     if model_doc is None:
         model_id = model_id_for(bench)
@@ -109,9 +97,13 @@ def comparison(bench: dict[str, Any], engines: dict[str, dict[str, Any]], probe:
                                                f"{bench.get('layers_override')}): pass its model profile"}
         model_doc = catalogue.get("model", model_id)
     model_id = model_doc["id"]
-    views = {"catalogue h200 x 2": hardware(None, None)}
+    card_id = card_id or card_id_for(bench, probe)
+    views = {f"catalogue {card_id} x 2": hardware(None, None, card_id)} if card_id else {}
     if probe:
         views = {"probe report": hardware(probe, probe_source), **views}
+    if not views:
+        return {"model": model_id, "rows": [], "unavailable": "no probe report and the bench's card is not in the "
+                                                             "catalogue: pass --probe or --hardware"}
     engines = dict(engines)
     if "graph" in engines and (gm := graph_mailbox_engine(bench, engines["graph"])):
         engines[GRAPH_MAILBOX] = gm

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from v100plan.calibrate.fit import line_fit
 from v100plan.planner import Target, engine_from_doc, model_from_doc
 from v100plan.planner.plan import plan_strategies
 from v100plan.planner.strategies import layout
@@ -49,8 +50,6 @@ def _without_tp2(engine_doc: dict[str, Any], path: str) -> dict[str, Any]:
 def fit(bench: dict[str, Any], engine_doc: dict[str, Any], hw, model_doc: dict[str, Any], contexts: list[int],
         path: str = "nccl") -> dict[str, Any]:
     """The two fractions and every term of their arithmetic, from the TP2 graph step on ``path`` at ``contexts``."""
-    from v100plan.tp2_profile import line_fit
-
     if len(contexts) < 2:
         raise CalibrationProblem("a TP2 fit needs two decode contexts")
     measured = ((bench.get("tp2") or {}).get(path) or {}).get(GRAPH_KEY) or {}

@@ -9,8 +9,8 @@ figure is a prediction, not a fit:
   allreduce_us        = per path and size: in a CUDA graph where the path can be captured (NCCL),
                         else eager (the mailboxes wait on the host)
   tp2_*_bw_fraction   = fitted on the TP2 CUDA-graph step at the two shortest contexts only, the longer
-                        ones held out to test them (v100plan/tp2_calibrate.py)
-The arithmetic is `v100plan bench engine`'s own builder, fed card 0's TP1 figures.
+                        ones held out to test them (tp2_fit.py)
+The arithmetic is the one-GPU builder's (single.py), fed card 0's TP1 figures.
 The read bandwidth is the probe report's slowest card when one is given (what `v100plan plan --hardware
 <probe report>` divides by), else the bench's own sum over 4 GiB.
 
@@ -23,23 +23,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from v100plan import catalogue
+from v100plan.calibrate import single, tp2_fit, views
+from v100plan.calibrate.fit import BenchProblem, line_fit
+from v100plan.calibrate.single import PATH_NAMES  # the engine's --allreduce names
+
 GRAPH_PATH = "nccl"  # the one engine path the bench captures in a CUDA graph
-PATH_NAMES = ("nccl", "gloo", "host_mailbox", "device_mailbox")  # the engine's --allreduce names
 
-
-class BenchProblem(ValueError):
-    """A bench document that lacks what a profile needs, with what is missing."""
-
-
-def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares y = intercept + slope x over (x, y) points: (intercept, slope)."""
-    if len(points) < 2:
-        raise BenchProblem("a fit over contexts needs two or more decode contexts")
-    mx = sum(p[0] for p in points) / len(points)
-    my = sum(p[1] for p in points) / len(points)
-    sxx = sum((p[0] - mx) ** 2 for p in points)
-    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
-    return my - slope * mx, slope
+__all__ = ["BenchProblem", "engine_profile", "line_fit"]
 
 
 def read_bw(bench: dict[str, Any], probe: dict[str, Any] | None) -> tuple[float, str]:
@@ -86,8 +77,8 @@ def allreduce_tables(bench: dict[str, Any], mode: str) -> dict[str, dict[str, An
 
 
 def single_gpu_view(bench: dict[str, Any], bw: float, bw_from: str, cc: str | None = None) -> dict[str, Any]:
-    """Card 0's TP1 figures in the shape of a `python -m engine bench` result, so `v100plan bench engine`'s
-    EngineProfile builder reads them; the fit is redone against ``bw`` (the planner's bandwidth)."""
+    """Card 0's TP1 figures in the shape of a `python -m engine bench` result, so the one-GPU EngineProfile
+    builder (single.py) reads them; the fit is redone against ``bw`` (the planner's bandwidth)."""
     t = tp1_terms(bench)
     tp1 = bench["tp1"]["rank0"]
     kv_gbps = 1 / (t["slope_ms_per_byte"] * 1e-3) / 1e9 if t["slope_ms_per_byte"] > 0 else None
@@ -105,44 +96,41 @@ def single_gpu_view(bench: dict[str, Any], bw: float, bw_from: str, cc: str | No
 
 def engine_profile(bench: dict[str, Any], probe: dict[str, Any] | None = None, *, bench_source: str,
                    probe_source: str | None = None, mode: str = "graph", model_doc: dict[str, Any] | None = None,
-                   tp2_contexts: list[int] | None = None) -> dict[str, Any]:
+                   tp2_contexts: list[int] | None = None, card_id: str | None = None) -> dict[str, Any]:
     """The EngineProfile document (schema engine_profile) these measurements describe: the TP1
-    efficiencies through `v100plan bench engine`'s builder, this bench's allreduce figures, and the TP2
-    fractions fitted on the TP2 CUDA-graph step at ``tp2_contexts`` only (default the two shortest; see
-    v100plan/tp2_calibrate.py). ``model_doc``: the ModelProfile of the bench's shape (default: the
-    catalogue's, when it has one). The eager profile takes the graph fit: same kernels, the host's time is
-    in its overhead."""
-    from v100plan import catalogue, tp2_calibrate, tp2_compare
-
+    efficiencies through the one-GPU builder, this bench's allreduce figures, and the TP2 fractions
+    fitted on the TP2 CUDA-graph step at ``tp2_contexts`` only (default the two shortest; see
+    tp2_fit.py). ``model_doc``: the ModelProfile of the bench's shape (default: the catalogue's, when it
+    has one). The eager profile takes the graph fit: same kernels, the host's time is in its overhead.
+    ``card_id``: the catalogued card the fit plans on without a probe report (default: the bench's device)."""
     doc = _measured_profile(bench, probe, bench_source=bench_source, probe_source=probe_source, mode=mode)
-    if model_doc is None and (model_id := tp2_compare.model_id_for(bench)):
+    if model_doc is None and (model_id := views.model_id_for(bench)):
         model_doc = catalogue.get("model", model_id)
     if model_doc is None:
         return doc  # no shape to fit against: the plan notes that the one-card fractions stand in
     graph = doc if mode == "graph" else _measured_profile(bench, probe, bench_source=bench_source,
                                                           probe_source=probe_source, mode="graph")
-    contexts = tp2_contexts or tp2_calibrate.default_contexts(bench)
+    contexts = tp2_contexts or tp2_fit.default_contexts(bench)
     try:
-        result = tp2_calibrate.fit(bench, graph, tp2_compare.hardware(probe, probe_source), model_doc, contexts)
-    except tp2_calibrate.CalibrationProblem as e:
+        hw = views.hardware(probe, probe_source, card_id or views.card_id_for(bench, probe))
+        result = tp2_fit.fit(bench, graph, hw, model_doc, contexts)
+    except (tp2_fit.CalibrationProblem, BenchProblem) as e:
         for key in ("tp2_weight_bw_fraction", "tp2_kv_bw_fraction"):
             doc["efficiency"][key] = {"value": None, "source": f"not calibrated from {bench_source}: {e}"}
         return doc
-    return tp2_calibrate.apply(doc, result, bench_source)
+    return tp2_fit.apply(doc, result, bench_source)
 
 
 def _measured_profile(bench: dict[str, Any], probe: dict[str, Any] | None, *, bench_source: str,
                       probe_source: str | None, mode: str) -> dict[str, Any]:
     """The profile without TP2 fractions: TP1 efficiencies and this bench's allreduce figures."""
-    from v100plan.commands.bench_engine import engine_profile as single_gpu_profile
-
     if mode not in ("graph", "eager"):
         raise BenchProblem(f"mode must be graph or eager, got {mode!r}")
     bw, bw_from = read_bw(bench, probe)
     t = tp1_terms(bench)
     cc = ((probe or {}).get("cards") or [{}])[0].get("compute_capability")
     view = single_gpu_view(bench, bw, bw_from, cc)
-    doc = single_gpu_profile(view, profile_id=f"v100plan-{mode}-measured", bench_file=bench_source)
+    doc = single.engine_profile(view, profile_id=f"v100plan-{mode}-measured", bench_file=bench_source)
     doc["provenance"]["inputs"].update({"probe_report": probe_source, "mode": mode, "read_bw_from": bw_from})
     doc["provenance"]["nccl"] = bench.get("nccl")
     eff = doc["efficiency"]

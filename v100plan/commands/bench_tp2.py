@@ -11,8 +11,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from profiles.document import provenance
-from v100plan import documents, output, tp2_compare, tp2_profile
+from profiles.document import SCHEMA_VERSIONS, provenance
+from v100plan import catalogue, documents, output
+from v100plan.calibrate import tp2_compare, tp2_profile, views
+from v100plan.calibrate.single import peak_from_catalogue
 from v100plan.errors import DocumentError, EnvironmentProblem, NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
@@ -22,12 +24,19 @@ ProbeOpt = Annotated[Optional[Path], typer.Option("--probe", help="A ProbeReport
 ProfileOutOpt = Annotated[Optional[Path], typer.Option("--profile-out", help="Write the measured EngineProfile (CUDA-graph decode, TP2 fractions fitted at the two shortest contexts) here.")]
 ModelOpt = Annotated[Optional[Path], typer.Option("--model-profile", help="ModelProfile of the bench's shape when the catalogue has none.")]
 ContextsOpt = Annotated[str, typer.Option("--contexts", help="Decode contexts in tokens, comma-separated (measuring only).")]
+HardwareOpt = Annotated[Optional[str], typer.Option(
+    "--hardware", help="Catalogue id of the two cards: its bf16 tensor peak judges prefill, and the comparison plans on "
+                       "it. Default: the card --probe identifies, else the bench's recorded device name.")]
 
 
-def run_bench(contexts: str) -> dict[str, Any]:
-    """`python -m engine bench-tp2` in a subprocess (the engine bundle, as on a GPU host)."""
-    cmd = [sys.executable, "-m", "engine", "bench-tp2", "--contexts", contexts, "--peak-tflops", "989.5",
-           "--peak-source", "NVIDIA H200 datasheet (SXM): 1,979 TFLOPS BF16 with sparsity (dense half)"]
+def run_bench(contexts: str, card_id: str | None) -> dict[str, Any]:
+    """`python -m engine bench-tp2` in a subprocess (the engine bundle, as on a GPU host). The tensor peak comes
+    from the catalogue profile of ``card_id``; without one, prefill's fraction stays null with the reason."""
+    cmd = [sys.executable, "-m", "engine", "bench-tp2", "--contexts", contexts]
+    if card_id:
+        peak, source = peak_from_catalogue(card_id, "bfloat16")
+        if peak is not None:
+            cmd += ["--peak-tflops", str(peak), "--peak-source", source or f"catalogue {card_id}"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     try:
         doc = json.loads(r.stdout)
@@ -102,6 +111,7 @@ def register(app: typer.Typer) -> None:
         profile_out: ProfileOutOpt = None,
         model_profile: ModelOpt = None,
         contexts: ContextsOpt = "1024,4096,16384,32768",
+        hardware: HardwareOpt = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
         out: OutOpt = None,
@@ -109,24 +119,31 @@ def register(app: typer.Typer) -> None:
         """Two GPUs: allreduce paths, the start-up race, TP2 vs TP1 decode, and the planner's TP2 prediction checked."""
         output.check_out(out)
         output.check_out(profile_out, "--profile-out")
-        bench = load_bench(from_file) if from_file else run_bench(contexts)
-        bench_source = str(from_file) if from_file else "python -m engine bench-tp2 (this run)"
+        if hardware is not None and hardware not in catalogue.ids("hardware"):
+            catalogue.get("hardware", hardware)  # raises UnknownId with the valid ids
         probe_doc = documents.load(probe, "probe_report") if probe else None
         model_doc = documents.load(model_profile, "model_profile") if model_profile else None
+        card_id = hardware or (views.card_id_for({}, probe_doc) if probe_doc else None)
+        bench = load_bench(from_file) if from_file else run_bench(contexts, card_id)
+        bench_source = str(from_file) if from_file else "python -m engine bench-tp2 (this run)"
+        card_id = card_id or views.card_id_for(bench, probe_doc)
         try:
             engines = {mode: tp2_profile.engine_profile(bench, probe_doc, bench_source=bench_source,
                                                         probe_source=str(probe) if probe else None, mode=mode,
-                                                        model_doc=model_doc)
+                                                        model_doc=model_doc, card_id=card_id)
                        for mode in ("graph", "eager")}
         except tp2_profile.BenchProblem as e:
             raise NothingMeasured(f"{bench_source}: {e}", hint="the bench's JSON says which phase failed") from None
         for mode, doc in engines.items():
             documents.validate(doc, "engine_profile", source=f"engine profile ({mode}) built from {bench_source}")
-        cmp = tp2_compare.comparison(bench, engines, probe_doc, str(probe) if probe else None, model_doc)
+        cmp = tp2_compare.comparison(bench, engines, probe_doc, str(probe) if probe else None, model_doc, card_id)
         output.write_json(profile_out, engines["graph"], "--profile-out")
-        doc = {"bench": bench_source, "probe_report": str(probe) if probe else None, "race": bench.get("race"),
-               "engine_profiles": engines, "comparison": cmp,
-               "provenance": provenance({"bench": bench_source, "probe_report": str(probe) if probe else None})}
+        doc = {"kind": "tp2_bench", "schema_version": SCHEMA_VERSIONS["tp2_bench"],
+               "provenance": provenance({"bench": bench_source, "probe_report": str(probe) if probe else None,
+                                         "hardware": card_id}),
+               "bench": bench_source, "probe_report": str(probe) if probe else None, "race": bench.get("race"),
+               "engine_profiles": engines, "comparison": cmp}
+        documents.validate(doc, "tp2_bench", source="bench tp2")
         output.write_json(out, doc, indent=1)
         if json_out:
             output.emit_json(doc)

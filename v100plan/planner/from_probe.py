@@ -18,28 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from v100plan.cards import identify
 from v100plan.errors import BadInput
 from v100plan.planner.inputs import Card, Hardware, Pair, Sourced, card_from_doc, pair_from_doc
 
 # Below this median-clock ratio a throttle is taken to slow the pair (contracts: "< ~0.97").
 THROTTLE_RATIO = 0.97
-
-
-def _match(card: dict[str, Any], catalogue: list[dict[str, Any]]) -> dict[str, Any] | None:
-    by_id = {d["id"]: d for d in catalogue}
-    if card.get("variant_id") in by_id:
-        return by_id[card["variant_id"]]
-    dev, sub = (card.get("pci_device_id") or "").lower(), (card.get("pci_subsystem_id") or "").lower()
-    matches = [d for d in catalogue if dev in d.get("pci_device_ids", [])]
-    exact = [d for d in matches if sub and sub in d.get("pci_subsystem_ids", [])]
-    if exact or matches:
-        # Several SKUs share a device id (e.g. RTX 4090 24G / 48G): prefer the one whose memory matches.
-        pool = exact or matches
-        mem = card.get("memory_total_gib")
-        if mem is not None:
-            pool = sorted(pool, key=lambda d: abs(d["memory_gib"] - mem))
-        return pool[0]
-    return None
 
 
 def hardware_from_probe(report: dict[str, Any], catalogue: list[dict[str, Any]], source: str,
@@ -53,7 +37,7 @@ def hardware_from_probe(report: dict[str, Any], catalogue: list[dict[str, Any]],
     gpus = gpus or len(cards)
     used = cards[:gpus]
     notes: list[str] = []
-    base = _match(used[0], catalogue)
+    base, _how = identify(used[0], catalogue)  # the same card the probe's verdicts name (v100plan/cards.py)
     if base is None:
         raise BadInput(
             f"{source}: card 0 ({used[0].get('name')}, PCI {used[0].get('pci_device_id')}) is not in the catalogue",
