@@ -65,7 +65,8 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Seque
                         for i, v in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
     klass = f' class="{css}"' if css else ""
-    return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    thead = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
+    return f"<table{klass}>{thead}<tbody>{''.join(body)}</tbody></table>"
 
 
 def _status(status: str) -> Raw:
@@ -156,8 +157,11 @@ def _details(scenarios: list[dict[str, Any]]) -> str:
             inner.append(f"<div><b>{esc(e['kind'])}</b> <span class=\"muted\">{esc(', '.join(where))}</span>"
                          f"<pre>{esc(e['text'])}</pre></div>")
         if inner:
+            what = [f"{len(metrics)} metric(s)"] if metrics else []
+            what += [f"{len(s.get('repetitions') or [])} repetition(s)"] if s.get("repetitions") else []
+            what += [f"{len(s['evidence'])} evidence item(s)"] if s["evidence"] else []
             out.append(f'<details data-scenario="{esc(s["key"])}"><summary>{esc(s["key"])}: '
-                       f"{len(s['evidence'])} evidence item(s)</summary>{''.join(inner)}</details>")
+                       f"{esc(', '.join(what))}</summary>{''.join(inner)}</details>")
     return "".join(out)
 
 

@@ -81,6 +81,8 @@ def recovery_timeline(scenario: dict[str, Any]) -> str:
             parts.append(circle(xs(recover), y, 5, PALETTE["recover"], tip=f"recovered at {fmt(recover, 's')}"))
             parts.append(text(xs(recover) + 8, y - 6, fmt(recover, "s"), size=10, fill=PALETTE["recover"]))
         else:
+            start = xs(detect if detect is not None else 0.0)
+            parts.append(line(start, y, xs.b, y, PALETTE["failed"], 2, dash="4 3", tip="no recovery observed"))
             parts.append(text(xs.b, y - 8, "not recovered", anchor="end", size=10, fill=PALETTE["failed"],
                               weight="600"))
     bottom = top + row_h * len(reps)
