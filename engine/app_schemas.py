@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 SEED_MAX = 2**63 - 1
 # OpenAI documents up to 4 stop sequences.
 MAX_STOP = 4
+# vLLM's _SAMPLING_EPS, the same number as engine.sampling.GREEDY_BELOW (which imports torch,
+# so it is not imported here): a temperature below it is greedy.
+GREEDY_BELOW = 1e-5
 
 
 class _Sampling(BaseModel):
@@ -23,8 +26,10 @@ class _Sampling(BaseModel):
 
     model: StrictStr
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True)
+    # The ranges OpenAI and vLLM accept; finite numbers only (NaN and Infinity are valid in
+    # Python's JSON and would reach the sampler otherwise).
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
     seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX)
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
@@ -33,8 +38,8 @@ class _Sampling(BaseModel):
     ignore_eos: StrictBool = False
     n: StrictInt = 1
     logprobs: object = None
-    presence_penalty: float = Field(default=0.0, strict=True)
-    frequency_penalty: float = Field(default=0.0, strict=True)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, strict=True, allow_inf_nan=False)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, strict=True, allow_inf_nan=False)
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -5,7 +5,7 @@ client (the proxy, or the ``generate --tp 2`` launcher) and speaks one JSON
 object per line. The message shapes are fixed by contracts.md; the constructors
 here are the only place that spells them, so rank and clients cannot drift.
 
-rank -> client: ready | fatal | progress | token | done | error | pong | fault_armed
+rank -> client: ready | fatal | progress | token | done | error | pong | fault_armed | heartbeat
 client -> rank: generate | cancel | ping | fault
 """
 
@@ -62,6 +62,14 @@ def pong(counter: int, busy: bool) -> dict[str, Any]:
     return {"type": "pong", "counter": counter, "busy": busy}
 
 
+def heartbeat(counter: int, busy: bool, wait_s: float) -> dict[str, Any]:
+    """Sent every heartbeat period by a thread of its own once the rank is ready: a rank that
+    is frozen (or dead) falls silent. ``wait_s`` is how long the rank has been waiting for its
+    peer inside one allreduce (0 when it is not waiting): a rank waiting long means the PEER is
+    stalled, while this rank is alive."""
+    return {"type": "heartbeat", "counter": counter, "busy": busy, "wait_s": round(float(wait_s), 3)}
+
+
 def fault_armed(what: str, at_step: int | None) -> dict[str, Any]:
     return {"type": "fault_armed", "what": what, "at_step": at_step}
 
@@ -99,6 +107,7 @@ _REQUIRED = {
     "done": ("id", "finish_reason", "prompt_tokens", "completion_tokens"),
     "error": ("message",),
     "pong": ("counter", "busy"),
+    "heartbeat": ("counter", "busy", "wait_s"),
     "fault_armed": ("what",),
     "generate": ("id", "prompt_ids", "max_tokens"),
     "cancel": ("id",),

@@ -18,6 +18,7 @@ _HELP = {
     "v100plan_rank_restarts_total": ("counter", "rank pair starts after the first, successful or not"),
     "v100plan_rank_restart_failures_total": ("counter", "rank pair starts that did not come up"),
     "v100plan_cancelled_total": ("counter", "requests cancelled on both ranks (client gone or stop string)"),
+    "v100plan_request_errors_total": ("counter", "requests the ranks answered with an error (the ranks stayed up)"),
     "v100plan_ranks_up": ("gauge", "1 when both ranks are up and their self-test passed"),
     "v100plan_rank_generation": ("gauge", "generation number of the current rank pair"),
     "v100plan_queue_depth": ("gauge", "requests waiting behind the running one"),
@@ -26,12 +27,15 @@ _HELP = {
 }
 
 
+def escape_label(value: str) -> str:
+    """The text format's label-value escaping: backslash, double quote and line feed."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
     if not labels:
         return ""
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in labels)
-    return "{" + inner + "}"
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in labels) + "}"
 
 
 @dataclass

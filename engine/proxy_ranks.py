@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import glob
+import hashlib
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -62,7 +65,9 @@ class RankLink:
     sink: asyncio.Queue | None = None                            # the pair's merged queue
     ready: dict | None = None
     last_message_monotonic: float = field(default_factory=time.monotonic)
+    last_progress_monotonic: float = field(default_factory=time.monotonic)  # when the counter last moved
     last_counter: int | None = None
+    wait_s: float = 0.0            # from the last heartbeat: how long this rank has waited for its peer
     eof: bool = False
     fatal_message: str | None = None
     ping_sent_monotonic: float | None = None  # an unanswered ping's send time
@@ -98,10 +103,16 @@ class RankLink:
                 msg = protocol.decode(line)
             except protocol.ProtocolError:
                 continue  # not a protocol message; the rank's log has the context
-            self.last_message_monotonic = time.monotonic()
+            now = time.monotonic()
+            self.last_message_monotonic = now
             if "counter" in msg:
+                if msg["counter"] != self.last_counter:
+                    self.last_progress_monotonic = now
                 self.last_counter = msg["counter"]
             kind = msg.get("type")
+            if kind == "heartbeat":
+                self.wait_s = float(msg.get("wait_s") or 0.0)
+                continue
             if kind == "pong":
                 self.ping_sent_monotonic = None
                 continue
@@ -166,7 +177,60 @@ class RankPair:
                 await link.proc.wait()
             if link._reader_task is not None:
                 link._reader_task.cancel()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        remove_run_dir(self.run_dir)
+
+
+# The host mailbox's file names (engine/allreduce/host_mailbox.py, mailbox_file): the secret key
+# of one start, read from the rendezvous directory, is part of every name. Spelled again here so
+# the proxy can clean up after killed ranks without importing torch.
+MAILBOX_KEY_FILE = "mailbox.key"
+MAILBOX_GLOB = "v100plan-mbox-{key}-*"
+
+
+def new_mailbox_key(rendezvous_dir: str) -> str:
+    """A fresh 128-bit key for this start's mailbox names, in a 0600 file of the 0700
+    rendezvous directory: nobody else can guess the names, so nobody can pre-create them."""
+    key = secrets.token_hex(16)
+    fd = os.open(os.path.join(rendezvous_dir, MAILBOX_KEY_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    return key
+
+
+def _mailbox_dirs() -> list[str]:
+    return [d for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)]
+
+
+def remove_run_dir(run_dir: str) -> None:
+    """A run directory and the mailbox files its ranks may have left (killed before they unlinked them)."""
+    try:
+        with open(os.path.join(run_dir, "rdv", MAILBOX_KEY_FILE)) as fh:
+            key = fh.read().strip()
+    except OSError:
+        key = ""
+    if key.isalnum():
+        for d in _mailbox_dirs():
+            for path in glob.glob(os.path.join(d, MAILBOX_GLOB.format(key=key))):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _fallback_prefix(state_dir: str) -> str:
+    return "v100plan-run-" + hashlib.sha1(state_dir.encode()).hexdigest()[:10] + "-"
+
+
+def reap_stale_runs(state_dir: str) -> list[str]:
+    """At start (holding the state directory's lock, so no other serve uses it): remove the run
+    directories of earlier proxies (killed by SIGKILL, they could not clean up), with their
+    stale sockets, rendezvous stores and mailbox files."""
+    found = glob.glob(os.path.join(state_dir, "run", "*"))
+    found += glob.glob(os.path.join(tempfile.gettempdir(), _fallback_prefix(state_dir) + "*"))
+    for path in found:
+        remove_run_dir(path)
+    return found
 
 
 def _run_dir(state_dir: str, generation: int) -> str:
@@ -174,8 +238,9 @@ def _run_dir(state_dir: str, generation: int) -> str:
     candidate = os.path.join(base, f"g{generation}")
     if len(os.path.join(candidate, "r0.sock")) > _SUN_PATH_MAX:
         Path(state_dir).mkdir(parents=True, exist_ok=True)
-        return tempfile.mkdtemp(prefix=f"v100plan-g{generation}-")
-    shutil.rmtree(candidate, ignore_errors=True)
+        return tempfile.mkdtemp(prefix=_fallback_prefix(state_dir) + f"g{generation}-")
+    remove_run_dir(candidate)
+    os.makedirs(base, mode=0o700, exist_ok=True)
     os.makedirs(candidate, mode=0o700)
     return candidate
 
@@ -189,13 +254,14 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
     run_dir = _run_dir(cfg.state_dir, generation)
     rendezvous = os.path.join(run_dir, "rdv")
     os.makedirs(rendezvous, mode=0o700, exist_ok=True)
+    new_mailbox_key(rendezvous)
     log_dir = os.path.join(cfg.state_dir, "logs")
-    os.makedirs(log_dir, exist_ok=True)
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
     links: list[RankLink] = []
     for rank in (0, 1):
         sock = os.path.join(run_dir, f"r{rank}.sock")
         log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
-        with open(log_path, "ab") as log:
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 *rank_command(cfg, rank, generation, rendezvous, sock, rank1_extra if rank == 1 else ()),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,

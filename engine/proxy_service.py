@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections import deque
 from typing import Callable
@@ -42,8 +43,19 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+_PID = re.compile(r"\s*\(pid \d+\)")
+_PATH = re.compile(r"(?<![\w.])/[^\s:'\"(),]+")
+
+
+def public_reason(reason: str) -> str:
+    """A failure as clients may read it: its first line, without process ids or file paths
+    (the full reason goes to the log and to /health for callers with the key)."""
+    line = reason.splitlines()[0] if reason else ""
+    return _PATH.sub("<path>", _PID.sub("", line))[:200]
+
+
 def _restarting(reason: str) -> str:
-    return f"the engine's ranks failed ({reason.splitlines()[0]}); the service is restarting them"
+    return f"the engine's ranks failed ({public_reason(reason)}); the service is restarting them"
 
 
 def _previous_generation(state_dir: str) -> int:
@@ -60,7 +72,8 @@ class Service:
         self.log = log
         self.metrics = Metrics()
         self.on_exit = on_exit
-        self.state = "starting"            # starting | up | restarting | exiting
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.state = "starting"            # starting | up | restarting | draining | exiting
         self.pair: RankPair | None = None
         # Generations keep counting across proxy restarts (supervisor), so a generation number
         # names one pair of rank processes for the life of the state directory.
@@ -79,12 +92,31 @@ class Service:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.loop = loop
         self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(self._worker())]
+
+    async def drain(self, timeout_s: float) -> None:
+        """SIGTERM/SIGINT: take no new request (503), let the running and queued ones finish for
+        up to `timeout_s`, then end what is left with 503 (an SSE error event + [DONE] on streams).
+        The watchdog stops restarting ranks from here on."""
+        if self.state in ("draining", "exiting"):
+            return
+        self.state = "draining"
+        self.metrics.set("v100plan_ranks_up", 0)
+        self._write_state()
+        self.log.emit("drain", running=self.running.id if self.running else None, queued=len(self.queue),
+                      timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while (self.running is not None or self.queue) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = (1 if self.running is not None else 0) + len(self.queue)
+        self._fail_pending(503, "the service is shutting down")
+        self.log.emit("drained", unfinished=left)
 
     async def stop(self) -> None:
         """Serve is shutting down (SIGTERM, SIGINT or the restart cap): end requests, stop both ranks."""
         self.state = "exiting"
-        for task in self._tasks:
+        for task in self._tasks:  # the watchdog first: the ranks' exit below is no failure
             task.cancel()
         self._fail_pending(503, "the service is shutting down")
         pids = self.pair.pids if self.pair else []
@@ -101,9 +133,12 @@ class Service:
             if pair is None:
                 return
             previous_reason = await watchdog.watch(
-                pair, self._busy_since, self.cfg.stall_timeout_s, self.cfg.ping_interval_s
+                pair, self._busy_since, self.cfg.stall_timeout_s, self.cfg.ping_interval_s,
+                self.cfg.liveness_timeout_s or None,
             )
             await self._take_down(pair, previous_reason)
+            if self.state in ("draining", "exiting"):
+                return  # shutting down: no new generation
 
     async def _bring_up(self, after_failure: str | None) -> RankPair | None:
         while True:
@@ -159,12 +194,20 @@ class Service:
         lockstep = "LOCKSTEP FAILURE" in reason
         if lockstep:
             self.metrics.inc("v100plan_lockstep_failures_total")
-        cause = "lockstep" if lockstep else ("stall" if "no progress" in reason or "ping" in reason else "exit")
+        if lockstep:
+            cause = "lockstep"
+        elif "heartbeat" in reason or "stalled:" in reason:
+            cause = "liveness"
+        elif "no progress" in reason or "ping" in reason:
+            cause = "stall"
+        else:
+            cause = "exit"
         self.metrics.inc("v100plan_rank_failures_total", cause=cause)
-        self._publish_down("restarting")
+        self._publish_down("restarting" if self.state not in ("draining", "exiting") else self.state)
         self.log.emit("rank_failure", generation=pair.generation, rank_pids=pair.pids, reason=reason,
                       cause=cause, in_flight=self.running.id if self.running else None)
-        self._fail_pending(503, _restarting(reason))
+        self._fail_pending(503, _restarting(reason) if self.state == "restarting" else
+                           "the service is shutting down")
         await pair.close()
         self.pair = None
 
@@ -193,10 +236,10 @@ class Service:
             "host": self.cfg.host, "port": self.cfg.port, "last_failure": self.last_failure,
             "updated_unix": round(time.time(), 3),
         }
-        os.makedirs(self.cfg.state_dir, exist_ok=True)
+        os.makedirs(self.cfg.state_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.cfg.state_dir, "service.json")
         tmp = path + f".{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
             json.dump(doc, fh, indent=1)
         os.replace(tmp, path)
 
@@ -213,7 +256,8 @@ class Service:
         if self.state != "up":
             raise Unavailable(
                 f"the engine is {self.state}"
-                + (f" after: {self.last_failure.splitlines()[0]}" if self.last_failure else ""),
+                + (f" after: {public_reason(self.last_failure)}"
+                   if self.last_failure and self.state != "draining" else ""),
                 retry_after_s=10 if self.state == "starting" else 5,
             )
         if len(self.queue) >= self.cfg.queue_cap and (self.running is not None or self.queue):
@@ -240,7 +284,8 @@ class Service:
 
     async def _worker(self) -> None:
         while True:
-            while not self.queue or self.state != "up" or self.pair is None or self.pair.failure is not None:
+            while (not self.queue or self.state not in ("up", "draining") or self.pair is None
+                   or self.pair.failure is not None):
                 self._wake.clear()
                 await self._wake.wait()
             job = self.queue.popleft()
@@ -315,7 +360,13 @@ class Service:
     def _finish(self, job: Job, done: list) -> None:
         errors = [d for d in done if d.get("type") == "error"]
         if errors:
-            job.finish(("error", 500, "; ".join(f"rank {d['_rank']}: {d.get('message')}" for d in errors)))
+            # The ranks refused or failed this one request (they stay up); the API validates
+            # every input first, so this is the engine's fault, not the client's. The detail
+            # goes to the log, not to the client.
+            detail = "; ".join(f"rank {d['_rank']}: {d.get('message')}" for d in errors)
+            self.log.emit("request_failed_on_ranks", id=job.id, reason=detail)
+            self.metrics.inc("v100plan_request_errors_total")
+            job.finish(("error", 500, "the engine could not complete this request (see the service log)"))
             return
         r0 = done[0]
         usage = {"prompt_tokens": r0.get("prompt_tokens", len(job.params.prompt_ids)),

@@ -6,6 +6,15 @@ weights, then send ``ready`` (or ``fatal`` and exit non-zero). Requests are take
 strictly in the order the client sends them, one at a time; the same client
 (the proxy) feeds both ranks the same sequence, so admission is decided in one place.
 
+Once ready, a thread of its own sends a heartbeat every --heartbeat-interval-s (with the
+step counter and how long this rank has been waiting for its peer in an allreduce), so
+the proxy finds a frozen rank, or a rank whose peer stalled, in seconds, busy or idle.
+
+A request that fails for any reason of its own (an input the model cannot take, a
+sampler error, any exception outside the allreduce and the lockstep check) is answered
+with an ``error`` message for that request and the rank stays up; only a fault of the
+rank itself (LOCKSTEP FAILURE, a failed or timed-out allreduce) ends the process.
+
 Exit codes: 0 client closed the connection, 1 start-up failed, 3 LOCKSTEP FAILURE,
 4 allreduce failed or timed out, 17 exit injected by the fault hook.
 """
@@ -40,6 +49,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=60.0)
     p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--heartbeat-interval-s", type=float, default=1.0,
+                   help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
                    help="(fault injection only) make this path's self-test fail on this rank")
 
@@ -92,6 +103,7 @@ class Rank:
         self.cancelled: set[str] = set()
         self.faults: list[dict] = []
         self.abort = threading.Event()
+        self.wait_since: float | None = None  # monotonic start of the current allreduce wait
 
     # ---- start-up ---------------------------------------------------------------------------------
     def start(self) -> dict:
@@ -134,6 +146,7 @@ class Rank:
                 abort=self.abort, rendezvous_dir=a.rendezvous, generation=a.generation, store=store,
                 fail_selftest=set(a.fail_selftest), log=lambda m: log(self.r, m))
             self.path = self.choice.path
+            self._time_waits(self.path)
         self.comm = Comm(self.path) if self.path else None
         self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm)
         weights.load_into(self.model, a.model)
@@ -144,6 +157,28 @@ class Rank:
         race = self.choice.race if self.choice else None
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context}")
         return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size)
+
+    def _time_waits(self, path) -> None:
+        """Record when this rank enters and leaves each exchange with its peer (the heartbeat
+        reports the wait). Instance attribute: Comm, Lockstep and the path's own allreduce_sum
+        and gather_last all go through path.all_gather."""
+        inner = path.all_gather
+
+        def all_gather(x):
+            self.wait_since = time.monotonic()
+            try:
+                return inner(x)
+            finally:
+                self.wait_since = None
+
+        path.all_gather = all_gather
+
+    def heartbeat(self, server: Server, interval_s: float) -> None:
+        while True:
+            since = self.wait_since
+            server.send(protocol.heartbeat(self.counter, self.busy,
+                                           0.0 if since is None else time.monotonic() - since))
+            time.sleep(interval_s)
 
     # ---- the control socket -------------------------------------------------------------------------
     def reader(self, server: Server) -> None:
@@ -183,7 +218,8 @@ class Rank:
     # ---- requests ------------------------------------------------------------------------------------
     def serve(self, server: Server) -> None:
         from engine import runner
-        from engine.lockstep import Record, token_hash
+        from engine.allreduce import PathError
+        from engine.lockstep import LockstepFailure, Record, token_hash
         from engine.sampling import Sampler
 
         while True:
@@ -192,8 +228,8 @@ class Rank:
             self.busy = True
             try:
                 sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0))
-            except ValueError as e:
-                server.send(protocol.error(rid, str(e)))
+            except (ValueError, TypeError, OverflowError) as e:
+                server.send(protocol.error(rid, f"{type(e).__name__}: {e}"))
                 self.busy = False
                 continue
             seq = {"n": 0}
@@ -225,8 +261,13 @@ class Rank:
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
                                          set(req.get("stop_token_ids") or []), self.args.prefill_chunk, hook)
-            except ValueError as e:  # the request itself is unusable: both ranks see the same input
-                server.send(protocol.error(rid, str(e)))
+            except (LockstepFailure, PathError):
+                raise  # a fault of the rank pair, not of the request: the proxy restarts both
+            except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
+                # Both ranks see the same input, so both fail the same way at the same point
+                # (before the same exchange); the pair stays in step and serves the next request.
+                log(self.r, f"request {rid} failed: {type(e).__name__}: {e}")
+                server.send(protocol.error(rid, f"{type(e).__name__}: {e}"))
             else:
                 # One line per request in each rank's log: the acceptance suite checks the two ranks
                 # agree request by request (same steps, same finish, same token hash).
@@ -255,6 +296,8 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_STARTUP
     server.send(ready)
     threading.Thread(target=rank.reader, args=(server,), daemon=True).start()
+    if args.heartbeat_interval_s > 0:
+        threading.Thread(target=rank.heartbeat, args=(server, args.heartbeat_interval_s), daemon=True).start()
     from engine.allreduce import PathError
     from engine.lockstep import LockstepFailure
 

@@ -3,20 +3,32 @@
 Both ranks hold bit-identical logits and seed the same CPU generator, so they draw
 the same token; ``offset`` counts the draws and enters the lockstep hash, so a rank
 whose generator drifted is caught even before its tokens differ.
+
+The sampler cannot build an invalid distribution: a temperature below GREEDY_BELOW
+is greedy (as in vLLM), the top token always survives top-p (however small top_p is,
+even below float32's smallest number), and logits that give no finite distribution
+(an overflow at a tiny temperature, a NaN) fall back to the argmax for that draw.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+# vLLM's _SAMPLING_EPS: temperatures below it are treated as 0 (greedy). Dividing logits by
+# anything much smaller overflows float32 to inf, and softmax(inf) is NaN.
+GREEDY_BELOW = 1e-5
 
 
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
+        temperature, top_p = float(temperature), float(top_p)
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        if not math.isfinite(top_p) or not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        self.temperature = temperature
+        self.temperature = 0.0 if temperature < GREEDY_BELOW else temperature
         self.top_p = top_p
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
         self.offset = 0
@@ -25,12 +37,21 @@ class Sampler:
         """logits [V] (any device, float32) -> token id."""
         logits = logits.detach().to("cpu", torch.float32)
         if self.temperature == 0:
-            return int(torch.argmax(logits))  # first maximum on ties, the same on every rank
+            return _argmax(logits)
         probs = torch.softmax(logits / self.temperature, dim=-1)  # [V]
         if self.top_p < 1:
             sorted_p, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_p, 0) - sorted_p < self.top_p  # always keeps the top token
+            keep = torch.cumsum(sorted_p, 0) - sorted_p < self.top_p
+            keep[0] = True  # the top token always stays (top_p may round to 0 in float32)
             sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-        self.offset += 1
+        self.offset += 1  # one draw, whichever way it is made: both ranks count the same
+        total = float(probs.sum())
+        if not (math.isfinite(total) and total > 0) or not bool(torch.isfinite(probs).all()):
+            return _argmax(logits)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def _argmax(logits: torch.Tensor) -> int:
+    # First maximum on ties, the same on every rank; NaNs never win.
+    return int(torch.argmax(torch.nan_to_num(logits, nan=-math.inf)))

@@ -19,6 +19,10 @@ DTYPES = ("float32", "float16", "bfloat16")
 # FACTS.md, "How the two-process engine stayed safe": a request whose progress
 # counter does not move for 180 s is treated as stalled.
 DEFAULT_STALL_TIMEOUT_S = 180.0
+# A rank sends a heartbeat every second; this much silence (or this long waiting for its peer
+# in one allreduce) ends the pair. Within the 10 s the service promises for a frozen rank.
+DEFAULT_LIVENESS_TIMEOUT_S = 5.0
+HEARTBEAT_INTERVAL_S = 1.0
 
 
 class ServeConfigError(Exception):
@@ -47,6 +51,12 @@ class ServeConfig:
     allreduce_timeout_s: float | None
     ping_interval_s: float
     log_file: str | None
+    liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S
+    drain_timeout_s: float = 10.0      # SIGTERM/SIGINT: how long running requests may finish
+    header_timeout_s: float = 10.0     # a request's headers must arrive within this
+    body_timeout_s: float = 30.0       # ... and its body within this after the headers
+    keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
+    max_connections: int = 256         # open client connections; beyond: 503 and close
 
     @property
     def is_loopback(self) -> bool:
@@ -77,9 +87,32 @@ def parse_devices(text: str) -> tuple[str, str]:
     return (parts[0], parts[1])
 
 
-def default_state_dir() -> str:
+def default_state_dir(port: int = 8000) -> str:
+    """One directory per instance (its port), so two services of one user never share sockets,
+    logs or generation numbers."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "v100plan-engine")
+    return os.path.join(base, "v100plan-engine", f"port-{port}")
+
+
+def read_api_key(path: str) -> str:
+    """The key in `path`; refused when the file can be read by its group or by others."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ServeConfigError(f"--api-key-file {path}: cannot read it ({exc.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o077:
+            raise ServeConfigError(
+                f"--api-key-file {path} is readable by other users (mode {mode & 0o777:04o}): "
+                f"run `chmod 600 {path}` and start again")
+        with os.fdopen(fd, "r", closefd=False) as fh:
+            key = fh.read().strip()
+    finally:
+        os.close(fd)
+    if not key:
+        raise ServeConfigError(f"--api-key-file {path} is empty")
+    return key
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +140,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ping-interval-s", type=float, default=None,
                         help="idle liveness ping period (default: a quarter of the stall timeout, at most 10 s)")
     parser.add_argument("--log-file", default=None, help="also append the structured log lines here")
+    parser.add_argument("--liveness-timeout-s", type=float, default=DEFAULT_LIVENESS_TIMEOUT_S,
+                        help="a rank silent this long (no heartbeat), or waiting this long for its peer in "
+                             "one allreduce, ends the pair; 0: no heartbeat check")
+    parser.add_argument("--drain-timeout-s", type=float, default=10.0,
+                        help="on SIGTERM/SIGINT, how long running requests may finish before they get 503")
+    parser.add_argument("--header-timeout-s", type=float, default=10.0,
+                        help="a client must send its request headers within this")
+    parser.add_argument("--body-timeout-s", type=float, default=30.0,
+                        help="... and the request body within this after the headers")
+    parser.add_argument("--keep-alive-timeout-s", type=float, default=5.0,
+                        help="idle kept-alive connections are closed after this")
+    parser.add_argument("--max-connections", type=int, default=256,
+                        help="open client connections; one more is answered 503 and closed")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -116,14 +162,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     model = Path(args.model)
     if not (model / "config.json").is_file():
         raise ServeConfigError(f"--model {args.model}: no config.json there (expected a Hugging Face model directory)")
-    api_key = None
-    if args.api_key_file:
-        try:
-            api_key = Path(args.api_key_file).read_text().strip()
-        except OSError as exc:
-            raise ServeConfigError(f"--api-key-file {args.api_key_file}: cannot read it ({exc.strerror})") from None
-        if not api_key:
-            raise ServeConfigError(f"--api-key-file {args.api_key_file} is empty")
+    api_key = read_api_key(args.api_key_file) if args.api_key_file else None
     if not host_is_loopback(args.host) and api_key is None:
         raise ServeConfigError(
             f"--host {args.host} is not a loopback address: refusing to serve it without --api-key-file"
@@ -135,6 +174,16 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ServeConfigError("--max-context must be at least 2 tokens")
     if args.stall_timeout_s <= 0 or args.start_timeout_s <= 0:
         raise ServeConfigError("timeouts must be positive")
+    for name in ("drain_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+        if getattr(args, name) <= 0:
+            raise ServeConfigError(f"--{name.replace('_', '-')} must be positive")
+    if args.liveness_timeout_s < 0:
+        raise ServeConfigError("--liveness-timeout-s must be 0 (off) or positive")
+    if args.liveness_timeout_s and args.liveness_timeout_s < 2 * HEARTBEAT_INTERVAL_S:
+        raise ServeConfigError(f"--liveness-timeout-s must be at least {2 * HEARTBEAT_INTERVAL_S:g} s "
+                               f"(two heartbeats) or 0")
+    if args.max_connections < 1:
+        raise ServeConfigError("--max-connections must be 1 or more")
     devices = parse_devices(args.device)
     dtype = args.dtype or ("float32" if devices[0] == "cpu" else "float16")
     ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
@@ -152,13 +201,19 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         enable_fault_injection=args.enable_fault_injection,
         devices=devices,
         dtype=dtype,
-        state_dir=str(Path(args.state_dir or default_state_dir()).resolve()),
+        state_dir=str(Path(args.state_dir or default_state_dir(args.port)).resolve()),
         served_model_name=args.served_model_name,
         body_limit_bytes=args.body_limit_bytes,
         start_timeout_s=args.start_timeout_s,
         allreduce_timeout_s=args.allreduce_timeout_s,
         ping_interval_s=ping,
         log_file=args.log_file,
+        liveness_timeout_s=args.liveness_timeout_s,
+        drain_timeout_s=args.drain_timeout_s,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        keep_alive_timeout_s=args.keep_alive_timeout_s,
+        max_connections=args.max_connections,
     )
 
 
@@ -177,6 +232,7 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         "--dtype", cfg.dtype,
         "--allreduce", cfg.allreduce,
         "--generation", str(generation),
+        "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
     ]
     if cfg.max_context is not None:
         cmd += ["--max-context", str(cfg.max_context)]

@@ -12,8 +12,12 @@ have systemd. Process tree under supervisord:
         ├── python -m engine rank --rank 0   (die with the proxy: PR_SET_PDEATHSIG)
         └── python -m engine rank --rank 1
 
-`stop` shuts supervisord down (it signals the proxy's whole process group), then
-checks that the proxy and both ranks are gone, SIGKILLs any straggler and says so.
+`stop` shuts supervisord down: it sends SIGTERM to the proxy alone, which drains, stops its
+watchdog and only then its ranks (signalling the whole group at once made the watchdog see
+its ranks die and start a new generation mid-shutdown); whatever is left after
+stopwaitsecs is SIGKILLed as a group. Then `stop` checks that the proxy and both ranks are
+gone, SIGKILLs any straggler and says so. The default state directory is per port
+(default_state_dir), so two instances never share one.
 Every subcommand prints one JSON object on stdout.
 """
 
@@ -75,6 +79,18 @@ def serve_command(serve_args: list[str], state_dir: str) -> list[str]:
     return [sys.executable, "-m", "engine", "serve", *cleaned, "--state-dir", state_dir]
 
 
+def _serve_port(serve_args: list[str]) -> int:
+    for i, a in enumerate(serve_args):
+        try:
+            if a == "--port" and i + 1 < len(serve_args):
+                return int(serve_args[i + 1])
+            if a.startswith("--port="):
+                return int(a.split("=", 1)[1])
+        except ValueError:
+            break
+    return 8000
+
+
 def supervisord_conf(state_dir: str, command: list[str]) -> str:
     s = _conf_value(state_dir)
     return f"""; written by `python -m engine supervise start`; edit the serve flags there, not here
@@ -88,6 +104,8 @@ pidfile={s}/supervisord.pid
 childlogdir={s}/logs
 identifier=v100plan-engine
 nodaemon=false
+; the program's logs and files: the user's only
+umask=077
 
 [rpcinterface:supervisor]
 supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
@@ -106,8 +124,9 @@ startsecs=2
 startretries=10
 stopsignal=TERM
 stopwaitsecs=20
-; the ranks share the proxy's process group: stop and kill reach them too
-stopasgroup=true
+; SIGTERM to the proxy alone: it drains and stops its watchdog before its ranks. Only the
+; SIGKILL after stopwaitsecs goes to the whole group (the ranks share the proxy's group).
+stopasgroup=false
 killasgroup=true
 stdout_logfile={s}/logs/serve.stdout.log
 stderr_logfile={s}/logs/serve.stderr.log
@@ -126,8 +145,9 @@ Environment=PYTHONUNBUFFERED=1
 ExecStart={shlex.join(command)}
 Restart=always
 RestartSec=2
-# Stop signals the whole cgroup, so no rank outlives the proxy (they also die with it by PR_SET_PDEATHSIG).
-KillMode=control-group
+# SIGTERM to the proxy alone (it drains, stops its watchdog, then its ranks); the final SIGKILL
+# reaches the whole cgroup, so no rank outlives the proxy (they also die with it by PR_SET_PDEATHSIG).
+KillMode=mixed
 TimeoutStopSec=30
 
 [Install]
@@ -207,9 +227,12 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
         raise SuperviseError(f"supervisord already runs for {state_dir} (pid {_supervisord_pid(state_dir)}); "
                              "`supervise stop` first")
     command = serve_command(serve_args, state_dir)
-    os.makedirs(os.path.join(state_dir, "logs"), exist_ok=True)
+    os.makedirs(os.path.join(state_dir, "logs"), mode=0o700, exist_ok=True)
+    os.chmod(state_dir, 0o700)
     conf = os.path.join(state_dir, "supervisord.conf")
-    Path(conf).write_text(supervisord_conf(state_dir, command))
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(supervisord_conf(state_dir, command))
     try:
         os.remove(os.path.join(state_dir, "service.json"))  # a previous run's PIDs would mislead status
     except FileNotFoundError:
@@ -295,12 +318,13 @@ def main(argv: list[str] | None = None) -> int:
         argv, serve_args = argv[:at], argv[at + 1:]
     parser = argparse.ArgumentParser(prog="python -m engine supervise", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("start", "stop", "status", "unit"))
-    parser.add_argument("--state-dir", default=default_state_dir())
+    parser.add_argument("--state-dir", default=None,
+                        help="default: per port, as serve's (the --port after `--`, else 8000)")
     parser.add_argument("--wait-healthy-s", type=float, default=0.0,
                         help="start: wait until /health says 200 (0: return once supervisord runs)")
     parser.add_argument("--install", action="store_true", help="unit: install for `systemctl --user` and start it")
     args = parser.parse_args(argv)
-    state_dir = str(Path(args.state_dir).resolve())
+    state_dir = str(Path(args.state_dir or default_state_dir(_serve_port(serve_args))).resolve())
     try:
         if args.action == "start":
             result = start(state_dir, serve_args, args.wait_healthy_s)

@@ -1,11 +1,15 @@
 """The watchdog: decides when a rank generation is dead, and how many restarts are allowed.
 
 A generation is dead when a rank process exits, closes its control socket, sends a
-fatal message (LOCKSTEP FAILURE among them), or stops making progress: during a
-request, no message from a rank for stall_timeout_s (every token and prefill chunk
-carries a progress counter); while idle, an unanswered ping for stall_timeout_s
-(so a frozen rank is found before the next request walks into it, and /health
-never says "up" for a frozen pair).
+fatal message (LOCKSTEP FAILURE among them), falls silent, or stops making progress:
+
+- liveness (seconds, busy or idle): each rank sends a heartbeat every second from a
+  thread of its own; a rank silent for liveness_timeout_s is frozen or gone, and a
+  rank that reports waiting for its peer inside one allreduce for liveness_timeout_s
+  names a stalled peer (the waiting rank is fine: it keeps beating);
+- progress (the step watchdog, FACTS.md's 180 s field default): during a request, a
+  rank whose progress counter (carried by every token, prefill chunk and heartbeat)
+  did not move for stall_timeout_s; while idle, an unanswered ping for stall_timeout_s.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from engine.proxy_ranks import RankPair
 
 
 def pair_failure(pair: RankPair, busy_since_monotonic: float | None, stall_timeout_s: float,
-                 now: float | None = None) -> str | None:
+                 now: float | None = None, liveness_timeout_s: float | None = None) -> str | None:
     """Why this pair is dead, or None. `busy_since_monotonic` is when the running request
-    was sent to the ranks (None when idle)."""
+    was sent to the ranks (None when idle); `liveness_timeout_s` None: no heartbeat check."""
     now = time.monotonic() if now is None else now
     for link in pair.links:
         if link.fatal_message is not None:
@@ -30,9 +34,20 @@ def pair_failure(pair: RankPair, busy_since_monotonic: float | None, stall_timeo
             return f"rank {link.rank} (pid {link.pid}) exited with code {link.proc.returncode}"
         if link.eof:
             return f"rank {link.rank} (pid {link.pid}) closed its control socket"
+    if liveness_timeout_s:
+        for link in pair.links:
+            silent_s = now - link.last_message_monotonic
+            if silent_s > liveness_timeout_s:
+                return (f"rank {link.rank} (pid {link.pid}) sent no heartbeat for {silent_s:.1f} s "
+                        f"(frozen or stuck; liveness timeout {liveness_timeout_s:g} s)")
+        for link in pair.links:
+            if link.wait_s > liveness_timeout_s:
+                peer = pair.links[1 - link.rank]
+                return (f"rank {peer.rank} (pid {peer.pid}) stalled: rank {link.rank} has waited "
+                        f"{link.wait_s:.1f} s for it in an allreduce (liveness timeout {liveness_timeout_s:g} s)")
     for link in pair.links:
         if busy_since_monotonic is not None:
-            quiet_s = now - max(link.last_message_monotonic, busy_since_monotonic)
+            quiet_s = now - max(link.last_progress_monotonic, busy_since_monotonic)
             if quiet_s > stall_timeout_s:
                 return (f"rank {link.rank} (pid {link.pid}) made no progress for {quiet_s:.1f} s "
                         f"(counter {link.last_counter}, stall timeout {stall_timeout_s:g} s)")
@@ -77,14 +92,15 @@ def tick_s(stall_timeout_s: float) -> float:
     return max(0.02, min(0.25, stall_timeout_s / 20))
 
 
-async def watch(pair: RankPair, busy_since, stall_timeout_s: float, ping_interval_s: float) -> str:
+async def watch(pair: RankPair, busy_since, stall_timeout_s: float, ping_interval_s: float,
+                liveness_timeout_s: float | None = None) -> str:
     """Return the reason once `pair` is dead. `busy_since()` gives the running request's start."""
-    step = tick_s(stall_timeout_s)
+    step = min(tick_s(stall_timeout_s), tick_s(liveness_timeout_s or stall_timeout_s))
     while True:
         if pair.failure is not None:
             return pair.failure
         since = busy_since()
-        reason = pair_failure(pair, since, stall_timeout_s)
+        reason = pair_failure(pair, since, stall_timeout_s, liveness_timeout_s=liveness_timeout_s)
         if reason is not None:
             pair.fail(reason)
             return pair.failure

@@ -186,7 +186,10 @@ def test_api_key_checked(svc):
         r = anon.post("/v1/completions", json={"model": MODEL_ID, "prompt": "x"},
                       headers={"Authorization": "Bearer wrong-key"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-        assert anon.get("/health").status_code == 200  # health and metrics stay open for supervisors
+        # Health stays open for supervisors, but says only its status without the key; metrics need it.
+        h = anon.get("/health")
+        assert h.status_code == 200 and h.json() == {"status": "ok"}
+        assert anon.get("/metrics").status_code == 401
     finally:
         anon.close()
     with pytest.raises(openai.AuthenticationError):

@@ -122,6 +122,7 @@ class ServiceProcess:
         if api_key is not None:
             key_file = os.path.join(self.state_dir, "key")
             Path(key_file).write_text(api_key + "\n")
+            os.chmod(key_file, 0o600)  # serve refuses a key file others can read
             cmd += ["--api-key-file", key_file]
         self.cmd = cmd
         self._log = open(self.log_path, "ab")

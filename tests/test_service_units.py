@@ -70,11 +70,12 @@ def test_demo_tokenizer_pieces_concatenate_to_the_whole():
     assert "".join(asm.add(i) for i in ids) + asm.flush() == text.decode(ids)
 
 
-def _link(rank, *, exited=None, eof=False, fatal=None, last=0.0, ping=None):
+def _link(rank, *, exited=None, eof=False, fatal=None, last=0.0, ping=None, progress=None, wait_s=0.0):
     proc = SimpleNamespace(returncode=exited, pid=1000 + rank)
     return SimpleNamespace(rank=rank, proc=proc, pid=proc.pid, exited=exited is not None, eof=eof,
                            fatal_message=fatal, last_message_monotonic=last, last_counter=7,
-                           ping_sent_monotonic=ping)
+                           last_progress_monotonic=last if progress is None else progress,
+                           ping_sent_monotonic=ping, wait_s=wait_s)
 
 
 def _pair(*links):
@@ -92,6 +93,9 @@ def test_watchdog_verdicts():
     stalled = _pair(_link(0, last=99.0), _link(1, last=90.0))
     assert "rank 1 (pid 1001) made no progress for 6.0 s" in watchdog.pair_failure(stalled, 94.0, 5, now=100.0)
     assert watchdog.pair_failure(stalled, 96.0, 5, now=100.0) is None  # the request started 4 s ago
+    # Heartbeats keep coming from a rank whose counter does not move: still no progress.
+    beating = _pair(_link(0, last=99.9), _link(1, last=99.9, progress=90.0))
+    assert "made no progress" in watchdog.pair_failure(beating, 94.0, 5, now=100.0, liveness_timeout_s=3)
     # Idle: an unanswered ping older than the stall timeout.
     frozen = _pair(_link(0, ping=94.0), _link(1))
     assert "did not answer a ping" in watchdog.pair_failure(frozen, None, 5, now=100.0)
@@ -135,6 +139,7 @@ def test_serve_flags(tmp_path):
         _cfg("--host", "10.0.0.5")
     key = tmp_path / "key"
     key.write_text("s3cret\n")
+    key.chmod(0o600)
     assert _cfg("--host", "10.0.0.5", "--api-key-file", str(key)).api_key == "s3cret"
     with pytest.raises(ServeConfigError):
         parse_devices("gpu0")
@@ -143,7 +148,9 @@ def test_serve_flags(tmp_path):
 def test_supervisor_files_restart_the_proxy_and_reach_the_ranks():
     conf = supervisord_conf("/srv/state%x", ["/usr/bin/python3", "-m", "engine", "serve", "--port", "8000"])
     assert "command=/usr/bin/python3 -m engine serve --port 8000" in conf
-    assert "autorestart=true" in conf and "stopasgroup=true" in conf and "killasgroup=true" in conf
+    # SIGTERM to the proxy alone (it stops its watchdog before its ranks); SIGKILL to the group.
+    assert "autorestart=true" in conf and "stopasgroup=false" in conf and "killasgroup=true" in conf
+    assert "umask=077" in conf
     assert "file=/srv/state%%x/supervisor.sock" in conf  # '%' escaped for supervisord's expansion
     unit = systemd_unit(["/usr/bin/python3", "-m", "engine", "serve"])
-    assert "Restart=always" in unit and "KillMode=control-group" in unit
+    assert "Restart=always" in unit and "KillMode=mixed" in unit

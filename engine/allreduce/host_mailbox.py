@@ -11,16 +11,18 @@ which the peer writes only after it has finished reading k.
 
 The file is created 0600 under a temporary name, sized, and renamed into place:
 never truncated while the peer maps it; once both ranks have mapped both files the
-names are unlinked (the mappings stay), so nothing is left behind in /dev/shm. Its name carries the rendezvous key and the
-generation, so a restarted pair starts from fresh zeroed files. Every wait is
-bounded by the timeout and an abort flag.
+names are unlinked (the mappings stay), so nothing is left behind in /dev/shm. Its name carries a
+secret 128-bit key of this start (mailbox.key in the 0700 rendezvous directory, written by
+the proxy or, when absent, by whichever rank comes first) and the generation: another
+local user can neither guess nor pre-create the names, and a restarted pair starts from
+fresh zeroed files. Every wait is bounded by the timeout and an abort flag.
 """
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
+import secrets
 import tempfile
 import time
 
@@ -37,9 +39,35 @@ def _dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
+KEY_FILE = "mailbox.key"  # engine/proxy_ranks.py MAILBOX_KEY_FILE
+
+
+def mailbox_key(rendezvous_dir: str) -> str:
+    """This start's secret key: read from the rendezvous directory, or created there (0600) by
+    the first rank to look, published whole by a hard link so the other never reads half of it."""
+    path = os.path.join(rendezvous_dir, KEY_FILE)
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        pass
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(16))
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # the peer was first: its key stands
+    finally:
+        os.unlink(tmp)
+    with open(path) as fh:
+        return fh.read().strip()
+
+
 def mailbox_file(rendezvous_dir: str, generation: int, rank: int) -> str:
-    key = hashlib.sha1(os.path.abspath(rendezvous_dir).encode()).hexdigest()[:12]
-    return os.path.join(_dir(), f"v100plan-mbox-{key}-g{generation}-r{rank}")
+    # engine/proxy_ranks.py MAILBOX_GLOB matches these names to clean up after killed ranks.
+    return os.path.join(_dir(), f"v100plan-mbox-{mailbox_key(rendezvous_dir)}-g{generation}-r{rank}")
 
 
 def _create(path: str, size: int) -> None:
