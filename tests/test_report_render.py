@@ -348,3 +348,15 @@ def test_renderers_add_no_secret_the_document_does_not_hold(tmp_path, monkeypatc
         assert SECRET not in p.read_text(), p.name
     assert SECRET not in render_html(report) + render_junit(report)
     assert json.loads(paths["json"].read_text()) == report  # nothing added, nothing dropped
+
+
+def test_stream_gaps_plot_only_numbers_and_an_empty_list_is_not_measured():
+    report = _load("sample-report.json")
+    stream = next(s for s in report["scenarios"] if "stream_event_gaps_ms" in s.get("metrics", {}))
+    stream["metrics"]["stream_event_gaps_ms"] = [5.0, None, "x", True, 7.5, 6.0]
+    svg = _svg(render_html(report), f"stream-gaps-{stream['key']}")
+    assert len(re.findall(r"<title>event \d+: ", svg)) == 3
+    stream["metrics"]["stream_event_gaps_ms"] = []
+    stream["reason"] = None
+    svg = _svg(render_html(report), f"stream-gaps-{stream['key']}")
+    assert "not measured: no streamed events recorded" in svg

@@ -133,6 +133,10 @@ def _scenarios(report: dict[str, Any]) -> str:
     return "<h2>Scenarios</h2>" + table + _details(report["scenarios"])
 
 
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text)} characters)"
+
+
 def _details(scenarios: list[dict[str, Any]]) -> str:
     """Metrics, repetitions and evidence per scenario, folded away under the table."""
     out = []
@@ -140,8 +144,8 @@ def _details(scenarios: list[dict[str, Any]]) -> str:
         inner = []
         metrics = s.get("metrics") or {}
         if metrics:
-            rows = [(k, f"list of {len(v)} values (plotted)" if isinstance(v, list) else json.dumps(v))
-                    for k, v in metrics.items()]
+            rows = [(k, f"list of {len(v)} values (plotted below)" if k == "stream_event_gaps_ms"
+                     else _short(json.dumps(v))) for k, v in metrics.items()]
             inner.append(_table(["metric", "value"], rows))
         for r in s.get("repetitions") or []:
             events = "; ".join(f"{fmt(e['t_s'], 's')} {e['label']}" for e in r["events"])

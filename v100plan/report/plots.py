@@ -33,6 +33,10 @@ from v100plan.report.svg import (
 WIDTH = 720
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _why(unavailable: dict[str, str] | None, field: str, default: str) -> str:
     return (unavailable or {}).get(field) or default
 
@@ -160,7 +164,7 @@ def stream_gaps(scenario: dict[str, Any]) -> str:
     name = f"stream-gaps-{scenario['key']}"
     title = f"{scenario['key']}: gaps between streamed events"
     metrics = scenario.get("metrics") or {}
-    gaps = metrics.get("stream_event_gaps_ms")
+    gaps = [g for g in metrics.get("stream_event_gaps_ms") or [] if _is_number(g)]
     if not gaps:
         return not_measured(name, scenario.get("reason") or "no streamed events recorded", title)
     left, right, top, bottom = 60, WIDTH - 24, 30, 180
@@ -173,7 +177,7 @@ def stream_gaps(scenario: dict[str, Any]) -> str:
     for k, (key, color) in enumerate((("event_gap_ms_p50", PALETTE["recover"]), ("event_gap_ms_p99", PALETTE["failed"]),
                                       ("event_gap_ms_max", PALETTE["warned"]))):
         v = metrics.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if _is_number(v):
             y = ys(min(v, ys.hi))
             parts.append(line(left, y, right, y, color, 1.5, dash="5 3", tip=f"{key} = {fmt(v, 'ms')}"))
             parts.append(text(right - 110 * k, y - 4, f"{key.replace('event_gap_ms_', '')} {fmt(v, 'ms')}",
