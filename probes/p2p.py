@@ -219,7 +219,7 @@ def _p2p_applicable(ctx: ProbeContext) -> str | None:
 
 
 @case("p2p", "Per ordered pair: peer access, 4 KB direct vs host-staged latency, bulk bandwidth, NVLink links",
-      order=40, timeout_s=240, applicable=_p2p_applicable)
+      order=40, timeout_s=240, applicable=_p2p_applicable, needs=("inventory",))
 def run_p2p(ctx: ProbeContext) -> Outcome:
     cp = gpu.cupy()
     runs = 50 if ctx.options.mode == "quick" else 200

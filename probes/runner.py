@@ -1,5 +1,6 @@
 """Runs cases one after another, each contained: an exception or a timeout becomes status
-"error" for that case and the next case still runs."""
+"error" for that case and the next case still runs. A case's ``needs`` run first, even when
+only the case itself was selected (their results are in the report too)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from probes.cases import Case, Outcome
+from probes.cases import Case, Outcome, with_needs
 from probes.context import ProbeContext
 from probes.report import STATUSES, CaseResult
 
@@ -45,6 +46,7 @@ def _run_contained(case: Case, ctx: ProbeContext, timeout_s: float) -> tuple[Out
 def run_cases(cases: list[Case], ctx: ProbeContext, on_event: Event | None = None) -> list[CaseResult]:
     results: list[CaseResult] = []
     emit = on_event or (lambda _e: None)
+    cases = with_needs(cases)
     for i, case in enumerate(cases):
         emit({"event": "start", "key": case.key, "description": case.description, "index": i, "total": len(cases)})
         t0 = time.perf_counter()

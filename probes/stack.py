@@ -182,7 +182,7 @@ def small_allreduce(torch: Any, n_cards: int) -> str:
 
 
 @case("software_stack", "Whether the installed NCCL, torch and cupy carry code for each card's architecture",
-      order=20, timeout_s=240, applicable=needs_cards)
+      order=20, timeout_s=240, applicable=needs_cards, needs=("inventory",))
 def run_stack(ctx: ProbeContext) -> Outcome:
     got = read_stack(ctx)
     problems, notes, details = [], [], {}

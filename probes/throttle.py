@@ -95,7 +95,7 @@ def _applicable(ctx: ProbeContext) -> str | None:
 
 
 @case("throttle", "Clocks, temperature, power and clock-event reasons under a sustained load on all cards at once",
-      order=60, timeout_s=lambda ctx: ctx.options.load_duration_s + 90, applicable=_applicable)
+      order=60, timeout_s=lambda ctx: ctx.options.load_duration_s + 90, applicable=_applicable, needs=("inventory",))
 def run_throttle(ctx: ProbeContext) -> Outcome:
     torch = gpu.torch()
     duration, hz = ctx.options.load_duration_s, ctx.options.sample_hz
