@@ -24,6 +24,17 @@ def _debug() -> bool:
 class _Group(TyperGroup):
     """Turns domain errors into a message and an exit code at the outermost command."""
 
+    def format_commands(self, ctx, formatter):  # noqa: ANN001 - click's signature
+        """Each command's summary sentence in full (click would cut it at the terminal's width with '...')."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def invoke(self, ctx):  # noqa: ANN001 - click's signature
         from v100plan import output
 

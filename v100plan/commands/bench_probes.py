@@ -4,14 +4,18 @@ and the probe's wall time per phase (case)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-from v100plan import output
-from v100plan.commands.probe import DurationOpt, FromOpt, OnlyOpt, QuickOpt, measure_or_load
+from profiles.document import SCHEMA_VERSIONS, provenance
+from v100plan import documents, output
+from v100plan.commands.probe import DurationOpt, FromOpt, OnlyOpt, measure_or_load
 from v100plan.errors import NothingMeasured
-from v100plan.options import JsonOpt, QuietOpt
+from v100plan.options import JsonOpt, OutOpt, QuietOpt
+
+QuickOpt = Annotated[bool, typer.Option("--quick/--standard",
+                                        help="Quick: 15 s load and fewer repeats (under a minute); standard: 30 s load.")]
 
 # The issue's bar: the probe's read kernel reaches at least this share of the best in-run reference.
 TARGET_FRACTION = 0.98
@@ -44,14 +48,21 @@ def register(app: typer.Typer) -> None:
         from_file: FromOpt = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
+        out: OutOpt = None,
     ) -> None:
-        """Run the probes (quick by default) and print bandwidth vs in-run references and time per phase."""
+        """The bandwidth probe against references measured in the same run, and the wall time of each case."""
+        output.check_out(out)
         report = measure_or_load(quick, None, duration, only, Path(from_file) if from_file else None,
                                  show_progress=not quiet)
         rows = bench_rows(report)
         phases = [{"case": c["key"], "status": c["status"], "duration_s": c["duration_s"]} for c in report["cases"]]
-        doc = {"bandwidth": rows, "phases": phases, "wall_s": report.get("wall_s"),
-               "target_fraction": TARGET_FRACTION, "provenance": report["provenance"]}
+        doc = {"kind": "probe_bench", "schema_version": SCHEMA_VERSIONS["probe_bench"],
+               "provenance": provenance({"probe_report": str(from_file) if from_file else "measured now",
+                                         "quick": quick, "only": only}),
+               "probe_provenance": report["provenance"], "bandwidth": rows, "phases": phases,
+               "wall_s": report.get("wall_s"), "target_fraction": TARGET_FRACTION}
+        documents.validate(doc, "probe_bench", source="bench probes")
+        output.write_json(out, doc)
         if json_out:
             output.emit_json(doc)
         if not quiet:
