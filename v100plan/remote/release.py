@@ -1,0 +1,125 @@
+"""What a release is: the manifest that pins it, and the engine settings it runs with.
+
+The release id is the first 16 hex digits of the SHA-256 of the manifest: the bundle's
+SHA-256, the venv's dependency set, the engine settings and every model file's SHA-256.
+Any change to any of them is a new release; nothing changed is the same id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from v100plan.errors import BadInput
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    device: str = "cpu"                 # cpu, or cuda (rank r on cuda:r)
+    dtype: str | None = None            # None: the engine's default (float32 on CPU, float16 on CUDA)
+    allreduce: str = "auto"             # auto lets the engine's start-up race decide
+    max_context: int | None = None
+    port: int = 8000                    # the service binds 127.0.0.1:port on the host
+    fault_injection: bool = False       # /control/* for the acceptance suite (loopback only)
+    chosen_by: str = "defaults"         # "plan FILE", "probe of HOST", "defaults"
+
+    def serve_flags(self, model_dir: str, api_key_file: str) -> list[str]:
+        flags = ["--model", model_dir, "--host", "127.0.0.1", "--port", str(self.port),
+                 "--api-key-file", api_key_file, "--device", self.device, "--allreduce", self.allreduce]
+        if self.dtype:
+            flags += ["--dtype", self.dtype]
+        if self.max_context:
+            flags += ["--max-context", str(self.max_context)]
+        if self.fault_injection:
+            flags.append("--enable-fault-injection")
+        return flags
+
+    def pinned(self) -> dict[str, Any]:
+        """The settings that change what runs (not how they were chosen)."""
+        d = asdict(self)
+        d.pop("chosen_by")
+        return d
+
+
+def settings_from_plan(plan: dict[str, Any], source: str, port: int, fault_injection: bool) -> EngineSettings:
+    launch = plan.get("launch")
+    if not launch:
+        raise BadInput(f"{source}: the plan has no launch settings (nothing fits the cards)",
+                       hint="plan again with a smaller context or model: `v100plan plan ...`")
+    if launch["tp"] != 2 or launch["allreduce"] == "none":
+        raise BadInput(f"{source}: the plan chose {launch['strategy']} (tp {launch['tp']}); the bundled engine "
+                       "serves two tensor-parallel ranks only",
+                       hint="plan with --strategy tp2, or serve the chosen strategy with another engine")
+    return EngineSettings(device="cuda", dtype=launch["dtype"], allreduce=launch["allreduce"],
+                          max_context=launch["max_context"], port=port, fault_injection=fault_injection,
+                          chosen_by=f"plan {source}")
+
+
+def settings_from_probe(report: dict[str, Any], host: str, port: int, fault_injection: bool,
+                        max_context: int | None) -> tuple[EngineSettings, str]:
+    """Settings for the host as probed, and one sentence saying what was chosen and why."""
+    cards = report.get("cards") or []
+    if len(cards) < 2:
+        why = (f"{host} has {len(cards)} NVIDIA card(s) the probe could see: the two ranks run on CPU (float32), "
+               "allreduce over gloo")
+        return EngineSettings(device="cpu", allreduce="gloo", max_context=max_context, port=port,
+                              fault_injection=fault_injection, chosen_by=f"probe of {host}"), why
+    ccs = sorted({c.get("compute_capability") or "?" for c in cards[:2]})
+    old = any(cc != "?" and float(cc) < 8.0 for cc in ccs)
+    dtype = "float16" if old else "bfloat16"
+    why = (f"{host} has {len(cards)} cards (compute capability {', '.join(ccs)}): ranks on cuda:0 and cuda:1, "
+           f"{dtype}" + (" (no native bfloat16 below 8.0)" if old else "") +
+           ", allreduce path chosen by the engine's start-up race")
+    return EngineSettings(device="cuda", dtype=dtype, allreduce="auto", max_context=max_context, port=port,
+                          fault_injection=fault_injection, chosen_by=f"probe of {host}"), why
+
+
+def model_files(model_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {sha256, bytes}} of every file in the model directory."""
+    d = Path(model_dir)
+    if not (d / "config.json").is_file():
+        raise BadInput(f"--model {str(d)!r}: no config.json there (expected a Hugging Face model directory)",
+                       hint="give the model's directory, or --demo-model for the small generated one")
+    out = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(d).parts):
+            h = hashlib.sha256()
+            with open(p, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            out[p.relative_to(d).as_posix()] = {"sha256": h.hexdigest(), "bytes": p.stat().st_size}
+    return out
+
+
+def model_digest(files: dict[str, dict[str, Any]]) -> str:
+    doc = json.dumps({k: v["sha256"] for k, v in sorted(files.items())}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def manifest(bundle_sha256: str, venv_id: str, requirements: list[str], settings: EngineSettings,
+             files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"bundle_sha256": bundle_sha256, "venv_id": venv_id, "requirements": sorted(requirements),
+            "engine": settings.pinned(), "model": {"digest": model_digest(files),
+                                                   "files": {k: v["sha256"] for k, v in sorted(files.items())}}}
+
+
+def release_id(man: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(man, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def deployment_name(text: str) -> str:
+    if not text or not all(c.isalnum() or c in "-_." for c in text) or text.startswith("."):
+        raise BadInput(f"--deployment {text!r}: use letters, digits, '-', '_' and '.'",
+                       hint="e.g. --deployment demo")
+    return text
+
+
+def local_user() -> str:
+    try:
+        return os.getlogin()
+    except OSError:
+        return os.environ.get("USER", "?")
