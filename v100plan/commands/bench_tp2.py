@@ -19,10 +19,10 @@ from v100plan.errors import DocumentError, EnvironmentProblem, NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
 REPO = Path(__file__).resolve().parent.parent.parent
-FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded `python -m engine bench-tp2` JSON instead of measuring.")]
-ProbeOpt = Annotated[Optional[Path], typer.Option("--probe", help="A ProbeReport of the same host: its read bandwidth and pair view feed the plan.")]
-ProfileOutOpt = Annotated[Optional[Path], typer.Option("--profile-out", help="Write the measured EngineProfile (CUDA-graph decode, TP2 fractions fitted at the two shortest contexts) here.")]
-ModelOpt = Annotated[Optional[Path], typer.Option("--model-profile", help="ModelProfile of the bench's shape when the catalogue has none.")]
+FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded `python -m engine bench-tp2` JSON instead of measuring (default: measure now).")]
+ProbeOpt = Annotated[Optional[Path], typer.Option("--probe", help="A ProbeReport of the same host: its read bandwidth and pair view feed the plan (default: the bench's own read bandwidth and the catalogue card).")]
+ProfileOutOpt = Annotated[Optional[Path], typer.Option("--profile-out", help="Write the measured EngineProfile (CUDA-graph decode, TP2 fractions fitted at the two shortest contexts) here (default: not written).")]
+ModelOpt = Annotated[Optional[Path], typer.Option("--model-profile", help="ModelProfile of the bench's shape when the catalogue has none (default: the catalogue's model for the bench's config).")]
 ContextsOpt = Annotated[str, typer.Option("--contexts", help="Decode contexts in tokens, comma-separated (measuring only).")]
 HardwareOpt = Annotated[Optional[str], typer.Option(
     "--hardware", help="Catalogue id of the two cards: its bf16 tensor peak judges prefill, and the comparison plans on "

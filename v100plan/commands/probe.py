@@ -12,11 +12,11 @@ from v100plan.errors import BadInput, ChecksFailed, DocumentError, NothingMeasur
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Short load (15 s) and fewer repeats: under a minute.")]
-SoakOpt = Annotated[Optional[float], typer.Option("--soak", metavar="S", help="Soak: load the cards for S seconds.")]
+SoakOpt = Annotated[Optional[float], typer.Option("--soak", metavar="S", help="Soak: load the cards for S seconds (default: no soak; the standard load is 30 s).")]
 DurationOpt = Annotated[Optional[float], typer.Option("--duration", metavar="S",
-                                                      help="Load duration of the throttle case in seconds.")]
-OnlyOpt = Annotated[Optional[str], typer.Option("--only", help="Comma-separated case keys (see python -m probes --list).")]
-FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded ProbeReport instead of measuring.")]
+                                                      help="Load duration of the throttle case in seconds (default: 30, 15 with --quick).")]
+OnlyOpt = Annotated[Optional[str], typer.Option("--only", help="Comma-separated case keys (see python -m probes --list); the cases they need run too (default: every case).")]
+FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded ProbeReport instead of measuring (default: measure this host).")]
 
 
 def measure_or_load(quick: bool, soak: float | None, duration: float | None, only: str | None,
