@@ -126,9 +126,11 @@ def test_objective_throughput_prefers_aggregate():
 
 
 def test_placeholder_engine_gives_fit_but_no_speeds():
-    p = plan_ids("v100-pg500-216", 2, "qwen3.8-27b-nvfp4", 32 * K, engine="v100plan")
+    p = plan_ids("v100-pg500-216", 2, "qwen3.8-27b-nvfp4", 32 * K, engine="sglang")
     assert p.recommended is None and all(s.decode_tok_s is None for s in p.strategies)
     assert all("v100plan bench engine" in s.reason for s in p.strategies if s.fits)
+    # bytes and bandwidth are known, so the ceiling is shown even without speeds
+    assert all(s.decode_ceiling_tok_s for s in p.strategies if s.fits)
 
 
 def test_dense_models_do_not_speculate_and_use_fp16_on_volta():

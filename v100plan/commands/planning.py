@@ -16,7 +16,7 @@ from profiles.document import SCHEMA_VERSIONS, provenance
 from v100plan import catalogue, documents, output, render_plan
 from v100plan.errors import BadInput, DocumentError, UnknownId
 from v100plan.options import JsonOpt, OutOpt
-from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_from_doc, plan
+from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
 from v100plan.planner.from_probe import hardware_from_probe
 from v100plan.profile_checks import catalogue_problems
 from v100plan.units import parse_tokens
@@ -71,7 +71,8 @@ def load_hardware(spec: str, gpus: int | None):
 
 
 def load_engine(spec: str):
-    """A catalogue engine id, or a path to an EngineProfile JSON file (e.g. `v100plan bench tp2 --profile-out`)."""
+    """A catalogue engine id (or an older id it lists as an alias), or a path to an EngineProfile JSON file."""
+    spec = catalogue.engine_id(spec)
     if spec in catalogue.ids("engine"):
         return engine_from_doc(catalogue.get("engine", spec))
     path = Path(spec)
@@ -100,30 +101,29 @@ def _validate_probe(doc: dict[str, Any], source: str) -> None:
         raise DocumentError(source, why, json_path="$.schema_version")
 
 
-def _model(model_id: str):
-    return model_from_doc(catalogue.get("model", model_id))
-
-
-def _family(model_id: str):
-    m = _model(model_id)
-    return tuple(model_from_doc(d) for d in catalogue.all_of("model") if d.get("family") == m.family)
-
-
 def plan_document(hardware: str, gpus: int | None, model: str, engine: str, context: str, acceptance: float | None,
-                  concurrency: int, objective: str) -> dict[str, Any]:
+                  concurrency: int, objective: str, weights: str | None = None, kv_cache_dtype: str | None = None,
+                  draft_tokens: int | None = None, draft_model: str | None = None, nodes: int = 1) -> dict[str, Any]:
     """One Plan document (kind "plan") for the CLI's inputs."""
     tokens = parse_tokens(context)
     _choice("--objective", objective, OBJECTIVES)
     _check_acceptance(acceptance)
     _positive("--gpus", gpus)
     _positive("--concurrency", concurrency)
-    m = _model(model)
+    _positive("--nodes", nodes)
+    if draft_tokens is not None and draft_tokens < 0:
+        raise BadInput(f"--draft-tokens must be 0 or more, got {draft_tokens}", hint="e.g. --draft-tokens 3")
     e = load_engine(engine)
-    hw = load_hardware(hardware, gpus)
-    target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective)
-    result = plan(hw, m, e, target, alternatives=_family(model))
+    m, alternatives = catalogue.load_model(model, weights, kv_cache_dtype, e, draft_model, draft_tokens)
+    hw = catalogue.with_nodes(load_hardware(hardware, gpus), nodes)
+    hw = catalogue.with_engine_advice(hw, e)
+    target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective,
+                    draft_tokens=draft_tokens)
+    result = plan(hw, m, e, target, alternatives=alternatives)
     inputs = {"hardware": hardware, "gpus": hw.gpus, "model": model, "engine": engine, "context_tokens": tokens,
               "acceptance": acceptance, "concurrency": concurrency, "objective": objective}
+    inputs.update({k: v for k, v in (("weights", weights), ("kv_cache_dtype", kv_cache_dtype), ("draft_tokens", draft_tokens),
+                                     ("draft_model", draft_model), ("nodes", nodes if nodes != 1 else None)) if v is not None})
     doc = {"kind": "plan", "schema_version": SCHEMA_VERSIONS["plan"], "provenance": provenance(inputs), **result.to_dict()}
     return documents.validate(doc, "plan", source="the planner's output")
 
@@ -144,14 +144,14 @@ def parse_hw_spec(spec: str) -> tuple[str, int]:
 
 
 def compare_document(specs: list[str], model: str, engine: str, context: str, acceptance: float | None,
-                     objective: str) -> dict[str, Any]:
+                     objective: str, weights: str | None = None, kv_cache_dtype: str | None = None) -> dict[str, Any]:
     if not specs:
         raise BadInput("name at least one hardware to compare", hint="e.g. v100plan compare v100-pg500-216x2 rtx4090-48g")
     tokens = parse_tokens(context)
     rows = []
     for spec in specs:
         hw_id, n = parse_hw_spec(spec)
-        doc = plan_document(hw_id, n, model, engine, context, acceptance, 1, objective)
+        doc = plan_document(hw_id, n, model, engine, context, acceptance, 1, objective, weights, kv_cache_dtype)
         best = next((s for s in doc["strategies"] if s["name"] == doc["recommended"]), None)
         hw = load_hardware(hw_id, n)
         price = hw.card.price_per_card
@@ -188,10 +188,15 @@ def register(app: typer.Typer) -> None:
     def plan_cmd(
         hardware: Annotated[str, typer.Option("--hardware", help="Catalogue hardware id, or a probe report JSON file.")] = DEFAULT_HARDWARE,
         gpus: Annotated[Optional[int], typer.Option("--gpus", help="Number of cards (default 2; a probe report's card count).")] = None,
-        model: Annotated[str, typer.Option("--model", help="Catalogue model id.")] = DEFAULT_MODEL,
-        engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id, or an engine profile JSON file.")] = DEFAULT_ENGINE,
+        model: Annotated[str, typer.Option("--model", help="Catalogue model id, a Hugging Face config.json, or a model directory holding one.")] = DEFAULT_MODEL,
+        engine: Annotated[str, typer.Option("--engine", help="llamacpp, vllm, sglang, v100plan, ninfer-v100-tp (or another catalogue id), or an engine profile JSON file.")] = DEFAULT_ENGINE,
         context: Annotated[str, typer.Option("--context", help="Context length in tokens: 186000, 186K, 256K (K = 1024).")] = DEFAULT_CONTEXT,
-        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A: tokens/round = 1 + k x A.")] = None,
+        weights: Annotated[Optional[str], typer.Option("--weights", help="Weight format: fp32 fp16 bf16 fp8 int8 int4-awq int4-gptq nvfp4 q8_0 q6_k q5_k_m q4_k_m q4_0 iq4_xs q3_k_m q2_k (a catalogue model keeps its own unless given).")] = None,
+        kv_cache_dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache type: fp16 bf16 fp8 q8_0 q4_0 (default: the engine's).")] = None,
+        draft_tokens: Annotated[Optional[int], typer.Option("--draft-tokens", help="Draft tokens k per round (the model's MTP head, or --draft-model).")] = None,
+        draft_model: Annotated[Optional[str], typer.Option("--draft-model", help="A separate draft model: catalogue id, config.json or directory.")] = None,
+        nodes: Annotated[int, typer.Option("--nodes", help="Boxes of --gpus cards each (more than one: TP within a box, pipeline across).")] = 1,
+        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A: tokens/round = 1 + k x A (default: the engine profile's).")] = None,
         concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences decoded together by each engine instance.")] = 1,
         objective: Annotated[str, typer.Option("--objective", help="Recommend by one-stream decode speed (latency) or by aggregate tok/s of all streams (throughput).")] = "latency",
         json_out: JsonOpt = False,
@@ -199,27 +204,32 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """How to run a model on these cards: every strategy, its speed beside the ceiling, and why."""
         output.check_out(out)
-        doc = plan_document(hardware, gpus, model, engine, context, acceptance, concurrency, objective)
+        doc = plan_document(hardware, gpus, model, engine, context, acceptance, concurrency, objective, weights,
+                            kv_cache_dtype, draft_tokens, draft_model, nodes)
         output.write_json(out, doc)
         if json_out:
             output.emit_json(doc)
         else:
             render_plan.print_all(render_plan.plan_renderables(doc))
+        if not any(s["fits"] for s in doc["strategies"]):
+            raise typer.Exit(1)  # exit code 1: no strategy fits (the document above names the nearest fit)
 
     @app.command("compare")
     def compare_cmd(
         hardware: Annotated[list[str], typer.Argument(help="Hardware as ID or IDxN (N cards), e.g. v100-pg500-216x2 rtx4090-48g.")],
-        model: Annotated[str, typer.Option("--model", help="Catalogue model id.")] = DEFAULT_MODEL,
+        model: Annotated[str, typer.Option("--model", help="Catalogue model id, a Hugging Face config.json, or a model directory.")] = DEFAULT_MODEL,
         engine: Annotated[str, typer.Option("--engine", help="Catalogue engine id, or an engine profile JSON file.")] = DEFAULT_ENGINE,
         context: Annotated[str, typer.Option("--context", help="Context length in tokens (K = 1024).")] = DEFAULT_CONTEXT,
-        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A.")] = None,
+        weights: Annotated[Optional[str], typer.Option("--weights", help="Weight format (see `plan --help`).")] = None,
+        kv_cache_dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache type: fp16 bf16 fp8 q8_0 q4_0.")] = None,
+        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A (default: the engine profile's).")] = None,
         objective: Annotated[str, typer.Option("--objective", help="Pick each box's best strategy by one-stream decode speed (latency) or aggregate tok/s (throughput).")] = "latency",
         json_out: JsonOpt = False,
         out: OutOpt = None,
     ) -> None:
         """Boxes side by side: best strategy, decode tok/s, prefill, max context, price per tok/s."""
         output.check_out(out)
-        doc = compare_document(list(hardware), model, engine, context, acceptance, objective)
+        doc = compare_document(list(hardware), model, engine, context, acceptance, objective, weights, kv_cache_dtype)
         output.write_json(out, doc)
         if json_out:
             output.emit_json(doc)

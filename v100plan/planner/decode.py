@@ -4,7 +4,13 @@ round = weight bytes read / (bandwidth x weight_bw_fraction)
       + KV bytes read at the context / (bandwidth x kv_bw_fraction)
       + round overhead (slowed by a throttling pair's clock ratio)
       + allreduces per round x one allreduce + hand-overs between cards
-tokens per round = 1 + k x acceptance          (k draft tokens, FACTS.md)
+      + k draft steps (a separate draft model or an MTP head: its bytes / (bandwidth x weight fraction),
+        plus the engine's round overhead for a separate draft model)
+      where the weight read is at least the time to compute the k + 1 verified tokens
+      (k + 1) x matrix FLOPs per token / (tensor peak x prefill_compute_fraction)
+tokens per round = (1 - a^(k+1)) / (1 - a)     (k drafts, per-token acceptance a: the expected accepted
+                                                 prefix plus the token the verification yields)
+                 = 1 + k x A                   (engines whose A is the share of drafts accepted, FACTS.md)
 ceiling          = tokens per round / (bytes read per round / bandwidth): no overhead, 100 % bandwidth
 
 Under tp2 each card reads its shard and its half of the KV heads with half-width kernels, which
@@ -29,10 +35,11 @@ class Round:
     hops_ms: float
     ceiling_ms: float
     tokens_per_round: float
+    draft_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
-        return self.weights_ms + self.kv_ms + self.overhead_ms + self.allreduce_ms + self.hops_ms
+        return self.weights_ms + self.kv_ms + self.overhead_ms + self.allreduce_ms + self.hops_ms + self.draft_ms
 
     @property
     def tok_s(self) -> float:
@@ -43,9 +50,23 @@ class Round:
         return self.tokens_per_round / self.ceiling_ms * 1e3
 
 
-def tokens_per_round(draft_tokens: int, acceptance: float) -> float:
-    """1 + k x A: k draft tokens each accepted with probability A (FACTS.md's definition)."""
-    return 1.0 + draft_tokens * acceptance
+def tokens_per_round(draft_tokens: int, acceptance: float, definition: str = "accepted_share") -> float:
+    """Expected tokens one round yields with k drafts.
+
+    "per_token": the standard formula for per-token acceptance a (draft i is kept only if drafts
+    1..i-1 were): 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a) (Leviathan et al., speculative
+    decoding); a = 1 gives k + 1.
+    "accepted_share": 1 + k x A, where A is the share of drafted tokens accepted, as the field report
+    measures it (FACTS.md).
+    """
+    k, a = draft_tokens, acceptance
+    if definition == "per_token":
+        if k <= 0:
+            return 1.0
+        if a >= 1.0:
+            return float(k + 1)
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
+    return 1.0 + k * a
 
 
 def read_ms(gb: float, bw_gbps: float, fraction: float = 1.0) -> float:
@@ -54,14 +75,17 @@ def read_ms(gb: float, bw_gbps: float, fraction: float = 1.0) -> float:
 
 
 def decode_round(weights_gb: float, kv_gb: float, bw_gbps: float, weight_fraction: float, kv_fraction: float,
-                 overhead_ms: float, clock_ratio: float, allreduce_ms: float, hops_ms: float, tpr: float) -> Round:
+                 overhead_ms: float, clock_ratio: float, allreduce_ms: float, hops_ms: float, tpr: float,
+                 draft_ms: float = 0.0, verify_compute_ms: float = 0.0) -> Round:
     """One decode round (module docstring). ``clock_ratio`` <= 1 stretches only the overhead:
-    weight and KV reads are bandwidth-bound and a hot card's memory clock does not drop."""
+    weight and KV reads are bandwidth-bound and a hot card's memory clock does not drop.
+    ``verify_compute_ms``: the matrix compute of the verified tokens, which the weight read hides
+    unless it is longer."""
     return Round(
-        weights_ms=read_ms(weights_gb, bw_gbps, weight_fraction),
+        weights_ms=max(read_ms(weights_gb, bw_gbps, weight_fraction), verify_compute_ms),
         kv_ms=read_ms(kv_gb, bw_gbps, kv_fraction),
         overhead_ms=overhead_ms / clock_ratio,
         allreduce_ms=allreduce_ms, hops_ms=hops_ms,
         ceiling_ms=read_ms(weights_gb + kv_gb, bw_gbps),
-        tokens_per_round=tpr,
+        tokens_per_round=tpr, draft_ms=draft_ms,
     )

@@ -30,6 +30,7 @@ class Card:
     read_bw: Sourced                 # GB/s the planner divides by: measured where known, else nominal
     tensor_tflops: Sourced           # dense fp16 (Volta) or bf16 tensor peak, the prefill ceiling
     price_per_card: tuple[float, str] | None  # (amount, currency)
+    architecture: str = ""           # card generation: volta, turing, ampere, ada, hopper (engine efficiencies key on it)
 
     @property
     def memory_gb(self) -> float:
@@ -54,6 +55,7 @@ class Pair:
     allreduce_source: str
     p2p_bulk_gbps: float | None      # measured between the cards
     link_bw_nominal_gbps: float | None = None  # datasheet, one direction (NVLink or the PCIe slot)
+    link_latency_us: float | None = None       # one small message between two cards of the box (datasheet or measured)
 
     def bulk_gbps(self) -> float | None:
         """Bandwidth a large peer-to-peer allreduce message moves at: measured, else the link's datasheet
@@ -64,12 +66,24 @@ class Pair:
 
 
 @dataclass(frozen=True)
+class Network:
+    """Between nodes: the NIC's bandwidth and one small message's latency (Ethernet or InfiniBand)."""
+
+    kind: str                        # "ethernet" | "infiniband"
+    bw_gbps: float                   # GB/s one direction (1e9 bytes/s)
+    latency_us: float
+    source: str
+
+
+@dataclass(frozen=True)
 class Hardware:
     card: Card
     pair: Pair
     gpus: int
     origin: str                      # catalogue id or probe report path
     notes: tuple[str, ...] = ()
+    nodes: int = 1                   # boxes of ``gpus`` cards each
+    network: Network | None = None   # between boxes (None: not known)
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,10 @@ class Model:
     moe_experts: int = 0              # experts per MoE layer (0: dense)
     moe_active_experts: int = 0       # experts each token is routed to
     moe_expert_gb: float = 0.0        # all experts' weights (part of the split weights, not of decode_read_gb)
+    layers_total: int = 0             # every layer (pipeline stages split them); 0: not known
+    draft_kind: str = ""              # "mtp" | "model" | "" (none)
+    draft_read_gb: float | None = None  # bytes one draft step reads; None: inside the engine's calibration (said in the plan)
+    assumptions: tuple[str, ...] = ()
 
     @property
     def kv_shape_bytes_per_token(self) -> float:
@@ -130,6 +148,64 @@ class Engine:
     # width): achieved fractions of the read bandwidth per card. None: the one-card fractions stand in.
     tp2_weight_bw_fraction: Sourced = Sourced(None, "not in the engine profile")
     tp2_kv_bw_fraction: Sourced = Sourced(None, "not in the engine profile")
+    # generation -> {"weight_bw_fraction_by_format": {fmt: Sourced}, "weight_bw_fraction": Sourced,
+    #                "kv_bw_fraction": Sourced, "round_overhead_ms": Sourced}
+    by_generation: dict[str, dict[str, Any]] = field(default_factory=dict)
+    acceptance_definition: str = "per_token"   # "per_token": (1 - a^(k+1)) / (1 - a); "accepted_share": 1 + k x A
+    acceptance_source: str = ""
+    kv_cache_dtype: str | None = None          # the engine's default KV-cache element type
+    launch_kind: str = ""                      # "vllm" | "sglang" | "llamacpp" | "v100plan" | "" (no launch commands)
+    max_tp: int = 2                            # largest tensor-parallel degree the engine runs
+    multi_node: bool = False                   # pipeline/tensor parallel across boxes
+    aliases: tuple[str, ...] = ()
+    generic_generations: tuple[str, ...] = ()  # generations the generation-free figures were calibrated on
+
+    def generation_entry(self, generation: str) -> dict[str, Any] | None:
+        return self.by_generation.get(generation)
+
+    def calibrated_generations(self) -> list[str]:
+        return sorted(set(self.by_generation) | set(self.generic_generations))
+
+    def fractions(self, fmt: str, fmt_family: str, generation: str, tp: int) -> tuple[Sourced, Sourced, Sourced, list[str]]:
+        """(weight fraction, KV fraction, round overhead, notes) for a weight format on a card generation.
+
+        Order: the generation's figure for this format, then for its family (gguf/int/float), then the
+        generation's default; a generation the engine has no calibration for falls back to the engine's
+        generation-free figures, and the notes say so."""
+        notes: list[str] = []
+        g = self.by_generation.get(generation)
+        if g is not None:
+            by_fmt = g.get("weight_bw_fraction_by_format", {})
+            if fmt in by_fmt:
+                fw = by_fmt[fmt]
+            elif fmt_family and f"family:{fmt_family}" in by_fmt:
+                fw = by_fmt[f"family:{fmt_family}"]
+                notes.append(f"engine {self.id} on {generation}: no {fmt} calibration; its {fmt_family}-family figure "
+                             f"({_fmt(fw.value)}) stands in")
+            else:
+                fw = g.get("weight_bw_fraction", self.weight_bw_fraction)
+                notes.append(f"engine {self.id} on {generation}: no {fmt} calibration; its {generation} default "
+                             f"weight fraction ({_fmt(fw.value)}) stands in")
+            fk = g.get("kv_bw_fraction", self.kv_bw_fraction)
+            if fk.value is None:
+                fk = self.kv_bw_fraction
+            oh = g.get("round_overhead_ms", self.round_overhead_ms)
+            if fk.value is not None and "kv_bw_fraction" not in g:
+                notes.append(f"engine {self.id} on {generation}: KV fraction not calibrated; the engine default stands in")
+        else:
+            fw, note = self.weight_fraction_for(fmt)
+            if note:
+                notes.append(note)
+            fk, oh = self.kv_bw_fraction, self.round_overhead_ms
+            if self.by_generation:
+                notes.append(f"engine {self.id} has no calibration for {generation or 'this'} cards (calibrated: "
+                             f"{', '.join(self.calibrated_generations())}); its generation-free figures stand in")
+        if tp == 2:
+            if self.tp2_weight_bw_fraction.value is not None:
+                fw = self.tp2_weight_bw_fraction
+            if self.tp2_kv_bw_fraction.value is not None:
+                fk = self.tp2_kv_bw_fraction
+        return fw, fk, oh, notes
 
     def weight_fraction_for(self, fmt: str) -> tuple[Sourced, str | None]:
         """The weight-read fraction for a weight format, and a note when the engine's default stands in."""
@@ -161,11 +237,10 @@ class Engine:
         return (f"engine {self.id} has no {' or '.join(absent)}: tp2 reads at the one-card fractions, as if half-width "
                 "kernels were as efficient as full-width ones (the profile's calibration says whether a TP2 figure checked it)")
 
-    def missing_for_decode(self, fmt: str) -> list[str]:
+    def missing_for_decode(self, fmt: str, fmt_family: str = "", generation: str = "") -> list[str]:
         """Efficiencies a decode prediction needs that this profile does not have (not yet measured)."""
-        fw, _ = self.weight_fraction_for(fmt)
-        found = [] if fw.value is not None else ["weight_bw_fraction"]
-        return found + [n for n in ("kv_bw_fraction", "round_overhead_ms") if getattr(self, n).value is None]
+        fw, fk, oh, _ = self.fractions(fmt, fmt_family, generation, 1)
+        return [n for n, v in (("weight_bw_fraction", fw), ("kv_bw_fraction", fk), ("round_overhead_ms", oh)) if v.value is None]
 
     def missing_for_prefill(self) -> list[str]:
         return [n for n in ("prefill_compute_fraction", "prefill_attention_fraction") if getattr(self, n).value is None]
@@ -178,6 +253,7 @@ class Target:
     acceptance: float | None = None  # None: the engine profile's default
     concurrency: int = 1
     objective: str = "latency"       # "latency" | "throughput"
+    draft_tokens: int | None = None  # None: the engine's default (capped by the model's draft layer)
 
 
 def _latency_tables(raw: dict[str, Any] | None) -> dict[str, dict[str, float]]:
@@ -215,6 +291,7 @@ def card_from_doc(doc: dict[str, Any]) -> Card:
         id=doc["id"], name=doc["name"], compute_capability=doc["compute_capability"],
         native_bf16=bool(doc.get("native_bf16")), memory_gib=float(doc["memory_gib"]), read_bw=bw, tensor_tflops=tensor,
         price_per_card=(float(price["amount"]), price["currency"]) if price else None,
+        architecture=str(doc.get("architecture", "")).lower(),
     )
 
 
@@ -230,11 +307,22 @@ def pair_from_doc(doc: dict[str, Any]) -> Pair:
         allreduce_us=_latency_tables(p.get("allreduce_us")),
         allreduce_source=srcs.get("allreduce_us", "no allreduce figures for this box"),
         p2p_bulk_gbps=p.get("p2p_bulk_gbps"), link_bw_nominal_gbps=p.get("link_bw_nominal_gbps"),
+        link_latency_us=p.get("link_latency_us"),
     )
 
 
-def hardware_from_doc(doc: dict[str, Any], gpus: int) -> Hardware:
-    return Hardware(card=card_from_doc(doc), pair=pair_from_doc(doc), gpus=gpus, origin=doc["id"])
+def network_from_doc(doc: dict[str, Any] | None) -> Network | None:
+    """The hardware profile's optional 'network' object (between nodes)."""
+    if not doc:
+        return None
+    srcs = doc.get("sources", {})
+    return Network(kind=doc["kind"], bw_gbps=float(doc["bw_gbps"]), latency_us=float(doc["latency_us"]),
+                   source=srcs.get("bw_gbps", "hardware profile"))
+
+
+def hardware_from_doc(doc: dict[str, Any], gpus: int, nodes: int = 1) -> Hardware:
+    return Hardware(card=card_from_doc(doc), pair=pair_from_doc(doc), gpus=gpus, origin=doc["id"], nodes=nodes,
+                    network=network_from_doc(doc.get("network")))
 
 
 def model_from_doc(doc: dict[str, Any]) -> Model:
@@ -256,6 +344,8 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         max_draft_tokens=int(draft.get("max_draft_tokens", 0)), acceptance=acc,
         moe_experts=int(moe.get("experts", 0)), moe_active_experts=int(moe.get("active_experts", 0)),
         moe_expert_gb=float(moe.get("expert_gb", 0.0)),
+        layers_total=int(layers.get("total", 0)), draft_kind=str(draft.get("kind", "")) if draft else "",
+        draft_read_gb=draft.get("read_gb_per_step"), assumptions=tuple(doc.get("assumptions") or ()),
     )
 
 
@@ -290,4 +380,19 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         allreduce_paths=tuple(doc.get("allreduce_paths", ("nccl", "host_mailbox", "device_mailbox"))),
         tp2_weight_bw_fraction=_sourced(eff.get("tp2_weight_bw_fraction"), missing),
         tp2_kv_bw_fraction=_sourced(eff.get("tp2_kv_bw_fraction"), missing),
+        by_generation={gen: _generation(entry) for gen, entry in (doc.get("by_generation") or {}).items()},
+        acceptance_definition=spec.get("acceptance_definition", "per_token"),
+        acceptance_source=spec.get("acceptance_definition_source", ""),
+        kv_cache_dtype=doc.get("kv_cache_dtype"), launch_kind=doc.get("launch_kind", ""),
+        max_tp=int(doc.get("max_tp", 2)), multi_node=bool(doc.get("multi_node", False)),
+        aliases=tuple(doc.get("aliases") or ()), generic_generations=tuple(doc.get("calibrated_generations") or ()),
     )
+
+
+def _generation(entry: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("weight_bw_fraction", "kv_bw_fraction", "round_overhead_ms"):
+        if key in entry:
+            out[key] = _sourced(entry[key])
+    out["weight_bw_fraction_by_format"] = {k: _sourced(v) for k, v in (entry.get("weight_bw_fraction_by_format") or {}).items()}
+    return out

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
 from v100plan.planner import nearest
-from v100plan.planner.decode import Round, decode_round, tokens_per_round
+from v100plan.planner.decode import Round, decode_round, read_ms, tokens_per_round
+from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
 from v100plan.planner.memory import Memory, max_context, memory_per_gpu
 from v100plan.planner.prefill import Prefill, chunks, prefill_time
@@ -79,22 +80,31 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         reason += f"; {lay.streams} independent streams, none faster than one card"
     if name == "layer_split":
         reason += "; cards take turns, no faster than one card"
-    fw, fk = engine.decode_fractions(model.format, lay.tp)
-    missing = engine.missing_for_decode(model.format)
+    fmt = weight_format(model.format)
+    fw, fk, oh, _ = engine.fractions(model.format, fmt.family if fmt else "", card.architecture, lay.tp)
+    kv_read_gb = C * (model.kv_bytes_per_token * target.context_tokens + model.state_bytes_per_sequence) * lay.kv_read_share / 1e9
+    weights_gb = lay.weights_read_gb
+    ceiling_ms = read_ms(weights_gb + kv_read_gb, card.read_bw.value)
+    missing = [n for n, v in (("weight_bw_fraction", fw), ("kv_bw_fraction", fk), ("round_overhead_ms", oh)) if v.value is None]
     if missing:
-        reason += f"; no speeds: engine {engine.id} lacks {', '.join(missing)} (run `v100plan bench engine`)"
-        return StrategyResult(fits=True, decode_tok_s=None, aggregate_tok_s=None, decode_ceiling_tok_s=None,
-                              aggregate_ceiling_tok_s=None, round_ms=None, prefill_s=None, reason=reason, **base)
+        reason += f"; no speeds: engine {engine.id} lacks {', '.join(missing)} (run `v100plan bench engine`); ceiling shown"
+        breakdown["decode"] = {"bandwidth_gbps": card.read_bw.value, "weights_read_gb": round(weights_gb, 3),
+                               "kv_read_gb": round(kv_read_gb, 3), "tokens_per_round": round(tpr, 4),
+                               "ceiling_ms": round(ceiling_ms, 3)}
+        ceiling = tpr / ceiling_ms * 1e3
+        return StrategyResult(fits=True, decode_tok_s=None, aggregate_tok_s=None, decode_ceiling_tok_s=round(ceiling, 2),
+                              aggregate_ceiling_tok_s=round(ceiling * C * lay.streams, 2), round_ms=None, prefill_s=None,
+                              reason=reason, **base)
 
     ratio = _clock_ratio(hw, lay)
     ar_ms = ar.allreduce_ms_per_round(model.allreduces_per_round, choice.decode_us) if (lay.tp == 2 and choice) else 0.0
     hop_us = choice.decode_us if choice else 0.0
-    kv_read_gb = C * (model.kv_bytes_per_token * target.context_tokens + model.state_bytes_per_sequence) * lay.kv_read_share / 1e9
-    weights_gb = lay.weights_read_gb
+    draft_ms = _draft_ms(model, engine, card.read_bw.value, fw.value, oh.value, verified_tokens - 1)
+    verify_ms = _verify_compute_ms(model, engine, hw, verified_tokens * C, lay.tp)
     rnd: Round = decode_round(
         weights_gb=weights_gb, kv_gb=kv_read_gb, bw_gbps=card.read_bw.value, weight_fraction=fw.value,
-        kv_fraction=fk.value, overhead_ms=engine.round_overhead_ms.value, clock_ratio=ratio,
-        allreduce_ms=ar_ms, hops_ms=lay.hops_per_round * hop_us / 1e3, tpr=tpr,
+        kv_fraction=fk.value, overhead_ms=oh.value, clock_ratio=ratio,
+        allreduce_ms=ar_ms, hops_ms=lay.hops_per_round * hop_us / 1e3, tpr=tpr, draft_ms=draft_ms, verify_compute_ms=verify_ms,
     )
     breakdown["decode"] = {
         "bandwidth_gbps": card.read_bw.value, "weights_read_gb": round(weights_gb, 3), "kv_read_gb": round(kv_read_gb, 3),
@@ -106,6 +116,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         "allreduce_us": round(choice.decode_us, 2) if (lay.tp == 2 and choice) else None,
         "clock_ratio": ratio, "tokens_per_round": round(tpr, 4), "ceiling_ms": round(rnd.ceiling_ms, 3),
     }
+    if rnd.draft_ms:
+        breakdown["decode"]["draft_ms"] = round(rnd.draft_ms, 3)
     prefill_s, prefill_breakdown, why_not = _prefill(hw, model, engine, target, choice, lay, ratio)
     if prefill_breakdown:
         breakdown["prefill"] = prefill_breakdown
@@ -117,6 +129,27 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         decode_ceiling_tok_s=round(rnd.ceiling_tok_s, 2), aggregate_ceiling_tok_s=round(rnd.ceiling_tok_s * C * lay.streams, 2),
         round_ms=round(rnd.total_ms, 3), prefill_s=prefill_s, reason=reason, **base,
     )
+
+
+def _draft_ms(model: Model, engine: Engine, bw_gbps: float, fw: float, overhead_ms: float, k: int) -> float:
+    """k draft steps: each reads the draft's bytes at the engine's weight fraction; a separate draft
+    model also pays the engine's per-round overhead each step. An MTP head whose bytes the profile does
+    not give is inside the engine's calibrated weight reads (0 here, said in the plan)."""
+    if k <= 0 or model.draft_read_gb is None:
+        return 0.0
+    step = read_ms(model.draft_read_gb, bw_gbps, fw)
+    if model.draft_kind == "model":
+        step += overhead_ms
+    return k * step
+
+
+def _verify_compute_ms(model: Model, engine: Engine, hw: Hardware, tokens: int, tp: int) -> float:
+    """(k + 1) x concurrency tokens x matrix FLOPs per token / (tensor peak x prefill_compute_fraction) / tp:
+    the verification's compute, which the weight read hides unless it is longer (0 when not known)."""
+    peak, frac = hw.card.tensor_tflops.value, engine.prefill_compute_fraction.value
+    if tokens <= 1 or not peak or not frac:
+        return 0.0
+    return tokens * model.matrix_flops_per_token / (peak * 1e12 * frac) / tp * 1e3
 
 
 def _prefill(hw: Hardware, model: Model, engine: Engine, target: Target, choice: ar.PathChoice | None, lay: Layout,
@@ -172,8 +205,12 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
                          f"{d['allreduce_ms']:.2f} ms; figure from {choice.source if choice else 'n/a'}")
         if d["hops_ms"]:
             lines.append(f"hand-overs between cards {d['hops_ms']:.3f} ms")
+        if d.get("draft_ms"):
+            lines.append(f"{k} draft step(s) ({model.draft_kind}) {d['draft_ms']:.2f} ms")
+        formula = (f"(1 - {acceptance:g}^{k + 1}) / (1 - {acceptance:g})" if engine.acceptance_definition == "per_token" and k
+                   else f"1 + {k} x {acceptance:g}")
         lines += [
-            f"round {r.round_ms:.2f} ms; tokens per round 1 + {k} x {acceptance:g} = {d['tokens_per_round']:g}; "
+            f"round {r.round_ms:.2f} ms; tokens per round {formula} = {d['tokens_per_round']:g}; "
             f"decode {d['tokens_per_round']:g} / {r.round_ms:.2f} ms = {r.decode_tok_s:.1f} tok/s per stream",
             f"ceiling {d['tokens_per_round']:g} / ({d['weights_read_gb']:.2f} + {d['kv_read_gb']:.2f} GB / {d['bandwidth_gbps']:g} GB/s "
             f"= {d['ceiling_ms']:.2f} ms) = {r.decode_ceiling_tok_s:.1f} tok/s",
@@ -200,18 +237,24 @@ def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alter
 
 def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Target) -> Plan:
     """Every strategy, the recommended one and its arithmetic (no search for a nearest fit)."""
-    notes = list(hardware.notes)
-    k = min(engine.draft_tokens, model.max_draft_tokens)
+    notes = list(hardware.notes) + [f"model: {a}" for a in model.assumptions]
+    if target.draft_tokens is not None:
+        k = target.draft_tokens if model.max_draft_tokens else 0
+        if target.draft_tokens and not model.max_draft_tokens:
+            notes.append(f"{model.id} has no MTP head and no draft model was given (--draft-model): 1 token per round")
+    else:
+        k = min(engine.draft_tokens, model.max_draft_tokens)
+        if engine.draft_tokens and not model.max_draft_tokens:
+            notes.append(f"{model.id} has no draft layer: no speculative decoding (1 token per round)")
     if target.acceptance is not None:
         acceptance = target.acceptance
     else:
         acceptance = engine.default_acceptance if k else 0.0
-    if engine.draft_tokens and not model.max_draft_tokens:
-        notes.append(f"{model.id} has no draft layer: no speculative decoding (1 token per round)")
-    tpr = tokens_per_round(k, acceptance)
-    fw, fw_note = engine.weight_fraction_for(model.format)
-    if fw_note:
-        notes.append(fw_note)
+    tpr = tokens_per_round(k, acceptance, engine.acceptance_definition)
+    # A draft head without a byte count (the catalogue 27B's MTP layer) is inside the engine's calibrated reads.
+    fmt = weight_format(model.format)
+    _, _, _, fraction_notes = engine.fractions(model.format, fmt.family if fmt else "", hardware.card.architecture, 1)
+    notes += fraction_notes
     if engine.runtime_reserve_gb.value is None:
         reserve = 0.0
         notes.append(f"runtime reserve unknown for engine {engine.id}: memory per GPU excludes it")
@@ -229,7 +272,8 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
             if choice.prefill_path != choice.path:
                 notes.append(f"prefill chunks use {choice.prefill_path} ({choice.prefill_us:.0f} us per chunk-sized allreduce)")
     tp2_note = engine.tp2_fallback_note()
-    if target.gpus >= 2 and tp2_note and not engine.missing_for_decode(model.format):
+    if target.gpus >= 2 and tp2_note and not engine.missing_for_decode(model.format, fmt.family if fmt else "",
+                                                                         hardware.card.architecture):
         notes.append(tp2_note)
     if model.moe_experts and (k + 1) * target.concurrency > 1:
         notes.append(f"MoE: {(k + 1) * target.concurrency} tokens per round touch more experts than one "
