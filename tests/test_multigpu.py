@@ -176,28 +176,53 @@ def _rows(comparison, hardware, mode, strategy):
             if r["hardware"] == hardware and r["mode"] == mode and r["strategy"] == strategy and r["chosen_by"] == "planner"]
 
 
-def test_planner_reproduces_tp1_it_was_calibrated_on(comparison):
-    rows = _rows(comparison, "probe report", "graph", "single")
-    assert len(rows) == 4
-    assert all(abs(r["error_pct"]) < 3 for r in rows)
+def _spread_pct(bench, bench_gm, section, path):
+    """How far the same CUDA-graph step differs between the two recordings, in %: what a measurement
+    is worth, so no prediction can be judged closer than this."""
+    a = bench[section][path]["decode_graph"]
+    b = bench_gm[section][path]["decode_graph"]
+    return max(abs(a[c]["ms"] - b[c]["ms"]) / b[c]["ms"] * 100 for c in a)
 
 
-# Held-out TP2 errors, as recorded: the TP2 fractions were fitted on the 1K and 4K graph steps only.
-HELD_OUT_ERROR_PCT = {"probe report": {16384: -0.2, 32768: 0.4}, "catalogue h200 x 2": {16384: 0.8, 32768: 1.5}}
+def _view_bw_pct(probe, hardware):
+    """The catalogue view divides by the card's catalogued read bandwidth, not the probe's slowest card the
+    profile's fractions refer to: that ratio alone moves every prediction."""
+    if hardware == "probe report":
+        return 0.0
+    from v100plan import catalogue
+
+    measured = min(c["read_bw_gbps"] for c in probe["cards"])
+    return abs(measured / catalogue.get("hardware", "h200")["mem_bw_measured_gbps"] - 1) * 100
+
+
+def test_tp1_profile_predicts_the_other_recording(bench_gm, probe, engines, bench):
+    """The TP1 efficiencies come from the first recording; the second (another process, another day's
+    clocks) never entered them. Allowed error: the in-sample residual of the line plus the run-to-run spread."""
+    fitted = [r for r in tp2_compare.comparison(bench, {"graph": engines["graph"]}, probe, PROBE.name)["rows"]
+              if r["strategy"] == "single" and r["hardware"] == "probe report" and r["mode"] == "graph"]
+    residual = max(abs(r["error_pct"]) for r in fitted)
+    allowed = residual + _spread_pct(bench, bench_gm, "tp1", "rank0")
+    rows = [r for r in tp2_compare.comparison(bench_gm, {"graph": engines["graph"]}, probe, PROBE.name)["rows"]
+            if r["strategy"] == "single" and r["hardware"] == "probe report" and r["mode"] == "graph"]
+    assert len(rows) == 4 and all(r["role"] == "held out" for r in rows)
+    assert all(abs(r["error_pct"]) <= allowed for r in rows), (allowed, [r["error_pct"] for r in rows])
+    assert allowed < 5  # a line through step time over K/V bytes describes TP1 decode at all
 
 
 @pytest.mark.parametrize("hardware", ["probe report", "catalogue h200 x 2"])
-def test_planner_tp2_prediction_fitted_at_1k_4k_holds_at_16k_32k(comparison, hardware):
+def test_planner_tp2_prediction_fitted_at_1k_4k_holds_at_16k_32k(comparison, hardware, bench, bench_gm, probe):
+    """Held out: 16K and 32K never entered the TP2 fit. They must be predicted as well as the step can be
+    measured (the two recordings' spread), plus the view's bandwidth mismatch for the catalogue view."""
     rows = _rows(comparison, hardware, "graph", "tp2")
     assert [r["context"] for r in rows] == [1024, 4096, 16384, 32768]
     assert all(r["path"] == "nccl" for r in rows)
     assert [r["role"] for r in rows] == ["TP2 fit", "TP2 fit", "held out", "held out"]
-    held = {r["context"]: r["error_pct"] for r in rows if r["role"] == "held out"}
-    assert held == pytest.approx(HELD_OUT_ERROR_PCT[hardware], abs=0.05)
-    assert all(abs(e) <= 1.5 for e in held.values())  # the largest held-out error measured (catalogue view, 32K)
+    allowed = _spread_pct(bench, bench_gm, "tp2", "nccl") + _view_bw_pct(probe, hardware)
+    held = [r["error_pct"] for r in rows if r["role"] == "held out"]
+    assert all(abs(e) <= allowed for e in held), (allowed, held)
     fitted = [r["error_pct"] for r in rows if r["role"] == "TP2 fit"]
-    # The catalogue view divides by the datasheet-class 4400 GB/s, not the probe's 4483 the fit used.
-    assert all(abs(e) <= (0.05 if hardware == "probe report" else 1.0) for e in fitted)
+    # Two points, two parameters: the fit goes through them (up to rounding) in the view it was made in.
+    assert all(abs(e) <= 0.05 + _view_bw_pct(probe, hardware) for e in fitted)
 
 
 def test_tp2_fractions_come_from_1k_and_4k_only(bench, probe):
@@ -214,7 +239,7 @@ def test_tp2_fractions_come_from_1k_and_4k_only(bench, probe):
         assert "1K + 4K only" in a[key]["source"]
 
 
-def test_without_tp2_fractions_the_planner_is_optimistic_and_says_so(bench, probe, engines):
+def test_without_tp2_fractions_the_planner_is_optimistic_and_says_so(bench, probe, engines, bench_gm):
     """The recorded problem the fractions fix: with the one-card fractions standing in, TP2 was predicted
     9-17 % fast (a rank's K/V at 1.07 TB/s under TP2 vs 1.72 at TP1), more so as context grows."""
     import copy
@@ -224,8 +249,16 @@ def test_without_tp2_fractions_the_planner_is_optimistic_and_says_so(bench, prob
         del bare["efficiency"][key]
     bare["calibration"] = [c for c in bare["calibration"] if c["key"] != "tp2_graph_fit"]
     rows = _rows(tp2_compare.comparison(bench, {"graph": bare}, probe, PROBE.name), "probe report", "graph", "tp2")
-    assert [r["error_pct"] for r in rows] == pytest.approx([-9.9, -10.8, -14.0, -16.8], abs=0.05)
+    errors = [r["error_pct"] for r in rows]
+    _optimistic_and_growing_with_context(errors, _spread_pct(bench, bench_gm, "tp2", "nccl"))
     assert all(r["role"] == "—" for r in rows)  # no TP2 fit: nothing to call held out
+
+
+def _optimistic_and_growing_with_context(errors, spread):
+    """One-card fractions under TP2 read a rank's K/V as fast as a full-width kernel does: every prediction
+    is too fast by more than a measurement can explain, and more so as K/V grows with the context."""
+    assert all(e < -spread for e in errors), (errors, spread)
+    assert errors == sorted(errors, reverse=True), errors
 
 
 # ---- the CLI ----------------------------------------------------------------------------------------------
@@ -244,11 +277,6 @@ def test_cli_refuses_a_document_that_is_not_the_bench(cli):
     r = cli("bench", "tp2", "--from", PROBE)
     assert r.exit_code == 2
     assert "engine_bench_tp2" in r.stderr
-
-
-def test_gpu_tests_passed_on_the_two_gpu_machine():
-    # TP2 across the two cards over nccl, device_mailbox and host_mailbox, and auto, generated exactly TP1's tokens.
-    assert "4 passed" in (DIR / "h200x2-gpu-tests.txt").read_text()
 
 
 # ---- the bench's own code path on CPU ---------------------------------------------------------------------
@@ -331,7 +359,7 @@ def test_qwen3_shape_needs_its_own_overhead(probe, engines):
         assert abs(r["error_pct"]) < (3 if r["strategy"] == "single" else 20), r
 
 
-def test_qwen3_tp2_from_its_own_tp1_and_the_llama_tp2_fractions(probe, engines):
+def test_qwen3_tp2_from_its_own_tp1_and_the_llama_tp2_fractions(probe, engines, bench, bench_gm):
     """Cross-check the TP2 fit never saw: Qwen3-8B's own TP1 profile (its shape has no catalogue entry, so
     no TP2 fit of its own) with the TP2 fractions fitted on Llama-3.1-8B at 1K + 4K. Without them TP2 errs
     -7.4..-15.3 %; with them +0.1..+0.3 % (probe view) and +0.7..+1.2 % (catalogue view), as recorded."""
@@ -345,11 +373,12 @@ def test_qwen3_tp2_from_its_own_tp1_and_the_llama_tp2_fractions(probe, engines):
     rows = [r for r in tp2_compare.comparison(bench_q, {"graph": crossed}, probe, PROBE.name, model)["rows"]
             if r["strategy"] == "tp2"]
     assert len(rows) == 8
+    spread = _spread_pct(bench, bench_gm, "tp2", "nccl")
     for r in rows:
-        assert 0 <= r["error_pct"] <= (0.3 if r["hardware"] == "probe report" else 1.2), r
+        assert abs(r["error_pct"]) <= spread + _view_bw_pct(probe, r["hardware"]), r
     before = [r for r in tp2_compare.comparison(bench_q, {"graph": own}, probe, PROBE.name, model)["rows"]
               if r["strategy"] == "tp2" and r["hardware"] == "probe report"]
-    assert [r["error_pct"] for r in before] == pytest.approx([-7.4, -8.1, -11.7, -15.3], abs=0.05)
+    _optimistic_and_growing_with_context([r["error_pct"] for r in before], spread)
 
 
 def test_golden_rendering_of_the_recording(cli):
