@@ -101,6 +101,9 @@ def _register() -> None:
     bench_probes.register(bench_app)
     bench_engine.register(bench_app)
     bench_tp2.register(bench_app)
+    from v100plan.commands import bench_planner
+
+    bench_planner.register(bench_app)
 
 
 _register()

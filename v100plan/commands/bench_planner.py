@@ -1,0 +1,64 @@
+"""`v100plan bench planner`: the planner's own predictions against published batch-1 decode figures.
+
+Reads profiles/published/decode-batch1.json (each figure with its source, build and settings, and
+whether it calibrated an engine profile or is held out), plans each configuration, and prints the
+error of every point, the median and worst error over the held-out points, and whether every
+published figure sits under the planner's ceiling. Exit 1 when a figure is above its ceiling or a
+point cannot be planned; the goal (held-out median within 10 %, none beyond 25 %) is reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from v100plan import output
+from v100plan.options import JsonOpt
+from v100plan.planner import accuracy
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DataOpt = Annotated[Optional[Path], typer.Option("--data", help="Published figures JSON (default: profiles/published/decode-batch1.json).")]
+
+
+def _pct(v: float | None) -> str | None:
+    return None if v is None else f"{v:+.1%}"
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("planner")
+    def bench_planner(data: DataOpt = None, json_out: JsonOpt = False) -> None:
+        """The planner against published decode figures: held-out median and worst error, and the ceiling check."""
+        rows = accuracy.evaluate(REPO, data or accuracy.PUBLISHED)
+        s = accuracy.summary(rows)
+        goal_met = (s["held_out_median_abs_error"] is not None and s["held_out_median_abs_error"] <= 0.10
+                    and s["held_out_worst_abs_error"] <= 0.25)
+        if json_out:
+            output.emit_json({"summary": {**s, "goal_met": goal_met},
+                              "rows": [{"id": r.id, "role": r.role, "engine": r.engine, "hardware": r.hardware, "gpus": r.gpus,
+                                        "strategy": r.strategy, "model": r.model, "weights": r.weights,
+                                        "context_tokens": r.context_tokens, "published_tok_s": r.published_tok_s,
+                                        "predicted_tok_s": r.predicted_tok_s, "ceiling_tok_s": r.ceiling_tok_s,
+                                        "error": r.error, "source": r.source, "figure": r.figure} for r in rows]})
+        else:
+            table = output.table(
+                "planner vs published batch-1 decode (profiles/published/decode-batch1.json)",
+                ["point", "role", "engine", "card x n", "strategy", ("published", "right"), ("predicted", "right"),
+                 ("ceiling", "right"), ("error", "right")],
+                [[r.id, r.role, r.engine, f"{r.hardware} x {r.gpus}", r.strategy, f"{r.published_tok_s:.1f}",
+                  None if r.predicted_tok_s is None else f"{r.predicted_tok_s:.1f}",
+                  None if r.ceiling_tok_s is None else f"{r.ceiling_tok_s:.0f}", _pct(r.error)] for r in rows],
+                caption="error = predicted / published - 1; calibration points set an engine's efficiencies, held-out points never did",
+            )
+            output.render(table, to_stderr=False)
+            med, worst = s["held_out_median_abs_error"], s["held_out_worst_abs_error"]
+            output.render(f"held out: {s['held_out_predicted']} of {s['held_out']} points planned; median |error| "
+                          f"{_pct(med)}, worst {_pct(worst)}; goal (median <= 10 %, worst <= 25 %) "
+                          f"{'met' if goal_met else 'NOT met'}", to_stderr=False)
+            output.render("every published figure under the planner's ceiling: "
+                          + ("yes" if not s["over_ceiling"] and not s["no_ceiling"] else
+                             f"no (over: {', '.join(s['over_ceiling']) or 'none'}; no ceiling: {', '.join(s['no_ceiling']) or 'none'})"),
+                          to_stderr=False)
+        if s["over_ceiling"] or s["no_ceiling"] or s["held_out_predicted"] < s["held_out"]:
+            raise typer.Exit(1)
