@@ -142,3 +142,19 @@ def remote_python() -> str:
         if (base / name).exists():
             return str(base / name)
     return "python3"
+
+
+def shared_remote_root(tmp_path_factory) -> Path:  # noqa: ANN001 - pytest's TempPathFactory
+    """One remote root for the whole test session: venvs are content-addressed and built under a lock,
+    so every test module reuses the one venv per dependency set (what a real host does)."""
+    p = tmp_path_factory.getbasetemp() / "remote-root"
+    p.mkdir(exist_ok=True)
+    return p
+
+
+def remote_env(monkeypatch, sshd: Sshd, root: Path, known_hosts: Path | None = None) -> None:  # noqa: ANN001
+    """Point every remote command of v100plan at this sshd's key, known_hosts and the given root."""
+    monkeypatch.setenv("V100PLAN_KNOWN_HOSTS", str(known_hosts or sshd.known_hosts))
+    monkeypatch.setenv("V100PLAN_SSH_IDENTITY", str(sshd.user_key))
+    monkeypatch.setenv("V100PLAN_REMOTE_ROOT", str(root))
+    monkeypatch.setenv("V100PLAN_REMOTE_PYTHON", remote_python())

@@ -98,6 +98,9 @@ def _register() -> None:
 
     planning.register(app)
     probe.register(app)
+    from v100plan.commands import deploy
+
+    deploy.register(app)
     bench_probes.register(bench_app)
     bench_engine.register(bench_app)
     bench_tp2.register(bench_app)

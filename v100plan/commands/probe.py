@@ -8,6 +8,15 @@ from typing import Annotated, Any, Optional
 import typer
 
 from v100plan import catalogue, documents, output, probe_judge, probe_run
+from v100plan.commands.remote_options import (
+    AcceptNewOpt,
+    CommandTimeoutOpt,
+    ConnectTimeoutOpt,
+    IdentityOpt,
+    KnownHostsOpt,
+    RemotePythonOpt,
+    RemoteRootOpt,
+)
 from v100plan.errors import BadInput, ChecksFailed, DocumentError, NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
@@ -16,6 +25,12 @@ SoakOpt = Annotated[Optional[float], typer.Option("--soak", metavar="S", help="S
 DurationOpt = Annotated[Optional[float], typer.Option("--duration", metavar="S",
                                                       help="Load duration of the throttle case in seconds (default: 30, 15 with --quick).")]
 OnlyOpt = Annotated[Optional[str], typer.Option("--only", help="Comma-separated case keys (see python -m probes --list); the cases they need run too (default: every case).")]
+HostsOpt = Annotated[Optional[list[str]], typer.Option("--host", metavar="USER@HOST[:PORT]",
+                                                       help="Probe this host over SSH (repeat for several).")]
+InventoryOpt = Annotated[Optional[str], typer.Option("--inventory", metavar="FILE",
+                                                     help="Probe every host listed in FILE (one a line).")]
+MaxFailOpt = Annotated[int, typer.Option("--max-fail", metavar="N",
+                                         help="Hosts that may fail to be probed before the command fails.")]
 FromOpt = Annotated[Optional[Path], typer.Option("--from", help="Judge a recorded ProbeReport instead of measuring (default: measure this host).")]
 
 
@@ -83,12 +98,35 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
         out: OutOpt = None,
         quiet: QuietOpt = False,
+        hosts: HostsOpt = None,
+        inventory: InventoryOpt = None,
+        max_fail: MaxFailOpt = 0,
+        remote_root: RemoteRootOpt = "~/.v100plan",
+        remote_python: RemotePythonOpt = "python3",
+        known_hosts: KnownHostsOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        identity: IdentityOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        command_timeout: CommandTimeoutOpt = 1800.0,
     ) -> None:
-        """Measure every card and pair on this host, name each card's variant and judge it.
+        """Measure every card and pair on this host (or on --host/--inventory hosts over SSH), name each
+        card's variant and judge it.
 
         Exit codes: 0 everything passed or warned, 1 a check failed or errored, 3 nothing could be
         measured (no NVIDIA driver, or every case waived).
         """
+        if hosts or inventory:  # over SSH, in parallel: v100plan.commands.probe_remote
+            from v100plan.commands import probe_remote
+            from v100plan.commands.remote_options import ssh_options
+            from v100plan.remote.host import RemoteSettings
+
+            if from_file is not None:
+                raise BadInput("--from judges a recorded report; it cannot be combined with --host/--inventory",
+                               hint="drop --from to probe the hosts, or drop --host to judge the file")
+            return probe_remote.run(hosts, inventory, max_fail, probe_run.probe_args(quick, soak, duration, only),
+                                    ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout,
+                                                command_timeout),
+                                    RemoteSettings(root=remote_root, python=remote_python), json_out, out, quiet)
         output.check_out(out)  # before measuring: a GPU host's run is never lost to a bad path
         report = measure_or_load(quick, soak, duration, only, from_file, show_progress=not quiet)
         hardware, problems = hardware_catalogue()

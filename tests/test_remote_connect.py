@@ -1,0 +1,130 @@
+"""Connecting safely, against a real sshd on 127.0.0.1: host-key policy, unreachable hosts,
+hung commands, quoting. Each failure is a clear `Error:` with its documented exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import sshd as sshd_mod
+
+pytestmark = pytest.mark.skipif(sshd_mod.available() is not None, reason=str(sshd_mod.available()))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = sshd_mod.make_sshd(tmp_path_factory.mktemp("sshd-connect")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def env(monkeypatch, server, tmp_path_factory):
+    root = sshd_mod.shared_remote_root(tmp_path_factory)
+    sshd_mod.remote_env(monkeypatch, server, root)
+    return root
+
+
+def _probe(cli, *args):
+    return cli("probe", "--quick", "--json", *args)
+
+
+def test_bad_host_spec_is_bad_input(cli, env):
+    r = _probe(cli, "--host", "root@bad host!")
+    assert r.exit_code == 2
+    assert "Error: host 'root@bad host!' is not user@host[:port]" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_inventory_names_the_bad_line(cli, env, tmp_path):
+    inv = tmp_path / "hosts.txt"
+    inv.write_text("# fleet\nroot@127.0.0.1:2222\n\nroot@127.0.0.1:99999\n")
+    r = _probe(cli, "--inventory", inv)
+    assert r.exit_code == 2
+    assert "line 4" in r.stderr and "out of range" in r.stderr
+
+
+def test_unknown_host_key_is_refused_then_recorded_explicitly(cli, env, server, tmp_path, monkeypatch):
+    known = tmp_path / "ssh" / "known_hosts"  # not there yet: made 0600 when the first key is recorded
+    monkeypatch.setenv("V100PLAN_KNOWN_HOSTS", str(known))
+    r = _probe(cli, "--host", server.host_spec)
+    assert r.exit_code == 4, r.stderr
+    assert "host key for [127.0.0.1]:%d is unknown" % server.port in r.stderr
+    assert "--accept-new-host-key" in r.stderr
+    assert not known.exists()  # nothing recorded without the flag
+
+    r = _probe(cli, "--host", server.host_spec, "--accept-new-host-key")
+    assert r.exit_code == 3, r.stderr  # connected and probed: no GPU here, every case waived
+    line = known.read_text()
+    assert line == server.known_hosts_line()  # the [host]:port form, the server's real key
+    assert stat.S_IMODE(os.stat(known).st_mode) == 0o600
+
+    r = _probe(cli, "--host", server.host_spec)  # now known: no flag needed
+    assert r.exit_code == 3, r.stderr
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(cli, env, tmp_path, tmp_path_factory, monkeypatch):
+    s = sshd_mod.make_sshd(tmp_path / "impostor").start()
+    try:
+        known = s.write_known_hosts(tmp_path / "known_hosts")  # the key as first recorded
+        monkeypatch.setenv("V100PLAN_KNOWN_HOSTS", str(known))
+        monkeypatch.setenv("V100PLAN_SSH_IDENTITY", str(s.user_key))
+        before = known.read_text()
+        s.regenerate_host_key()
+        for extra in ([], ["--accept-new-host-key"]):
+            r = _probe(cli, "--host", s.host_spec, *extra)
+            assert r.exit_code == 4, r.stderr
+            assert "CHANGED" in r.stderr and "refusing to connect" in r.stderr
+            assert "ssh-keygen -R" in r.stderr
+        assert known.read_text() == before
+    finally:
+        s.stop()
+
+
+def test_unreachable_host_is_exit_4(cli, env):
+    port = sshd_mod.free_port()  # nothing listens there
+    t0 = time.monotonic()
+    r = _probe(cli, "--host", f"root@127.0.0.1:{port}", "--connect-timeout", "3")
+    assert r.exit_code == 4
+    assert f"root@127.0.0.1:{port}: cannot open an SSH session" in r.stderr
+    assert "Hint:" in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 15
+
+
+def test_hung_remote_command_is_stopped_and_exit_4(cli, env, server, tmp_path, monkeypatch):
+    """A remote interpreter that hangs: the command timeout stops it on the host, by the host's `timeout`."""
+    pidfile = tmp_path / "hung.pid"
+    fake = tmp_path / "hanging-python"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 300\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("V100PLAN_REMOTE_ROOT", str(tmp_path / "root"))
+    monkeypatch.setenv("V100PLAN_REMOTE_PYTHON", str(fake))
+    t0 = time.monotonic()
+    r = _probe(cli, "--host", server.host_spec, "--command-timeout", "2")
+    assert r.exit_code == 4, r.stderr
+    assert "did not finish within 2 s" in r.stderr
+    assert time.monotonic() - t0 < 30
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the hung remote process was left running"
+
+
+def test_remote_arguments_are_quoted(cli, env, server, tmp_path, monkeypatch):
+    """A remote root with spaces and shell syntax is one path on the host, never a command."""
+    root = tmp_path / "odd root $(touch pwned) ; touch pwned2"
+    monkeypatch.setenv("V100PLAN_REMOTE_ROOT", str(root))
+    monkeypatch.chdir(tmp_path)
+    r = _probe(cli, "--host", server.host_spec)
+    assert r.exit_code == 3, r.stderr
+    assert json.loads(r.stdout)["kind"] == "probe_report"
+    assert (root / "bundles").is_dir()
+    home = Path.home()
+    for name in ("pwned", "pwned2"):
+        assert not (tmp_path / name).exists() and not (home / name).exists()

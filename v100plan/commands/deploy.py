@@ -1,0 +1,255 @@
+"""`v100plan deploy | rollback | status | logs | stop HOST`: the bundled engine on a host, over SSH.
+
+Progress lines go to stderr; the result (a table, or one JSON document with --json) to stdout.
+Exit codes: 0 done (or nothing to do), 1 the new release failed its checks (rolled back when a
+previous release existed), 2 bad input, 4 the host is unreachable, its key is unknown or changed,
+a remote command hung, or another deploy holds the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from v100plan import documents, output
+from v100plan.commands.remote_options import (
+    AcceptNewOpt,
+    CommandTimeoutOpt,
+    ConnectTimeoutOpt,
+    DeploymentOpt,
+    IdentityOpt,
+    KnownHostsOpt,
+    RemotePythonOpt,
+    RemoteRootOpt,
+    ssh_options,
+)
+from v100plan.errors import BadInput, EnvironmentProblem
+from v100plan.options import JsonOpt, QuietOpt
+
+HostArg = Annotated[str, typer.Argument(metavar="HOST", help="user@host[:port] (or a Host from ~/.ssh/config)")]
+DEFAULT_ROOT = "~/.v100plan"
+
+
+def _target(host, deployment, root, python, ssh, index_url=None, torch=None):  # noqa: ANN001, ANN202
+    from v100plan.remote import deploy as dp
+    from v100plan.remote import release as rel
+    from v100plan.remote.host import RemoteSettings
+    from v100plan.remote.hosts import parse_host
+
+    return dp.Target(parse_host(host), ssh, RemoteSettings(root=root, python=python, index_url=index_url,
+                                                           torch=torch), rel.deployment_name(deployment))
+
+
+def demo_model_dir() -> Path:
+    """The demo model, made here once (`python -m engine make-demo-model`; byte-identical everywhere)."""
+    base = Path(os.environ.get("V100PLAN_HOME") or Path(tempfile.gettempdir()) / f"v100plan-{os.getuid()}")
+    d = base / "demo-model"
+    if not (d / "config.json").is_file():
+        d.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(d)], capture_output=True,
+                              text=True, timeout=300)
+        if proc.returncode != 0:
+            raise EnvironmentProblem(f"the demo model could not be made: {proc.stderr.strip()[-500:]}",
+                                     hint="install the engine extra here: pip install -e '.[engine]'")
+    return d
+
+
+def _say(quiet: bool):  # noqa: ANN202
+    return (lambda s: None) if quiet else output.hint
+
+
+def _emit(doc: dict, rows: list[tuple[str, object]], title: str, json_out: bool, quiet: bool) -> None:
+    if json_out:
+        output.emit_json(doc)
+    elif not quiet:
+        output.render(output.table(title, ["", "value"], rows))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("deploy")
+    def deploy_cmd(
+        host: HostArg,
+        plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan JSON whose launch settings to use "
+                                                     "(without it: probe the host and choose).")] = None,
+        model: Annotated[Optional[Path], typer.Option("--model", help="Model directory (Hugging Face layout).")] = None,
+        demo_model: Annotated[bool, typer.Option("--demo-model", help="Deploy the small generated demo model.")] = False,
+        port: Annotated[int, typer.Option("--port", help="Port the service binds on the host's 127.0.0.1.")] = 8000,
+        max_context: Annotated[Optional[int], typer.Option("--max-context", help="Tokens per request "
+                                                           "(default: the plan's, else the model's).")] = None,
+        fault_injection: Annotated[bool, typer.Option("--enable-fault-injection",
+                                                      help="Expose /control (loopback) for `accept`.")] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Only read the host and print every action.")] = False,
+        health_timeout: Annotated[float, typer.Option("--health-timeout", metavar="S",
+                                                      help="Seconds the new release has to pass /health.")] = 180.0,
+        index_url: Annotated[Optional[str], typer.Option("--index-url", help="Extra package index for the "
+                                                         "host's venv (a CUDA 12.x torch for a V100).")] = None,
+        torch_spec: Annotated[Optional[str], typer.Option("--torch", help="torch requirement for the host "
+                                                          "(default: the version installed here).")] = None,
+        deployment: DeploymentOpt = "engine",
+        remote_root: RemoteRootOpt = DEFAULT_ROOT,
+        remote_python: RemotePythonOpt = "python3",
+        known_hosts: KnownHostsOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        identity: IdentityOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        command_timeout: CommandTimeoutOpt = 900.0,
+        json_out: JsonOpt = False,
+        quiet: QuietOpt = False,
+    ) -> None:
+        """Push the engine and a model to HOST, start it under its supervisor, health-check, switch.
+
+        `current` moves to the new release only after /health and a smoke completion pass;
+        otherwise the previous release is started again (exit 1, with the reason).
+        """
+        from v100plan.remote import deploy as dp
+        from v100plan.remote import release as rel
+        from v100plan.remote.probe import probe_host
+
+        if (model is None) == (not demo_model):
+            raise BadInput("give exactly one of --model DIR and --demo-model",
+                           hint="e.g. v100plan deploy user@gpu-box --demo-model")
+        if not 1 <= port <= 65535:
+            raise BadInput(f"--port {port} is out of range", hint="a port is 1-65535")
+        if health_timeout <= 0:
+            raise BadInput("--health-timeout must be positive", hint="e.g. --health-timeout 300")
+        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
+        target = _target(host, deployment, remote_root, remote_python, ssh, index_url, torch_spec)
+        say = _say(quiet)
+        model_dir = demo_model_dir() if demo_model else model
+        if not Path(model_dir).is_dir():
+            raise BadInput(f"--model {str(model_dir)!r} is not a directory", hint="give the model's directory")
+        if plan is not None:
+            doc = documents.load(plan, "plan")
+            settings = rel.settings_from_plan(doc, str(plan), port, fault_injection)
+            if max_context:
+                settings = rel.EngineSettings(**{**settings.__dict__, "max_context": max_context})
+            chose = f"settings from {plan}: {settings.device}, {settings.dtype}, allreduce {settings.allreduce}, " \
+                    f"max context {settings.max_context}"
+        else:
+            say(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
+            report = probe_host(target.spec, ssh, target.remote, ["--quick"], stage=lambda s: None)
+            settings, chose = rel.settings_from_probe(report, target.spec.label, port, fault_injection, max_context)
+        say(f"chose: {chose}")
+        out = dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout, say=say,
+                        chose=chose)
+        doc = out.to_dict()
+        rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
+                ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
+                ("uploaded bytes", out.uploaded_bytes), ("wall s", f"{out.wall_s:.1f}")]
+        if dry_run:
+            rows.append(("actions", len(out.actions)))
+        elif out.reason:
+            rows.append(("note", out.reason))
+        _emit(doc, rows, "Dry run (nothing changed on the host)" if dry_run else "Deploy", json_out, quiet)
+
+    @app.command("rollback")
+    def rollback_cmd(
+        host: HostArg,
+        health_timeout: Annotated[float, typer.Option("--health-timeout", metavar="S")] = 180.0,
+        deployment: DeploymentOpt = "engine",
+        remote_root: RemoteRootOpt = DEFAULT_ROOT,
+        remote_python: RemotePythonOpt = "python3",
+        known_hosts: KnownHostsOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        identity: IdentityOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        command_timeout: CommandTimeoutOpt = 900.0,
+        json_out: JsonOpt = False,
+        quiet: QuietOpt = False,
+    ) -> None:
+        """Switch HOST back to the release that was current before this one (health-checked)."""
+        from v100plan.remote import deploy as dp
+
+        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
+        out = dp.rollback(_target(host, deployment, remote_root, remote_python, ssh), health_timeout, _say(quiet))
+        _emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
+                              ("wall s", f"{out.wall_s:.1f}")], "Rollback", json_out, quiet)
+
+    @app.command("status")
+    def status_cmd(
+        host: HostArg,
+        deployment: DeploymentOpt = "engine",
+        remote_root: RemoteRootOpt = DEFAULT_ROOT,
+        remote_python: RemotePythonOpt = "python3",
+        known_hosts: KnownHostsOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        identity: IdentityOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        command_timeout: CommandTimeoutOpt = 120.0,
+        json_out: JsonOpt = False,
+        quiet: QuietOpt = False,
+    ) -> None:
+        """Release, health, ranks, allreduce path and uptime of the service on HOST."""
+        from v100plan.remote import deploy as dp
+
+        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
+        doc = dp.status(_target(host, deployment, remote_root, remote_python, ssh))
+        rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
+                                          "allreduce", "generation", "uptime_s", "port", "releases")]
+        _emit(doc, rows, "Status", json_out, quiet)
+
+    @app.command("logs")
+    def logs_cmd(
+        host: HostArg,
+        follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C ends).")] = False,
+        lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end of each log.")] = 50,
+        deployment: DeploymentOpt = "engine",
+        remote_root: RemoteRootOpt = DEFAULT_ROOT,
+        remote_python: RemotePythonOpt = "python3",
+        known_hosts: KnownHostsOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        identity: IdentityOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        command_timeout: CommandTimeoutOpt = 120.0,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """The service's logs on HOST (supervisor, proxy stdout and stderr)."""
+        from v100plan.remote import deploy as dp
+
+        if lines < 0:
+            raise BadInput("--lines must be 0 or more", hint="e.g. --lines 100")
+        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
+        target = _target(host, deployment, remote_root, remote_python, ssh)
+        if follow:
+            if json_out:
+                raise BadInput("--follow streams lines; it cannot be one JSON document", hint="drop --json")
+            try:
+                dp.follow_logs(target, lambda line: print(line, flush=True), lines)
+            except KeyboardInterrupt:
+                pass
+            return
+        doc = dp.logs(target, lines)
+        if json_out:
+            output.emit_json(doc)
+            return
+        for name, text in doc["logs"].items():
+            print(f"==> {name} <==")
+            print("(no such log yet)" if text is None else "\n".join(text))
+
+    @app.command("stop")
+    def stop_cmd(
+        host: HostArg,
+        deployment: DeploymentOpt = "engine",
+        remote_root: RemoteRootOpt = DEFAULT_ROOT,
+        remote_python: RemotePythonOpt = "python3",
+        known_hosts: KnownHostsOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        identity: IdentityOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        command_timeout: CommandTimeoutOpt = 120.0,
+        json_out: JsonOpt = False,
+        quiet: QuietOpt = False,
+    ) -> None:
+        """Stop the service on HOST (the supervisor's recorded PIDs; the release stays current)."""
+        from v100plan.remote import deploy as dp
+
+        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
+        out = dp.stop(_target(host, deployment, remote_root, remote_python, ssh), _say(quiet))
+        _emit(out.to_dict(), [("host", out.host), ("release", out.release),
+                              ("stopped", out.extra.get("stopped") or out.reason)], "Stop", json_out, quiet)
