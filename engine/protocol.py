@@ -2,7 +2,7 @@
 
 A rank (``python -m engine rank``) listens on its control socket, accepts one
 client (the proxy, or the ``generate --tp 2`` launcher) and speaks one JSON
-object per line. The message shapes are fixed by contracts.md; the constructors
+object per line. The message shapes are fixed by docs/engine.md; the constructors
 here are the only place that spells them, so rank and clients cannot drift.
 
 rank -> client: ready | fatal | progress | token | done | error | pong | fault_armed | heartbeat

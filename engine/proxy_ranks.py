@@ -1,7 +1,7 @@
 """One generation of the two rank processes: start them, talk to them, kill them.
 
 Each rank is `python -m engine rank ...` (a child of serve) listening on a Unix
-socket; we connect once and exchange newline-delimited JSON (contracts.md). A
+socket; we connect once and exchange newline-delimited JSON (docs/engine.md). A
 reader task per rank puts every message on that rank's inbox and stamps the time
 of the last message, which the watchdog reads. Nothing here decides policy: the
 service (proxy_service.py) and the watchdog (watchdog.py) do.

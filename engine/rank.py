@@ -1,4 +1,4 @@
-"""One rank process: ``python -m engine rank ...`` (protocol in engine/protocol.py, contracts.md).
+"""One rank process: ``python -m engine rank ...`` (protocol in engine/protocol.py, docs/engine.md).
 
 Start-up: listen on the control socket, meet the peer (gloo over a FileStore in the
 rendezvous directory), choose and self-test the allreduce path, load this rank's

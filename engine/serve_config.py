@@ -16,7 +16,7 @@ from pathlib import Path
 ALLREDUCE_PATHS = ("auto", "gloo", "nccl", "host_mailbox", "device_mailbox")
 DTYPES = ("float32", "float16", "bfloat16")
 
-# FACTS.md, "How the two-process engine stayed safe": a request whose progress
+# docs/field-figures.md, "How the two-process engine stayed safe": a request whose progress
 # counter does not move for 180 s is treated as stalled.
 DEFAULT_STALL_TIMEOUT_S = 180.0
 # A rank sends a heartbeat every second; this much silence (or this long waiting for its peer
@@ -219,7 +219,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str,
                  extra: tuple[str, ...] = ()) -> list[str]:
-    """The `python -m engine rank ...` line for one rank (contracts.md, rank <-> proxy protocol).
+    """The `python -m engine rank ...` line for one rank (docs/engine.md, rank <-> proxy protocol).
 
     `extra`: further rank flags, e.g. the fault hook that fails this start's self-test."""
     cmd = [

@@ -7,7 +7,7 @@ fatal message (LOCKSTEP FAILURE among them), falls silent, or stops making progr
   thread of its own; a rank silent for liveness_timeout_s is frozen or gone, and a
   rank that reports waiting for its peer inside one allreduce for liveness_timeout_s
   names a stalled peer (the waiting rank is fine: it keeps beating);
-- progress (the step watchdog, FACTS.md's 180 s field default): during a request, a
+- progress (the step watchdog, docs/field-figures.md's 180 s field default): during a request, a
   rank whose progress counter (carried by every token, prefill chunk and heartbeat)
   did not move for stall_timeout_s; while idle, an unanswered ping for stall_timeout_s.
 """

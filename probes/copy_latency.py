@@ -11,7 +11,7 @@ of the graph give the chain's time; one copy = elapsed / copies; the figure is t
 completion the next copy waits for; plus the graph launch's own start, spread over the chain
 (under 0.1 us a copy for 100 copies).
 
-A path that takes milliseconds per copy (FACTS.md: 49 ms for 4 KB on a box with broken
+A path that takes milliseconds per copy (docs/field-figures.md: 49 ms for 4 KB on a box with broken
 P2P) is sized from one event-timed copy first, and then timed with a chain of two, three
 times, so the probe still finishes in about a second per pair.
 

@@ -14,7 +14,7 @@ the data is not in the direct figure. The old figure, the median wall time of on
 host synchronisation, is kept in the case details as a sanity check: it is the host's round
 trip (about 30 us on the lent H200 VMs for either path) and must not be below the device time.
 
-Verdict: "broken" when the direct copy is over 10x slower than staging (FACTS.md: 49 ms vs
+Verdict: "broken" when the direct copy is over 10x slower than staging (docs/field-figures.md: 49 ms vs
 16 us), "unavailable" when the driver reports no peer access, else "working".
 By hand: ``nvidia-smi topo -p2p r`` and ``nvidia-smi nvlink -s``.
 """

@@ -61,7 +61,7 @@ def test_wrong_major_schema_version_names_both():
 
 @pytest.mark.parametrize("id_", catalogue.ids("hardware"))
 def test_nominal_bandwidth_matches_memory_clock_and_bus(id_):
-    """clock x 2 (double data rate) x bus width / 8 = nominal GB/s (FACTS.md's formula), within 3 %."""
+    """clock x 2 (double data rate) x bus width / 8 = nominal GB/s (docs/field-figures.md's formula), within 3 %."""
     d = catalogue.get("hardware", id_)
     implied = d["mem_clock_max_mhz"] * 2 * d["bus_width_bits"] / 8 / 1e3
     assert abs(implied - d["mem_bw_nominal_gbps"]) <= 0.03 * d["mem_bw_nominal_gbps"]
@@ -97,7 +97,7 @@ def test_27b_profiles_say_what_is_not_known():
     d = catalogue.get("model", "qwen3.8-27b-nvfp4")
     assert d["hidden_size"] is None and "not given" in d["unavailable"]["hidden_size"]
     assert d["matrix_flops_per_token"] == 2 * 27e9
-    # TP2 shard = split / 2 + replicated = 12.4 GB (FACTS.md: 2 x 12.4 GB shard files)
+    # TP2 shard = split / 2 + replicated = 12.4 GB (docs/field-figures.md: 2 x 12.4 GB shard files)
     assert d["weights"]["split_gb"] / 2 + d["weights"]["replicated_gb"] == pytest.approx(12.4, abs=0.05)
 
 

@@ -1,4 +1,4 @@
-"""The planner reproduces the field report's figures (FACTS.md) within 10 %.
+"""The planner reproduces the field report's figures (docs/field-figures.md) within 10 %.
 
 Figures used to CALIBRATE the engine profile (profiles/engines/ninfer-v100-tp.json,
 'calibration') are checked too, so a change to a formula that breaks the calibration
@@ -208,7 +208,7 @@ def test_tuning_made_the_single_card_faster():
 
 
 def test_half_width_kernels_already_in_the_tp2_calibration():
-    """FACTS.md: half-width matrix kernels take 0.51-0.61 of the full-width time. ninfer-v100-tp sets no
+    """docs/field-figures.md: half-width matrix kernels take 0.51-0.61 of the full-width time. ninfer-v100-tp sets no
     tp2_* fractions (calibration 'tp2_half_width'): a rank's 12.4 GB shard already reads in 0.61 of the one-card
     weight time (the replicated tensors are not halved) and reproduces the TP2 round's 13.2 + 4.6 ms, so a TP2
     factor on top would count the half-width kernels twice."""

@@ -1,5 +1,5 @@
 """The control plane's judgement: naming the variant from PCI ids and judging figures against it,
-on the recorded H200 and on the FACTS.md situations (built only from FACTS.md numbers)."""
+on the recorded H200 and on the docs/field-figures.md situations (built only from docs/field-figures.md numbers)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_sxm2_pair_has_nvlink_and_a_thermally_limited_card_1(hardware):
 
 
 def test_os_nccl_without_sm70_fails_a_two_card_v100_box(hardware):
-    """FACTS.md: the OS-packaged NCCL 2.31 has no sm_70 kernels; on two cards that is a failure."""
+    """docs/field-figures.md: the OS-packaged NCCL 2.31 has no sm_70 kernels; on two cards that is a failure."""
     report = _load("facts-sxm2-pair-nvlink-hot-card1")
     report["host"]["nccl_version"] = "2.31"
     for card in report["cards"]:

@@ -132,7 +132,7 @@ def test_a_failed_capture_falls_back_to_the_stream_and_says_so():
 
 
 def test_verdicts_on_device_timed_figures():
-    # FACTS.md's NVLink V100 box: direct 3.2 us; staged there ~16 us (wall), so direct is well under staged.
+    # docs/field-figures.md's NVLink V100 box: direct 3.2 us; staged there ~16 us (wall), so direct is well under staged.
     verdict, why = p2p.verdict_of({"peer_access_reported": True, "p2p_direct_4k_us": 3.2, "host_staged_4k_us": 16.0,
                                    "p2p_bulk_gbps": 145.0})
     assert verdict == "working" and "3.2 us vs staged 16.0 us" in why

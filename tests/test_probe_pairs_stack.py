@@ -1,4 +1,4 @@
-"""Pure parts of the P2P and software-stack cases, on FACTS.md numbers and the recorded H200 stack."""
+"""Pure parts of the P2P and software-stack cases, on docs/field-figures.md numbers and the recorded H200 stack."""
 
 from __future__ import annotations
 

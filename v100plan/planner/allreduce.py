@@ -2,7 +2,7 @@
 
 Path names are the engine's flags and metrics: nccl, gloo, host_mailbox,
 device_mailbox, none. Latencies come from the box (hardware profile or probe
-report) first, else from the engine profile's figures (FACTS.md: measured on the
+report) first, else from the engine profile's figures (docs/field-figures.md: measured on the
 field report's V100 boxes), and say which.
 """
 
@@ -68,7 +68,7 @@ def _table_for(path: str, hw: Hardware, engine: Engine) -> tuple[dict[str, float
 def path_problem(path: str, hw: Hardware) -> str | None:
     """Why ``path`` cannot carry this pair's allreduces, or None if it can.
 
-    FACTS.md: broken P2P rules out the device mailbox (a 4 KB direct copy took 49 ms);
+    docs/field-figures.md: broken P2P rules out the device mailbox (a 4 KB direct copy took 49 ms);
     an NCCL without kernels for the card's architecture crashes at start (2.31 on sm_70).
     """
     if path == "gloo":
@@ -115,5 +115,5 @@ def choose_path(hw: Hardware, engine: Engine, decode_message_bytes: float, prefi
 
 
 def allreduce_ms_per_round(allreduces_per_round: int, us_each: float) -> float:
-    """allreduces per round x latency of one (FACTS.md: 134 x 16 us = 2.1 ms on the PCIe box's host mailbox)."""
+    """allreduces per round x latency of one (docs/field-figures.md: 134 x 16 us = 2.1 ms on the PCIe box's host mailbox)."""
     return allreduces_per_round * us_each / 1e3

@@ -10,13 +10,13 @@ round = weight bytes read / (bandwidth x weight_bw_fraction)
       (k + 1) x matrix FLOPs per token / (tensor peak x prefill_compute_fraction)
 tokens per round = (1 - a^(k+1)) / (1 - a)     (k drafts, per-token acceptance a: the expected accepted
                                                  prefix plus the token the verification yields)
-                 = 1 + k x A                   (engines whose A is the share of drafts accepted, FACTS.md)
+                 = 1 + k x A                   (engines whose A is the share of drafts accepted, docs/field-figures.md)
 ceiling          = tokens per round / (bytes read per round / bandwidth): no overhead, 100 % bandwidth
 
 Under tp2 each card reads its shard and its half of the KV heads with half-width kernels, which
 run less efficiently than full-width ones: the round then divides by the engine's
 tp2_weight_bw_fraction and tp2_kv_bw_fraction where the profile has them (Engine.decode_fractions).
-Sources: FACTS.md, half-width V100 matrix kernels take 0.51-0.61 of the full-width time (not 0.50);
+Sources: docs/field-figures.md, half-width V100 matrix kernels take 0.51-0.61 of the full-width time (not 0.50);
 two H200s (tests/fixtures/multigpu, 2026-11-29), a rank's K/V reads ran at 1.07 TB/s under TP2 vs
 1.72 at TP1. Without them the one-card fractions stand in and the plan says so.
 """
@@ -57,7 +57,7 @@ def tokens_per_round(draft_tokens: int, acceptance: float, definition: str = "ac
     1..i-1 were): 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a) (Leviathan et al., speculative
     decoding); a = 1 gives k + 1.
     "accepted_share": 1 + k x A, where A is the share of drafted tokens accepted, as the field report
-    measures it (FACTS.md).
+    measures it (docs/field-figures.md).
     """
     k, a = draft_tokens, acceptance
     if definition == "per_token":

@@ -5,7 +5,7 @@
 - measured read bandwidth replaces nominal: the slowest card's, since a TP pair
   waits for it every layer and replicas are quoted per card;
 - the slowest thermally limited card's SM clock ratio under load slows a TP pair
-  (FACTS.md: the pair runs at the hot card's speed). A power cap does not: the
+  (docs/field-figures.md: the pair runs at the hot card's speed). A power cap does not: the
   probe's load is matrix products at full power, while decode reads memory and
   draws far less, so the cap that bound the probe does not bind a decode round
   (on the lent H200 the cap held SM clocks at 0.73-0.77 of max under that load);
@@ -22,7 +22,7 @@ from v100plan.cards import identify
 from v100plan.errors import BadInput
 from v100plan.planner.inputs import Card, Hardware, Pair, Sourced, card_from_doc, pair_from_doc
 
-# Below this median-clock ratio a throttle is taken to slow the pair (contracts: "< ~0.97").
+# Below this median-clock ratio a throttle is taken to slow the pair (docs/field-figures.md, "Heat": "< ~0.97").
 THROTTLE_RATIO = 0.97
 
 

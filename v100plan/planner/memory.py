@@ -30,7 +30,7 @@ def kv_gb(model: Model, context_tokens: int, share: float, concurrency: int) -> 
     """concurrency x (kv_bytes_per_token x context + state_bytes_per_sequence) x share / 1e9.
 
     kv_bytes_per_token = attention layers x KV heads x head_dim x 2 x bytes + the profile's
-    overhead (27B: 16 x 4 x 256 x 2 x 1 = 32 KiB + 12,805 B = 7.0 GB at 150K, FACTS.md).
+    overhead (27B: 16 x 4 x 256 x 2 x 1 = 32 KiB + 12,805 B = 7.0 GB at 150K, docs/field-figures.md).
     """
     per_seq = model.kv_bytes_per_token * context_tokens + model.state_bytes_per_sequence
     return concurrency * per_seq * share / 1e9

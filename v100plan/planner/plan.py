@@ -38,7 +38,7 @@ def _memory_reason(mem: Memory, maxc: int, target: Target) -> str:
 
 
 def _clock_ratio(hw: Hardware, lay: Layout) -> float:
-    """A TP pair waits for its slowest card every layer (FACTS.md), so only tp2 takes the pair's ratio."""
+    """A TP pair waits for its slowest card every layer (docs/field-figures.md), so only tp2 takes the pair's ratio."""
     if lay.tp == 2 and hw.pair.sm_clock_ratio.value is not None:
         return min(1.0, hw.pair.sm_clock_ratio.value)
     return 1.0

@@ -5,7 +5,7 @@ FLOPs = matrix FLOPs per token x T  +  2 x attention layers x q heads x head_dim
 time  = matrix FLOPs / (tensor peak x prefill_compute_fraction x clock ratio) / tp
       + attention FLOPs / (tensor peak x prefill_attention_fraction x clock ratio) / tp
       + chunks x allreduces per chunk x one chunk-sized allreduce          (tp2 only)
-FACTS.md: prefill is compute-bound; 186K took 379 s on one V100 and 249 s on the PCIe TP2 pair.
+docs/field-figures.md: prefill is compute-bound; 186K took 379 s on one V100 and 249 s on the PCIe TP2 pair.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Prefill:
 
 
 def matrix_flops(model: Model, tokens: int) -> float:
-    """matrix_flops_per_token x tokens (27B: 2 x 27e9 per token, FACTS.md)."""
+    """matrix_flops_per_token x tokens (27B: 2 x 27e9 per token, docs/field-figures.md)."""
     return model.matrix_flops_per_token * tokens
 
 

@@ -1,10 +1,10 @@
 """The four ways to use the cards, as geometry: what each GPU holds and reads per round.
 
 single       one card holds and reads everything.
-replicas     every card holds a full copy and serves its own stream (FACTS.md: 42 tok/s
+replicas     every card holds a full copy and serves its own stream (docs/field-figures.md: 42 tok/s
              each, 84 together; no single request gets faster).
 layer_split  each card holds half the layers; within one round the cards take turns,
-             so one stream reads the same bytes as on one card (FACTS.md: 50 vs 50.7 tok/s).
+             so one stream reads the same bytes as on one card (docs/field-figures.md: 50 vs 50.7 tok/s).
 tp2          each card holds half of every split tensor plus the replicated ones and
              reads only that per round; KV heads are split between the two ranks.
 """
