@@ -98,6 +98,9 @@ def _register() -> None:
 
     planning.register(app)
     probe.register(app)
+    from v100plan.commands import accept
+
+    accept.register(app)
     from v100plan.commands import deploy
 
     deploy.register(app)

@@ -1,0 +1,205 @@
+"""What the cases share: the target, the options, the HTTP client, reference answers and the
+service-state helpers (health, waiting for a new rank generation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from v100plan.accept.http import Answer, Client
+
+# Prompts with known answers. Short, so a CPU demo model answers them in well under a second.
+PROMPTS = {
+    "fox": "The quick brown fox",
+    "once": "Once upon a time",
+    "begin": "In the beginning",
+    "story": "Long story",
+}
+REF_TOKENS = 16
+
+
+@dataclasses.dataclass
+class Target:
+    """The service under test and what the suite may do to it."""
+
+    endpoint: str
+    api_key: str | None = None
+    mode: str = "endpoint"                         # local | endpoint | host
+    host: str | None = None
+    model: str | None = None                       # None: the first model /v1/models lists
+    model_dir: str | None = None                   # weights on this machine: TP1 references by the engine
+    engine: dict[str, Any] | None = None           # launch settings: tp, devices, dtype, allreduce, max_context
+    supervised: bool = False                       # a supervisor restarts the proxy when it dies
+    read_rank_logs: Callable[[], dict[int, str]] | None = None
+    read_service_log: Callable[[], str] | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class AcceptOptions:
+    clients: int = 16
+    requests: int = 200
+    fault_repeats: int = 3
+    only: tuple[str, ...] = ()                     # keys or groups to run; empty: all
+    skip: tuple[str, ...] = ()                     # keys or groups to waive (reason: skipped by the user)
+    load_max_tokens: int = 8
+    recover_timeout_s: float = 90.0
+
+
+@dataclasses.dataclass
+class Reference:
+    text: str
+    token_ids: list[int] | None
+    source: str
+
+
+class References:
+    """Reference answers: the engine's own TP1 run on the same weights when they are here, else the
+    service's first greedy answer taken while nothing else runs (then only consistency is judged)."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self._cache: dict[tuple, Reference] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def exact(self) -> bool:
+        return self.ctx.target.model_dir is not None
+
+    def get(self, prompt: str, max_tokens: int = REF_TOKENS, temperature: float = 0.0,
+            seed: int | None = None) -> Reference:
+        key = (prompt, max_tokens, temperature, seed)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        ref = self._engine_tp1(*key) if self.exact else self._baseline(*key)
+        with self._lock:
+            self._cache[key] = ref
+        return ref
+
+    def prefetch(self, keys: list[tuple[str, int]]) -> None:
+        """Compute several references at once (one process each, two at a time)."""
+        threads = [threading.Thread(target=self.get, args=k, daemon=True) for k in keys]
+        for i in range(0, len(threads), 2):
+            for t in threads[i:i + 2]:
+                t.start()
+            for t in threads[i:i + 2]:
+                t.join(300)
+
+    def _engine_tp1(self, prompt, max_tokens, temperature, seed) -> Reference:
+        eng = self.ctx.target.engine or {}
+        cmd = [sys.executable, "-m", "engine", "generate", "--model", self.ctx.target.model_dir, "--tp", "1",
+               "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
+        if temperature:
+            cmd += ["--temperature", str(temperature), "--seed", str(seed or 0)]
+        device = (eng.get("devices") or ["cpu"])[0]
+        cmd += ["--device", device]
+        if eng.get("dtype"):
+            cmd += ["--dtype", eng["dtype"]]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the TP1 reference run failed (exit {proc.returncode}): {proc.stderr[-500:]}")
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        return Reference(doc["text"], list(doc["token_ids"]), "python -m engine generate --tp 1 on the same weights")
+
+    def _baseline(self, prompt, max_tokens, temperature, seed) -> Reference:
+        payload = self.ctx.payload(prompt, max_tokens, temperature=temperature, seed=seed)
+        a = self.ctx.client.post("/v1/completions", payload)
+        if not a.ok:
+            raise RuntimeError(f"the baseline request answered {a.status}: {a.error_message()}")
+        return Reference(a.text(), a.token_ids(), "the service's own first answer (no local weights to compare)")
+
+
+class Context:
+    def __init__(self, target: Target, options: AcceptOptions, plan: dict | None = None,
+                 probe: dict | None = None):
+        self.target = target
+        self.options = options
+        self.plan = plan
+        self.probe = probe
+        self.client = Client(target.endpoint, target.api_key)
+        self.model: str = target.model or ""
+        self.max_context: int | None = (target.engine or {}).get("max_context")
+        self.is_engine = False             # the bundled engine answers (its v100plan extension)
+        self.fault_control = False         # its /control routes answer
+        self.server: str | None = None
+        self.refs = References(self)
+        self.shared: dict[str, Any] = {}   # figures one case leaves for another (e.g. stream gaps)
+
+    # ----- discovery -------------------------------------------------------------------------
+    def discover(self) -> list[str]:
+        """Learn the model, the context limit and what the service is; returns notes for the report."""
+        notes: list[str] = []
+        a = self.client.get("/v1/models", timeout_s=30)
+        if not a.ok:
+            raise ConnectionError(f"{self.target.endpoint}/v1/models answered "
+                                  f"{a.status if a.status is not None else a.error}: {a.error_message()}")
+        data = a.body.get("data") or []
+        if not self.model:
+            if not data:
+                raise ConnectionError(f"{self.target.endpoint}/v1/models lists no model")
+            self.model = data[0]["id"]
+        card = next((m for m in data if m.get("id") == self.model), data[0] if data else {})
+        if self.max_context is None and isinstance(card.get("max_model_len"), int):
+            self.max_context = card["max_model_len"]
+        self.server = a.headers.get("server")
+        if card.get("owned_by") == "v100plan":
+            self.is_engine = True
+            self.server = "v100plan engine"
+        t = self.client.get("/control/targets", timeout_s=10)
+        self.fault_control = t.status == 200 and isinstance(t.body, dict) and "actions" in t.body
+        if self.is_engine and not self.fault_control:
+            notes.append("the engine's fault control does not answer (start it with --enable-fault-injection "
+                         "and reach it from loopback): fault scenarios are waived")
+        return notes
+
+    # ----- requests ---------------------------------------------------------------------------
+    def payload(self, prompt: str, max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
+                **extra) -> dict:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                "ignore_eos": True, **extra}
+        if seed is not None:
+            body["seed"] = seed
+        return body
+
+    def matches(self, ref: Reference, text: str, token_ids: list[int] | None) -> bool:
+        if ref.token_ids is not None and token_ids is not None:
+            return token_ids == ref.token_ids
+        return text == ref.text
+
+    def is_prefix(self, ref: Reference, text: str) -> bool:
+        return ref.text.startswith(text)
+
+    # ----- the bundled engine's state ---------------------------------------------------------
+    def health(self, timeout_s: float = 5.0) -> Answer:
+        return self.client.get("/health", timeout_s=timeout_s)
+
+    def generation(self) -> int | None:
+        a = self.health()
+        return a.body.get("generation") if a.ok else None
+
+    def wait_healthy(self, timeout_s: float, newer_than: int | None = None, step_s: float = 0.05) -> dict | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            a = self.health(timeout_s=2.0)
+            if a.status == 200 and isinstance(a.body, dict):
+                gen = a.body.get("generation")
+                if newer_than is None or (gen is not None and gen > newer_than):
+                    return a.body
+            time.sleep(step_s)
+        return None
+
+    def inject(self, action: str, rank: int | None = None, **extra) -> Answer:
+        return self.client.post("/control/inject", {"action": action, "rank": rank, **extra}, timeout_s=10)
+
+    def rank_logs(self) -> dict[int, str]:
+        return self.target.read_rank_logs() if self.target.read_rank_logs else {}
+
+    def close(self) -> None:
+        self.client.close()

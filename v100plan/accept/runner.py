@@ -1,0 +1,173 @@
+"""Runs the cases in order and assembles the AcceptanceReport document.
+
+functional -> fault -> load: the load runs last, on a service that has just been through
+every fault, so it also shows the service came back whole."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from profiles.document import SCHEMA_VERSIONS, provenance
+from v100plan.accept.cases import Case, Outcome, registry, spread
+from v100plan.accept.context import PROMPTS, REF_TOKENS, AcceptOptions, Context, Target
+from v100plan.accept.faults import FAULT_TOKENS
+
+GROUP_ORDER = ("functional", "fault", "load")
+Progress = Callable[[str, dict[str, Any]], None]   # (event, fields): "case_start" / "case_end" / "note"
+
+
+class Interrupted(Exception):
+    """Ctrl-C during the run: the report is written, marked partial."""
+
+
+def _selected(c: Case, opts: AcceptOptions) -> str | None:
+    """The reason a case is not run by the user's choice, or None."""
+    if opts.only and c.key not in opts.only and c.group not in opts.only:
+        return f"not selected (--only {','.join(opts.only)})"
+    if c.key in opts.skip or c.group in opts.skip:
+        return "skipped by the user (--skip)"
+    return None
+
+
+def _run_one(c: Case, ctx: Context) -> tuple[str, Outcome | None, str | None]:
+    """(status, outcome, reason); an exception or a timeout is "error", never "passed"."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["outcome"] = c.run(ctx)
+        except Exception as exc:  # noqa: BLE001 - contained per case
+            box["error"] = f"{type(exc).__name__}: {exc}"
+
+    th = threading.Thread(target=target, daemon=True, name=f"case-{c.key}")
+    th.start()
+    timeout = c.timeout_s(ctx)
+    deadline = time.monotonic() + timeout
+    while th.is_alive() and time.monotonic() < deadline:
+        th.join(0.2)   # short joins keep Ctrl-C responsive
+    if th.is_alive():
+        return "error", None, f"did not finish within its {timeout:g} s timeout"
+    if "error" in box:
+        return "error", None, f"the scenario itself broke: {box['error']}"
+    outcome: Outcome = box["outcome"]
+    return outcome.status, outcome, outcome.reason
+
+
+def _scenario(c: Case, status: str, outcome: Outcome | None, reason: str | None, duration: float | None) -> dict:
+    doc: dict[str, Any] = {"key": c.key, "description": c.description, "group": c.group, "status": status,
+                           "reason": reason, "duration_s": None if duration is None else round(duration, 3),
+                           "evidence": outcome.evidence if outcome else []}
+    if outcome is not None:
+        if outcome.repetitions:
+            doc["repetitions"] = [r.to_dict() for r in outcome.repetitions]
+            doc["time_to_detect_s"] = spread([r.time_to_detect_s for r in outcome.repetitions])
+            doc["time_to_recover_s"] = spread([r.time_to_recover_s for r in outcome.repetitions])
+        doc["metrics"] = {k: v for k, v in outcome.metrics.items()
+                          if k not in ("time_to_detect_s", "time_to_recover_s")}
+    return doc
+
+
+def _reference_keys(ctx: Context, cases: list[Case]) -> list[tuple]:
+    keys: list[tuple] = [(p, REF_TOKENS) for p in PROMPTS.values()] + [(PROMPTS["story"], 32)]
+    keys += [(p, ctx.options.load_max_tokens) for p in PROMPTS.values()]
+    if ctx.refs.exact:
+        keys.append((PROMPTS["once"], REF_TOKENS, 0.9, 4242))
+    if any(c.group == "fault" for c in cases):
+        keys.append((PROMPTS["story"], FAULT_TOKENS))
+    return sorted(set(keys), key=str)
+
+
+def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None = None,
+                   probe: dict | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """Run every selected case against `target`; return the scenarios, the load figures and notes.
+
+    Raises ConnectionError when the service cannot be reached at all (nothing to accept)."""
+    say = progress or (lambda _event, _fields: None)
+    ctx = Context(target, options, plan=plan, probe=probe)
+    scenarios: list[dict] = []
+    partial_reason = None
+    try:
+        notes = list(target.notes) + ctx.discover()
+        cases = sorted(registry(), key=lambda c: GROUP_ORDER.index(c.group))
+        plan_to_run = []
+        for c in cases:
+            why = _selected(c, options) or c.applicable(ctx)
+            plan_to_run.append((c, why))
+        runnable = [c for c, why in plan_to_run if why is None]
+        if any(c.group != "functional" or c.key in ("completion", "tp2_equals_tp1") for c in runnable):
+            say("note", {"text": f"computing reference answers ({'engine TP1 runs' if ctx.refs.exact else 'service baseline'})"})
+            try:
+                ctx.refs.prefetch(_reference_keys(ctx, runnable))
+            except KeyboardInterrupt:
+                raise Interrupted("interrupted while computing references") from None
+        for c, why in plan_to_run:
+            if why is not None:
+                scenarios.append(_scenario(c, "waived", None, why, None))
+                say("case_end", scenarios[-1])
+                continue
+            say("case_start", {"key": c.key, "description": c.description, "group": c.group})
+            t0 = time.monotonic()
+            try:
+                status, outcome, reason = _run_one(c, ctx)
+            except KeyboardInterrupt:
+                partial_reason = f"interrupted (Ctrl-C) during {c.key}"
+                break
+            scenarios.append(_scenario(c, status, outcome, reason, time.monotonic() - t0))
+            say("case_end", scenarios[-1])
+    except Interrupted as exc:
+        partial_reason = str(exc)
+        notes = list(target.notes)
+    finally:
+        ctx.close()
+    return {"scenarios": scenarios, "load": ctx.shared.get("load"), "notes": notes,
+            "partial_reason": partial_reason,
+            "target": {"mode": target.mode, "endpoint": target.endpoint, "host": target.host,
+                       "model": ctx.model or (target.model or "unknown"), "server": ctx.server,
+                       "fault_control": ctx.fault_control,
+                       "engine": {**target.engine, "max_context": ctx.max_context} if target.engine else None,
+                       "notes": notes}}
+
+
+def summarize(scenarios: list[dict]) -> dict[str, int]:
+    counts = {s: 0 for s in ("passed", "warned", "failed", "waived", "error")}
+    for sc in scenarios:
+        counts[sc["status"]] += 1
+    return counts
+
+
+def verdict(scenarios: list[dict], partial_reason: str | None) -> tuple[str, str]:
+    counts = summarize(scenarios)
+    bad = [sc["key"] for sc in scenarios if sc["status"] in ("failed", "error")]
+    if bad:
+        return "failed", f"{len(bad)} scenario(s) failed or errored: {', '.join(bad)}"
+    if partial_reason:
+        return "incomplete", f"the run stopped early: {partial_reason}"
+    ran = counts["passed"] + counts["warned"]
+    if ran == 0:
+        return "incomplete", "no scenario ran (all waived)"
+    return "passed", (f"all {ran} scenarios that ran passed" + (f" ({counts['warned']} with warnings)"
+                                                                if counts["warned"] else "")
+                      + (f"; {counts['waived']} waived" if counts["waived"] else ""))
+
+
+def assemble(result: dict[str, Any], *, phases: list[dict], probe: dict | None, plan: dict | None,
+             inputs: dict[str, Any], wall_s: float | None, partial_reason: str | None = None) -> dict[str, Any]:
+    """The AcceptanceReport document (profiles/schema/acceptance_report.schema.json)."""
+    partial_reason = partial_reason or result.get("partial_reason")
+    v, why = verdict(result["scenarios"], partial_reason)
+    doc = {
+        "kind": "acceptance_report", "schema_version": SCHEMA_VERSIONS["acceptance_report"],
+        "provenance": provenance(inputs, method={
+            "faults": "each fault lands on a streamed request after its second token; detect = injection -> "
+                      "first error event or /health not 200; recover = injection -> first exact answer",
+            "references": "the engine's TP1 run on the same weights when they are local, else the "
+                          "service's own first greedy answer"}),
+        "verdict": v, "verdict_reason": why, "partial": partial_reason is not None,
+        "partial_reason": partial_reason, "wall_s": None if wall_s is None else round(wall_s, 3),
+        "target": result["target"], "summary": summarize(result["scenarios"]), "phases": phases,
+        "scenarios": result["scenarios"], "load": result.get("load"), "probe": probe, "plan": plan,
+    }
+    return doc

@@ -1,0 +1,182 @@
+"""`qualify`'s phases: probe -> plan -> start the bundled service -> accept -> report.
+
+Each phase prints one line and lands in the report's `phases`; a phase that cannot run says why
+(no GPU: nothing to plan, the demo model is served on CPU). Ctrl-C anywhere stops every process
+qualify started and still returns a report, marked partial."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from v100plan import output
+from v100plan.errors import V100planError
+
+# Shorter than the field defaults so a CPU run ends in minutes; the report's notes say so.
+QUALIFY_SERVE_FLAGS = ["--max-restarts", "1", "--stall-timeout-s", "10", "--allreduce-timeout-s", "3",
+                       "--start-timeout-s", "120"]
+
+
+class _Phases:
+    def __init__(self, show: bool):
+        self.items: list[dict[str, Any]] = []
+        self.show = show
+        self.current: str | None = None
+        self.t0 = 0.0
+
+    def start(self, name: str, what: str) -> None:
+        self.current, self.t0 = name, time.monotonic()
+        if self.show:
+            output.hint(f"== {name}: {what}")
+
+    def end(self, status: str, detail: str) -> None:
+        wall = round(time.monotonic() - self.t0, 3)
+        self.items.append({"name": self.current, "status": status, "wall_s": wall, "detail": detail})
+        if self.show:
+            output.hint(f"   {self.current}: {status} ({wall:.1f} s) {detail}")
+        self.current = None
+
+
+def _probe(phases: _Phases) -> dict | None:
+    from v100plan import probe_run
+
+    phases.start("probe", "measuring this machine's cards (python -m probes --quick)")
+    try:
+        doc = probe_run.run(probe_run.probe_args(True, None, None, None), lambda _e: None, timeout_s=900)
+    except V100planError as e:
+        phases.end("error", e.message)
+        return None
+    if doc["overall"] == "nothing_measured":
+        why = next((c.get("reason") for c in doc["cases"] if c.get("reason")), "no card was measured")
+        phases.end("waived", f"no NVIDIA GPU measured: {why}")
+    else:
+        phases.end({"passed": "passed", "warned": "warned"}.get(doc["overall"], "failed"),
+                   f"{len(doc['cards'])} card(s), overall {doc['overall']}")
+    return doc
+
+
+def _devices(device: str, probe: dict | None) -> str:
+    if device != "auto":
+        return device
+    cards = len(probe["cards"]) if probe else 0
+    return "cuda" if cards >= 2 else ("cuda:0,cuda:0" if cards == 1 else "cpu")
+
+
+def _dtype(devices: str, probe: dict | None, plan: dict | None) -> str:
+    if devices == "cpu":
+        return "float32"
+    launch = (plan or {}).get("launch") or {}
+    if launch.get("dtype") in ("float16", "bfloat16"):
+        return launch["dtype"]
+    # No plan: the cards decide (bf16 needs compute capability 8.0; a V100 is 7.0).
+    caps = [c.get("compute_capability") for c in (probe or {}).get("cards", [])]
+    return "bfloat16" if caps and all(c and float(c) >= 8.0 for c in caps) else "float16"
+
+
+def _plan(phases: _Phases, probe: dict | None, model_dir: Path | None, out_dir: Path) -> dict | None:
+    phases.start("plan", "planning the served model on the measured cards")
+    if not probe or not probe.get("cards"):
+        phases.end("waived", "no GPU: the bundled engine serves on CPU, which the planner does not model")
+        return None
+    if model_dir is None:
+        phases.end("waived", "the generated demo model is not a planner model; give --model DIR to plan it")
+        return None
+    try:
+        from v100plan.commands.planning import plan_document
+
+        probe_file = out_dir / "probe.json"
+        probe_file.write_text(json.dumps(probe, indent=1))
+        doc = plan_document(str(probe_file), None, str(model_dir), "v100plan", "4K", None, 1, "latency")
+    except V100planError as e:
+        phases.end("warned", f"could not plan this model: {e.message}")
+        return None
+    phases.end("passed", f"recommended {doc.get('recommended')}")
+    return doc
+
+
+def qualify(out_dir: Path, model_dir: Path | None, device: str, opts, show: bool):
+    """Returns (report, secrets to scrub, a V100planError to raise after writing or None)."""
+    from v100plan.accept.context import Target
+    from v100plan.accept.local import LocalService, make_demo_model
+    from v100plan.accept.runner import assemble, run_acceptance
+    from v100plan.commands.accept import _Progress
+
+    phases = _Phases(show)
+    t_all = time.monotonic()
+    probe = plan = svc = None
+    result: dict[str, Any] | None = None
+    partial = problem = None
+    secrets: list[str] = []
+    notes: list[str] = []
+    engine: dict[str, Any] | None = None
+    try:
+        probe = _probe(phases)
+        plan = _plan(phases, probe, model_dir, out_dir)
+        devices = _devices(device, probe)
+        dtype = _dtype(devices, probe, plan)
+        phases.start("start", "starting the bundled engine under its supervisor")
+        if model_dir is None:
+            model_dir = make_demo_model(out_dir / "demo-model")
+            notes.append("no model given: the generated v100plan-demo model (about 3.3 M parameters, random "
+                         "weights, byte-identical on every machine) stands in for a real one")
+        if devices == "cpu":
+            notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
+                         "a GPU's and no plan applies")
+        notes.append("watchdog limits shortened so the run ends in minutes: "
+                     + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
+        svc = LocalService(model_dir, devices=devices, dtype=dtype,
+                           allreduce=((plan or {}).get("launch") or {}).get("allreduce") or "auto",
+                           serve_flags=QUALIFY_SERVE_FLAGS)
+        secrets.append(svc.api_key)
+        try:
+            svc.start()
+        except V100planError as e:
+            phases.end("error", e.message.splitlines()[0])
+            problem = e
+            raise
+        health = svc.health()
+        engine = {"tp": 2, "devices": [d for d in (("cpu", "cpu") if devices == "cpu" else
+                                                  (("cuda:0", "cuda:1") if devices == "cuda" else devices.split(",")))],
+                  "dtype": dtype, "allreduce": health.get("allreduce"), "max_context": None}
+        phases.end("passed", f"{svc.endpoint}, allreduce {engine['allreduce']}, devices {','.join(engine['devices'])}")
+        phases.start("accept", "functional scenarios, each fault "
+                               f"{opts.fault_repeats} times, {opts.requests} requests from {opts.clients} clients")
+        target = Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="local", model_dir=str(model_dir),
+                        engine=engine, supervised=True, read_rank_logs=svc.read_rank_logs,
+                        read_service_log=svc.read_service_log, notes=notes)
+        with _Progress(enabled=show) as progress:
+            result = run_acceptance(target, opts, plan=plan, probe=probe, progress=progress)
+        partial = result.get("partial_reason")
+        phases.end("interrupted" if partial else "passed", f"{len(result['scenarios'])} scenarios")
+    except KeyboardInterrupt:
+        partial = f"interrupted (Ctrl-C) during {phases.current or 'qualify'}"
+        if phases.current:
+            phases.end("interrupted", "Ctrl-C")
+    except V100planError as e:
+        partial = f"the {phases.current or 'start'} phase failed: {e.message.splitlines()[0]}"
+        problem = e
+        if phases.current:
+            phases.end("error", e.message.splitlines()[0])
+    finally:
+        if svc is not None:
+            try:
+                svc.stop()
+            except Exception:  # noqa: BLE001 - stopping must not hide the run's own outcome
+                pass
+            svc.keep_logs(out_dir / "logs")
+            svc.remove()
+    if result is None:
+        result = {"scenarios": [], "load": None, "notes": notes, "partial_reason": partial,
+                  "target": {"mode": "local", "endpoint": svc.endpoint if svc else "not started", "host": None,
+                             "model": "v100plan-demo" if model_dir is None else str(model_dir), "server": None,
+                             "fault_control": False, "engine": engine, "notes": notes}}
+    report = assemble(result, phases=phases.items + [{"name": "report", "status": "passed", "wall_s": 0.0,
+                                                       "detail": f"written to {out_dir}"}],
+                      probe=probe, plan=plan, inputs={"mode": "local", "device": device,
+                                                      "model": str(model_dir) if model_dir else "demo",
+                                                      "clients": opts.clients, "requests": opts.requests,
+                                                      "repeats": opts.fault_repeats},
+                      wall_s=time.monotonic() - t_all, partial_reason=partial)
+    return report, secrets, problem
