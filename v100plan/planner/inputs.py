@@ -116,6 +116,7 @@ class Model:
     draft_kind: str = ""              # "mtp" | "model" | "" (none)
     draft_read_gb: float | None = None  # bytes one draft step reads; None: inside the engine's calibration (said in the plan)
     assumptions: tuple[str, ...] = ()
+    kv_dtype: str = ""
 
     @property
     def kv_shape_bytes_per_token(self) -> float:
@@ -346,6 +347,7 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         moe_expert_gb=float(moe.get("expert_gb", 0.0)),
         layers_total=int(layers.get("total", 0)), draft_kind=str(draft.get("kind", "")) if draft else "",
         draft_read_gb=draft.get("read_gb_per_step"), assumptions=tuple(doc.get("assumptions") or ()),
+        kv_dtype=str(kv.get("dtype", "")),
     )
 
 

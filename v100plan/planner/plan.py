@@ -6,6 +6,7 @@ Pure: no I/O, no clocks. Reads like the arithmetic on a whiteboard; the
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
@@ -13,10 +14,11 @@ from v100plan.planner import nearest
 from v100plan.planner.decode import Round, decode_round, read_ms, tokens_per_round
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
+from v100plan.planner.launch import launch_commands
 from v100plan.planner.memory import Memory, max_context, memory_per_gpu
 from v100plan.planner.prefill import Prefill, chunks, prefill_time
 from v100plan.planner.result import Plan, StrategyResult
-from v100plan.planner.strategies import NAMES, Layout, layout
+from v100plan.planner.strategies import NAMES, Layout, layout, wide_names
 from v100plan.units import format_tokens
 
 
@@ -51,11 +53,15 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     C = target.concurrency
     mem = memory_per_gpu(model, lay, target.context_tokens, C, reserve_gb, card.memory_gb)
     maxc = max_context(model, lay, C, reserve_gb, card.memory_gb)
-    path = choice.path if (lay.tp == 2 and choice) else "none"
+    path = choice.path if (lay.tp >= 2 and choice) else "none"
     problems: list[str] = []
-    if lay.gpus_needed > target.gpus:
-        problems.append(f"needs {lay.gpus_needed} GPUs, {target.gpus} given")
-    if lay.tp == 2 and target.gpus >= 2 and choice is None:
+    if lay.gpus_needed > target.gpus * hw.nodes:
+        problems.append(f"needs {lay.gpus_needed} GPUs, {target.gpus * hw.nodes} given")
+    if lay.tp > engine.max_tp:
+        problems.append(f"engine {engine.id} runs tensor parallel up to {engine.max_tp}")
+    if lay.pp > 1 and not engine.multi_node:
+        problems.append(f"engine {engine.id} does not run across nodes (vllm and sglang do)")
+    if lay.tp >= 2 and target.gpus >= 2 and choice is None:
         problems.append("no usable allreduce path for this pair and engine")
     if target.context_tokens > model.native_context:
         problems.append(f"context {format_tokens(target.context_tokens)} exceeds the model's native "
@@ -97,8 +103,13 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
                               reason=reason, **base)
 
     ratio = _clock_ratio(hw, lay)
-    ar_ms = ar.allreduce_ms_per_round(model.allreduces_per_round, choice.decode_us) if (lay.tp == 2 and choice) else 0.0
+    # Wider than two: a latency-bound allreduce takes about log2(tp) two-card steps (recursive doubling).
+    ar_scale = math.log2(lay.tp) if lay.tp > 2 else 1.0
+    ar_ms = ar.allreduce_ms_per_round(model.allreduces_per_round, choice.decode_us) * ar_scale if (lay.tp >= 2 and choice) else 0.0
     hop_us = choice.decode_us if choice else 0.0
+    if lay.pp > 1:
+        net = hw.network
+        hop_us = (net.latency_us + model.allreduce_bytes_per_token * verified_tokens * C / (net.bw_gbps * 1e3)) if net else 0.0
     draft_ms = _draft_ms(model, engine, card.read_bw.value, fw.value, oh.value, verified_tokens - 1)
     verify_ms = _verify_compute_ms(model, engine, hw, verified_tokens * C, lay.tp)
     rnd: Round = decode_round(
@@ -112,8 +123,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         "fractions_source": {"weight": fw.source, "kv": fk.source},
         "weights_ms": round(rnd.weights_ms, 3), "kv_ms": round(rnd.kv_ms, 3), "overhead_ms": round(rnd.overhead_ms, 3),
         "allreduce_ms": round(rnd.allreduce_ms, 3), "hops_ms": round(rnd.hops_ms, 3),
-        "allreduces_per_round": model.allreduces_per_round if lay.tp == 2 else 0,
-        "allreduce_us": round(choice.decode_us, 2) if (lay.tp == 2 and choice) else None,
+        "allreduces_per_round": model.allreduces_per_round if lay.tp >= 2 else 0,
+        "allreduce_us": round(choice.decode_us * ar_scale, 2) if (lay.tp >= 2 and choice) else None,
         "clock_ratio": ratio, "tokens_per_round": round(tpr, 4), "ceiling_ms": round(rnd.ceiling_ms, 3),
     }
     if rnd.draft_ms:
@@ -267,6 +278,11 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         decode_bytes = (k + 1) * model.allreduce_bytes_per_token * target.concurrency
         prefill_bytes = engine.prefill_chunk_tokens * model.allreduce_bytes_per_token
         choice = ar.choose_path(hardware, engine, decode_bytes, prefill_bytes)
+        if choice is None and engine.multi_node:
+            # vLLM and SGLang bring their own NCCL allreduce; without a figure for this box it is not priced.
+            choice = ar.PathChoice("nccl", 0.0, "nccl", 0.0, "no allreduce figure for this box: not priced", ())
+            notes.append(f"allreduce: engine {engine.id} uses NCCL; no figure for {hardware.card.id}, so allreduces are "
+                         "not priced (run `v100plan probe` on the box)")
         if choice:
             notes += [f"allreduce {why}" for why in choice.rejected]
             if choice.prefill_path != choice.path:
@@ -278,10 +294,31 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
     if model.moe_experts and (k + 1) * target.concurrency > 1:
         notes.append(f"MoE: {(k + 1) * target.concurrency} tokens per round touch more experts than one "
                      "(uniform routing assumed)")
-    results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1) for n in NAMES]
+    names = NAMES + wide_names(target.gpus, hardware.nodes, engine.max_tp)
+    if hardware.nodes > 1 and hardware.network is None:
+        notes.append(f"{hardware.card.id}: no network figures between nodes in the hardware profile: pipeline hand-overs "
+                     "across nodes are not priced (add 'network' bandwidth and latency)")
+    if any(n.startswith("tp") and n != "tp2" for n in names):
+        notes.append("tensor parallel beyond 2: each allreduce priced as log2(tp) two-card allreduces")
+    results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1) for n in names]
     rec = _recommend(results, target.objective)
     why: list[str] = []
     launch = None
+    launch_for = rec
+    if rec is None and engine.launch_kind:
+        # No speeds (uncalibrated engine): still give the commands, for the fitting strategy with the best ceiling.
+        fitting = [r for r in results if r.fits and r.decode_ceiling_tok_s]
+        if fitting:
+            launch_for = max(fitting, key=lambda r: r.decode_ceiling_tok_s).name
+            notes.append(f"launch commands for {launch_for}, the fitting strategy with the highest ceiling "
+                         f"(engine {engine.id} has no speeds to rank by)")
+    if launch_for and not rec:
+        r = next(x for x in results if x.name == launch_for)
+        lay = layout(launch_for, model, target.gpus, (k + 1) * target.concurrency)
+        launch = {"engine": engine.id, "strategy": launch_for, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
+                  "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": hardware.card.dtype,
+                  "concurrency": target.concurrency, "draft_tokens": k,
+                  "commands": launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, hardware.card.dtype)}
     if rec:
         r = next(x for x in results if x.name == rec)
         why = _why(r, hardware, model, engine, target, choice, acceptance, k)
@@ -291,6 +328,11 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
             "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": hardware.card.dtype,
             "concurrency": target.concurrency, "draft_tokens": k,
         }
+        cmds = launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, hardware.card.dtype)
+        if cmds:
+            launch["commands"] = cmds
+    if launch and launch.get("commands"):
+        notes += [f"launch ({c['node']}): {' '.join(c['argv'])}" for c in launch["commands"]]
     inputs = {
         "hardware": hardware.origin, "card": hardware.card.id, "gpus": target.gpus, "model": model.id, "engine": engine.id,
         "context_tokens": target.context_tokens, "acceptance": acceptance, "draft_tokens": k,

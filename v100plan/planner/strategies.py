@@ -30,6 +30,22 @@ class Layout:
     kv_share: float               # share of one sequence's KV cache held (and read) by one GPU
     kv_read_share: float          # share of one sequence's KV on the round's critical path
     hops_per_round: int           # activation hand-overs between cards per round (layer_split)
+    pp: int = 1                   # pipeline stages (one per node)
+
+
+def wide_names(gpus_per_node: int, nodes: int, max_tp: int) -> tuple[str, ...]:
+    """Strategies beyond two cards: tpN inside one box (N = 4, 8 up to the cards and the engine's limit),
+    and tpN_ppM across M boxes (tensor parallel inside each box, one pipeline stage per box)."""
+    names = [f"tp{n}" for n in (4, 8) if n <= gpus_per_node and n <= max_tp]
+    if nodes > 1:
+        n = max((t for t in (1, 2, 4, 8) if t <= gpus_per_node and t <= max_tp), default=1)
+        names.append(f"tp{n}_pp{nodes}")
+    return tuple(names)
+
+
+def kv_share_tp(kv_heads: int, tp: int) -> float:
+    """Share of the KV cache per rank under TP n: ceil(kv_heads / n) / kv_heads (heads fewer than ranks are replicated)."""
+    return math.ceil(kv_heads / tp) / kv_heads
 
 
 def kv_share_tp2(kv_heads: int) -> float:
@@ -72,4 +88,13 @@ def layout(name: str, model: Model, gpus: int, tokens_per_round: float = 1.0) ->
         dense_split = model.weights_split_gb - model.moe_expert_gb
         rank_read = model.decode_read_gb - dense_split / 2 + expert_read_gb(model, tokens_per_round) / 2
         return Layout(name, 2, 1, 2, per_rank, rank_read, share, share, 0)
+    if name.startswith("tp"):
+        tp_s, _, pp_s = name[2:].partition("_pp")
+        tp, pp = int(tp_s), int(pp_s or 1)
+        share = kv_share_tp(model.kv_heads, tp)
+        per_rank = model.weights_replicated_gb + model.weights_split_gb / tp
+        dense_split = model.weights_split_gb - model.moe_expert_gb
+        rank_read = model.decode_read_gb - dense_split * (1 - 1 / tp) + expert_read_gb(model, tokens_per_round) / tp
+        # Pipeline: each stage holds 1/pp of the layers; a round visits the stages in turn (critical path reads all).
+        return Layout(name, tp * pp, 1, tp, per_rank / pp, rank_read, share / pp, share, pp - 1, pp)
     raise ValueError(f"unknown strategy {name!r}")

@@ -1,0 +1,83 @@
+"""--nodes and --gpus beyond two: TP up to 8 in a box, pipeline stages across boxes, and the launch commands.
+
+vLLM and SGLang do not install on this CPU-only CI, so their commands are checked against the flags
+their documentation gives (`vllm serve --tensor-parallel-size --pipeline-parallel-size
+--distributed-executor-backend ray` after `ray start`; `python -m sglang.launch_server --tp --nnodes
+--node-rank --dist-init-addr`), not against their argument parsers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+LLAMA70 = "profiles/published/configs/llama-3-70b.config.json"
+TWO_BOXES = ["plan", "--hardware", "v100-sxm2-32gb", "--gpus", "8", "--nodes", "2", "--model", LLAMA70,
+             "--weights", "fp32", "--context", "8K"]
+
+
+def _flags(argv):
+    """--flag value pairs (and --flag=value) of an argv list."""
+    out, i = {}, 0
+    while i < len(argv):
+        w = argv[i]
+        if w.startswith("--") and "=" in w:
+            k, v = w.split("=", 1)
+            out[k] = v
+        elif w.startswith("--"):
+            out[w] = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
+        i += 1
+    return out
+
+
+def test_two_boxes_of_eight_need_the_pipeline_and_vllm_commands(cli):
+    doc = cli.json(*TWO_BOXES, "--engine", "vllm")
+    names = {s["name"]: s for s in doc["strategies"]}
+    assert {"tp4", "tp8", "tp8_pp2"} <= set(names)
+    assert not names["tp8"]["fits"] and names["tp8_pp2"]["fits"]           # 282 GB of fp32 weights need both boxes
+    L = doc["launch"]
+    assert L["strategy"] == "tp8_pp2"
+    cmds = L["commands"]
+    assert cmds[0]["argv"] == ["ray", "start", "--head", "--port=6379"]
+    assert cmds[1]["argv"][:3] == ["ray", "start", "--address=HEAD_IP:6379"]
+    serve = cmds[-1]["argv"]
+    assert serve[:3] == ["vllm", "serve", "MODEL"]
+    f = _flags(serve)
+    assert f["--tensor-parallel-size"] == "8" and f["--pipeline-parallel-size"] == "2"
+    assert f["--distributed-executor-backend"] == "ray" and f["--max-model-len"] == str(8 * 1024)
+
+
+def test_two_boxes_of_eight_sglang_commands_one_per_node(cli):
+    doc = cli.json(*TWO_BOXES, "--engine", "sglang")
+    cmds = doc["launch"]["commands"]
+    assert [c["node"] for c in cmds] == ["node 0", "node 1"]
+    for rank, c in enumerate(cmds):
+        assert c["argv"][:3] == ["python", "-m", "sglang.launch_server"]
+        f = _flags(c["argv"])
+        assert f["--tp"] == "16" and f["--nnodes"] == "2" and f["--node-rank"] == str(rank)
+        assert f["--dist-init-addr"] == "HEAD_IP:50000"
+
+
+def test_engines_without_multi_node_refuse_the_pipeline(cli):
+    r = cli(*TWO_BOXES, "--engine", "llamacpp", "--json")
+    import json
+
+    doc = json.loads(r.stdout)
+    s = next(x for x in doc["strategies"] if x["name"] == "tp1_pp2" or x["name"].endswith("_pp2"))
+    assert not s["fits"] and "does not run across nodes" in s["reason"]
+
+
+def test_llamacpp_quantized_kv_cache_flags(cli):
+    doc = cli.json("plan", "--hardware", "rtx4090-24g", "--gpus", "1", "--model", "engine/data/qwen3-8b.config.json",
+                   "--weights", "q4_k_m", "--engine", "llamacpp", "--kv-cache-dtype", "q4_0", "--context", "32K")
+    argv = doc["launch"]["commands"][0]["argv"]
+    assert argv[:2] == ["llama-server", "-m"] and _flags(argv) == {}  # llama.cpp uses short flags here
+    assert argv[argv.index("-ctk") + 1] == "q4_0" and argv[argv.index("-ctv") + 1] == "q4_0"
+    assert doc["strategies"][0]["decode_tok_s"] is not None               # Ada is calibrated for llama.cpp
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_exit_code_one_when_nothing_fits(cli, engine):
+    r = cli("plan", "--hardware", "v100-pcie-16gb", "--gpus", "1", "--model", LLAMA70, "--weights", "fp32",
+            "--engine", engine, "--context", "8K")
+    assert r.exit_code == 1
+    assert "Nearest configuration that fits" in r.stdout or "No strategy fits" in r.stdout
