@@ -99,6 +99,9 @@ def test_supervisord_restarts_a_killed_proxy_and_stop_leaves_nothing():
 
         after = wait_until(back, 90, 0.3, "supervisord to bring the proxy back")
         assert after["generation"] > before["generation"]
+        # The killed proxy could not clean up: the new one reaped its run directory at start.
+        assert not os.path.exists(os.path.join(state, "run", f"g{before['generation']}"))
+        assert '"event":"reaped_stale_runs"' in open(os.path.join(state, "logs", "serve.stderr.log")).read()
         ids = prompt_ids("Once upon")
         r = client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Once upon", "max_tokens": 8,
                                                  "temperature": 0})
@@ -114,10 +117,18 @@ def test_supervisord_restarts_a_killed_proxy_and_stop_leaves_nothing():
     time.sleep(0.2)
     for pid in stopped["stopped"].values():
         assert not pid_alive(pid)
+    # `stop` reached the proxy first: it drained and stopped its watchdog before its ranks, so the
+    # shutdown is no rank failure and starts no new generation.
+    lines = [json.loads(x) for x in open(os.path.join(state, "logs", "serve.stderr.log")) if x.startswith("{")]
+    last_run = lines[max(i for i, e in enumerate(lines) if e["event"] == "serve_start"):]
+    events = [e["event"] for e in last_run]
+    assert "signal" in events and events[-1] == "serve_exit" and last_run[-1]["code"] == 0, events
+    after_signal = events[events.index("signal"):]
+    assert "rank_failure" not in after_signal and "restart" not in after_signal, after_signal
 
 
 def test_systemd_unit_runs_serve_and_kills_the_cgroup():
     unit = _supervise("unit", "--state-dir", "/var/lib/v100plan", "--", "--model", demo_model(), "--port", "8123")
     text = unit["unit"]
     assert "ExecStart=" in text and " -m engine serve --model " in text and "--state-dir /var/lib/v100plan" in text
-    assert "Restart=always" in text and "KillMode=control-group" in text
+    assert "Restart=always" in text and "KillMode=mixed" in text
