@@ -18,9 +18,9 @@ from v100plan.cards import identify
 
 __all__ = ["Judgement", "Row", "identify", "judge", "nothing_measured"]
 
-# Measured read bandwidth over the bandwidth the memory clock implies. Tuned read kernels
-# reach 0.91 on the lent H200 (4.39 of 4.82 TB/s, 2026-11-29), 0.98 on a V100-SXM2 and 0.93 on
-# a PG500-216 (docs/field-figures.md: 878 of 898, 1058 of 1133 GB/s); under 0.85 the card or its setup is off.
+# Measured read bandwidth over the bandwidth the memory clock implies: tuned read kernels reach 0.91-0.95
+# on an H200 (docs/probes.md) and 0.93-0.98 on V100s (docs/field-figures.md); under 0.85 the card or its
+# setup is off, under 0.70 it is failing.
 READ_OK_FRACTION = 0.85
 READ_POOR_FRACTION = 0.70
 
