@@ -27,47 +27,15 @@ import sys
 import time
 from pathlib import Path
 
+from engine import timing
+
 DATA = Path(__file__).resolve().parent / "data"
 SIZES = (4 << 10, 8 << 10, 16 << 10, 40 << 10, 64 << 10, 256 << 10, 1 << 20)
 
 
-def _emit(doc: dict, out: str | None) -> None:
+def emit_json(doc: dict, out: str | None) -> None:
     if out:
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
-
-
-def _time_graph(graph, n: int = 50) -> float:
-    """Median milliseconds per replay (5 timed batches of n replays)."""
-    import torch
-
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(n):
-            graph.replay()
-        e.record()
-        e.synchronize()
-        res.append(s.elapsed_time(e) / n)
-    return statistics.median(res)
-
-
-def _capture(fn):
-    import torch
-
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def read_bandwidth_gbps(device) -> float:
@@ -110,29 +78,38 @@ def gemv_only(model) -> dict:
             F.linear(xf, layer.w2)
         F.linear(x, model.head)
 
-    ms = _time_graph(_capture(run))
+    ms = timing.time_graph_ms(timing.capture(run))
     nbytes = sum(t.numel() for layer in model.layers for t in (layer.wqkv, layer.wo, layer.w13, layer.w2))
     nbytes = (nbytes + model.head.numel()) * model.head.element_size()
     return {"ms": round(ms, 4), "weight_bytes": nbytes, "weight_gbps": round(x_bytes_over_ms(nbytes, ms), 1)}
 
 
-def decode(model, contexts: list[int], step_fn) -> dict:
+def decode(model, contexts: list[int], kernels: str = "eager") -> dict:
+    """The service's own decode step, as the ranks replay it: engine.runner.Decoder captures one graph
+    per window (the context rounded up to 256) and this times exactly those replays."""
     import torch
 
+    from engine.runner import Decoder
+
     out = {}
-    kv_per_pos = model.cfg.kv_bytes_per_token(model.head.element_size())
+    kv_per_pos = model.cfg.kv_bytes_per_token(model.head.element_size()) // model.world
     w = model.weight_bytes()
-    for ctx in contexts:
-        window = -(-ctx // 256) * 256
-        tok = torch.zeros(1, dtype=torch.long, device=model.device)
-        pos = torch.full((1,), ctx - 1, dtype=torch.long, device=model.device)
-        graph = _capture(lambda: step_fn(tok, pos, window))
-        ms = _time_graph(graph)
+    windows = {ctx: -(-ctx // 256) * 256 for ctx in contexts}
+    dec = Decoder(model, graphs=True, kernels=kernels, bucket_list=sorted(set(windows.values())))
+    dec.capture()
+    for ctx, window in windows.items():
+        graph, _, pos = dec.graph_for(window)
+        pos.fill_(ctx - 1)
+        ms = timing.time_graph_ms(graph)
         kv = kv_per_pos * window  # attention reads the whole window (masked past pos)
         out[str(ctx)] = {"window": window, "ms": round(ms, 4), "tok_s": round(1000 / ms, 2),
                          "weight_gbps": round(x_bytes_over_ms(w, ms), 1),
-                         "total_gbps": round(x_bytes_over_ms(w + kv, ms), 1), "kv_bytes": kv}
-        del graph
+                         "total_gbps": round(x_bytes_over_ms(w + kv, ms), 1), "kv_bytes": kv,
+                         "kernels": dec.kernels}
+    if hasattr(getattr(model.comm, "path", None), "check"):
+        model.comm.path.check()
+    del dec
+    torch.cuda.empty_cache()
     return out
 
 
@@ -259,7 +236,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"))
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
     p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
-    p.add_argument("--compile", action="store_true", help="also time the step compiled by torch.compile")
+    p.add_argument("--compile", action="store_true",
+                   help="also time the step with the service's compiled blocks (engine.runner.compiled_blocks)")
     p.add_argument("--compile-mode", default="cdt", choices=("default", "cdt"),
                    help="cdt: Inductor's coordinate-descent tuning, which also turns batch-1 matrix products "
                         "into fused, tuned reductions (as gpt-fast runs); default: plain torch.compile")
@@ -301,7 +279,7 @@ def main(argv: list[str]) -> int:
     }
     torch.set_grad_enabled(False)
     doc["read_bw_gbps"] = round(read_bandwidth_gbps(dev), 1)
-    _emit(doc, args.out)
+    emit_json(doc, args.out)
     model = Model(cfg, dtype=getattr(torch, dtype), device=dev)
     weights.init_random(model)
     model.setup_cache(-(-max(contexts) // 256) * 256 + 256)
@@ -309,19 +287,19 @@ def main(argv: list[str]) -> int:
     doc["kv_bytes_per_token"] = cfg.kv_bytes_per_token(model.head.element_size())
     doc["gemv"] = gemv_only(model)
     doc["predicted_ms_at_read_bw"] = round(doc["weight_bytes"] / (doc["read_bw_gbps"] * 1e9) * 1e3, 4)
-    _emit(doc, args.out)
+    emit_json(doc, args.out)
     with torch.inference_mode():
-        doc["decode"] = {"eager_graph": decode(model, contexts, model.decode_static)}
+        doc["decode"] = {"eager_graph": decode(model, contexts, "eager")}
     doc["fit"] = {"eager_graph": fit(doc["decode"]["eager_graph"], doc["gemv"]["ms"], doc["read_bw_gbps"])}
-    _emit(doc, args.out)
+    emit_json(doc, args.out)
     doc["prefill"] = prefill(model)
     if args.peak_tflops:
         doc["prefill"]["compute_fraction"] = round(doc["prefill"]["tflops"] / args.peak_tflops, 4)
-    _emit(doc, args.out)
+    emit_json(doc, args.out)
     # Before compiling: a compile that runs out of time must not cost these figures.
     if not args.skip_allreduce:
         doc["allreduce_us"] = allreduce(args.allreduce_device or str(dev), dtype, args.allreduce_iters)
-        _emit(doc, args.out)
+        emit_json(doc, args.out)
     if args.compile:
         t0 = time.perf_counter()
         variant = "compiled_graph" if args.compile_mode == "default" else "compiled_cdt_graph"
@@ -330,16 +308,15 @@ def main(argv: list[str]) -> int:
                 import torch._inductor.config as inductor_config
 
                 inductor_config.coordinate_descent_tuning = True
-            step = torch.compile(model.decode_static, dynamic=False, fullgraph=True)
             with torch.inference_mode():
                 cc = ([int(c) for c in args.compile_contexts.split(",")] if args.compile_contexts
                       else sorted({contexts[0], contexts[-1]}))
-                doc["decode"][variant] = decode(model, cc, step)
+                doc["decode"][variant] = decode(model, cc, "compiled")
             doc["fit"][variant] = fit(doc["decode"][variant], doc["gemv"]["ms"], doc["read_bw_gbps"])
         except Exception as e:  # noqa: BLE001 - a compiler failure is a result, not a crash
             doc["decode"][variant] = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
         doc["compile_s"] = round(time.perf_counter() - t0, 1)
-        _emit(doc, args.out)
+        emit_json(doc, args.out)
     del model
     torch.cuda.empty_cache()
     print(json.dumps(doc))

@@ -62,37 +62,11 @@ def bit_equal(a, b) -> bool:
     return bool(torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)))
 
 
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def eager_us(fn, device, iters: int) -> float:
     """Median microseconds of fn(), synchronised before and after each call."""
-    for _ in range(10):
-        fn()
-    ts = []
-    for _ in range(iters):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        ts.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(ts)
+    from engine import timing
 
-
-def graph_us(fn, ops: int) -> tuple[float, object]:
-    """``ops`` calls of fn captured in one CUDA graph: median microseconds per call, and the graph."""
-    from engine.bench import _capture, _time_graph
-
-    def many():
-        for _ in range(ops):
-            fn()
-
-    g = _capture(many)
-    return _time_graph(g, n=20) * 1e3 / ops, g
+    return timing.eager_us(fn, device, iters)
 
 
 def allreduce_table(p, rank: int, device, dtype, iters: int, graph_ops: int, graph_ok: bool) -> dict:
@@ -113,9 +87,16 @@ def allreduce_table(p, rank: int, device, dtype, iters: int, graph_ops: int, gra
             def step():
                 out["y"] = p.allreduce_sum(mine)
 
-            us, g = graph_us(step, graph_ops)
+            from engine import timing
+
+            def many():
+                for _ in range(graph_ops):
+                    step()
+
+            g = timing.capture(many, device)
+            us = timing.time_graph_ms(g, n=20) * 1e3 / graph_ops
             g.replay()
-            _sync(device)
+            torch.cuda.synchronize(device)
             ok = ok and bit_equal(out["y"], expect)  # the captured result, after a replay
             row["graph_us"][label] = round(us, 2)
             del g
@@ -175,7 +156,7 @@ def decode_eager(model, contexts: list[int], steps: int) -> dict:
         window = -(-ctx // 256) * 256
         tok = torch.zeros(1, dtype=torch.long, device=model.device)
         pos = torch.full((1,), ctx - 1, dtype=torch.long, device=model.device)
-        ms = eager_us(lambda: model.decode_static(tok, pos, window), model.device, steps) / 1e3
+        ms = eager_us(lambda: model.decode_step(tok, pos, window), model.device, steps) / 1e3
         out[str(ctx)] = {"window": window, "ms": round(ms, 4), "tok_s": round(1000 / ms, 2),
                          "kv_bytes": kv_per_pos * window}
     return out
@@ -191,7 +172,9 @@ def tp1_phase(cfg, rank, device, dtype, contexts, steps, max_ctx, peak_tflops) -
     with torch.inference_mode():
         if device.type == "cuda":
             out["gemv"] = bench.gemv_only(model)
-            out["decode_graph"] = bench.decode(model, contexts, model.decode_static)
+            out["decode_graph"] = bench.decode(model, contexts, KERNELS[0])
+            if SERVED[0]:
+                out["served"] = served_loop(model, SERVED[0], None)
             out["fit"] = bench.fit(out["decode_graph"], out["gemv"]["ms"], READ_BW[0])
             out["prefill"] = bench.prefill(model)
             if peak_tflops:
@@ -208,6 +191,7 @@ def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
 
     from engine import bench
     from engine.comm import Comm
+    from engine.lockstep import Lockstep
 
     comm = Comm(p)
     model = build_model(cfg, 2, rank, dtype, device, comm, max_ctx)
@@ -215,15 +199,13 @@ def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
     with torch.inference_mode():
         tok = torch.zeros(1, dtype=torch.long, device=device)
         before = comm.calls
-        model.decode_static(tok, torch.zeros(1, dtype=torch.long, device=device), 256)
+        model.decode_step(tok, torch.zeros(1, dtype=torch.long, device=device), 256)
         out["exchanges_per_step"] = comm.calls - before  # allreduces + the head's gather
         if device.type == "cuda" and p.name in GRAPH_PATHS:
-            dec = bench.decode(model, contexts, model.decode_static)
-            w = model.weight_bytes()
-            for v in dec.values():
-                v["kv_bytes"] //= 2  # this rank's half of the KV heads
-                v["total_gbps"] = round(bench.x_bytes_over_ms(w + v["kv_bytes"], v["ms"]), 1)
-            out["decode_graph"] = dec
+            dec = bench.decode(model, contexts, KERNELS[0])
+            out["decode_graph"] = dec  # K/V bytes: this rank's half of the KV heads
+        if device.type == "cuda" and SERVED[0] and p.name in GRAPH_PATHS:
+            out["served"] = served_loop(model, SERVED[0], Lockstep(p, device, rank))
         out["decode_eager"] = decode_eager(model, contexts, steps)
     if hasattr(p, "check"):
         p.check()
@@ -233,7 +215,62 @@ def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
     return out
 
 
+def served_loop(model, spec: tuple[int, int, int], lockstep) -> dict:
+    """The service's loop on this model: engine.runner.run (chunked prefill, then the Decoder's graph
+    replays, sampling on the host) with the rank's per-token lockstep exchange (engine/rank.py's hook,
+    minus its socket message). ms per token = (wall of the long run - wall of the short run) / extra
+    tokens, so prefill and start-up cancel out, as measured against the service in issue 10."""
+    import torch
+
+    from engine import runner
+    from engine.lockstep import Record, token_hash
+    from engine.sampling import Sampler
+
+    prompt_len, short, long = spec
+    window = -(-(prompt_len + long + 1) // 256) * 256
+    if window > model.max_context:
+        return {"unavailable": f"prompt {prompt_len} + {long} tokens exceed the context {model.max_context}"}
+    t0 = time.perf_counter()
+    dec = runner.prepare(model, bucket_list=[window])
+    capture_s = time.perf_counter() - t0
+    prompt = [(7 * i + 3) % model.cfg.vocab_size for i in range(prompt_len)]
+
+    def once(n: int) -> tuple[float, list[int]]:
+        sampler = Sampler()
+        seq = [0]
+
+        def hook(phase, k, toks, pos):
+            if lockstep is not None:
+                lockstep.exchange(Record(seq[0], len(toks), token_hash(toks, sampler.offset), pos, 0))
+            seq[0] += 1
+            return False
+
+        torch.cuda.synchronize(model.device)
+        t = time.perf_counter()
+        out, _ = runner.run(model, prompt, n, sampler, set(), 256, hook)
+        torch.cuda.synchronize(model.device)
+        return time.perf_counter() - t, out
+
+    once(short)  # warm-up
+    ts, tl = [], []
+    for _ in range(3):
+        ts.append(once(short)[0])
+        t, out = once(long)
+        tl.append(t)
+    ms = (statistics.median(tl) - statistics.median(ts)) * 1e3 / (long - short)
+    stats = dec.stats(READ_BW[0] or None)
+    model.decoder = None
+    del dec
+    torch.cuda.empty_cache()
+    return {"prompt_tokens": prompt_len, "short": short, "long": long, "window": window,
+            "ms_per_token": round(ms, 4), "tok_s": round(1000 / ms, 2), "capture_s": round(capture_s, 2),
+            "short_s": [round(x, 4) for x in ts], "long_s": [round(x, 4) for x in tl],
+            "decoder": stats, "tokens_head": out[:8]}
+
+
 READ_BW = [0.0]  # this rank's measured read bandwidth (GB/s), set before the TP1 phase
+SERVED = [None]  # (prompt tokens, short, long) for the served-loop phase, or None to skip it
+KERNELS = ["eager"]  # the decode step's blocks: --kernels, resolved per card by engine.runner.kernel_choice
 
 
 def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None:
@@ -253,6 +290,12 @@ def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None
     store = init_control(rdv, 0, rank, 2, float(args.timeout_s))
     torch.set_grad_enabled(False)
     doc: dict = {}
+    from engine.runner import _triton_ok, kernel_choice
+
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    KERNELS[0] = kernel_choice(device.type, cap, _triton_ok(), None if args.kernels == "auto" else args.kernels)[0]
+    if args.served:
+        SERVED[0] = tuple(int(x) for x in args.served.split(","))
 
     def save(key, value):
         # Gather both ranks' value; rank 0 keeps the pair and rewrites the file after every phase.
@@ -346,7 +389,46 @@ def assemble(per_rank: dict, args: argparse.Namespace, meta: dict) -> dict:
             doc["tp2"][k.split(".", 1)[1]] = r0
             if isinstance(r0, dict) and isinstance(v[1], dict) and "decode_graph" in v[1]:
                 r0["rank1_decode_graph_ms"] = {c: e["ms"] for c, e in v[1]["decode_graph"].items()}
+    doc["summary"] = summary(doc)
     return doc
+
+
+def summary(doc: dict, ctx: str = "1024") -> dict:
+    """The issue-10 ratios, each from figures of this one run (None where a figure is missing):
+    served TP2 ms/token vs the bench's TP2 graph step, TP2 vs TP1 (served and bench), and the TP1
+    step against the floor at the measured read bandwidth."""
+    def get(d, *keys):
+        for k in keys:
+            if not isinstance(d, dict) or k not in d:
+                return None
+            d = d[k]
+        return d
+
+    out: dict = {"context": int(ctx)}
+    tp1 = get(doc, "tp1", "rank0") or {}
+    tp1_step = get(tp1, "decode_graph", ctx, "ms")
+    tp1_served = get(tp1, "served", "ms_per_token")
+    bw = (doc.get("read_bw_gbps") or [None])[0]
+    w1 = tp1.get("weight_bytes")
+    if tp1_step and bw and w1:
+        floor = w1 / (bw * 1e9) * 1e3
+        out["tp1"] = {"step_ms": tp1_step, "floor_ms": round(floor, 4), "read_bw_fraction": round(floor / tp1_step, 4),
+                      "served_ms_per_token": tp1_served, "kernels": get(tp1, "decode_graph", ctx, "kernels")}
+    for name, row in (doc.get("tp2") or {}).items():
+        step = get(row, "decode_graph", ctx, "ms")
+        served = get(row, "served", "ms_per_token")
+        if step is None and served is None:
+            continue
+        r = {"step_ms": step, "served_ms_per_token": served,
+             "served_vs_bench": round(step / served, 4) if step and served else None,
+             "tp2_vs_tp1_bench": round(tp1_step / step, 4) if tp1_step and step else None,
+             "tp2_vs_tp1_served": round(tp1_served / served, 4) if tp1_served and served else None,
+             "allreduce_graph_us_8k": get(doc, "allreduce", name, "graph_us", "8k")}
+        out[name] = r
+    race = doc.get("race") or {}
+    out["race_picked"] = race.get("picked")
+    out["race_picked_is_fastest"] = {k: v.get("picked_is_fastest") for k, v in (race.get("judged") or {}).items()}
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -361,6 +443,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--eager-steps", type=int, default=30, help="eager decode steps per context")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
     p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
+    p.add_argument("--kernels", default="auto", choices=("auto", "eager", "compiled"),
+                   help="the decode step's blocks (auto: as the service chooses for the card)")
+    p.add_argument("--served", default="500,16,144",
+                   help="served-loop phase: prompt tokens, short and long generation ('' to skip)")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--skip-tp1", action="store_true", help="TP2 only (TP1 recorded elsewhere)")
     p.add_argument("--skip-race", action="store_true")

@@ -36,19 +36,18 @@ MAX_AUTOTUNE = {"max_autotune": True, "triton.cudagraphs": False}  # = mode="max
 VARIANTS = [
     ("eager_graph", {"kind": "eager"}, 0, 6.75,
      "the recorded eager step: ~1400 kernels, GEMVs 4.06 ms + ~2.7 ms of small kernels"),
-    ("layer_fused", {"kind": "layer", "body": "fused", "options": {}}, 60, 5.00,
-     "one layer compiled (default Inductor), reused 32 times; residual add fused into the next norm, so the "
-     "same kernels as the whole-step compile"),
-    ("layer_plain", {"kind": "layer", "body": "plain", "options": {}}, 60, 5.08,
-     "as layer_fused but the residual add closes each layer: one more small kernel per layer (+~0.08 ms)"),
-    ("compiled_graph", {"kind": "whole", "options": {}}, 110, 5.01,
-     "the current compiled step (whole step unrolled, default mode), the baseline"),
-    ("layer_fuse_more", {"kind": "layer", "body": "fused", "options": FUSE_MORE}, 60, 4.95,
+    ("layer_fused", {"kind": "blocks", "options": {}}, 60, 4.80,
+     "the service's compiled step (engine.runner.compiled_blocks): attn_block and mlp_block compiled once "
+     "(default Inductor) and reused by every layer, the residual add fused into the next norm; recorded "
+     "2026-11-29 at 4.80 ms as the per-layer 'fused' body"),
+    ("compiled_graph", {"kind": "whole", "options": {}}, 110, 4.79,
+     "the whole step unrolled and compiled (default mode), the baseline"),
+    ("layer_fuse_more", {"kind": "blocks", "options": FUSE_MORE}, 60, 4.79,
      "aggressive fusion + epilogue fusion, no coordinate descent: little to gain, the remaining kernels are "
      "cuBLAS products and reductions over different axes that cannot merge"),
-    ("layer_max_autotune", {"kind": "layer", "body": "fused", "options": MAX_AUTOTUNE}, 100, 4.90,
-     "max-autotune-no-cudagraphs, captured by the bench: Triton GEMV templates rarely beat cuBLAS at M=1, "
-     "but a winning template takes the residual add as an epilogue (~2 kernels less per layer)"),
+    ("layer_max_autotune", {"kind": "blocks", "options": MAX_AUTOTUNE}, 100, 5.23,
+     "max-autotune-no-cudagraphs, captured by the bench: Triton GEMV templates lost to cuBLAS at M=1 "
+     "on 2026-11-29 (5.23 ms)"),
 ]
 
 
@@ -95,7 +94,7 @@ def float32_reference(model, tok, pos, window: int):
         for name, t in mine.tensors().items():
             if t is not None:
                 getattr(theirs, name).copy_(t)
-    logits = ref.decode_static(tok, pos, window).clone()
+    logits = ref.decode_step(tok, pos, window).clone()
     del ref
     if model.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -117,14 +116,17 @@ def build_step(model, spec: dict, backend: str = "inductor"):
     (the CPU dry run: checks the code paths, not the speed); Inductor options apply to "inductor" only."""
     import torch
 
-    from engine import decode_fast
+    from engine.model import attn_block, mlp_block
 
     options = (spec.get("options") or None) if backend == "inductor" else None
     if spec["kind"] == "eager":
-        return model.decode_static
+        return model.decode_step
     if spec["kind"] == "whole":
-        return torch.compile(model.decode_static, fullgraph=True, dynamic=False, backend=backend, options=options)
-    return decode_fast.make_step(model, spec["body"], options or {}, backend=backend)
+        return torch.compile(model.decode_step, fullgraph=True, dynamic=False, backend=backend, options=options)
+    # the decode step itself, with its two blocks compiled: what engine.runner.Decoder runs
+    blocks = tuple(torch.compile(f, fullgraph=True, dynamic=False, backend=backend, options=options)
+                   for f in (attn_block, mlp_block))
+    return lambda tok, pos, window: model.decode_step(tok, pos, window, blocks)
 
 
 def run_variant(model, name: str, spec: dict, cap_s: float, ctx: int, ref, tolerance: float, cuda: bool,
@@ -132,7 +134,7 @@ def run_variant(model, name: str, spec: dict, cap_s: float, ctx: int, ref, toler
     """Build (compile under the cap), check, then time one variant; any failure becomes a reason."""
     import torch
 
-    from engine import bench
+    from engine import timing
 
     window = -(-ctx // 256) * 256
     tok = torch.zeros(1, dtype=torch.long, device=model.device)
@@ -154,13 +156,13 @@ def run_variant(model, name: str, spec: dict, cap_s: float, ctx: int, ref, toler
         with torch.inference_mode():
             if cuda:
                 out = {}
-                graph = bench._capture(lambda: out.__setitem__("y", step(tok, pos, window)))
+                graph = timing.capture(lambda: out.__setitem__("y", step(tok, pos, window)))
                 graph.replay()
                 torch.cuda.synchronize()
                 again = check(out["y"], ref, tolerance, eager)  # the captured graph, not only the first call
                 if not again["correct"]:
                     return {**row, **again, "status": "failed", "reason": "in the CUDA graph: " + again["reason"]}
-                ms = bench._time_graph(graph)
+                ms = timing.time_graph_ms(graph)
                 del graph
             else:
                 ms = _time_cpu(lambda: step(tok, pos, window))
@@ -239,7 +241,7 @@ def main(argv: list[str]) -> int:
     }
 
     def emit() -> None:
-        bench._emit(doc, args.out)
+        bench.emit_json(doc, args.out)
 
     doc["read_bw_gbps"] = round(bench.read_bandwidth_gbps(dev), 1) if cuda else None
     model = Model(cfg, dtype=getattr(torch, dtype), device=dev)
@@ -260,7 +262,7 @@ def main(argv: list[str]) -> int:
     tok = torch.zeros(1, dtype=torch.long, device=dev)
     pos = torch.full((1,), args.context - 1, dtype=torch.long, device=dev)
     with torch.inference_mode():
-        eager = model.decode_static(tok, pos, doc["window"]).clone()  # [V] float32 logits, model's dtype
+        eager = model.decode_step(tok, pos, doc["window"]).clone()  # [V] float32 logits, model's dtype
         ref = float32_reference(model, tok, pos, doc["window"])  # [V]
     e0 = rel_err(eager, ref)
     tolerance = max(args.tolerance_factor * e0, args.tolerance_floor)

@@ -1,4 +1,4 @@
-"""An experimental device mailbox whose wait runs on the GPU, so a whole decode step with it can be captured
+"""The device mailbox whose wait runs on the GPU, so a whole decode step with it can be captured
 in a CUDA graph (the engine's device_mailbox waits by polling from the host, which a graph cannot hold).
 
 Same exchange as engine/allreduce/device_mailbox.py: each rank writes its half straight into the peer's
@@ -70,9 +70,11 @@ def _kernels(device_index: int):
 
 class GraphMailbox(Path):
     name = "device_mailbox_graph"
+    capturable = True  # send, wait and step bump are kernels: the decode step's graph holds them
 
     def __init__(self, rank, timeout_s, abort=None, *, device: torch.device, store, generation: int,
-                 barrier, max_bytes: int = 2 << 20):
+                 barrier, max_bytes: int = 8 << 20):
+        # 8 MB: a 256-token prefill chunk of a hidden size up to 8192 in 16-bit (4 MB), with room to spare
         super().__init__(rank, timeout_s, abort)
         if device.type != "cuda":
             raise PathError("not applicable: the GPU-side mailbox needs CUDA devices")

@@ -5,10 +5,13 @@ the two points where partial results meet are the row-parallel outputs (o_proj,
 down_proj: summed by ``comm.allreduce_sum``) and the vocabulary-split head
 (``comm.gather_last``). With world = 1 there is no comm and no extra work.
 
-Two forward paths share the layers:
-  ``forward(tokens, pos0)``   prefill chunks and eager decode: positions are Python ints.
-  ``decode_static(tok, pos)`` one token with positions as device tensors and attention over a
-                              fixed cache window, so the whole step can be captured in a CUDA graph.
+Two forward paths share the weights:
+  ``forward(tokens, pos0)``          prefill chunks: positions are Python ints.
+  ``decode_step(tok, pos, window)``  THE decode step, one token with positions as device tensors and
+                                     attention over a fixed cache window, so the whole step can be
+                                     captured in a CUDA graph. Everything that decodes calls it (the
+                                     runner, ranks, `generate`, the benches); engine/runner.py's Decoder
+                                     replays it from graphs per context bucket.
 """
 
 from __future__ import annotations
@@ -61,6 +64,43 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache, wo,
+               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int):
+    """The decode step's first half-layer. x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]).
+
+    Writes this position's K/V into the cache at ``pos`` and attends over cache positions [0, window):
+    the g query heads of one kv head become g query rows against that kv head (no K/V copies), as two
+    batched matrix products that spread the window over the whole GPU (a fused SDPA kernel parallelises
+    over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench 2026-11-29)."""
+    x = x + delta  # the previous block's reduced output
+    h = rms_norm(x, input_norm, eps)
+    qkv = F.linear(h, wqkv, bqkv)  # [1, 1, (h + 2 kv) * hd]
+    q, k, v = qkv.split([n_heads * hd, n_kv * hd, n_kv * hd], dim=-1)
+    q = q.view(1, n_heads, hd)
+    k = k.view(1, n_kv, hd)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    q = q * cos + rotate_half(q) * sin  # [1, h, hd]
+    k = k * cos + rotate_half(k) * sin  # [1, kv, hd]
+    k_cache.index_copy_(2, pos, k.view(1, n_kv, 1, hd))
+    v_cache.index_copy_(2, pos, v.view(1, n_kv, 1, hd))
+    qg = q.view(1, n_kv, n_heads // n_kv, hd)  # [1, kv, g, hd]
+    keys, values = k_cache[:, :, :window], v_cache[:, :, :window]  # [1, kv, W, hd]
+    s = torch.matmul(qg, keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(hd)) + mask_bias  # [1, kv, g, W]
+    p = torch.softmax(s, dim=-1).to(values.dtype)
+    a = torch.matmul(p, values).reshape(1, 1, n_heads * hd)  # [1, 1, h * hd]
+    return x, F.linear(a, wo, bo)
+
+
+def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float):
+    """The decode step's second half-layer. x, delta [1, 1, D] -> (x + delta, down_proj partial [1, 1, D])."""
+    x = x + delta  # the attention's reduced output
+    h = rms_norm(x, post_norm, eps)
+    gate, up = F.linear(h, w13, b13).chunk(2, dim=-1)  # [1, 1, ff] each
+    return x, F.linear(F.silu(gate) * up, w2, b2)
+
+
 class Layer:
     """One decoder layer's weights for this rank; q/k/v and gate/up are fused into single matrices."""
 
@@ -90,6 +130,14 @@ class Layer:
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor) or v is None}
+
+    def attn_tensors(self, rank: int) -> tuple:
+        """attn_block's weights; o_proj's bias only on rank 0 (the allreduce carries it once)."""
+        return (self.input_norm, self.wqkv, self.bqkv, self.q_norm, self.k_norm, self.k_cache, self.v_cache,
+                self.wo, self.bo if rank == 0 else None)
+
+    def mlp_tensors(self, rank: int) -> tuple:
+        return self.post_norm, self.w13, self.b13, self.w2, self.b2 if rank == 0 else None
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float):
         b, t, _ = x.shape
@@ -122,6 +170,7 @@ class Model:
         self.norm = torch.empty(cfg.hidden_size, **e)
         self.layers = [Layer(cfg, world, dtype, self.device) for _ in range(cfg.num_layers)]
         self.max_context = 0
+        self.decoder = None  # engine.runner.Decoder, set by runner.prepare(): how decode_step is run
         self._inv_freq = inv_freq(cfg).to(self.device)
 
     # ---- cache ----------------------------------------------------------------------------------
@@ -188,42 +237,37 @@ class Model:
         logits = self._gather(F.linear(x, self.head)).float()  # [1, T or 1, V]
         return logits[0] if all_logits else logits[0, -1]
 
-    # ---- one token with device-side positions (CUDA-graph capturable) ------------------------------
-    def decode_static(self, tok: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
-        """tok [1] and pos [1] (device int64) -> float32 logits [V]. Attention reads cache positions
-        [0, window): no shape depends on pos, so one graph per window serves every position below it.
-        Call it under torch.inference_mode() (left undecorated so torch.compile sees plain code)."""
+    # ---- THE decode step: one token with device-side positions (CUDA-graph capturable) -------------
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, window: int,
+                    blocks: tuple | None = None) -> torch.Tensor:
+        """tok [1] and pos [1] (device int64) -> float32 logits [V]. The one decode step: the runner, the
+        ranks, `generate` and the benches all call this (eagerly, or replayed from a CUDA graph by
+        engine/runner.py's Decoder). Attention reads cache positions [0, window): no shape depends on pos,
+        so one graph per window serves every position below it.
+
+        Per layer: attn_block (residual add, norm, QKV, RoPE, cache write, attention, o_proj of this rank's
+        heads) -> allreduce -> mlp_block (residual add, norm, gate/up, down of this rank's columns) ->
+        allreduce. Each block starts with the residual add of the previous block's reduced output, so the
+        add fuses with the norm when the blocks are compiled. ``blocks``: (attn_block, mlp_block) to use,
+        e.g. torch.compile'd ones (engine.runner.kernels); None = the plain functions below.
+        Call it under torch.inference_mode()."""
+        attn, mlp = blocks or (attn_block, mlp_block)
         cfg = self.cfg
         x = F.embedding(tok.view(1, 1), self.embed)  # [1, 1, D]
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [1, hd]
-        mask = (torch.arange(window, device=self.device) <= pos).view(1, 1, 1, window)  # [1, 1, 1, W]
+        # additive mask, float32: 0 up to pos, -inf past it; made once per step for every layer
+        zero = torch.zeros((), dtype=torch.float32, device=self.device)
+        mask_bias = torch.where(torch.arange(window, device=self.device) <= pos, zero, float("-inf"))
+        mask_bias = mask_bias.view(1, 1, 1, window)  # [1, 1, 1, W]
+        delta = torch.zeros_like(x)
         for layer in self.layers:
-            h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = layer.qkv(h, cos, sin, cfg.rms_norm_eps)  # q [1, h, 1, hd]; k, v [1, kv, 1, hd]
-            layer.k_cache.index_copy_(2, pos, k)
-            layer.v_cache.index_copy_(2, pos, v)
-            a = self._decode_attention(layer, q, window, mask).reshape(1, 1, layer.n_heads * layer.hd)
-            x = x + self._reduce(F.linear(a, layer.wo, self._bias_once(layer.bo)))
-            h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
-            x = x + self._reduce(self._mlp(layer, h))
-        x = rms_norm(x, self.norm, cfg.rms_norm_eps)
+            x, part = attn(x, delta, cos, sin, pos, mask_bias, *layer.attn_tensors(self.rank), n_heads=layer.n_heads,
+                           n_kv=layer.n_kv, hd=layer.hd, eps=cfg.rms_norm_eps, window=window)
+            delta = self._reduce(part)
+            x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps)
+            delta = self._reduce(part)
+        x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
-
-    def _decode_attention(self, layer: Layer, q: torch.Tensor, window: int, mask: torch.Tensor) -> torch.Tensor:
-        """One query position against cache positions [0, window), written as two batched matrix products.
-
-        The g query heads of one kv head become g query rows against that kv head (no K/V copies).
-        A fused SDPA kernel here parallelises over the g x kv query rows only (32 for Llama-3.1-8B) and
-        read the cache at about 5 % of the H200's bandwidth (bench, 2026-11-29); the matrix products
-        spread the window over the whole GPU."""
-        g = layer.n_heads // layer.n_kv
-        qg = q.view(1, layer.n_kv, g, layer.hd)  # [1, kv, g, hd]
-        k = layer.k_cache[:, :, :window]  # [1, kv, W, hd]
-        v = layer.v_cache[:, :, :window]  # [1, kv, W, hd]
-        s = torch.matmul(qg, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(layer.hd))  # [1, kv, g, W]
-        s = s.masked_fill(~mask, float("-inf"))
-        p = torch.softmax(s, dim=-1).to(v.dtype)  # [1, kv, g, W]
-        return torch.matmul(p, v)  # [1, kv, g, hd]
 
     def weight_bytes(self) -> int:
         """Bytes this rank reads per decode step from weights (embedding: one row, not the table)."""

@@ -1,5 +1,5 @@
-"""Decode variants (`python -m engine bench --variants`): the per-layer step computes what
-Model.decode_static computes, the correctness check rejects NaN and drift, the CPU dry run covers every
+"""Decode variants (`python -m engine bench --variants`): the one decode step (Model.decode_step) computes
+what the prefill path computes, its compiled blocks trace whole, the correctness check rejects NaN and drift, the CPU dry run covers every
 variant, and the recorded H200 runs are judged: every variant correct or failed with its reason, and
 each ratio follows from the same run's read bandwidth."""
 
@@ -39,36 +39,35 @@ def _model(name: str, ctx: int = 40):
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-8b", "qwen2.5-0.5b"])
-@pytest.mark.parametrize("body", ["plain", "fused"])
-def test_per_layer_step_matches_decode_static(name, body):
+def test_decode_step_matches_the_prefill_forward(name):
+    """The one decode step (block by block, additive mask, residual add moved into the next block)
+    computes what the prefill path computes for the same position, and writes the same K/V."""
     import torch
 
-    from engine import decode_fast
-
     model = _model(name)
-    tok = torch.tensor([5])
-    pos = torch.tensor([37])
+    tok, pos = torch.tensor([5]), torch.tensor([37])
     with torch.inference_mode():
-        want = model.decode_static(tok, pos, 256)
+        want = model.forward(tok.view(1, 1), 37)  # [V]: attends over cache positions 0..37
         k_want = model.layers[1].k_cache[:, :, 37].clone()
-        model.layers[1].k_cache[:, :, 37] = 0  # the fast step must write it again
-        got = decode_fast.make_step(model, body, None)(tok, pos, 256)
+        model.layers[1].k_cache[:, :, 37] = 0  # the step must write it again
+        got = model.decode_step(tok, pos, 256)
     assert got.shape == want.shape == (model.cfg.vocab_size,)
     assert float((got - want).norm() / want.norm()) < 1e-5
     assert torch.allclose(model.layers[1].k_cache[:, :, 37], k_want, atol=1e-5)
 
 
-def test_per_layer_step_traces_as_one_graph_per_layer_function():
-    """fullgraph=True: a graph break would raise; the layer function compiles once for all layers."""
+def test_compiled_blocks_trace_as_one_graph_each():
+    """fullgraph=True: a graph break would raise; each block compiles once for all layers."""
     import torch
 
-    from engine import decode_fast
+    from engine.model import attn_block, mlp_block
 
     model = _model("qwen3-8b")
     tok, pos = torch.tensor([3]), torch.tensor([12])
+    blocks = tuple(torch.compile(f, fullgraph=True, dynamic=False, backend="eager") for f in (attn_block, mlp_block))
     with torch.inference_mode():
-        want = model.decode_static(tok, pos, 256)
-        got = decode_fast.make_step(model, "fused", {}, backend="eager")(tok, pos, 256)
+        want = model.decode_step(tok, pos, 256)
+        got = model.decode_step(tok, pos, 256, blocks)
     assert float((got - want).norm() / want.norm()) < 1e-5
 
 

@@ -57,7 +57,7 @@ def test_static_decode_step_matches_eager(pair):
     eager = m.forward(ids[:, 6:], 6)
     m2.forward(ids[:, :6], 0)
     with torch.inference_mode():
-        static = m2.decode_static(ids[0, 6:], torch.tensor([6]), 256)
+        static = m2.decode_step(ids[0, 6:], torch.tensor([6]), 256)
     assert (eager - static).abs().max().item() < 1e-4
 
 

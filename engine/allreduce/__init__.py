@@ -4,7 +4,7 @@ Every path implements ``all_gather(x) -> (rank 0's x, rank 1's x)`` as bit-exact
 copies; the sum is then formed by both ranks in the same fixed order
 (rank 0's half + rank 1's half), so both hold bit-identical activations whatever
 the transport. Path names are shared with the plan, the flags and the metrics:
-``nccl``, ``gloo``, ``host_mailbox``, ``device_mailbox``.
+``nccl``, ``gloo``, ``host_mailbox``, ``device_mailbox``, ``device_mailbox_graph`` (PATH_NAMES).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 
 import torch
+
+PATH_NAMES = ("device_mailbox_graph", "nccl", "device_mailbox", "host_mailbox", "gloo")
 
 
 class PathError(RuntimeError):
@@ -24,6 +26,7 @@ class PathTimeout(PathError):
 
 class Path:
     name = "none"
+    capturable = False  # True: the exchange runs without the host, so a CUDA graph can hold it
 
     def __init__(self, rank: int, timeout_s: float, abort: threading.Event | None = None):
         self.rank = rank

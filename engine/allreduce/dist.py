@@ -49,6 +49,7 @@ class GlooPath(Path):
 
 class NcclPath(Path):
     name = "nccl"
+    capturable = True  # NCCL kernels run inside a CUDA graph: the decode step captures them
 
     def __init__(self, rank, timeout_s, abort=None, device: torch.device | None = None):
         super().__init__(rank, timeout_s, abort)

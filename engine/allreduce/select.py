@@ -9,19 +9,20 @@ nothing about two cards, so the choice then follows a fixed preference instead.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
+from engine import timing
 from engine.allreduce import Path, PathError
 from engine.allreduce.device_mailbox import DeviceMailbox
 from engine.allreduce.dist import GlooPath, NcclPath
 from engine.allreduce.host_mailbox import HostMailbox
 
 CPU_ORDER = ("host_mailbox", "gloo")
-GPU_ORDER = ("device_mailbox", "nccl", "host_mailbox", "gloo")
+# Preference when timings cannot be trusted (both ranks on one GPU); otherwise the race decides.
+GPU_ORDER = ("device_mailbox_graph", "device_mailbox", "nccl", "host_mailbox", "gloo")
+GRAPH_OPS = 20  # allreduces per captured graph in the race
 RACE_BYTES = {"8k": 8 * 1024, "40k": 40 * 1024}
 
 
@@ -70,6 +71,14 @@ def build(name: str, *, rank: int, device: torch.device, timeout_s: float, abort
     if name == "device_mailbox":
         return DeviceMailbox(rank, timeout_s, abort, device=device, store=store, generation=generation,
                              barrier=dist.barrier)
+    if name == "device_mailbox_graph":
+        if shared_device:
+            raise PathError("not applicable: both ranks are on one GPU, where a kernel waiting for the other "
+                            "process's kernel only progresses by time-slicing")
+        from engine.graph_mailbox import GraphMailbox
+
+        return GraphMailbox(rank, timeout_s, abort, device=device, store=store, generation=generation,
+                            barrier=dist.barrier)
     if name == "nccl":
         if shared_device:
             raise PathError("not applicable: both ranks are on one GPU and NCCL refuses duplicate devices")
@@ -98,27 +107,35 @@ def selftest(path: Path, rank: int, device: torch.device, dtype: torch.dtype, fo
         expect_cat = torch.cat(((base + 0.0).to(dtype), (base + 1000.0).to(dtype))).to(device).view(1, -1)
         if not torch.equal(_bits(cat), _bits(expect_cat)):
             return f"gather of {label} known data is not bit-exact"
+        if device.type == "cuda" and path.capturable:
+            # The way the decode step runs it: captured in a CUDA graph, result read after a replay.
+            out = {}
+            g = timing.capture(lambda: out.__setitem__("y", path.allreduce_sum(mine)), device, warmup=1)
+            g.replay()
+            torch.cuda.synchronize(device)
+            if hasattr(path, "check"):
+                path.check()
+            if not torch.equal(_bits(out["y"]), _bits(expect)):
+                return f"allreduce_sum of {label} known data inside a CUDA graph is not bit-exact"
+            del g
     return None
 
 
 def race(path: Path, device: torch.device, dtype: torch.dtype, iters: int) -> dict[str, float]:
-    """Median microseconds per allreduce at 8 KB and 40 KB, as the engine will run it."""
+    """Median microseconds per allreduce at 8 KB and 40 KB, as the engine will run it: inside a CUDA
+    graph for a path that can be captured (GRAPH_OPS allreduces per graph, device time between events,
+    median of 5 batches of replays), else one synchronised eager call at a time (host wall time)."""
     out = {}
+    graph = device.type == "cuda" and path.capturable
     for label, nbytes in RACE_BYTES.items():
         n = nbytes // torch.tensor([], dtype=dtype).element_size()
         x = torch.ones(n, dtype=dtype, device=device)
-        for _ in range(5):
-            path.allreduce_sum(x)
-        times = []
-        for _ in range(iters):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            path.allreduce_sum(x)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append((time.perf_counter() - t0) * 1e6)
-        out[f"{label}_us"] = round(statistics.median(times), 2)
+        if graph:
+            us = timing.graph_us(lambda: path.allreduce_sum(x), device, GRAPH_OPS)
+        else:
+            us = timing.eager_us(lambda: path.allreduce_sum(x), device, iters, warmup=5)
+        out[f"{label}_us"] = round(us, 2)
+    out["mode"] = "graph" if graph else "eager"
     return out
 
 
@@ -172,7 +189,7 @@ def choose(requested: str, *, rank: int, device: torch.device, dtype: torch.dtyp
         # the path with the least time over both sizes wins, so neither end is ignored.
         pick = min(passed, key=lambda n: timings[n]["8k_us"] + timings[n]["40k_us"])
         why = (f"{pick} was fastest over 8 KB + 40 KB ({timings[pick]['8k_us']} + "
-               f"{timings[pick]['40k_us']} us median)")
+               f"{timings[pick]['40k_us']} us median, {timings[pick]['mode']})")
     # Rank 0 decides; rank 1 follows whatever it says.
     decision = [pick if rank == 0 else None]
     dist.broadcast_object_list(decision, src=0)
