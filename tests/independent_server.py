@@ -146,7 +146,10 @@ def start(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> tuple[Independen
     # No network: the hub is off (no model download, no update check, no telemetry) and HF_HOME is private.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(workdir / "hf-home"),
            "HF_HUB_DISABLE_UPDATE_CHECK": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-           "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false",
+           # One torch thread: a 3 M-parameter model gains nothing from two, and two spinning OpenMP
+           # threads on 2 busy cores made each request 10-20x slower (docs/independent-server.md).
+           "OMP_NUM_THREADS": "1"}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)

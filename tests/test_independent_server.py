@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 
@@ -33,19 +34,38 @@ def _tokenizer(model_dir: str):
     return Tokenizer(model_dir)
 
 
-@functools.lru_cache(maxsize=8)
-def engine_reference(model_dir: str, ids: tuple[int, ...], max_tokens: int) -> dict:
-    """This project's engine, greedy, on the same ids; cut at the first EOS as an OpenAI server stops there."""
-    proc = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", model_dir, "--tp", "1",
-                           "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(max_tokens), "--json"],
-                          cwd=ind.REPO, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])["token_ids"]
+def _reference(model_dir: str, out: list[int]) -> dict:
+    """The engine's greedy tokens, cut at the first EOS as an OpenAI server stops there."""
     tok = _tokenizer(model_dir)
     for i, t in enumerate(out):
         if t in tok.eos_ids:
             return {"text": tok.decode(out[:i]), "completion_tokens": i + 1, "finish_reason": "stop"}
     return {"text": tok.decode(out), "completion_tokens": len(out), "finish_reason": "length"}
+
+
+@pytest.fixture(scope="module")
+def engine_reference(independent_server) -> dict[str, dict]:
+    """This project's engine (`python -m engine generate --tp 1`, greedy) on the same token ids as the
+    server sees: "completion" for PROMPT (12 tokens), "chat" for MESSAGES (10 tokens); both run at once."""
+    s = independent_server
+    jobs = {"completion": (prompt_ids(s, PROMPT), 12), "chat": (chat_ids(s, MESSAGES), 10)}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "engine", "generate", "--model", s.model, "--tp", "1",
+                                     "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(n), "--json"],
+                                    cwd=ind.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+             for name, (ids, n) in jobs.items()}
+    refs = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err[-2000:]
+            refs[name] = _reference(s.model, json.loads(out.strip().splitlines()[-1])["token_ids"])
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return refs
 
 
 def prompt_ids(server, text: str) -> tuple[int, ...]:
@@ -86,7 +106,7 @@ def test_identity(independent_server):
     assert b"engine" not in cmdline
 
 
-def test_completion_matches_engine(independent_server):
+def test_completion_matches_engine(independent_server, engine_reference):
     s = independent_server
     ids = prompt_ids(s, PROMPT)
     r = post(s, "/v1/completions", {"model": s.model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0})
@@ -94,14 +114,14 @@ def test_completion_matches_engine(independent_server):
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == s.model
     (choice,) = body["choices"]
-    ref = engine_reference(s.model, ids, 12)
+    ref = engine_reference["completion"]
     assert choice["text"] == ref["text"]
     assert choice["finish_reason"] == ref["finish_reason"]
     assert body["usage"]["prompt_tokens"] == len(ids)  # same tokenization, BOS included
     assert body["usage"]["completion_tokens"] == ref["completion_tokens"]
 
 
-def test_chat_completion_matches_engine(independent_server):
+def test_chat_completion_matches_engine(independent_server, engine_reference):
     s = independent_server
     ids = chat_ids(s, MESSAGES)
     r = post(s, "/v1/chat/completions", {"model": s.model, "messages": MESSAGES, "max_tokens": 10,
@@ -111,13 +131,13 @@ def test_chat_completion_matches_engine(independent_server):
     assert body["object"] == "chat.completion"
     (choice,) = body["choices"]
     assert choice["message"]["role"] == "assistant"
-    ref = engine_reference(s.model, ids, 10)
+    ref = engine_reference["chat"]
     assert choice["message"]["content"] == ref["text"]
     assert choice["finish_reason"] == ref["finish_reason"]
     assert body["usage"]["prompt_tokens"] == len(ids)  # same chat template, same BOS
 
 
-def test_streamed_completion(independent_server):
+def test_streamed_completion(independent_server, engine_reference):
     s = independent_server
     events = sse_events(s, "/v1/completions", {"model": s.model, "prompt": PROMPT, "max_tokens": 12})
     chunks = [json.loads(e) for e in events]  # every event is JSON: no [DONE] from this make (LACKS)
@@ -125,14 +145,14 @@ def test_streamed_completion(independent_server):
     assert sum(1 for t in texts if t) >= 3, events  # streamed piece by piece, not in one block
     assert all(c["choices"][0].get("finish_reason") is None for c in chunks[:-1])
     last = chunks[-1]
-    ref = engine_reference(s.model, prompt_ids(s, PROMPT), 12)
+    ref = engine_reference["completion"]
     assert "".join(texts) == ref["text"]
     assert last["choices"][0]["finish_reason"] == ref["finish_reason"]
     assert last["usage"]["completion_tokens"] == ref["completion_tokens"]
     assert len({c["id"] for c in chunks}) == 1
 
 
-def test_streamed_chat_completion(independent_server):
+def test_streamed_chat_completion(independent_server, engine_reference):
     s = independent_server
     events = sse_events(s, "/v1/chat/completions", {"model": s.model, "messages": MESSAGES, "max_tokens": 10})
     chunks = [json.loads(e) for e in events]
@@ -140,7 +160,7 @@ def test_streamed_chat_completion(independent_server):
     assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
     content = [c["choices"][0]["delta"].get("content") or "" for c in chunks]
     assert sum(1 for t in content if t) >= 3, events
-    ref = engine_reference(s.model, chat_ids(s, MESSAGES), 10)
+    ref = engine_reference["chat"]
     assert "".join(content) == ref["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == ref["finish_reason"]
 
