@@ -54,15 +54,18 @@ def _commands(group, prefix=()):
 def test_every_command_and_option_has_help():
     from v100plan.cli import app
 
-    seen = 0
+    seen, missing = 0, []
     for path, cmd in _commands(app):
         seen += 1
-        assert (cmd.help or "").strip(), f"`v100plan {' '.join(path)}` has no help text"
+        name = f"v100plan {' '.join(path)}"
+        if not (cmd.help or "").strip():
+            missing.append(name)
         for p in cmd.params:
-            if p.param_type_name == "option" and "--help" not in p.opts:
-                assert (getattr(p, "help", None) or "").strip(), f"`v100plan {' '.join(path)}` {p.opts} has no help"
-            if p.param_type_name == "argument":
-                assert (getattr(p, "help", None) or "").strip(), f"`v100plan {' '.join(path)}` {p.name} has no help"
+            if "--help" in getattr(p, "opts", []):
+                continue
+            if not (getattr(p, "help", None) or "").strip():
+                missing.append(f"{name} {'/'.join(p.opts) if p.param_type_name == 'option' else p.name}")
+    assert not missing, "no help text: " + "; ".join(missing)
     assert seen >= 8
 
 
