@@ -151,6 +151,8 @@ class Rank:
         self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm)
         weights.load_into(self.model, a.model)
         self.model.setup_cache(a.max_context)
+        from engine import runner  # the decode step's graphs are captured now, not at the first request
+        log(self.r, runner.describe(runner.prepare(self.model).info))
         self.lockstep = Lockstep(self.path, device, self.r) if self.path else None
         name = self.path.name if self.path else "none"
         selftest = "passed" if self.path else "not_applicable"

@@ -230,6 +230,14 @@ class Decoder:
                 "read_bw_fraction": round(gbps / read_bw_gbps, 4) if gbps and read_bw_gbps else None}
 
 
+def describe(info: dict) -> str:
+    """One log line: how the decode step runs here and why."""
+    s = f"decode {info['mode']} ({info['why']}); kernels {info['kernels']} ({info['kernels_why']})"
+    if info.get("windows"):
+        s += f"; windows {info['windows']}; captured in {info['capture_s']} s"
+    return s
+
+
 def prepare(model: Model, **kw) -> Decoder:
     """Build the model's decoder (and capture its graphs); run() uses it from then on."""
     model.decoder = Decoder(model, **kw)
