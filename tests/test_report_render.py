@@ -360,3 +360,17 @@ def test_stream_gaps_plot_only_numbers_and_an_empty_list_is_not_measured():
     stream["reason"] = None
     svg = _svg(render_html(report), f"stream-gaps-{stream['key']}")
     assert "not measured: no streamed events recorded" in svg
+
+
+def test_probe_without_cards_gives_the_probes_reason():
+    report = _load("sample-report.json")
+    probe = report["probe"]
+    why = "no NVIDIA driver reachable: NVML could not start"
+    probe.update(cards=[], pairs=[], overall="nothing_measured")
+    for c in probe["cases"]:
+        c.update(status="waived", reason=why if c["key"] == "inventory" else "needs a card")
+    validate_report(report)
+    page = render_html(report)
+    for name in ("probe-bandwidth", "throttle", "p2p-latency"):
+        assert f"not measured: the probe found no cards ({why})" in _svg(page, name)
+    assert '<span class="status s-nothing_measured">' in page

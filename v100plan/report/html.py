@@ -35,10 +35,10 @@ table{border-collapse:collapse;font-size:13px;margin:6px 0 10px;width:100%}
 th,td{border-bottom:1px solid #d8dee4;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f6f8fa;font-weight:600}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.status{font-weight:700;text-transform:uppercase;font-size:11px;padding:1px 6px;border-radius:3px;color:#fff;
+.status{background:#57606a;font-weight:700;text-transform:uppercase;font-size:11px;padding:1px 6px;border-radius:3px;color:#fff;
  white-space:nowrap}
 .s-passed{background:#1a7f37}.s-warned{background:#b26a00}.s-failed{background:#cf222e}.s-error{background:#8250df}
-.s-waived,.s-skipped{background:#6e7781}.s-interrupted{background:#9a6700}
+.s-waived,.s-skipped,.s-nothing_measured,.s-not_measured{background:#6e7781}.s-interrupted{background:#9a6700}
 .muted{color:#57606a}.desc{color:#57606a;font-size:12px}
 .plot{display:block;max-width:100%;height:auto;margin:6px 0 14px;border:1px solid #d8dee4;border-radius:6px}
 details{margin:4px 0 8px;font-size:13px}summary{cursor:pointer;font-weight:600}
@@ -242,7 +242,7 @@ def _hardware(report: dict[str, Any]) -> str:
                 out.append(f'<p class="desc">{esc(explanation)}</p>')
             out.append(plots.throttle_timeline(card))
     else:
-        out.append(not_measured("throttle", "the probe found no cards",
+        out.append(not_measured("throttle", plots.no_cards_reason(probe),
                                       "Clocks, temperature and clock-event reasons under load"))
     out.append(plots.p2p_matrix(probe))
     return "".join(out)

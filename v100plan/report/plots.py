@@ -37,6 +37,13 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _label_at(x: float, y: float, label: str, right: float, color: str, size: int = 10, gap: float = 4) -> str:
+    """A bold label beside a mark at x: to its right, or to its left when it would leave the plot."""
+    if x + gap + len(label) * size * 0.6 > right + 20:
+        return text(x - gap, y, label, anchor="end", size=size, fill=color, weight="600")
+    return text(x + gap, y, label, size=size, fill=color, weight="600")
+
+
 def _why(unavailable: dict[str, str] | None, field: str, default: str) -> str:
     return (unavailable or {}).get(field) or default
 
@@ -83,7 +90,7 @@ def recovery_timeline(scenario: dict[str, Any]) -> str:
             parts.append(circle(xs(detect), y, 5, PALETTE["detect"], tip=f"detected at {fmt(detect, 's')}"))
         if recover is not None:
             parts.append(circle(xs(recover), y, 5, PALETTE["recover"], tip=f"recovered at {fmt(recover, 's')}"))
-            parts.append(text(xs(recover) + 8, y - 6, fmt(recover, "s"), size=10, fill=PALETTE["recover"]))
+            parts.append(_label_at(xs(recover), y - 6, fmt(recover, "s"), right, PALETTE["recover"], gap=8))
         else:
             start = xs(detect if detect is not None else 0.0)
             parts.append(line(start, y, xs.b, y, PALETTE["failed"], 2, dash="4 3", tip="no recovery observed"))
@@ -109,7 +116,7 @@ def latency_histogram(load: dict[str, Any] | None, why_absent: str) -> str:
     for v in values:
         counts[min(int(v / hi * bins), bins - 1)] += 1
     left, right, top, bottom = 60, WIDTH - 24, 36, 200
-    xs, ys = Scale(0, hi, left, right), Scale(0, nice_max(max(counts)), bottom, top)
+    xs, ys = Scale(0, hi, left, right), Scale(0, nice_max(max(counts) * 1.25), bottom, top)  # headroom for the p50 / p99 labels
     parts = [y_axis(ys, left, nice_ticks(0, ys.hi, 4), "requests", grid_to=right)]
     width = (right - left) / bins
     for i, c in enumerate(counts):
@@ -123,7 +130,7 @@ def latency_histogram(load: dict[str, Any] | None, why_absent: str) -> str:
         if v is not None:
             x = xs(min(v, hi))
             parts.append(line(x, top - 6, x, bottom, color, 2, dash="5 3", tip=f"{key} {fmt(v, 's')}"))
-            parts.append(text(x + 4, top + 4 + dy, f"{key} {fmt(v, 's')}", size=11, fill=color, weight="600"))
+            parts.append(_label_at(x, top + 4 + dy, f"{key} {fmt(v, 's')}", right, color, size=11))
     parts.append(x_axis(xs, bottom, nice_ticks(0, hi), f"latency, {len(values)} requests", "s"))
     return frame(name, WIDTH, bottom + 40, "".join(parts), title)
 
@@ -167,21 +174,26 @@ def stream_gaps(scenario: dict[str, Any]) -> str:
     gaps = [g for g in metrics.get("stream_event_gaps_ms") or [] if _is_number(g)]
     if not gaps:
         return not_measured(name, scenario.get("reason") or "no streamed events recorded", title)
-    left, right, top, bottom = 60, WIDTH - 24, 30, 180
+    left, right, top, bottom = 60, WIDTH - 100, 30, 180
     xs, ys = Scale(0, len(gaps), left, right), Scale(0, nice_max(max(gaps)), bottom, top)
+    used: list[float] = []
     parts = [y_axis(ys, left, nice_ticks(0, ys.hi, 4), "gap (ms)", grid_to=right)]
     w = (right - left) / len(gaps)
     for i, g in enumerate(gaps):
         parts.append(rect(xs(i) + w * 0.1, ys(g), max(w * 0.8, 0.8), bottom - ys(g), PALETTE["accent"],
                           tip=f"event {i + 1}: {fmt(g, 'ms')}"))
-    for k, (key, color) in enumerate((("event_gap_ms_p50", PALETTE["recover"]), ("event_gap_ms_p99", PALETTE["failed"]),
-                                      ("event_gap_ms_max", PALETTE["warned"]))):
+    for key, color in (("event_gap_ms_p50", PALETTE["recover"]), ("event_gap_ms_p99", PALETTE["failed"]),
+                       ("event_gap_ms_max", PALETTE["warned"])):
         v = metrics.get(key)
         if _is_number(v):
             y = ys(min(v, ys.hi))
             parts.append(line(left, y, right, y, color, 1.5, dash="5 3", tip=f"{key} = {fmt(v, 'ms')}"))
-            parts.append(text(right - 110 * k, y - 4, f"{key.replace('event_gap_ms_', '')} {fmt(v, 'ms')}",
-                              anchor="end", size=10, fill=color, weight="600"))
+            label_y = y + 3
+            while any(abs(label_y - u) < 11 for u in used):
+                label_y += 11
+            used.append(label_y)
+            parts.append(text(right + 6, label_y, f"{key.replace('event_gap_ms_', '')} {fmt(v, 'ms')}",
+                              size=10, fill=color, weight="600"))
     parts.append(x_axis(xs, bottom, nice_ticks(0, len(gaps)), "streamed event number"))
     return frame(name, WIDTH, bottom + 40, "".join(parts), title)
 
@@ -189,12 +201,19 @@ def stream_gaps(scenario: dict[str, Any]) -> str:
 # --- probe ----------------------------------------------------------------------------------------------
 
 
+def no_cards_reason(probe: dict[str, Any]) -> str:
+    """Why a probe report has no cards, in the probe's own words (its inventory case) where it gives them."""
+    cases = sorted(probe["cases"], key=lambda c: c["key"] != "inventory")
+    reason = next((c["reason"] for c in cases if c["status"] in ("waived", "failed", "error") and c["reason"]), None)
+    return f"the probe found no cards ({reason})" if reason else "the probe found no cards"
+
+
 def probe_bandwidth(probe: dict[str, Any]) -> str:
     """Per card: measured read and copy bandwidth against the nominal (clock x bus width) figure."""
     name, title = "probe-bandwidth", "Memory bandwidth per card against nominal"
     cards = probe["cards"]
     if not cards:
-        return not_measured(name, "the probe found no cards", title)
+        return not_measured(name, no_cards_reason(probe), title)
     values = [v for c in cards for v in (c["read_bw_gbps"], c["copy_bw_gbps"], c["implied_bw_gbps"]) if v is not None]
     if not values:
         return not_measured(name, _why(cards[0]["unavailable"], "read_bw_gbps", "bandwidth was not probed"), title)
@@ -307,7 +326,8 @@ def p2p_matrix(probe: dict[str, Any]) -> str:
     pairs = probe["pairs"]
     if not pairs:
         n = len(probe["cards"])
-        return not_measured(name, "one card: no pairs to measure" if n == 1 else "no card pairs were probed", title)
+        why = {0: no_cards_reason(probe), 1: "one card: no pairs to measure"}.get(n, "no card pairs were probed")
+        return not_measured(name, why, title)
     idx = sorted({p["src"] for p in pairs} | {p["dst"] for p in pairs})
     by = {(p["src"], p["dst"]): p for p in pairs}
     lat = [v for p in pairs for v in (p["p2p_direct_4k_us"], p["host_staged_4k_us"]) if v is not None]
