@@ -245,4 +245,8 @@ def test_documented_gaps(independent_server):
     assert r.status_code == 422
     shown.add("unknown_field_400")
 
+    r = post(s, "/v1/completions", {"model": "someone-else", "prompt": PROMPT, "max_tokens": 2})
+    assert r.status_code == 400 and "error" not in r.json() and "pinned" in r.json()["detail"]
+    shown.add("error_object")
+
     assert shown == set(ind.LACKS)
