@@ -26,6 +26,7 @@ from v100plan.report.svg import fmt
 from v100plan.report.write import validate_report
 
 ACCEPTANCE = FIXTURES / "acceptance"
+GOLDEN = ACCEPTANCE / "golden"
 REPORTS = sorted(ACCEPTANCE.glob("*.json"))
 STATUSES = ("passed", "warned", "failed", "waived", "error")
 
@@ -46,12 +47,18 @@ class _Elements(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.tags: list[tuple[str, dict]] = []
         self.text: list[str] = []
+        self._in_style = False
 
     def handle_starttag(self, tag, attrs):
         self.tags.append((tag, dict(attrs)))
+        self._in_style = tag == "style"
+
+    def handle_endtag(self, tag):
+        self._in_style = False
 
     def handle_data(self, data):
-        self.text.append(data)
+        if not self._in_style:
+            self.text.append(data)
 
 
 def _parse(page: str) -> _Elements:
@@ -374,3 +381,24 @@ def test_probe_without_cards_gives_the_probes_reason():
     for name in ("probe-bandwidth", "throttle", "p2p-latency"):
         assert f"not measured: the probe found no cards ({why})" in _svg(page, name)
     assert '<span class="status s-nothing_measured">' in page
+
+
+def _golden(name: str, text: str) -> None:
+    """Compare with tests/fixtures/acceptance/golden/NAME; V100PLAN_UPDATE_GOLDEN=1 rewrites it (review the diff)."""
+    path = GOLDEN / name
+    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with V100PLAN_UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), f"{name} changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+
+
+def test_golden_junit():
+    _golden("junit-failed-partial.xml", render_junit(_load("sample-failed-partial.json")))
+
+
+def test_golden_page_text():
+    """What a person reads on the page (every text node, plots' labels included), one per line."""
+    parsed = _parse(render_html(_load("sample-failed-partial.json")))
+    lines = [" ".join(t.split()) for t in parsed.text]
+    _golden("report-failed-partial.txt", "\n".join(t for t in lines if t) + "\n")
