@@ -50,6 +50,8 @@ class Browser:
     """A headless Chromium and one page, spoken to in CDP over its debugging pipe."""
 
     def __init__(self, user_data_dir: Path):
+        user_data_dir.mkdir(parents=True, exist_ok=True)
+        self.log = user_data_dir.parent / f"{user_data_dir.name}-chromium.log"
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
 
@@ -59,9 +61,10 @@ class Browser:
             os.dup2(a, 3)
             os.dup2(b, 4)
 
-        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, close_fds=False, preexec_fn=wire_fds)
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=False,
+                                         preexec_fn=wire_fds)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._next_id = 0
@@ -93,7 +96,12 @@ class Browser:
         except queue.Empty:
             raise TimeoutError("Chromium did not answer in time") from None
         if msg is None:
-            raise RuntimeError(f"Chromium closed its pipe (exit {self.proc.poll()})")
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            tail = self.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"Chromium closed its pipe (exit {code}); its log ends:\n{tail}")
         if "id" not in msg:
             self.events.append(msg)
         return msg
@@ -200,7 +208,10 @@ def rendered(tmp_path_factory) -> dict:
             paths = write_reports(report, tmp / name.removesuffix(".json"))
             events = browser.open(paths["html"].as_uri())
             measured = json.loads(browser.evaluate(MEASURE))
-            shot = browser.screenshot() if name == "sample-report.json" else None
+            shot = None
+            if name == "sample-report.json":
+                shot = tmp / "sample-report.png"
+                shot.write_bytes(browser.screenshot())
             results[name] = {"report": report, "events": events, "measured": measured, "screenshot": shot}
     finally:
         browser.close()
@@ -265,7 +276,7 @@ def test_hostile_strings_are_shown_as_text(rendered):
 
 
 def test_full_page_screenshot(rendered):
-    shot = rendered["sample-report.json"]["screenshot"]
+    shot = rendered["sample-report.json"]["screenshot"].read_bytes()
     width, height = _png_size(shot)
     assert width == WIDTH
     assert height > 2500  # the whole page, not the 900 px viewport
