@@ -90,18 +90,21 @@ class Browser:
             for m in messages:
                 self._inbox.put(json.loads(m))
 
+    def _died(self) -> RuntimeError:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        tail = self.log.read_text(errors="replace")[-2000:]
+        return RuntimeError(f"Chromium closed its pipe (exit {code}); its log ends:\n{tail}")
+
     def _next(self, deadline: float) -> dict:
         try:
             msg = self._inbox.get(timeout=max(deadline - time.monotonic(), 0.01))
         except queue.Empty:
             raise TimeoutError("Chromium did not answer in time") from None
         if msg is None:
-            try:
-                code = self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
-            tail = self.log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"Chromium closed its pipe (exit {code}); its log ends:\n{tail}")
+            raise self._died()
         if "id" not in msg:
             self.events.append(msg)
         return msg
@@ -111,7 +114,10 @@ class Browser:
         msg = {"id": self._next_id, "method": method, "params": params}
         if session:
             msg["sessionId"] = self.session
-        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        try:
+            os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        except BrokenPipeError:
+            raise self._died() from None
         deadline = time.monotonic() + TIMEOUT_S
         while True:
             reply = self._next(deadline)
