@@ -389,7 +389,7 @@ def assemble(per_rank: dict, args: argparse.Namespace, meta: dict) -> dict:
             doc["tp2"][k.split(".", 1)[1]] = r0
             if isinstance(r0, dict) and isinstance(v[1], dict) and "decode_graph" in v[1]:
                 r0["rank1_decode_graph_ms"] = {c: e["ms"] for c, e in v[1]["decode_graph"].items()}
-    doc["summary"] = summary(doc)
+    doc["summary"] = summary(doc, str((doc.get("contexts") or [1024])[0]))
     return doc
 
 

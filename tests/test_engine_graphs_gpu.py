@@ -1,0 +1,80 @@
+"""GPU checks of the decode step as the service runs it (run on the lent device; skipped without CUDA):
+graph replays equal eager steps, the ranks capture their step with the allreduce inside on two GPUs and
+generate exactly TP1's tokens, and two ranks on one GPU fall back to eager steps with the reason logged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import engine_helpers
+from tests.engine_helpers import REPO
+
+demo_dir = engine_helpers.demo_dir
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+needs_gpu = pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+needs_two = pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA GPUs in one host")
+
+
+def _generate(model, *extra):
+    r = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(model), "--prompt",
+                        "Hello there, the world!\n", "--max-tokens", "48", "--json", "--dtype", "float32",
+                        "--max-context", "300", *extra], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+@needs_gpu
+@pytest.mark.parametrize("kernels", ["eager", "compiled"])
+def test_graph_replays_equal_eager_steps(demo_dir, kernels):
+    import torch
+
+    from engine import config, runner, weights
+    from engine.model import Model
+    from engine.sampling import Sampler
+
+    cfg = config.load(demo_dir)
+    outs = {}
+    for graphs in (False, True):
+        m = Model(cfg, dtype=torch.float32, device="cuda:0")
+        weights.load_into(m, demo_dir)
+        m.setup_cache(300)
+        dec = runner.prepare(m, graphs=graphs, kernels=kernels if graphs else "eager")
+        assert dec.info["mode"] == ("graphs" if graphs else "eager")
+        assert dec.info["windows"] == ([256, 300] if graphs else None)
+        outs[graphs], _ = runner.run(m, list(range(3, 250)), 40, Sampler(), set(), 64)  # crosses 256
+        if graphs:
+            st = dec.stats()
+            assert st["steps"] >= 30 and st["step_ms"] > 0 and st["achieved_gbps"] > 0
+    assert outs[True] == outs[False]
+
+
+@needs_two
+def test_ranks_capture_the_step_with_the_allreduce_inside_and_match_tp1(demo_dir):
+    one, _ = _generate(demo_dir, "--device", "cuda:0")
+    two, err = _generate(demo_dir, "--tp", "2", "--device", "cuda")
+    assert "decode graphs (CUDA graphs per context bucket, allreduce " in err
+    assert "captured inside" in err and "self-test device_mailbox_graph: passed" in err
+    assert two["token_ids"] == one["token_ids"]
+
+
+@needs_gpu
+def test_two_ranks_on_one_gpu_decode_eagerly_and_say_why(demo_dir):
+    two, err = _generate(demo_dir, "--tp", "2", "--device", "cuda:0")
+    assert "self-test device_mailbox_graph: not applicable: both ranks are on one GPU" in err
+    assert "decode eager (allreduce device_mailbox waits on the host" in err
+    assert len(two["token_ids"]) == 48
