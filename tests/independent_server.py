@@ -116,6 +116,14 @@ def write_model(out: Path) -> Path:
     return out
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the test process dies, even by SIGKILL, so a
+    killed test run leaves no server holding a port and a core (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (uvicorn shuts down cleanly), SIGKILL after STOP_TIMEOUT_S."""
     if proc.poll() is None:
@@ -153,7 +161,8 @@ def start(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> tuple[Independen
            "OMP_NUM_THREADS": "1"}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+                                env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     try:

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -250,3 +251,27 @@ def test_documented_gaps(independent_server):
     shown.add("error_object")
 
     assert shown == set(ind.LACKS)
+
+
+def test_stop_ends_the_whole_process_group(tmp_path):
+    """What the fixture's teardown does to the server: the process and every child it started end."""
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $! > {pids}; exec sleep 300"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pids.read_text())
+    ind._stop(proc)
+    assert proc.returncode is not None
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][:1] != "Z"
+    except FileNotFoundError:
+        return False
