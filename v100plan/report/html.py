@@ -54,7 +54,7 @@ class Raw(str):
 
 
 def _cell(value: Any) -> str:
-    return value if isinstance(value, Raw) else esc("" if value is None else value)
+    return value if isinstance(value, Raw) else esc("n/a" if value is None else value)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = (), css: str = "") -> str:
