@@ -46,7 +46,7 @@ CLI_CASES = [
     (["plan", "--hardware", MODEL_JSON], "expected a probe_report or hardware_profile document, found kind "
      "'model_profile'", "profiles validate", 2),
     (["profiles", "show", "nope", "--json"], "unknown profile id 'nope'", "v100plan profiles list", 2),
-    (["plan", "--engine", "vllm"], "unknown engine id 'vllm'", "v100plan profiles list", 2),
+    (["plan", "--engine", "no-such-engine"], "unknown engine id 'no-such-engine'", "v100plan profiles list", 2),
 ]
 
 
