@@ -126,12 +126,6 @@ def test_ctrl_c_in_a_command_is_quiet(cli, monkeypatch):
     assert _flat(r.stderr).startswith("Error: interrupted") and "Traceback" not in r.stderr
 
 
-def test_exit_codes_are_documented_in_the_readme():
-    readme = (REPO / "README.md").read_text()
-    for code in EXIT_CODES:
-        assert f"| {code} |" in readme, f"exit code {code} is missing from README.md's table"
-
-
 # python -m engine generate: (args after --model DIR, message fragment, exit code)
 GENERATE_CASES = [
     (["--prompt", "hi", "--max-tokens", "4200"], "exceeds the context limit of 4096 tokens", 2),
