@@ -45,6 +45,11 @@ CLI_CASES = [
      "profiles validate", 2),
     (["plan", "--hardware", MODEL_JSON], "expected a probe_report or hardware_profile document, found kind "
      "'model_profile'", "profiles validate", 2),
+    (["bench", "tp2", "--from", PROBE_JSON], "expected an engine_bench_tp2 document, found kind 'probe_report'",
+     "python -m engine bench-tp2", 2),
+    (["bench", "engine", "--from", MODEL_JSON], "expected an engine_bench document, found kind 'model_profile'",
+     "python -m engine bench --out", 2),
+    (["bench", "engine", "--shape", "gpt-9"], "unknown shape 'gpt-9'", "e.g. --shape llama-3.1-8b", 2),
     (["profiles", "show", "nope", "--json"], "unknown profile id 'nope'", "v100plan profiles list", 2),
     (["plan", "--engine", "no-such-engine"], "unknown engine id 'no-such-engine'", "v100plan profiles list", 2),
 ]

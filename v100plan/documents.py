@@ -88,13 +88,20 @@ def load(path: str | Path, kind: str) -> dict[str, Any]:
     return validate(doc, kind, source=str(path))
 
 
-def expect_kind(doc: Any, kinds: tuple[str, ...], source: str, hint: str | None = None) -> str | None:
-    """The one wording for a document of the wrong kind: 'expected a X document, found kind Y'."""
-    found = doc.get("kind") if isinstance(doc, dict) else None
+def expect_kind(doc: Any, kinds: tuple[str, ...], source: str, hint: str | None = None,
+                required: bool = False) -> str | None:
+    """The one wording for a document of the wrong kind: 'expected a X document, found kind Y'.
+
+    A document without a ``kind`` passes here (its schema then says what is wrong) unless
+    ``required`` is set."""
+    want = " or ".join(kinds)
+    article = "an" if want[0] in "aeiou" else "a"
     if not isinstance(doc, dict):
-        raise DocumentError(source, f"expected a JSON object ({' or '.join(kinds)} document)", hint=hint)
-    if found is not None and found not in kinds:
-        raise DocumentError(source, f"expected a {' or '.join(kinds)} document, found kind {found!r}", hint=hint)
+        raise DocumentError(source, f"expected {article} {want} document (a JSON object)", hint=hint)
+    found = doc.get("kind")
+    if (found is not None or required) and found not in kinds:
+        raise DocumentError(source, f"expected {article} {want} document, found "
+                            + (f"kind {found!r}" if found is not None else "no 'kind' field"), hint=hint)
     return found
 
 

@@ -59,13 +59,14 @@ def register(app: typer.Typer) -> None:
         output.check_out(out)
         if from_file:
             bench = documents.read_json(from_file)
-            if not isinstance(bench, dict) or bench.get("kind") != "engine_bench":
-                raise BadInput(f"{from_file} is not a `python -m engine bench` result (kind engine_bench)")
+            documents.expect_kind(bench, ("engine_bench",), from_file, required=True,
+                                  hint="give the JSON `python -m engine bench --out FILE` wrote")
         else:
             config = shape if shape.endswith(".json") else None
             if config is None:
                 if shape not in SHAPES:
-                    raise BadInput(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)} or a config.json path")
+                    raise BadInput(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)} or a config.json path",
+                                   hint="e.g. --shape llama-3.1-8b, or --shape path/to/config.json")
                 config = str(Path(__file__).resolve().parents[2] / "engine" / "data" / f"{shape}.config.json")
             args = ["--config", config, "--contexts", contexts] + (["--compile"] if compile_step else [])
             peak, peak_source = peak_tflops, "given with --peak-tflops" if peak_tflops else None

@@ -15,7 +15,7 @@ from profiles.document import SCHEMA_VERSIONS, provenance
 from v100plan import catalogue, documents, output
 from v100plan.calibrate import tp2_compare, tp2_profile, views
 from v100plan.calibrate.single import peak_from_catalogue
-from v100plan.errors import DocumentError, EnvironmentProblem, NothingMeasured
+from v100plan.errors import EnvironmentProblem, NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -50,8 +50,8 @@ def run_bench(contexts: str, card_id: str | None) -> dict[str, Any]:
 
 def load_bench(path: Path) -> dict[str, Any]:
     doc = documents.read_json(path)
-    if not isinstance(doc, dict) or doc.get("kind") != "engine_bench_tp2":
-        raise DocumentError(str(path), "expected the JSON of `python -m engine bench-tp2` (kind engine_bench_tp2)")
+    documents.expect_kind(doc, ("engine_bench_tp2",), str(path), required=True,
+                          hint="give the JSON `python -m engine bench-tp2` printed")
     return doc
 
 
