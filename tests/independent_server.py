@@ -143,12 +143,30 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def start(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> tuple[IndependentServer, subprocess.Popen]:
-    """Write the model, start `transformers serve` on a free 127.0.0.1 port, wait for /health.
+    """Write the model, start `transformers serve` on a free 127.0.0.1 port, wait until it answers.
 
-    Raises RuntimeError with the log's tail when the server exits or is not ready in time."""
+    Ready means /v1/models lists this model directory, so a stranger that took the port between
+    free_port() and the server's bind is never mistaken for it; a lost port race is retried
+    (twice) on a new port. Raises RuntimeError with the log's tail when the server exits or is
+    not ready in time."""
     model_dir = write_model(workdir / "model")
-    log_path = workdir / "server.log"
-    port = free_port()
+    for attempt in range(3):
+        log_path = workdir / f"server-{attempt}.log"
+        proc, url = _launch(model_dir, workdir, log_path, free_port())
+        try:
+            if _wait_ready(proc, url, str(model_dir), log_path, timeout_s):
+                break
+        except BaseException:
+            _stop(proc)
+            raise
+    else:
+        raise RuntimeError(f"transformers serve lost the race for a free port 3 times:\n{_tail(log_path)}")
+    server = IndependentServer(url=url, model=str(model_dir), api_key=None, make=make_version(),
+                               model_dir=model_dir, log_path=log_path, pid=proc.pid, lacks=dict(LACKS))
+    return server, proc
+
+
+def _launch(model_dir: Path, workdir: Path, log_path: Path, port: int) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
            "--log-level", "warning"]
@@ -163,28 +181,31 @@ def start(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> tuple[Independen
         proc = subprocess.Popen(cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    url = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _tail(log_path: Path) -> str:
+    return log_path.read_text(errors="replace")[-3000:]
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, model: str, log_path: Path, timeout_s: float) -> bool:
+    """True once the server lists `model`; False when it exited because its port was taken."""
     deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"transformers serve exited with {proc.returncode} before it was ready:\n"
-                                   + log_path.read_text(errors="replace")[-3000:])
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"transformers serve not ready on {url} after {timeout_s:.0f} s:\n"
-                                   + log_path.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
-    except BaseException:
-        _stop(proc)
-        raise
-    server = IndependentServer(url=url, model=str(model_dir), api_key=None, make=make_version(),
-                               model_dir=model_dir, log_path=log_path, pid=proc.pid, lacks=dict(LACKS))
-    return server, proc
+    while True:
+        if proc.poll() is not None:
+            if "address already in use" in log_path.read_text(errors="replace").lower():
+                return False
+            raise RuntimeError(f"transformers serve exited with {proc.returncode} before it was ready:\n"
+                               + _tail(log_path))
+        try:
+            r = httpx.get(f"{url}/v1/models", timeout=2)
+            if r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]:
+                return True
+        except (httpx.TransportError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"transformers serve not ready on {url} after {timeout_s:.0f} s:\n" + _tail(log_path))
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
