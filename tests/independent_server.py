@@ -56,7 +56,8 @@ LACKS: dict[str, str] = {
     "n": "n > 1 is ignored: one choice comes back",
     "max_tokens_0_400": "max_tokens 0 or negative is a 500 (Internal Server Error), not a 400",
     "error_object": "errors are FastAPI's {\"detail\": ...}, not OpenAI's {\"error\": {\"message\": ...}}",
-    "unknown_field_400": "an unknown request field is a 422 (FastAPI's validation status), OpenAI says 400",
+    "unknown_field_400": "an unknown request field is a 422 (FastAPI's validation status), OpenAI says 400;"
+                         " vLLM's extensions such as ignore_eos are unknown fields too",
 }
 
 
