@@ -176,7 +176,7 @@ def tp1_phase(cfg, rank, device, dtype, contexts, steps, max_ctx, peak_tflops) -
             if SERVED[0]:
                 out["served"] = served_loop(model, SERVED[0], None)
             out["fit"] = bench.fit(out["decode_graph"], out["gemv"]["ms"], READ_BW[0])
-            out["prefill"] = bench.prefill(model)
+            out["prefill"] = bench.prefill(model, tokens=min(2048, max_ctx))
             if peak_tflops:
                 out["prefill"]["compute_fraction"] = round(out["prefill"]["tflops"] / peak_tflops, 4)
         out["decode_eager"] = decode_eager(model, contexts, steps)

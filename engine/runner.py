@@ -121,6 +121,13 @@ class Decoder:
         self._step_ms: list[float] = []  # device ms per step (graph replays), the most recent ones
         self._token_ms: list[float] = []  # wall ms per token in run(), sampling and lockstep included
         self._pending: tuple | None = None
+        self._host_ms: dict[str, list[float]] = {}
+        if dev.type == "cuda":
+            # The host's work per token is one integer read (greedy) or one softmax over the vocabulary:
+            # one thread does it. More only spin in OpenMP against the peer rank's process on the same
+            # cores (docs/engine-speed.md: the served loop around a 3.8 ms step, 2026-11-30).
+            torch.set_num_threads(1)
+            self.info["host_threads"] = 1
         if graphs:
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
@@ -209,6 +216,21 @@ class Decoder:
         if self.graphs:
             self._check()
 
+    def sample(self, sampler: Sampler, logits: torch.Tensor) -> int:
+        """The next token. Greedy on a GPU: argmax where the logits are (the first maximum on ties, as
+        Sampler's CPU argmax), so only one integer crosses to the host instead of the vocabulary."""
+        if logits.device.type == "cuda" and sampler.temperature == 0:
+            return int(torch.argmax(logits))
+        return sampler(logits)
+
+    def note_host_ms(self, sample_ms: float, hook_ms: float, launch_ms: float) -> None:
+        """Host time per token: waiting for the step and sampling; the hook (lockstep, sending the
+        token); launching the next step."""
+        for key, v in (("sample", sample_ms), ("hook", hook_ms), ("launch", launch_ms)):
+            lst = self._host_ms.setdefault(key, [])
+            lst.append(v)
+            del lst[:-256]
+
     def note_token_ms(self, ms: float) -> None:
         self._token_ms.append(ms)
         del self._token_ms[:-256]
@@ -223,7 +245,8 @@ class Decoder:
         w = m.weight_bytes()
         ms = step_ms or token_ms
         gbps = round(w / (ms * 1e-3) / 1e9, 1) if ms else None
-        return {**self.info, "steps": len(self._step_ms) or len(self._token_ms),
+        host = {k: round(statistics.median(v), 4) for k, v in self._host_ms.items() if v}
+        return {**self.info, "steps": len(self._step_ms) or len(self._token_ms), "host_ms": host or None,
                 "step_ms": None if step_ms is None else round(step_ms, 4),
                 "token_ms": None if token_ms is None else round(token_ms, 4),
                 "weight_bytes": w, "achieved_gbps": gbps,
@@ -265,20 +288,23 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
     pos = len(prompt_ids)
     t_last = None
     for k in range(max_tokens):
-        tok = sampler(logits)
+        t0 = time.perf_counter()
+        tok = decoder.sample(sampler, logits)
         decoder.after_step()
+        t1 = time.perf_counter()
         if hook and hook("decode", k, [tok], pos + 1):
             return out, "cancelled"
         out.append(tok)
         if on_token:
             on_token(k, tok)
-        now = time.perf_counter()
+        t2 = time.perf_counter()
         if t_last is not None:
-            decoder.note_token_ms((now - t_last) * 1e3)
-        t_last = now
+            decoder.note_token_ms((t2 - t_last) * 1e3)
+        t_last = t2
         if tok in stop_ids:
             return out, "stop"
         if k + 1 < max_tokens:
             logits = decoder.logits(tok, pos)
             pos += 1
+        decoder.note_host_ms((t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3)
     return out, "length"

@@ -75,6 +75,6 @@ def test_ranks_capture_the_step_with_the_allreduce_inside_and_match_tp1(demo_dir
 @needs_gpu
 def test_two_ranks_on_one_gpu_decode_eagerly_and_say_why(demo_dir):
     two, err = _generate(demo_dir, "--tp", "2", "--device", "cuda:0")
-    assert "self-test device_mailbox_graph: not applicable: both ranks are on one GPU" in err
+    assert "self-test device_mailbox_graph: rank 0: not applicable: both ranks are on one GPU" in err
     assert "decode eager (allreduce device_mailbox waits on the host" in err
     assert len(two["token_ids"]) == 48
