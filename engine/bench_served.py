@@ -203,7 +203,7 @@ def main(argv: list[str]) -> int:
     else:
         out = work / "bench-tp2.json"
         subprocess.run([sys.executable, "-m", "engine", "bench-tp2", "--config", args.config, "--contexts", "1024",
-                        "--paths", "nccl,device_mailbox_graph", "--eager-steps", "5", "--iters", "100",
+                        "--paths", "nccl,device_mailbox_graph", "--eager-steps", "5", "--iters", "100", "--timeout-s", "300",
                         "--served", f"{args.prompt_tokens},{args.short},{args.long}", "--out", str(out)],
                        cwd=REPO, env=env, stdout=subprocess.DEVNULL, timeout=600)
         bench = json.loads(out.read_text()) if out.exists() else {}
