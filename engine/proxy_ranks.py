@@ -13,10 +13,12 @@ import asyncio
 import ctypes
 import glob
 import hashlib
+import json
 import os
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -245,12 +247,52 @@ def _run_dir(state_dir: str, generation: int) -> str:
     return candidate
 
 
-async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, ...] = ()) -> RankPair:
-    """Start both ranks of `generation` and wait for both `ready` messages.
+@dataclass
+class Standby:
+    """Two `python -m engine rank --standby` processes for the next generation: torch and the engine
+    already imported, waiting on stdin for their arguments (rank_cli.py)."""
+
+    generation: int
+    procs: list[asyncio.subprocess.Process]
+
+    def usable_for(self, generation: int) -> bool:
+        return self.generation == generation and all(p.returncode is None for p in self.procs)
+
+    async def close(self) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+            await p.wait()
+
+
+async def spawn_standby(cfg: ServeConfig, generation: int) -> Standby:
+    log_dir = os.path.join(cfg.state_dir, "logs")
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    procs = []
+    for rank in (0, 1):
+        log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "engine", "rank", "--standby",
+                stdin=asyncio.subprocess.PIPE, stdout=log, stderr=log, preexec_fn=_die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    return Standby(generation=generation, procs=procs)
+
+
+async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, ...] = (),
+                     standby: Standby | None = None) -> RankPair:
+    """Start both ranks of `generation` and wait for both `ready` messages; with a usable
+    `standby` pair (spawned for this generation) its processes become the ranks.
 
     Raises RankStartError (after killing whatever started) on a fatal message, an
     early exit, or cfg.start_timeout_s without both ready.
     """
+    if standby is not None and not standby.usable_for(generation):
+        await standby.close()
+        standby = None
     run_dir = _run_dir(cfg.state_dir, generation)
     rendezvous = os.path.join(run_dir, "rdv")
     os.makedirs(rendezvous, mode=0o700, exist_ok=True)
@@ -261,13 +303,19 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
     for rank in (0, 1):
         sock = os.path.join(run_dir, f"r{rank}.sock")
         log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
-        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *rank_command(cfg, rank, generation, rendezvous, sock, rank1_extra if rank == 1 else ()),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=_die_with_parent,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        cmd = rank_command(cfg, rank, generation, rendezvous, sock, rank1_extra if rank == 1 else ())
+        if standby is not None:
+            proc = standby.procs[rank]
+            proc.stdin.write((json.dumps(cmd[4:]) + "\n").encode())  # the arguments after `-m engine rank`
+            await proc.stdin.drain()
+            proc.stdin.close()
+        else:
+            with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                    preexec_fn=_die_with_parent,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
         links.append(RankLink(rank=rank, proc=proc, socket_path=sock, log_path=log_path))
     pair = RankPair(generation=generation, links=links, run_dir=run_dir)
     try:

@@ -21,7 +21,7 @@ from engine import protocol, watchdog
 from engine.proxy_jobs import GenerateParams, Job
 from engine.proxy_log import StructuredLog
 from engine.proxy_metrics import Metrics
-from engine.proxy_ranks import RankPair, RankStartError, start_pair
+from engine.proxy_ranks import RankPair, RankStartError, Standby, spawn_standby, start_pair
 from engine.serve_config import ALLREDUCE_PATHS, ServeConfig
 
 EXIT_RESTARTS_EXHAUSTED = 3
@@ -84,6 +84,7 @@ class Service:
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._standby: Standby | None = None   # the next generation's ranks, imported and waiting
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
@@ -119,6 +120,9 @@ class Service:
         for task in self._tasks:  # the watchdog first: the ranks' exit below is no failure
             task.cancel()
         self._fail_pending(503, "the service is shutting down")
+        if self._standby is not None:
+            await self._standby.close()
+            self._standby = None
         pids = self.pair.pids if self.pair else []
         if self.pair is not None:
             await self.pair.close()
@@ -148,7 +152,8 @@ class Service:
             self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
             try:
-                pair = await start_pair(self.cfg, self.generation, self._start_fault())
+                standby, self._standby = self._standby, None
+                pair = await start_pair(self.cfg, self.generation, self._start_fault(), standby)
             except RankStartError as exc:
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
@@ -176,9 +181,14 @@ class Service:
             self.log.emit("restart" if after_failure is not None else "ranks_up",
                           generation=pair.generation, rank_pids=pair.pids, allreduce=pair.allreduce,
                           race=pair.race, max_context=pair.max_context, start_s=round(time.monotonic() - t0, 3),
-                          after=after_failure)
+                          after=after_failure, from_standby=standby is not None)
             self._write_state()
             self._wake.set()
+            if self.cfg.standby_ranks and self.state == "up":
+                try:
+                    self._standby = await spawn_standby(self.cfg, self.generation + 1)
+                except OSError as exc:
+                    self.log.emit("standby_failed", reason=str(exc))
             return pair
 
     def _start_fault(self) -> tuple[str, ...]:

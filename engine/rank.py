@@ -115,6 +115,7 @@ class Rank:
         from engine.model import Model
 
         a = self.args
+        marks = [("begin", time.monotonic())]  # the start-up phases' times go to the ready log line
         if a.fail_selftest and not a.enable_fault_injection:
             raise ValueError("--fail-selftest needs --enable-fault-injection")
         device = torch.device(a.device)
@@ -141,23 +142,29 @@ class Rank:
             tp.check_divisible(cfg, 2)
             os.makedirs(a.rendezvous, exist_ok=True)
             store = init_control(a.rendezvous, a.generation, self.r, 2, a.allreduce_timeout_s)
+            marks.append(("rendezvous", time.monotonic()))
             self.choice = select.choose(
                 a.allreduce, rank=self.r, device=device, dtype=dtype, timeout_s=a.allreduce_timeout_s,
                 abort=self.abort, rendezvous_dir=a.rendezvous, generation=a.generation, store=store,
                 fail_selftest=set(a.fail_selftest), log=lambda m: log(self.r, m))
             self.path = self.choice.path
             self._time_waits(self.path)
+            marks.append(("allreduce_choice", time.monotonic()))
         self.comm = Comm(self.path) if self.path else None
         self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm)
         weights.load_into(self.model, a.model)
         self.model.setup_cache(a.max_context)
+        marks.append(("weights", time.monotonic()))
         from engine import runner  # the decode step's graphs are captured now, not at the first request
         log(self.r, runner.describe(runner.prepare(self.model).info))
         self.lockstep = Lockstep(self.path, device, self.r) if self.path else None
         name = self.path.name if self.path else "none"
         selftest = "passed" if self.path else "not_applicable"
         race = self.choice.race if self.choice else None
-        log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context}")
+        marks.append(("decode_prep", time.monotonic()))
+        phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
+        log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context} "
+                    f"(start-up {phases})")
         return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size)
 
     def _time_waits(self, path) -> None:

@@ -57,6 +57,7 @@ class ServeConfig:
     body_timeout_s: float = 30.0       # ... and its body within this after the headers
     keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
     max_connections: int = 256         # open client connections; beyond: 503 and close
+    standby_ranks: bool = True         # keep the next generation's rank processes imported and waiting
 
     @property
     def is_loopback(self) -> bool:
@@ -151,6 +152,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="... and the request body within this after the headers")
     parser.add_argument("--keep-alive-timeout-s", type=float, default=5.0,
                         help="idle kept-alive connections are closed after this")
+    parser.add_argument("--no-standby-ranks", dest="standby_ranks", action="store_false",
+                        help="do not keep a pair of pre-imported rank processes for the next restart "
+                             "(each costs host memory for torch, no GPU memory)")
     parser.add_argument("--max-connections", type=int, default=256,
                         help="open client connections; one more is answered 503 and closed")
 
@@ -214,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         body_timeout_s=args.body_timeout_s,
         keep_alive_timeout_s=args.keep_alive_timeout_s,
         max_connections=args.max_connections,
+        standby_ranks=args.standby_ranks,
     )
 
 

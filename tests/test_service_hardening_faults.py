@@ -41,6 +41,8 @@ def _recovered(svc, before: dict, t_fault: float) -> float:
         wait_until(lambda p=pid: not pid_alive(p), 10, what=f"old rank pid {pid} to be gone")
     assert svc.complete("Hello", 4).status_code == 200
     assert now["generation"] == before["generation"] + 1
+    restart = [e for e in svc.events("restart") if e["generation"] == now["generation"]][-1]
+    assert restart["from_standby"] is True  # the pre-imported pair took over
     return recovered_at - t_fault
 
 
