@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
         """
         from v100plan.remote import deploy as dp
         from v100plan.remote import release as rel
-        from v100plan.remote.probe import probe_host
+        from v100plan.remote.probe import NotPrepared, probe_host
 
         if (model is None) == (not demo_model):
             raise BadInput("give exactly one of --model DIR and --demo-model",
@@ -133,8 +133,18 @@ def register(app: typer.Typer) -> None:
                     f"max context {settings.max_context}"
         else:
             say(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
-            report = probe_host(target.spec, ssh, target.remote, ["--quick"], stage=lambda s: None)
-            settings, chose = rel.settings_from_probe(report, target.spec.label, port, fault_injection, max_context)
+            try:
+                report = probe_host(target.spec, ssh, target.remote, ["--quick"], read_only=dry_run)
+            except NotPrepared:  # a dry run must not upload the probes or build their venv
+                report = None
+            if report is None:
+                settings = rel.EngineSettings(port=port, fault_injection=fault_injection, max_context=max_context,
+                                              allreduce="gloo", chosen_by="defaults (dry run)")
+                chose = ("CPU settings for this dry run: probing the host would upload the probes and build "
+                         "their venv there; a real deploy probes first and may choose GPUs")
+            else:
+                settings, chose = rel.settings_from_probe(report, target.spec.label, port, fault_injection,
+                                                          max_context)
         say(f"chose: {chose}")
         out = dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout, say=say,
                         chose=chose)

@@ -247,6 +247,23 @@ def smoke(a):
         _out({"ok": False, "reason": "the service did not answer the smoke request: %s" % e})
 
 
+def health(a):
+    """GET /health on the local service, patiently (a loaded host answers slowly). Read-only."""
+    url = "http://127.0.0.1:%d/health" % a["port"]
+    last = None
+    for _ in range(a.get("tries", 3)):
+        try:
+            with urllib.request.urlopen(url, timeout=a.get("timeout", 10)) as resp:
+                _out({"status": resp.status, "body": json.loads(resp.read())})
+                return
+        except urllib.error.HTTPError as e:
+            last = {"status": e.code, "body": e.read()[:500].decode(errors="replace")}
+        except (OSError, ValueError) as e:
+            last = {"status": None, "error": str(e)}
+        time.sleep(1)
+    _out(last)
+
+
 def logs(a):
     """The last ``lines`` lines of each service log. Read-only."""
     run = os.path.expanduser(a["run"])
@@ -265,7 +282,7 @@ def logs(a):
 
 
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, sha256, verified, lock, switch, discard,
-                                   keygen, smoke, logs)}
+                                   keygen, smoke, health, logs)}
 
 if __name__ == "__main__":
     ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

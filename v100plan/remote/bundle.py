@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import importlib.util
 import io
+import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,10 @@ class Bundle:
 
 
 def source_root() -> Path:
+    """Where probes/, engine/ and profiles/ are read from: V100PLAN_BUNDLE_ROOT (another checkout, or a
+    snapshot taken before a deploy), else next to this installation of v100plan."""
+    if os.environ.get("V100PLAN_BUNDLE_ROOT"):
+        return Path(os.environ["V100PLAN_BUNDLE_ROOT"]).expanduser().resolve()
     spec = importlib.util.find_spec("engine")
     if spec is None or not spec.origin:
         raise EnvironmentProblem("the engine and probes bundle is not installed next to v100plan",
@@ -51,7 +56,8 @@ def _files(root: Path) -> list[Path]:
                                      hint="reinstall v100plan from its source tree")
         for p in base.rglob("*"):
             rel = p.relative_to(root)
-            if any(part in _SKIP_DIRS for part in rel.parts) or p.suffix in _SKIP_SUFFIXES:
+            # caches (__pycache__, .ruff_cache) and hidden files are not the bundle's
+            if any(part in _SKIP_DIRS or part.startswith(".") for part in rel.parts) or p.suffix in _SKIP_SUFFIXES:
                 continue
             if p.is_file():
                 out.append(p)

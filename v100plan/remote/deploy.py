@@ -158,6 +158,17 @@ def supervise_status(remote: Remote, paths: Paths, release: str | None, dry_run:
     return _json(r.stdout) or {"running": False, "error": r.stderr.strip()[-300:]}
 
 
+def healthy(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, port: int,
+            dry_run: bool = False) -> bool:
+    """The supervisor runs the service and its /health answers 200 (asked patiently: a busy host is slow)."""
+    sup = supervise_status(remote, paths, release, dry_run=dry_run)
+    if not sup.get("running"):
+        return False
+    if sup.get("health_status") == 200:
+        return True
+    return agent(remote, rs, "health", {"port": port}).get("status") == 200
+
+
 def stop_service(remote: Remote, paths: Paths, release: str) -> dict[str, Any]:
     r = _engine(remote, paths.release(release), ["supervise", "stop", "--state-dir", paths.run])
     doc = _json(r.stdout)
@@ -234,7 +245,7 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
         paths = Paths(st["root"], target.deployment)
         out.previous = st.get("current")
         if dry_run:
-            _plan_actions(remote, paths, st, b, vid, reqs, files, digest, rid, settings, out)
+            _plan_actions(remote, target.remote, paths, st, b, vid, reqs, files, digest, rid, settings, out)
             for a in out.actions:
                 say(f"would: {a}")
             return out
@@ -249,11 +260,10 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
         _close(remote)
 
 
-def _plan_actions(remote, paths, st, b, vid, reqs, files, digest, rid, settings, out) -> None:
+def _plan_actions(remote, rs, paths, st, b, vid, reqs, files, digest, rid, settings, out) -> None:
     acts = out.actions
     if st.get("current") == rid:
-        status = supervise_status(remote, paths, rid, dry_run=True)
-        if status.get("health_status") == 200:
+        if healthy(remote, rs, paths, rid, settings.port, dry_run=True):
             acts.append(f"nothing: release {rid} is current and healthy (0 bytes to upload, no restart)")
             return
         acts.append(f"start release {rid} again: it is current but its service is down")
@@ -302,8 +312,7 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
                    say, out) -> None:
     current = st.get("current")
     if current == rid:
-        status = supervise_status(remote, paths, rid)
-        if status.get("health_status") == 200:
+        if healthy(remote, target.remote, paths, rid, settings.port):
             out.reason = "nothing changed"
             say(f"nothing changed: release {rid} is current and healthy; uploaded 0 bytes, restarted nothing")
             return
@@ -428,8 +437,11 @@ def status(target: Target) -> dict[str, Any]:
             doc["state"] = "not deployed"
             return doc
         sup = supervise_status(remote, paths, current)
-        health = sup.get("health") or {}
         man = st.get("current_manifest") or {}
+        if sup.get("running") and sup.get("health_status") != 200 and man.get("engine"):
+            h = agent(remote, target.remote, "health", {"port": man["engine"]["port"]})  # patiently
+            sup["health_status"], sup["health"] = h.get("status"), h.get("body") or sup.get("health")
+        health = sup.get("health") if isinstance(sup.get("health"), dict) else {}
         uptime = None
         if sup.get("proxy_pid"):
             r = remote.run(["ps", "-o", "etimes=", "-p", str(int(sup["proxy_pid"]))], check=False, what="ps")

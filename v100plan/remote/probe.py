@@ -28,6 +28,10 @@ MISSING = 97  # the warm-path command's "bundle or venv not there yet"
 MAX_PARALLEL = 32
 
 
+class NotPrepared(RemoteFailed):
+    """A read-only probe found no bundle or venv on the host (making them would change the host)."""
+
+
 @dataclass
 class HostResult:
     host: str
@@ -54,8 +58,9 @@ def _probe_command(bundle_dir: str, venv_dir: str, args: list[str]) -> list[str]
 
 def probe_host(spec: HostSpec, ssh: SshOptions, settings: RemoteSettings, args: list[str],
                stage: Callable[[str], None] = lambda s: None,
-               bundle: bundle_mod.Bundle | None = None) -> dict[str, Any]:
-    """The host's validated ProbeReport (raises a V100planError when it cannot be had)."""
+               bundle: bundle_mod.Bundle | None = None, read_only: bool = False) -> dict[str, Any]:
+    """The host's validated ProbeReport (raises a V100planError when it cannot be had). ``read_only``:
+    never upload or build anything (NotPrepared when the host lacks the bundle or the venv)."""
     b = bundle or bundle_mod.build()
     reqs = venv_mod.probe_requirements()
     vid = venv_mod.venv_id(settings.python, reqs, settings.index_url)
@@ -63,6 +68,9 @@ def probe_host(spec: HostSpec, ssh: SshOptions, settings: RemoteSettings, args: 
         stage("connected")
         cmd = _probe_command(f"{settings.root}/bundles/{b.id}", f"{settings.root}/venvs/{vid}", args)
         r = remote.run(cmd, what="python -m probes", check=False)
+        if r.exit_code == MISSING and read_only:
+            raise NotPrepared(f"{spec.label}: the probes bundle or its venv is not on the host yet",
+                              hint="run `v100plan probe --host` once (it uploads the bundle and builds the venv)")
         if r.exit_code == MISSING:
             prepare(remote, settings, reqs, stage=stage, bundle=b)
             stage("probing")

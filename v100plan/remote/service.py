@@ -12,6 +12,7 @@ import contextlib
 import json
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -38,6 +39,19 @@ def _free_local_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _wait_listening(port: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RemoteFailed(f"the SSH port forward on 127.0.0.1:{port} did not start listening",
+                                   hint="run again; another program may have taken the port") from None
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -79,6 +93,7 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
         local = _free_local_port()
         with remote.open().forward_local(local, remote_port=port, remote_host="127.0.0.1",
                                          local_host="127.0.0.1"):
+            _wait_listening(local)  # Fabric binds the local end in its tunnel thread, after yielding
             yield ServiceHandle(endpoint=f"http://127.0.0.1:{local}", api_key=key, read_rank_logs=read_rank_logs,
                                 host=spec.label, release=st["current"], remote_port=port)
 

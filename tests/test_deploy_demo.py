@@ -1,0 +1,257 @@
+"""`v100plan deploy` of the demo model to a real sshd on 127.0.0.1, then everything an operator does
+next: idempotent redeploy, dry runs, the lock, a second release, rollback, a release that fails its
+health check (rolled back automatically), the service reached through an SSH port forward, logs, stop.
+
+One deployment for the module (the steps build on each other, as on a real host); the remote venv
+is the session's shared one, built once per dependency set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests import sshd as sshd_mod
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(sshd_mod.available() is not None, reason=str(sshd_mod.available()))]
+
+DEP = "demo"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = sshd_mod.make_sshd(tmp_path_factory.mktemp("sshd-deploy")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def port():
+    return sshd_mod.free_port()
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models") / "demo"
+    subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(d)], check=True, capture_output=True,
+                   timeout=300)
+    return d
+
+
+@pytest.fixture(scope="module")
+def broken_model(tmp_path_factory, demo_model):
+    """The demo model with its weights cut short: the ranks cannot load it, /health never passes."""
+    d = tmp_path_factory.mktemp("models") / "broken"
+    shutil.copytree(demo_model, d)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: 4096])
+    return d
+
+
+@pytest.fixture
+def env(monkeypatch, server, tmp_path_factory, bundle_snapshot):
+    root = sshd_mod.shared_remote_root(tmp_path_factory)
+    sshd_mod.remote_env(monkeypatch, server, root)
+    monkeypatch.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
+    return root
+
+
+def _deploy(cli, server, port, model, *extra):
+    return cli("deploy", server.host_spec, "--model", model, "--deployment", DEP, "--port", port,
+               "--health-timeout", "90", "--json", *extra)
+
+
+def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:
+    """Every path under ``root`` with its type, size, mode, mtime and link target."""
+    out = {}
+    for base, dirs, files in os.walk(root):
+        rel_base = os.path.relpath(base, root)
+        if any(rel_base == s or rel_base.startswith(s + "/") for s in skip):
+            dirs[:] = []
+            continue
+        for name in dirs + files:
+            p = os.path.join(base, name)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_mode, st.st_size if not os.path.isdir(p) else 0,
+                                             st.st_mtime_ns, os.readlink(p) if os.path.islink(p) else None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle_snapshot(tmp_path_factory):
+    """probes/, engine/ and profiles/ as they are now: edits made to the working tree while this module
+    runs must not turn "nothing changed" into a new release."""
+    from v100plan.remote.bundle import PACKAGES, source_root
+
+    snap = tmp_path_factory.mktemp("bundle-src")
+    for pkg in PACKAGES:
+        shutil.copytree(source_root() / pkg, snap / pkg, ignore=shutil.ignore_patterns("__pycache__", ".*"))
+    return snap
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory, server, port, demo_model, bundle_snapshot):
+    """The first deploy, as the CLI reports it (run once; the tests below build on it)."""
+    root = sshd_mod.shared_remote_root(tmp_path_factory)
+    mp = pytest.MonkeyPatch()
+    sshd_mod.remote_env(mp, server, root)
+    mp.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
+    try:
+        from tests.conftest import Cli
+
+        before = tree(root)
+        dry = Cli()("deploy", server.host_spec, "--model", demo_model, "--deployment", DEP, "--port", port,
+                    "--dry-run", "--json")
+        after_dry = tree(root)
+        r = _deploy(Cli(), server, port, demo_model)
+        yield {"dry": dry, "dry_unchanged": before == after_dry, "result": r, "root": root}
+        Cli()("stop", server.host_spec, "--deployment", DEP)  # whatever the tests left running
+    finally:
+        mp.undo()
+
+
+def test_dry_run_on_a_fresh_host_changes_nothing(first):
+    r = first["dry"]
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dry_run"] is True and doc["changed"] is False
+    acts = "\n".join(doc["actions"])
+    assert "upload 4 model file(s)" in acts and "start release" in acts and "switch" in acts
+    assert "would: " in r.stderr
+    assert first["dry_unchanged"], "the dry run changed the remote tree"
+
+
+def test_first_deploy_passes_health_and_smoke(first, server, port):
+    r = first["result"]
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["changed"] and doc["restarted"] and doc["previous"] is None
+    assert doc["uploaded_bytes"] > 13_000_000  # the demo weights went over
+    d = first["root"] / DEP
+    assert os.readlink(d / "current") == f"releases/{doc['release']}"
+    man = json.loads((d / "current" / "manifest.json").read_text())
+    assert man["engine"]["port"] == port
+    files = {p.name: p for p in (d / "current" / "model").iterdir()}
+    assert set(man["model"]["files"]) <= set(files)
+    key = d / "api_key"
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    assert key.read_text().strip() not in r.stdout + r.stderr  # the key is never printed
+
+
+def test_status_reports_a_healthy_service(cli, env, first, server):
+    doc = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert doc["state"] == "healthy" and doc["health_status"] == 200
+    assert doc["release"] == json.loads(first["result"].stdout)["release"]
+    assert len(doc["ranks"]) == 2 and all(isinstance(p, int) for p in doc["ranks"])
+    assert doc["uptime_s"] is not None and doc["uptime_s"] >= 0
+
+
+def test_second_deploy_with_nothing_changed_uploads_nothing_restarts_nothing(cli, env, first, server, port,
+                                                                             demo_model):
+    before = cli.json("status", server.host_spec, "--deployment", DEP)
+    r = _deploy(cli, server, port, demo_model)
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "nothing changed" in r.stderr, r.stderr
+    assert doc["uploaded_bytes"] == 0 and doc["restarted"] is False and doc["changed"] is False
+    after = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert after["supervisord_pid"] == before["supervisord_pid"] and after["ranks"] == before["ranks"]
+
+
+def test_service_is_reached_through_an_ssh_forward(first, server, env):
+    from v100plan.remote.connect import SshOptions
+    from v100plan.remote.service import open_service
+
+    ssh = SshOptions(known_hosts=str(server.known_hosts), identity=str(server.user_key))
+    with open_service(server.host_spec, str(first["root"]), DEP, ssh=ssh, python=sshd_mod.remote_python()) as svc:
+        assert svc.endpoint.startswith("http://127.0.0.1:") and not svc.endpoint.endswith(f":{svc.remote_port}")
+        assert svc.api_key not in repr(svc)
+        req = urllib.request.Request(svc.endpoint + "/v1/models", headers={"Authorization": f"Bearer {svc.api_key}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == "v100plan-demo"
+        logs = svc.read_rank_logs()
+        assert set(logs) == {0, 1} and all("rank" in t for t in logs.values())
+
+
+def test_a_second_deploy_waits_for_the_lock(cli, env, first, server, port, demo_model):
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.deploy import held_lock
+    from v100plan.remote.host import RemoteSettings
+    from v100plan.remote.hosts import parse_host
+
+    ssh = SshOptions(known_hosts=str(server.known_hosts), identity=str(server.user_key))
+    rs = RemoteSettings(root=str(first["root"]), python=sshd_mod.remote_python())
+    with Remote(parse_host(server.host_spec), ssh) as other, held_lock(other, rs, f"{first['root']}/{DEP}/deploy.lock",
+                                                                       "deploy by another operator"):
+        r = _deploy(cli, server, port, demo_model, "--max-context", "512")
+        assert r.exit_code == 4, r.stderr
+        assert "another operation holds" in r.stderr and "deploy by another operator" in r.stderr
+    # the lock went with the other session: the same deploy now gets it (dry run: read-only)
+    r = _deploy(cli, server, port, demo_model, "--max-context", "512", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_dry_run_of_a_change_leaves_the_deployment_untouched(cli, env, first, server, port, demo_model):
+    root = first["root"]
+    before = tree(root, skip=(f"{DEP}/run",))  # the running service writes its own logs there
+    r = _deploy(cli, server, port, demo_model, "--max-context", "512", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    acts = "\n".join(json.loads(r.stdout)["actions"])
+    assert "reuse venv" in acts and "reuse model" in acts and "stop the service of release" in acts
+    assert tree(root, skip=(f"{DEP}/run",)) == before
+
+
+def test_new_release_then_rollback(cli, env, first, server, port, demo_model):
+    first_id = json.loads(first["result"].stdout)["release"]
+    r = _deploy(cli, server, port, demo_model, "--max-context", "512")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["release"] != first_id and doc["previous"] == first_id
+    assert doc["uploaded_bytes"] == 0  # bundle, venv and model were all there already
+    d = first["root"] / DEP
+    assert (d / "releases" / first_id).is_dir()  # the previous release is kept
+    st = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert st["state"] == "healthy" and st["engine"]["max_context"] == 512
+
+    r = cli("rollback", server.host_spec, "--deployment", DEP, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["release"] == first_id
+    assert os.readlink(d / "current") == f"releases/{first_id}"
+    st = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert st["state"] == "healthy" and st["release"] == first_id and st["engine"]["max_context"] is None
+
+
+def test_release_failing_its_health_check_is_rolled_back(cli, env, first, server, port, broken_model):
+    d = first["root"] / DEP
+    current = os.readlink(d / "current")
+    r = cli("deploy", server.host_spec, "--model", broken_model, "--deployment", DEP, "--port", port,
+            "--health-timeout", "20", "--json")
+    assert r.exit_code == 1, r.stderr
+    assert "failed its checks and was rolled back to" in r.stderr
+    assert "/health did not pass" in r.stderr
+    assert os.readlink(d / "current") == current
+    st = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert st["state"] == "healthy" and f"releases/{st['release']}" == current
+
+
+def test_logs_then_stop(cli, env, first, server):
+    r = cli("logs", server.host_spec, "--deployment", DEP, "--json")
+    assert r.exit_code == 0, r.stderr
+    logs = json.loads(r.stdout)["logs"]
+    assert any(logs.values())
+    st = cli.json("status", server.host_spec, "--deployment", DEP)
+    pids = [st["supervisord_pid"], st["proxy_pid"], *st["ranks"]]
+    r = cli("stop", server.host_spec, "--deployment", DEP, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["had_to_kill"] == []
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] == "Z"
+    assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] == "stopped"
