@@ -168,6 +168,8 @@ def start(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> tuple[Independen
 
 
 def _launch(model_dir: Path, workdir: Path, log_path: Path, port: int) -> tuple[subprocess.Popen, str]:
+    # Without --continuous-batching: requests queue one behind another, but stop strings and seeded
+    # sampling work; with it on CPU, both were ignored (docs/independent-server.md).
     cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
            "--log-level", "warning"]
