@@ -57,6 +57,7 @@ class Reference:
     text: str
     token_ids: list[int] | None
     source: str
+    tokens: int | None = None      # how many tokens the answer has
 
 
 class References:
@@ -106,14 +107,16 @@ class References:
         if proc.returncode != 0:
             raise RuntimeError(f"the TP1 reference run failed (exit {proc.returncode}): {proc.stderr[-500:]}")
         doc = json.loads(proc.stdout.strip().splitlines()[-1])
-        return Reference(doc["text"], list(doc["token_ids"]), "python -m engine generate --tp 1 on the same weights")
+        return Reference(doc["text"], list(doc["token_ids"]), "python -m engine generate --tp 1 on the same weights",
+                         len(doc["token_ids"]))
 
     def _baseline(self, prompt, max_tokens, temperature, seed) -> Reference:
         payload = self.ctx.payload(prompt, max_tokens, temperature=temperature, seed=seed)
         a = self.ctx.client.post("/v1/completions", payload)
         if not a.ok:
             raise RuntimeError(f"the baseline request answered {a.status}: {a.error_message()}")
-        return Reference(a.text(), a.token_ids(), "the service's own first answer (no local weights to compare)")
+        return Reference(a.text(), a.token_ids(), "the service's own first answer (no local weights to compare)",
+                         (a.body.get("usage") or {}).get("completion_tokens"))
 
 
 class Context:
@@ -129,6 +132,7 @@ class Context:
         self.is_engine = False             # the bundled engine answers (its v100plan extension)
         self.fault_control = False         # its /control routes answer
         self.server: str | None = None
+        self.ignore_eos = True             # the server takes vLLM's ignore_eos extension (known lengths)
         self.refs = References(self)
         self.shared: dict[str, Any] = {}   # figures one case leaves for another (e.g. stream gaps)
 
@@ -152,6 +156,14 @@ class Context:
         if card.get("owned_by") == "v100plan":
             self.is_engine = True
             self.server = "v100plan engine"
+        if not self.is_engine:
+            probe = self.client.post("/v1/completions", {"model": self.model, "prompt": "Hi", "max_tokens": 1,
+                                                         "ignore_eos": True}, timeout_s=120)
+            if probe.status is not None and 400 <= probe.status < 500:
+                self.ignore_eos = False
+                notes.append(f"the server refuses vLLM's ignore_eos extension ({probe.status}): requests go "
+                             "without it, so an answer may end early at an end-of-sequence token and length "
+                             "checks are judged against the server's own first answer")
         t = self.client.get("/control/targets", timeout_s=10)
         self.fault_control = t.status == 200 and isinstance(t.body, dict) and "actions" in t.body
         if self.is_engine and not self.fault_control:
@@ -163,7 +175,7 @@ class Context:
     def payload(self, prompt: str, max_tokens: int, *, temperature: float = 0.0, seed: int | None = None,
                 **extra) -> dict:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-                "ignore_eos": True, **extra}
+                **({"ignore_eos": True} if self.ignore_eos else {}), **extra}
         if seed is not None:
             body["seed"] = seed
         return body

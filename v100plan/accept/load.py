@@ -116,10 +116,14 @@ def _one(ctx: Context, i: int, tally: _Tally) -> None:
         if ok and kind != "cancel":
             tally.latencies.append(elapsed)
             tally.tokens += got
+    # Without local weights the reference is the server's own answer to the request alone: a batched
+    # server may answer differently under load (floating point is not stable across batch sizes), which
+    # is reported, but only a wrong answer against an exact reference is "wrong".
+    miss = "wrong" if ctx.refs.exact else "differs"
     if kind == "cancel":
-        tally.add("cancelled" if ok else "wrong", f"request {i}: {s.text()[:40]!r}")
+        tally.add("cancelled" if ok else miss, f"request {i}: {s.text()[:40]!r}")
     else:
-        tally.add("correct" if ok else "wrong", f"request {i} ({kind}): {(a.text() if kind == 'normal' else s.text())[:40]!r}")
+        tally.add("correct" if ok else miss, f"request {i} ({kind}): {(a.text() if kind == 'normal' else s.text())[:40]!r}")
 
 
 @case("load", "N concurrent clients x M requests (normal, streamed, cancelled): every request answered "
@@ -155,7 +159,7 @@ def load(ctx: Context) -> Outcome:
     outcomes = dict(tally.outcomes)
     outcomes["duplicate"] = dupes
     mix = Counter(KINDS[i % len(KINDS)] for i in range(opts.requests))
-    ended = sum(outcomes.get(k, 0) for k in ("correct", "cancelled", "wrong", "lost", "error", "gave_up"))
+    ended = sum(outcomes.get(k, 0) for k in ("correct", "cancelled", "wrong", "differs", "lost", "error", "gave_up"))
     lats = tally.latencies
     served = round(statistics.median(tally.decode_tok_s), 2) if tally.decode_tok_s else None
     predicted = predicted_decode(ctx.plan)
@@ -182,6 +186,10 @@ def load(ctx: Context) -> Outcome:
     o.check(ended == opts.requests, f"{opts.requests - ended} of {opts.requests} requests have no ending")
     for bad in ("wrong", "lost", "error", "gave_up", "duplicate"):
         o.check(not outcomes.get(bad), f"{outcomes.get(bad)} {bad}")
+    if outcomes.get("differs"):
+        o.warn(f"{outcomes['differs']} answers under load differ from the server's answer to the same request "
+               "alone; with no local weights there is no exact reference, and batched servers are not "
+               "bit-stable across batch sizes")
     for sample in tally.samples:
         o.note("request", sample)
     return o
