@@ -197,6 +197,7 @@ def main(argv: list[str]) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="v100plan-served-"))
+    work.mkdir(parents=True, exist_ok=True)
     # 1. the bench's step (and the served loop in-process), same shape, same run
     if args.bench_json:
         bench = json.loads(Path(args.bench_json).read_text())

@@ -132,6 +132,7 @@ class Decoder:
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
             self._out: dict[int, torch.Tensor] = {}
+            self._argmax: dict[int, torch.Tensor] = {}
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, tok: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -165,6 +166,7 @@ class Decoder:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
                 self._out[w] = self.step(self.tok, self.pos, w)
+                self._argmax[w] = torch.argmax(self._out[w])  # greedy's token, computed in the graph
             pool = g.pool()
             self._graphs[w] = g
         torch.cuda.synchronize(self.model.device)
@@ -220,6 +222,9 @@ class Decoder:
         """The next token. Greedy on a GPU: argmax where the logits are (the first maximum on ties, as
         Sampler's CPU argmax), so only one integer crosses to the host instead of the vocabulary."""
         if logits.device.type == "cuda" and sampler.temperature == 0:
+            for w, out in (self._out.items() if self.graphs else ()):
+                if out is logits:
+                    return int(self._argmax[w])
             return int(torch.argmax(logits))
         return sampler(logits)
 
@@ -292,6 +297,12 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         tok = decoder.sample(sampler, logits)
         decoder.after_step()
         t1 = time.perf_counter()
+        more = k + 1 < max_tokens and tok not in stop_ids
+        # Graphs: the next step goes to the GPU before the hook checks this token with the peer and hands
+        # it out, so the GPU computes while the host does that. The hook's exchange queues behind the
+        # step on the same stream (both ranks: step, exchange, step, ...) and it still decides whether
+        # the token reaches the client; a cancel or a failure discards the step in flight.
+        ahead = decoder.logits(tok, pos) if more and decoder.graphs else None
         if hook and hook("decode", k, [tok], pos + 1):
             return out, "cancelled"
         out.append(tok)
@@ -303,8 +314,8 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         t_last = t2
         if tok in stop_ids:
             return out, "stop"
-        if k + 1 < max_tokens:
-            logits = decoder.logits(tok, pos)
+        if more:
+            logits = ahead if ahead is not None else decoder.logits(tok, pos)
             pos += 1
         decoder.note_host_ms((t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3)
     return out, "length"
