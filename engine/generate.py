@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text, encoded with the model's tokenizer.json and its BOS rule")
     src.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, used verbatim")
+    src.add_argument("--batch", metavar="FILE",
+                     help="--tp 1 only: JSON lines {\"prompt\", \"max_tokens\", \"temperature\", \"seed\"}, one "
+                          "model load for all; prints one {\"token_ids\", \"text\"} line per request, in order")
     p.add_argument("--max-tokens", type=int, default=16, metavar="N",
                    help="tokens to generate; prompt + N must fit the model's positions (default: 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0.0)")
@@ -125,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config.load(args.model)
     tok = Tokenizer.from_dir(args.model)
+    if args.batch is not None:
+        return _batch(args, cfg, tok)
     if args.prompt is not None:
         if tok is None:
             raise ValueError(f"{args.model} has no tokenizer.json: give --prompt-ids instead of --prompt")
@@ -164,6 +169,38 @@ def _tp1(args, cfg, ids, stop, dtype, max_context) -> list[int]:
     model.setup_cache(max_context)
     out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256)
     return out
+
+
+def _batch(args, cfg, tok) -> int:
+    """Many TP1 requests on one loaded model (the acceptance suite's reference answers)."""
+    import torch
+
+    from engine import runner, weights
+    from engine.model import Model
+    from engine.sampling import Sampler
+
+    if args.tp != 1:
+        raise ValueError("--batch runs TP1 only; leave out --tp 2")
+    if tok is None:
+        raise ValueError(f"{args.model} has no tokenizer.json: --batch takes text prompts")
+    try:
+        with open(args.batch) as fh:
+            requests = [json.loads(line) for line in fh if line.strip()]
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--batch {args.batch}: line is not JSON ({e.msg})") from None
+    check_device(args.device)
+    dtype = args.dtype or _default_dtype(args.device)
+    model = Model(cfg, dtype=getattr(torch, dtype), device=args.device)
+    weights.load_into(model, args.model)
+    stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
+    for req in requests:
+        ids = tok.encode(str(req["prompt"]))
+        n = int(req.get("max_tokens", args.max_tokens))
+        model.setup_cache(context_limit(cfg.max_position_embeddings, len(ids), n, args.max_context))
+        sampler = Sampler(float(req.get("temperature") or 0.0), float(req.get("top_p", 1.0)), int(req.get("seed") or 0))
+        out, _ = runner.run(model, ids, n, sampler, stop, 256)
+        print(json.dumps({"token_ids": out, "text": tok.decode(out)}), flush=True)
+    return 0
 
 
 def _tp2(args, ids, stop, dtype, max_context) -> list[int]:

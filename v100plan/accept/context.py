@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -79,36 +81,44 @@ class References:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-        ref = self._engine_tp1(*key) if self.exact else self._baseline(*key)
+        ref = self._engine_tp1([key])[0] if self.exact else self._baseline(*key)
         with self._lock:
             self._cache[key] = ref
         return ref
 
-    def prefetch(self, keys: list[tuple[str, int]]) -> None:
-        """Compute several references at once (one process each, two at a time)."""
-        threads = [threading.Thread(target=self.get, args=k, daemon=True) for k in keys]
-        for i in range(0, len(threads), 2):
-            for t in threads[i:i + 2]:
-                t.start()
-            for t in threads[i:i + 2]:
-                t.join(300)
+    def prefetch(self, keys: list[tuple]) -> None:
+        """Compute several references at once: one engine process and one model load for all of them
+        (with local weights), else one baseline request each."""
+        keys = [(k + (0.0, None))[:4] for k in keys]
+        if not self.exact:
+            for k in keys:
+                self.get(*k)
+            return
+        refs = self._engine_tp1(keys)
+        with self._lock:
+            self._cache.update(zip(keys, refs))
 
-    def _engine_tp1(self, prompt, max_tokens, temperature, seed) -> Reference:
+    def _engine_tp1(self, keys: list[tuple]) -> list[Reference]:
         eng = self.ctx.target.engine or {}
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
+            for prompt, max_tokens, temperature, seed in keys:
+                fh.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                                     "seed": seed}) + "\n")
         cmd = [sys.executable, "-m", "engine", "generate", "--model", self.ctx.target.model_dir, "--tp", "1",
-               "--prompt", prompt, "--max-tokens", str(max_tokens), "--json"]
-        if temperature:
-            cmd += ["--temperature", str(temperature), "--seed", str(seed or 0)]
-        device = (eng.get("devices") or ["cpu"])[0]
-        cmd += ["--device", device]
+               "--batch", fh.name, "--device", (eng.get("devices") or ["cpu"])[0]]
         if eng.get("dtype"):
             cmd += ["--dtype", eng["dtype"]]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        finally:
+            os.unlink(fh.name)
         if proc.returncode != 0:
             raise RuntimeError(f"the TP1 reference run failed (exit {proc.returncode}): {proc.stderr[-500:]}")
-        doc = json.loads(proc.stdout.strip().splitlines()[-1])
-        return Reference(doc["text"], list(doc["token_ids"]), "python -m engine generate --tp 1 on the same weights",
-                         len(doc["token_ids"]))
+        docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if len(docs) != len(keys):
+            raise RuntimeError(f"the TP1 reference run answered {len(docs)} of {len(keys)} requests")
+        return [Reference(d["text"], list(d["token_ids"]), "python -m engine generate --tp 1 on the same weights",
+                          len(d["token_ids"])) for d in docs]
 
     def _baseline(self, prompt, max_tokens, temperature, seed) -> Reference:
         payload = self.ctx.payload(prompt, max_tokens, temperature=temperature, seed=seed)

@@ -77,7 +77,7 @@ def _reference_keys(ctx: Context, cases: list[Case]) -> list[tuple]:
         keys.append((PROMPTS["once"], REF_TOKENS, 0.9, 4242))
     if any(c.group == "fault" for c in cases):
         keys.append((PROMPTS["story"], FAULT_TOKENS))
-    return sorted(set(keys), key=str)
+    return sorted({(k + (0.0, None))[:4] for k in keys}, key=str)
 
 
 def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None = None,
