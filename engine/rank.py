@@ -238,7 +238,7 @@ class Rank:
             try:
                 sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0))
             except (ValueError, TypeError, OverflowError) as e:
-                server.send(protocol.error(rid, f"{type(e).__name__}: {e}"))
+                server.send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
                 self.busy = False
                 continue
             seq = {"n": 0}
@@ -275,8 +275,9 @@ class Rank:
             except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
                 # Both ranks see the same input, so both fail the same way at the same point
                 # (before the same exchange); the pair stays in step and serves the next request.
-                log(self.r, f"request {rid} failed: {type(e).__name__}: {e}")
-                server.send(protocol.error(rid, f"{type(e).__name__}: {e}"))
+                why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+                log(self.r, f"request {rid} failed: {why}")
+                server.send(protocol.error(rid, why))
             else:
                 # One line per request in each rank's log: the acceptance suite checks the two ranks
                 # agree request by request (same steps, same finish, same token hash).
