@@ -175,34 +175,21 @@ def _failure_cause(*causes: str) -> Callable[[Context, str], str | None]:
     return check
 
 
-@case("kill_rank1", "SIGKILL rank 1 mid-stream: error to the client, both ranks restarted",
-      group=G, timeout_s=_timeout, applicable=_needs_control)
-def kill_rank1(ctx: Context) -> Outcome:
-    return _run_fault(ctx, _rank_action("kill", 1), log_check=_failure_cause("exit"))
+# (key, description, action, rank, the failure causes the service log may give)
+RANK_FAULTS = (
+    ("kill_rank1", "SIGKILL rank 1 mid-stream: error to the client, both ranks restarted", "kill", 1, ("exit",)),
+    ("kill_rank0", "SIGKILL rank 0 mid-stream: error to the client, both ranks restarted", "kill", 0, ("exit",)),
+    ("freeze_rank1", "SIGSTOP rank 1 mid-stream until the watchdog acts: error, restart", "freeze", 1,
+     ("exit", "stall")),
+    ("corrupt_hash", "rank 1's lockstep hash corrupted: a LOCKSTEP FAILURE, no wrong token served, restart",
+     "corrupt_hash", 1, ("lockstep",)),
+    ("stall_allreduce", "rank 1's allreduce stalls past its timeout: error, restart", "stall_allreduce", 1,
+     ("exit", "stall")),
+)
 
-
-@case("kill_rank0", "SIGKILL rank 0 mid-stream: error to the client, both ranks restarted",
-      group=G, timeout_s=_timeout, applicable=_needs_control)
-def kill_rank0(ctx: Context) -> Outcome:
-    return _run_fault(ctx, _rank_action("kill", 0), log_check=_failure_cause("exit"))
-
-
-@case("freeze_rank1", "SIGSTOP rank 1 mid-stream until the watchdog acts: error, restart",
-      group=G, timeout_s=_timeout, applicable=_needs_control)
-def freeze_rank1(ctx: Context) -> Outcome:
-    return _run_fault(ctx, _rank_action("freeze", 1), log_check=_failure_cause("exit", "stall"))
-
-
-@case("corrupt_hash", "rank 1's lockstep hash corrupted: a LOCKSTEP FAILURE, no wrong token served, restart",
-      group=G, timeout_s=_timeout, applicable=_needs_control)
-def corrupt_hash(ctx: Context) -> Outcome:
-    return _run_fault(ctx, _rank_action("corrupt_hash", 1), log_check=_failure_cause("lockstep"))
-
-
-@case("stall_allreduce", "rank 1's allreduce stalls past its timeout: error, restart",
-      group=G, timeout_s=_timeout, applicable=_needs_control)
-def stall_allreduce(ctx: Context) -> Outcome:
-    return _run_fault(ctx, _rank_action("stall_allreduce", 1), log_check=_failure_cause("exit", "stall"))
+for _key, _description, _action, _rank, _causes in RANK_FAULTS:
+    case(_key, _description, group=G, timeout_s=_timeout, applicable=_needs_control)(
+        lambda ctx, a=_action, r=_rank, c=_causes: _run_fault(ctx, _rank_action(a, r), log_check=_failure_cause(*c)))
 
 
 def _kill_proxy(ctx: Context) -> tuple[bool, str]:

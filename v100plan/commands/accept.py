@@ -4,6 +4,7 @@ probe -> plan -> start the bundled service -> accept -> report)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -177,6 +178,12 @@ def _exit_for(report: dict) -> None:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 
+def _check_model_dir(path: Path | None, option: str) -> None:
+    if path is not None and not (path / "config.json").exists():
+        raise BadInput(f"{option} {str(path)!r} has no config.json",
+                       hint="give a model directory in the Hugging Face layout (config.json, weights, tokenizer.json)")
+
+
 def _load_doc(path: Path | None, kind: str) -> dict | None:
     return documents.load(path, kind) if path is not None else None
 
@@ -223,8 +230,7 @@ def register(app: typer.Typer) -> None:
         key = read_api_key(api_key_file) if api_key_file else None
         opts = _options(clients, requests, repeats, only, skip)
         plan_doc, probe_doc = _load_doc(plan, "plan"), _load_doc(probe_report, "probe_report")
-        if model_dir is not None and not (model_dir / "config.json").exists():
-            raise BadInput(f"--model-dir {str(model_dir)!r} has no config.json", hint="give the served model's directory")
+        _check_model_dir(model_dir, "--model-dir")
         out_dir = _prepare_out(out)
         target = Target(endpoint=endpoint, api_key=key, mode="endpoint", model=model,
                         model_dir=str(model_dir) if model_dir else None, supervised=supervised)
@@ -264,9 +270,12 @@ def register(app: typer.Typer) -> None:
 
         _need_accept_deps()
         opts = _options(clients, requests, repeats, only, skip)
-        if model_dir is not None and not (model_dir / "config.json").exists():
-            raise BadInput(f"--model {str(model_dir)!r} has no config.json",
-                           hint="give a model directory in the Hugging Face layout, or leave --model out for the demo model")
+        _check_model_dir(model_dir, "--model")
+        parts = device.split(",")
+        listed = len(parts) <= 2 and all(re.fullmatch(r"cuda:\d+", p.strip()) for p in parts)
+        if device not in ("auto", "cpu", "cuda") and not listed:
+            raise BadInput(f"--device {device!r}: give auto, cpu, cuda or two devices such as cuda:0,cuda:1",
+                           hint="auto picks two GPUs when the probe finds them, else the CPU")
         out_dir = _prepare_out(out)
         report, secrets, problem = qualify(out_dir, model_dir, device, opts, show=not json_out)
         write_and_summarize(report, out_dir, secrets, json_out)
