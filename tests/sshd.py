@@ -147,9 +147,15 @@ def remote_python() -> str:
 def shared_remote_root(tmp_path_factory) -> Path:  # noqa: ANN001 - pytest's TempPathFactory
     """One remote root for the whole test session: venvs are content-addressed and built under a lock,
     so every test module reuses the one venv per dependency set (what a real host does)."""
-    p = tmp_path_factory.getbasetemp() / "remote-root"
-    p.mkdir(exist_ok=True)
+    keep = os.environ.get("V100PLAN_TEST_REMOTE_ROOT")  # a root kept across runs while iterating locally
+    p = Path(keep) if keep else tmp_path_factory.getbasetemp() / "remote-root"
+    p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def flat(text: str) -> str:
+    """Console text with its line wrapping undone, for substring checks."""
+    return " ".join(text.split())
 
 
 def remote_env(monkeypatch, sshd: Sshd, root: Path, known_hosts: Path | None = None) -> None:  # noqa: ANN001

@@ -23,7 +23,7 @@ from tests import sshd as sshd_mod
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(sshd_mod.available() is not None, reason=str(sshd_mod.available()))]
 
-DEP = "demo"
+DEP = f"demo-{os.getpid()}"  # fresh in a kept remote root too
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_dry_run_on_a_fresh_host_changes_nothing(first):
     assert doc["dry_run"] is True and doc["changed"] is False
     acts = "\n".join(doc["actions"])
     assert "upload 4 model file(s)" in acts and "start release" in acts and "switch" in acts
-    assert "would: " in r.stderr
+    assert "would: " in sshd_mod.flat(r.stderr)
     assert first["dry_unchanged"], "the dry run changed the remote tree"
 
 
@@ -160,7 +160,7 @@ def test_second_deploy_with_nothing_changed_uploads_nothing_restarts_nothing(cli
     r = _deploy(cli, server, port, demo_model)
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert "nothing changed" in r.stderr, r.stderr
+    assert "nothing changed" in sshd_mod.flat(r.stderr), r.stderr
     assert doc["uploaded_bytes"] == 0 and doc["restarted"] is False and doc["changed"] is False
     after = cli.json("status", server.host_spec, "--deployment", DEP)
     assert after["supervisord_pid"] == before["supervisord_pid"] and after["ranks"] == before["ranks"]
@@ -193,7 +193,8 @@ def test_a_second_deploy_waits_for_the_lock(cli, env, first, server, port, demo_
                                                                        "deploy by another operator"):
         r = _deploy(cli, server, port, demo_model, "--max-context", "512")
         assert r.exit_code == 4, r.stderr
-        assert "another operation holds" in r.stderr and "deploy by another operator" in r.stderr
+        err = sshd_mod.flat(r.stderr)
+        assert "another operation holds" in err and "deploy by another operator" in err
     # the lock went with the other session: the same deploy now gets it (dry run: read-only)
     r = _deploy(cli, server, port, demo_model, "--max-context", "512", "--dry-run")
     assert r.exit_code == 0, r.stderr
@@ -235,8 +236,8 @@ def test_release_failing_its_health_check_is_rolled_back(cli, env, first, server
     r = cli("deploy", server.host_spec, "--model", broken_model, "--deployment", DEP, "--port", port,
             "--health-timeout", "20", "--json")
     assert r.exit_code == 1, r.stderr
-    assert "failed its checks and was rolled back to" in r.stderr
-    assert "/health did not pass" in r.stderr
+    assert "failed its checks and was rolled back to" in sshd_mod.flat(r.stderr)
+    assert "/health did not pass" in sshd_mod.flat(r.stderr)
     assert os.readlink(d / "current") == current
     st = cli.json("status", server.host_spec, "--deployment", DEP)
     assert st["state"] == "healthy" and f"releases/{st['release']}" == current
