@@ -126,7 +126,7 @@ def test_accept_unreachable_endpoint_is_an_environment_problem(cli, tmp_path):
     assert "cannot accept" in r.stderr and "Hint:" in r.stderr
 
 
-@pytest.mark.parametrize("device", ["gpu", "cuda:0,cuda:1,cuda:2", "cuda:x"])
+@pytest.mark.parametrize("device", ["tpu", "cuda:0,cuda:1,cuda:2", "cuda:x"])
 def test_qualify_refuses_a_device_it_cannot_use(cli, device):
     r = cli("qualify", "--device", device)
     assert r.exit_code == 2 and "--device" in r.stderr and "Hint:" in r.stderr
