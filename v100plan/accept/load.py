@@ -22,14 +22,14 @@ def _timeout(ctx: Context) -> float:
     return 120 + ctx.options.requests * 3.0
 
 
-def predicted_decode(plan: dict | None) -> float | None:
-    """The plan's predicted single-stream decode speed for its recommended strategy."""
+def predicted_decode(plan: dict | None, strategy: str | None = None) -> float | None:
+    """The plan's predicted single-stream decode speed for `strategy` (the one served, e.g. tp2 for the
+    bundled two-rank engine), else for its recommended strategy."""
     if not plan:
         return None
-    for s in plan.get("strategies") or []:
-        if s.get("name") == plan.get("recommended") and isinstance(s.get("decode_tok_s"), (int, float)):
-            return float(s["decode_tok_s"])
-    return None
+    by_name = {s.get("name"): s for s in plan.get("strategies") or []}
+    s = by_name.get(strategy) or by_name.get(plan.get("recommended")) or {}
+    return float(s["decode_tok_s"]) if isinstance(s.get("decode_tok_s"), (int, float)) else None
 
 
 class _Tally:
@@ -162,7 +162,8 @@ def load(ctx: Context) -> Outcome:
     ended = sum(outcomes.get(k, 0) for k in ("correct", "cancelled", "wrong", "differs", "lost", "error", "gave_up"))
     lats = tally.latencies
     served = round(statistics.median(tally.decode_tok_s), 2) if tally.decode_tok_s else None
-    predicted = predicted_decode(ctx.plan)
+    served_as = "tp2" if (ctx.target.engine or {}).get("tp") == 2 else None
+    predicted = predicted_decode(ctx.plan, served_as)
     unavailable = {}
     if predicted is None:
         unavailable["predicted_decode_tok_s"] = "no plan was given" if not ctx.plan else \

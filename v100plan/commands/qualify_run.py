@@ -75,13 +75,10 @@ def _dtype(devices: str, probe: dict | None, plan: dict | None) -> str:
     return "bfloat16" if caps and all(c and float(c) >= 8.0 for c in caps) else "float16"
 
 
-def _plan(phases: _Phases, probe: dict | None, model_dir: Path | None, out_dir: Path) -> dict | None:
+def _plan(phases: _Phases, probe: dict | None, model_dir: Path, out_dir: Path) -> dict | None:
     phases.start("plan", "planning the served model on the measured cards")
     if not probe or not probe.get("cards"):
         phases.end("waived", "no GPU: the bundled engine serves on CPU, which the planner does not model")
-        return None
-    if model_dir is None:
-        phases.end("waived", "the generated demo model is not a planner model; give --model DIR to plan it")
         return None
     try:
         from v100plan.commands.planning import plan_document
@@ -104,6 +101,7 @@ def qualify(out_dir: Path, model_dir: Path | None, device: str, opts, show: bool
     from v100plan.commands.accept import _Progress
 
     phases = _Phases(show)
+    given_model = model_dir
     t_all = time.monotonic()
     probe = plan = svc = None
     result: dict[str, Any] | None = None
@@ -113,14 +111,14 @@ def qualify(out_dir: Path, model_dir: Path | None, device: str, opts, show: bool
     engine: dict[str, Any] | None = None
     try:
         probe = _probe(phases)
-        plan = _plan(phases, probe, model_dir, out_dir)
-        devices = _devices(device, probe)
-        dtype = _dtype(devices, probe, plan)
-        phases.start("start", "starting the bundled engine under its supervisor")
         if model_dir is None:
             model_dir = make_demo_model(out_dir / "demo-model")
             notes.append("no model given: the generated v100plan-demo model (about 3.3 M parameters, random "
                          "weights, byte-identical on every machine) stands in for a real one")
+        plan = _plan(phases, probe, model_dir, out_dir)
+        devices = _devices(device, probe)
+        dtype = _dtype(devices, probe, plan)
+        phases.start("start", "starting the bundled engine under its supervisor")
         if devices == "cpu":
             notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
                          "a GPU's and no plan applies")
@@ -170,12 +168,12 @@ def qualify(out_dir: Path, model_dir: Path | None, device: str, opts, show: bool
     if result is None:
         result = {"scenarios": [], "load": None, "notes": notes, "partial_reason": partial,
                   "target": {"mode": "local", "endpoint": svc.endpoint if svc else "not started", "host": None,
-                             "model": "v100plan-demo" if model_dir is None else str(model_dir), "server": None,
+                             "model": str(given_model) if given_model else "v100plan-demo", "server": None,
                              "fault_control": False, "engine": engine, "notes": notes}}
     report = assemble(result, phases=phases.items + [{"name": "report", "status": "passed", "wall_s": 0.0,
                                                        "detail": f"written to {out_dir}"}],
                       probe=probe, plan=plan, inputs={"mode": "local", "device": device,
-                                                      "model": str(model_dir) if model_dir else "demo",
+                                                      "model": str(given_model) if given_model else "demo",
                                                       "clients": opts.clients, "requests": opts.requests,
                                                       "repeats": opts.fault_repeats},
                       wall_s=time.monotonic() - t_all, partial_reason=partial)
