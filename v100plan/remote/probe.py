@@ -40,6 +40,8 @@ class HostResult:
     hint: str | None = None
     exit_code: int = 0            # the error's exit code (0 when the report came back)
     wall_s: float = 0.0
+    started_s: float = 0.0        # time.monotonic() when this host's work began and ended
+    ended_s: float = 0.0
     uploaded_bytes: int = 0
     stages: list[str] = field(default_factory=list)
 
@@ -98,8 +100,7 @@ def probe_fleet(specs: list[HostSpec], ssh: SshOptions, settings: RemoteSettings
     b = bundle_mod.build()
 
     def one(spec: HostSpec) -> HostResult:
-        res = HostResult(host=spec.label)
-        t0 = time.perf_counter()
+        res = HostResult(host=spec.label, started_s=time.monotonic())
 
         def stage(text: str) -> None:
             res.stages.append(text)
@@ -115,7 +116,8 @@ def probe_fleet(specs: list[HostSpec], ssh: SshOptions, settings: RemoteSettings
         except Exception as e:  # noqa: BLE001 - one host's surprise never stops the others
             res.error, res.exit_code = f"{type(e).__name__}: {e}", EXIT_ENVIRONMENT
             stage(f"failed: {res.error}")
-        res.wall_s = time.perf_counter() - t0
+        res.ended_s = time.monotonic()
+        res.wall_s = res.ended_s - res.started_s
         return res
 
     if len(specs) == 1:
