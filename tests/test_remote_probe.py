@@ -76,7 +76,7 @@ def test_fleet_with_one_host_down(cli, env, fleet, tmp_path):
     assert not doc["hosts"][down]["ok"] and "cannot open an SSH session" in doc["hosts"][down]["error"]
     assert doc["summary"]["failed"] == [down]
     err = sshd_mod.flat(r.stderr)
-    assert "1 host(s) could not be probed" in err and "unreachable" in err  # the fleet table's row
+    assert "1 host(s) could not be probed" in err and "down" in err  # the fleet table's row
 
     r = cli("probe", "--quick", "--json", "--inventory", inv, "--connect-timeout", "3", "--max-fail", "1")
     assert r.exit_code == 3, r.stderr  # the down host is tolerated; the others measured nothing (no GPU)
@@ -112,3 +112,33 @@ def test_32_host_fleet_runs_in_parallel(env, fleet):
     print(f"one host {one:.2f} s, {FLEET} hosts {wall:.2f} s, {cores} cores, bound {bound:.2f} s")
     assert wall < bound
     assert wall < 0.5 * FLEET * one  # at least twice as fast as one host after another
+
+
+def test_fleet_table_judges_recorded_gpu_hosts():
+    """The fleet summary over real recordings (a two-H200 host, a one-H200 host) and one failed host:
+    each column carries that host's verdict, the failed host its error."""
+    from pathlib import Path
+
+    from v100plan import output
+    from v100plan.commands.probe_remote import SUMMARY_CHECKS, _judged, summary_rows
+    from v100plan.remote.probe import HostResult
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "probes"
+    results, judged = [], {}
+    for host, name in (("a@h200x2", "h200x2-probe-quick.json"), ("b@h200", "h200-probe-quick.json")):
+        report, judged[host] = _judged(json.loads((fixtures / name).read_text()))
+        results.append(HostResult(host=host, report=report, wall_s=31.0))
+    results.append(HostResult(host="c@down", error="c@down: cannot open an SSH session", exit_code=4))
+    rows = summary_rows(results, judged)
+    assert [r[0] for r in rows] == ["a@h200x2", "b@h200", "c@down"]
+    a, b, c = rows
+    assert a[2] == 2 and b[2] == 1
+    col = {h: i + 3 for i, (h, _) in enumerate(SUMMARY_CHECKS)}
+    assert a[col["variant"]] == b[col["variant"]] == "h200"
+    assert a[col["read bandwidth"]] == "passed 93%" and b[col["read bandwidth"]] == "passed 95%"
+    assert a[col["P2P"]] == "passed" and b[col["P2P"]] == "waived"  # one card: no pair
+    assert a[col["throttle"]] == "warned" and a[col["kernels"]] == "passed"
+    assert c[1] == "down" and c[-1] == "c@down: cannot open an SSH session"
+    text = output.render_to_text(output.table("Fleet", ["host", "status", "cards", *(h for h, _ in SUMMARY_CHECKS),
+                                                        "s", "error"], rows))
+    assert "a@h200x2" in text and "passed 93%" in text

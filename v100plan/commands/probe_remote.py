@@ -8,6 +8,7 @@ lets up to N hosts fail before the command exits non-zero.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -20,12 +21,20 @@ SUMMARY_CHECKS = (("variant", ("variant",)), ("read bandwidth", ("read bandwidth
 
 
 def _cell(rows: list[probe_judge.Row], checks: tuple[str, ...]) -> str:
+    """The worst status among ``checks`` (bandwidth also gets its percentage of the expected figure)."""
     mine = [r for r in rows if r.check in checks]
     if not mine:
         return "—"
     worst = max(mine, key=lambda r: probe_judge.STATUS_ORDER.get(r.status, 0))
-    detail = worst.detail if len(worst.detail) <= 38 else worst.detail[:37] + "…"
-    return f"{worst.status}: {detail}"
+    if "read bandwidth" in checks:
+        pcts = sorted({m.group(0) for r in mine for m in [re.search(r"\d+%", r.detail)] if m})
+        return f"{worst.status} {'/'.join(pcts)}".strip()
+    return worst.status
+
+
+def _variants(report: dict[str, Any]) -> str:
+    ids = [c.get("variant_id") or "unknown" for c in report.get("cards") or []]
+    return ", ".join(dict.fromkeys(ids)) or "—"
 
 
 def _judged(report: dict[str, Any]) -> tuple[dict[str, Any], probe_judge.Judgement]:
@@ -42,14 +51,14 @@ def summary_rows(results, judged: dict[str, probe_judge.Judgement]) -> list[tupl
     rows = []
     for r in results:
         if r.report is None:
-            rows.append((r.host, "unreachable" if r.exit_code == 4 else "error", "—", *(["—"] * len(SUMMARY_CHECKS)),
+            rows.append((r.host, "down" if r.exit_code == 4 else "error", "—", *(["—"] * len(SUMMARY_CHECKS)),
                          f"{r.wall_s:.1f}", r.error))
             continue
         j = judged[r.host]
         measured = not probe_judge.nothing_measured(r.report)
-        status = r.report["overall"] if measured else "nothing measured (GPU cases waived)"
-        rows.append((r.host, status, len(r.report.get("cards") or []),
-                     *(_cell(j.rows, c) for _, c in SUMMARY_CHECKS), f"{r.wall_s:.1f}", ""))
+        status = r.report["overall"] if measured else "nothing measured (no GPU: cases waived)"
+        rows.append((r.host, status, len(r.report.get("cards") or []), _variants(r.report),
+                     *(_cell(j.rows, c) for _, c in SUMMARY_CHECKS[1:]), f"{r.wall_s:.1f}", ""))
     return rows
 
 
