@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -241,6 +242,47 @@ def test_release_failing_its_health_check_is_rolled_back(cli, env, first, server
     assert os.readlink(d / "current") == current
     st = cli.json("status", server.host_spec, "--deployment", DEP)
     assert st["state"] == "healthy" and f"releases/{st['release']}" == current
+
+
+def test_logs_follow_streams_and_leaves_nothing_behind(env, first, server):
+    from v100plan.remote import deploy as dp
+    from v100plan.remote.connect import SshOptions
+    from v100plan.remote.host import RemoteSettings
+    from v100plan.remote.hosts import parse_host
+
+    target = dp.Target(parse_host(server.host_spec),
+                       SshOptions(known_hosts=str(server.known_hosts), identity=str(server.user_key)),
+                       RemoteSettings(root=str(first["root"]), python=sshd_mod.remote_python()), DEP)
+    got: list[str] = []
+
+    class Enough(Exception):
+        pass
+
+    def on_line(line: str) -> None:
+        got.append(line)
+        if len(got) >= 3:
+            raise Enough  # what Ctrl-C does to `logs --follow`
+
+    with pytest.raises(Enough):
+        dp.follow_logs(target, on_line, lines=5)
+    assert any("serve.stderr.log" in line for line in got)
+    run_dir = str(first["root"] / DEP / "run")
+
+    def tails() -> list[int]:
+        out = []
+        for p in Path("/proc").iterdir():
+            try:
+                if p.name.isdigit() and run_dir in (p / "cmdline").read_bytes().decode(errors="replace") \
+                        and b"tail" in (p / "cmdline").read_bytes():
+                    out.append(int(p.name))
+            except OSError:
+                pass
+        return out
+
+    deadline = time.monotonic() + 10
+    while tails() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tails() == [], "the remote `tail -F` outlived the follow"
 
 
 def test_logs_then_stop(cli, env, first, server):

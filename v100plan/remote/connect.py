@@ -222,6 +222,7 @@ class Remote:
         if cwd:
             command = f"cd {shlex.quote(cwd)} && {command}"
         chan = conn.client.get_transport().open_session()
+        chan.get_pty(width=250)  # the host hangs the command up (SIGHUP) when we close the channel
         chan.exec_command(command)
         buf = b""
         try:
@@ -232,11 +233,11 @@ class Remote:
                 buf += data
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
-                    on_line(line.decode(errors="replace"))
+                    on_line(line.decode(errors="replace").rstrip("\r"))
         finally:
             chan.close()
-        if buf:
-            on_line(buf.decode(errors="replace"))
+        if buf.strip():
+            on_line(buf.decode(errors="replace").rstrip("\r"))
         return chan.recv_exit_status()
 
     # -- files -----------------------------------------------------------------------------
