@@ -281,7 +281,9 @@ def test_queue_cap_answers_429_with_retry_after(svc):
     second.join()
     assert set(results) == {"first", "second"}
     assert set(results.values()) <= {200, "timeout"}, results
-    # Both left; the service drains them (cancel on both ranks) and serves again.
+    # Both left; the service drains them (cancel on both ranks) and serves again. The proxy sees a
+    # client's disconnect on its next event-loop turn: wait for the waiting one to be withdrawn.
+    wait_until(lambda: svc.metric("v100plan_queue_depth") == 0, 10, what="the waiting request to be withdrawn")
     ids = prompt_ids("Once upon")
     got = svc.complete(ids, 8)
     assert got.status_code == 200, got.text
