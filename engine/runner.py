@@ -183,6 +183,7 @@ class Decoder:
         if path is not None and hasattr(path, "check"):
             path.check()
 
+    @torch.inference_mode()
     def logits(self, tok: int, pos: int) -> torch.Tensor:
         dev = self.model.device
         if not self.graphs:

@@ -1,0 +1,101 @@
+"""How the decode step is run, decided without a GPU: the dtype rule, the kernel choice (Triton-compiled
+blocks only where Triton targets the card: never on the V100), the context buckets the graphs are
+captured for, and the V100's path itself (fp16, the plain blocks) computing what float32 computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import runner
+from engine.model import attn_block, mlp_block
+from tests.engine_helpers import small_config
+
+
+@pytest.mark.parametrize("device,cap,want", [
+    ("cpu", None, "float32"),
+    ("cuda", (7, 0), "float16"),  # V100: no bf16 tensor cores (torch may emulate it: not a fact)
+    ("cuda", (7, 5), "float16"),
+    ("cuda", (8, 0), "bfloat16"),
+    ("cuda", (9, 0), "bfloat16"),  # H100 / H200
+])
+def test_dtype_rule(device, cap, want):
+    assert runner.dtype_for(device, cap) == want
+
+
+@pytest.mark.parametrize("device,cap,triton,requested,want,why", [
+    ("cuda", (9, 0), True, None, "compiled", "torch.compile'd blocks"),
+    ("cuda", (8, 0), True, None, "compiled", "torch.compile'd blocks"),
+    ("cuda", (7, 0), True, None, "eager", "compute capability 7.0 < 8.0: no Triton kernels"),
+    ("cuda", (7, 0), True, "compiled", "eager", "compute capability 7.0 < 8.0"),  # never forced onto a V100
+    ("cuda", (9, 0), False, None, "eager", "Triton is not installed"),
+    ("cuda", (9, 0), True, "eager", "eager", "V100PLAN_ENGINE_KERNELS=eager"),
+    ("cpu", None, True, None, "eager", "CPU"),
+])
+def test_kernel_choice_never_requires_triton_where_it_cannot_run(device, cap, triton, requested, want, why):
+    got, reason = runner.kernel_choice(device, cap, triton, requested)
+    assert got == want and why in reason
+
+
+def test_context_buckets_double_up_to_the_limit():
+    assert runner.buckets(2048) == [256, 512, 1024, 2048]
+    assert runner.buckets(1000) == [256, 512, 1000]
+    assert runner.buckets(100) == [100]
+    assert runner.buckets(32768 + 256) == [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 33024]
+
+
+def _model(dtype, seed=7):
+    from engine import config as ecfg
+    from engine.model import Model
+    from engine.weights import expected_tensors
+
+    model = Model(ecfg.from_dict(small_config("llama-3.1-8b")), dtype=dtype, device="cpu")
+    g = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        for label, t in expected_tensors(model):
+            vals = torch.empty(t.shape).normal_(1.0 if "norm" in label else 0.0, 0.1 if t.dim() == 1 else 0.05,
+                                                generator=g)
+            t.copy_(vals.to(dtype))
+        model.setup_cache(256)
+    return model
+
+
+def test_the_v100_path_runs_the_plain_blocks_in_fp16_and_matches_float32():
+    """What a V100 runs: dtype float16 by the rule, the plain (uncompiled) blocks by the choice. On CPU
+    the same code computes fp16 logits close to float32's (the GPU run adds only the graph around it)."""
+    dtype = getattr(torch, runner.dtype_for("cuda", (7, 0)))
+    kernels, _ = runner.kernel_choice("cuda", (7, 0), True)
+    assert dtype is torch.float16 and kernels == "eager"
+    half, full = _model(dtype), _model(torch.float32)
+    dec = runner.Decoder(half, kernels=kernels)
+    assert dec.blocks == (attn_block, mlp_block) and dec.info["mode"] == "eager"
+    ids = [3, 17, 99, 5, 42, 7]
+    with torch.inference_mode():
+        half.forward(torch.tensor([ids[:-1]]), 0)
+        full.forward(torch.tensor([ids[:-1]]), 0)
+        got = dec.logits(ids[-1], len(ids) - 1)
+        want = full.decode_step(torch.tensor([ids[-1]]), torch.tensor([len(ids) - 1]), len(ids))
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert float((got - want).norm() / want.norm()) < 2e-2
+    assert int(got.argmax()) == int(want.argmax())
+
+
+def test_cpu_decoder_says_it_runs_eagerly_and_why():
+    dec = runner.Decoder(_model(torch.float32))
+    assert dec.info["mode"] == "eager" and dec.info["why"] == "CPU: eager steps"
+    assert dec.info["kernels"] == "eager" and dec.info["windows"] is None
+    line = runner.describe(dec.info)
+    assert line.startswith("decode eager (CPU: eager steps); kernels eager (CPU")
+
+
+def test_runner_loop_reports_its_host_time_and_token_time():
+    from engine.sampling import Sampler
+
+    model = _model(torch.float32)
+    dec = runner.prepare(model)
+    out, reason = runner.run(model, [3, 4, 5], 12, Sampler(), set(), 2)
+    assert reason == "length" and len(out) == 12
+    st = dec.stats()
+    assert st["steps"] == 11 and st["token_ms"] > 0 and st["step_ms"] is None  # no graph replays on CPU
+    assert set(st["host_ms"]) == {"sample", "hook", "launch"}
+    assert st["achieved_gbps"] == pytest.approx(st["weight_bytes"] / (st["token_ms"] * 1e-3) / 1e9, abs=0.051)
