@@ -172,6 +172,9 @@ class Service:
                 await asyncio.sleep(self.budget.backoff_s())
                 continue
             self.budget.record(True)
+            if self.state in ("draining", "exiting"):  # a signal came during the start: no new pair
+                await pair.close(grace_s=0.5)
+                return None
             self.pair = pair
             self.state = "up"
             self.metrics.set("v100plan_ranks_up", 1)
