@@ -343,3 +343,24 @@ def test_openapi_schema_is_served(svc):
     temp = doc["components"]["schemas"]["CompletionRequest"]["properties"]["temperature"]
     assert temp.get("maximum") == 2.0
     _no_restart(svc)
+
+
+# ----- streaming: one event per token, with a tokenizer too ------------------------------------------
+
+
+@pytest.mark.parametrize("path, extra", [("/v1/completions", {"prompt": "Once upon"}),
+                                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})])
+def test_streams_send_one_event_per_token_with_its_text_and_id(svc, path, extra):
+    n = 12
+    with svc.client.stream("POST", path, json={"model": MODEL_ID, "max_tokens": n, "temperature": 0,
+                                               "ignore_eos": True, "stream": True, **extra}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    per_token = [e for e in events if e["choices"][0]["finish_reason"] is None and "token_ids" in e.get("v100plan", {})
+                 and len(e["v100plan"]["token_ids"]) == 1]
+    final = events[-1]
+    assert len(per_token) == n and [e["v100plan"]["token_ids"][0] for e in per_token] == final["v100plan"]["token_ids"]
+    key = "text" if path == "/v1/completions" else "delta"
+    pieces = [e["choices"][0][key] if key == "text" else e["choices"][0][key].get("content", "") for e in events]
+    from tests.test_service_support import tokenizer
+
+    assert "".join(pieces) == tokenizer().decode(final["v100plan"]["token_ids"])
