@@ -5,7 +5,8 @@ What each number is (every time is a median over CUDA-graph replays or repeats):
   read_bw_gbps          sum over a 4 GiB float32 buffer: the card's measured read bandwidth
   gemv.weight_gbps      every weight matrix once as a batch-1 matrix-vector product, in one graph:
                         weight bytes / time -> the engine's weight_bw_fraction
-  decode[ctx]           one whole decode step (graph) with attention over ``window`` cached positions:
+  decode[ctx]           one whole decode step with attention over ``window`` cached positions, the
+                        service's own (engine.runner.Decoder's CUDA graph for that window, replayed):
                         tok/s, and (weight bytes + K/V bytes read) / time
   fit                   step time = intercept + slope x K/V bytes, least squares over the contexts:
                         kv_bw_fraction = 1 / slope / read_bw; round_overhead_ms = intercept - gemv time

@@ -8,12 +8,18 @@ What each number is (both ranks run every phase in lockstep; rank 0 writes the d
                         eager_us: median of --iters single allreduces, synchronised before and after each;
                         graph_us: --graph-ops allreduces captured in one CUDA graph, median over 5 batches
                         of 20 replays / ops (only paths the GPU can run without the host: NCCL and the
-                        experimental GPU-side mailbox, engine/graph_mailbox.py, "device_mailbox_graph")
+                        GPU-side mailbox, engine/graph_mailbox.py, "device_mailbox_graph")
   read_bw_gbps[rank]    sum over a 4 GiB float32 buffer on each card (engine.bench)
   tp1[rank]             each card alone: the whole model (world 1): weights as batch-1 GEMVs in one
                         graph, decode step per context (graph, and eager), the engine.bench fit, a prefill chunk
   tp2[path]             the engine's TP split (engine/model.py, world 2) over that path: decode per context,
                         in a CUDA graph where the path can be captured, and eager for every path
+  decode_graph          the service's own step: engine.runner.Decoder's graph for the context's window,
+                        replayed (--kernels: the blocks the service would choose on this card)
+  served                the service's loop in-process (runner.run + the rank's lockstep exchange):
+                        ms per token from a long and a short generation (--served)
+  summary               the issue-10 ratios, each from this run: served vs bench step, TP2 vs TP1,
+                        TP1 step vs the floor at the measured read bandwidth
 The weights are random, made on each GPU: decode speed depends on shapes and bytes, not values.
 """
 
@@ -35,7 +41,7 @@ DATA = Path(__file__).resolve().parent / "data"
 SIZES = (4 << 10, 8 << 10, 16 << 10, 40 << 10, 64 << 10, 256 << 10, 1 << 20)
 GPU_PATHS = ("nccl", "device_mailbox", "host_mailbox", "device_mailbox_graph")
 CPU_PATHS = ("host_mailbox", "gloo")
-# The engine's mailboxes wait on the host (polling), which a CUDA graph cannot hold; the experimental
+# The engine's mailboxes wait on the host (polling), which a CUDA graph cannot hold; the GPU-side
 # device_mailbox_graph (engine/graph_mailbox.py) waits in a kernel.
 GRAPH_PATHS = ("nccl", "device_mailbox_graph")
 NO_GRAPH = "its wait polls from the host between kernels, which a CUDA graph cannot capture"
@@ -358,7 +364,7 @@ def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None
     if not args.skip_decode and not args.skip_tp1:
         save("tp1", guarded(tp1_phase, cfg, rank, device, dtype, contexts, args.eager_steps, max_ctx, args.peak_tflops))
     if not args.skip_decode:
-        # Graph-captured paths last, the experimental one last of all: a capture that hangs one rank must
+        # Graph-captured paths last, the GPU-side mailbox last of all: a capture that hangs one rank must
         # not cost the other paths' results.
         last = {"nccl": 1, "device_mailbox_graph": 2}
         for name, p in sorted(paths.items(), key=lambda kv: last.get(kv[0], 0)):
