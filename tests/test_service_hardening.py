@@ -266,7 +266,7 @@ def test_a_reused_connection_answers_without_the_delayed_ack_wait(svc):
             t0 = time.perf_counter()
             assert c.get("/v1/models").status_code == 200
             times.append(time.perf_counter() - t0)
-    assert statistics.median(times) < 0.02, times
+    assert statistics.median(times) < 0.03, times  # before: 44 ms median (docs/service.md)
 
 
 # ----- finding 6: read timeouts, connection cap, conflicting framing, rate-limited logs -------------
