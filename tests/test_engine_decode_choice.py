@@ -99,3 +99,41 @@ def test_runner_loop_reports_its_host_time_and_token_time():
     assert st["steps"] == 11 and st["token_ms"] > 0 and st["step_ms"] is None  # no graph replays on CPU
     assert set(st["host_ms"]) == {"sample", "hook", "launch"}
     assert st["achieved_gbps"] == pytest.approx(st["weight_bytes"] / (st["token_ms"] * 1e-3) / 1e9, abs=0.051)
+
+
+class _AheadDecoder(runner.Decoder):
+    """The real eager step, flagged as graphs so runner.run takes its GPU order (next step launched
+    before the hook); records the order of steps and hooks."""
+
+    def __init__(self, model, log):
+        super().__init__(model)
+        self.graphs, self.log = True, log
+
+    def logits(self, tok, pos):
+        self.log.append(("step", pos))
+        self.graphs = False
+        try:
+            return super().logits(tok, pos)
+        finally:
+            self.graphs = True
+
+
+def test_on_graphs_the_next_step_is_issued_before_the_hook_and_tokens_do_not_change():
+    from engine.sampling import Sampler
+
+    model = _model(torch.float32)
+    want, _ = runner.run(model, [3, 4, 5], 8, Sampler(), set(), 2)
+    log: list = []
+    model.decoder = _AheadDecoder(model, log)
+
+    def hook(phase, k, toks, pos):
+        log.append((phase, pos))
+        return phase == "decode" and k == 5  # cancel at the sixth token
+
+    got, reason = runner.run(model, [3, 4, 5], 8, Sampler(), set(), 2, hook)
+    assert reason == "cancelled" and got == want[:5]
+    decode = [e for e in log if e[0] != "prefill"]
+    # token k (position 3 + k) is handed to the hook only after the step at that position was issued
+    for k in range(5):
+        assert decode.index(("step", 3 + k)) < decode.index(("decode", 4 + k))
+    assert decode[-2:] == [("step", 8), ("decode", 9)]  # the step in flight at the cancel is dropped
