@@ -81,3 +81,44 @@ def test_exit_code_one_when_nothing_fits(cli, engine):
             "--engine", engine, "--context", "8K")
     assert r.exit_code == 1
     assert "Nearest configuration that fits" in r.stdout or "No strategy fits" in r.stdout
+
+
+# -- the engines' own argument parsers (vLLM and SGLang install on CPU with --no-deps and a few light deps;
+#    skipped where they are not installed, and then the documented-flag tests above are what ran) --------------
+
+def _launch(cli, engine):
+    return cli.json(*TWO_BOXES, "--engine", engine)["launch"]["commands"]
+
+
+def test_vllm_serve_parser_accepts_the_command(cli, monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")           # parse on a machine without a GPU
+    import argparse
+
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    serve = _launch(cli, "vllm")[-1]["argv"]
+    assert serve[:2] == ["vllm", "serve"]
+    top = FlexibleArgumentParser(prog="vllm")
+    sub = top.add_subparsers(dest="subparser")
+    ServeSubcommand().subparser_init(sub)
+    args = top.parse_args(serve[1:])
+    assert isinstance(args, argparse.Namespace)
+    assert args.model_tag == "MODEL" and args.tensor_parallel_size == 8 and args.pipeline_parallel_size == 2
+    assert args.distributed_executor_backend == "ray" and args.max_model_len == 8 * 1024
+
+
+def test_sglang_parser_accepts_every_node_command(cli):
+    pytest.importorskip("sglang")
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    for rank, c in enumerate(_launch(cli, "sglang")):
+        assert c["argv"][:3] == ["python", "-m", "sglang.launch_server"]
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        args = parser.parse_args(c["argv"][3:])
+        assert args.tp_size == 16 and args.nnodes == 2 and args.node_rank == rank
+        assert args.dist_init_addr == "HEAD_IP:50000"
