@@ -122,3 +122,25 @@ def test_sglang_parser_accepts_every_node_command(cli):
         args = parser.parse_args(c["argv"][3:])
         assert args.tp_size == 16 and args.nnodes == 2 and args.node_rank == rank
         assert args.dist_init_addr == "HEAD_IP:50000"
+
+
+def test_pipeline_hand_overs_priced_from_the_network_entry(cli, tmp_path):
+    """A hardware profile with a 'network' entry prices the hand-over between pipeline stages: latency plus
+    hidden x 2 bytes / bandwidth. The numbers below are round test inputs for the arithmetic, not a NIC's facts."""
+    import json
+
+    from v100plan import catalogue
+
+    doc = json.loads(json.dumps(catalogue.get("hardware", "v100-sxm2-32gb")))
+    doc["id"] = "v100-sxm2-32gb-test-net"
+    doc["network"] = {"kind": "infiniband", "bw_gbps": 10.0, "latency_us": 100.0}
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(doc))
+    args = list(TWO_BOXES)
+    args[args.index("v100-sxm2-32gb")] = str(path)
+    plan = cli.json(*args, "--engine", "vllm")
+    s = next(x for x in plan["strategies"] if x["name"] == "tp8_pp2")
+    assert s["fits"]
+    assert not any("no network figures" in n for n in plan["notes"])
+    # one hand-over per round: 100 us + 8192 x 2 bytes / 10 GB/s = 101.6 us
+    assert s["breakdown"]["decode"]["hops_ms"] == pytest.approx(0.1016, abs=1e-3)
