@@ -200,7 +200,8 @@ class Engine:
             fk, oh = self.kv_bw_fraction, self.round_overhead_ms
             if self.by_generation:
                 notes.append(f"engine {self.id} has no calibration for {generation or 'this'} cards (calibrated: "
-                             f"{', '.join(self.calibrated_generations())}); its generation-free figures stand in")
+                             f"{', '.join(self.calibrated_generations())}); "
+                             + ("its generation-free figures stand in" if fw.value is not None else "no speeds, the ceiling only"))
         if tp == 2:
             if self.tp2_weight_bw_fraction.value is not None:
                 fw = self.tp2_weight_bw_fraction
