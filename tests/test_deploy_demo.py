@@ -136,6 +136,8 @@ def test_first_deploy_passes_health_and_smoke(first, server, port):
     doc = json.loads(r.stdout)
     assert doc["changed"] and doc["restarted"] and doc["previous"] is None
     assert doc["uploaded_bytes"] > 13_000_000  # the demo weights went over
+    # both ends have rsync here (.ci/run installs it): the model goes by rsync over ssh
+    assert ("rsync over ssh" if shutil.which("rsync") else "SFTP") in sshd_mod.flat(r.stderr)
     d = first["root"] / DEP
     assert os.readlink(d / "current") == f"releases/{doc['release']}"
     man = json.loads((d / "current" / "manifest.json").read_text())
@@ -242,6 +244,25 @@ def test_release_failing_its_health_check_is_rolled_back(cli, env, first, server
     assert os.readlink(d / "current") == current
     st = cli.json("status", server.host_spec, "--deployment", DEP)
     assert st["state"] == "healthy" and f"releases/{st['release']}" == current
+
+
+def test_deploy_takes_the_plans_settings(cli, env, first, server, port, demo_model, tmp_path):
+    """A plan made for the demo model on two V100s: the bundled engine takes its tp2 strategy's
+    allreduce path, the launch dtype and context limit (a dry run: this machine has no GPUs)."""
+    plan = tmp_path / "plan.json"
+    r = cli("plan", "--engine", "v100plan", "--model", demo_model, "--context", "2K", "--json", "--out", plan)
+    assert r.exit_code == 0, r.stderr
+    launch = json.loads(plan.read_text())["launch"]
+    r = _deploy(cli, server, port, demo_model, "--plan", plan, "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["device"] == "cuda" and doc["settings"]["dtype"] == launch["dtype"]
+    assert doc["settings"]["max_context"] == launch["max_context"]
+    tp2 = next(s for s in json.loads(plan.read_text())["strategies"] if s["name"] == "tp2")
+    assert doc["settings"]["allreduce"] == tp2["allreduce_path"]
+    assert f"settings from {plan}" in sshd_mod.flat(r.stderr)
+    if launch["strategy"] != "tp2":
+        assert f"the plan recommends {launch['strategy']}" in sshd_mod.flat(r.stderr)
 
 
 def test_logs_follow_streams_and_leaves_nothing_behind(env, first, server):

@@ -128,3 +128,70 @@ def test_remote_arguments_are_quoted(cli, env, server, tmp_path, monkeypatch):
     home = Path.home()
     for name in ("pwned", "pwned2"):
         assert not (tmp_path / name).exists() and not (home / name).exists()
+
+
+@pytest.mark.parametrize("text, host, user, port", [
+    ("gpu-box", "gpu-box", None, None),
+    ("ubuntu@10.0.0.7:2222", "10.0.0.7", "ubuntu", 2222),
+    ("root@[::1]:2200", "::1", "root", 2200),
+    ("[fe80::1]", "fe80::1", None, None),
+])
+def test_host_specs(text, host, user, port):
+    from v100plan.remote.hosts import parse_host
+
+    spec = parse_host(text)
+    assert (spec.host, spec.user, spec.port) == (host, user, port)
+    assert spec.label == text
+
+
+@pytest.mark.parametrize("text", ["", "-oProxyCommand=x", "a b", "u@h:0", "u@h:70000", "u@@h", "h;rm"])
+def test_bad_host_specs(text):
+    from v100plan.errors import BadInput
+    from v100plan.remote.hosts import parse_host
+
+    with pytest.raises(BadInput):
+        parse_host(text)
+
+
+def test_sftp_upload_resumes_a_broken_transfer(server, tmp_path):
+    """A .part left by a broken upload is continued from its size, not sent again."""
+    import hashlib
+
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.hosts import parse_host
+
+    src = tmp_path / "weights.bin"
+    src.write_bytes(os.urandom(3_000_000))
+    dest = tmp_path / "remote" / "weights.bin"
+    dest.parent.mkdir()
+    Path(str(dest) + ".part").write_bytes(src.read_bytes()[:1_000_000])  # what the broken upload left
+    with Remote(parse_host(server.host_spec), SshOptions(known_hosts=str(server.known_hosts),
+                                                         identity=str(server.user_key))) as r:
+        sent = r.upload(src, str(dest))
+    assert sent == 2_000_000
+    assert hashlib.sha256(dest.read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+    assert not Path(str(dest) + ".part").exists()
+
+
+def test_rsync_uses_the_same_host_key_trust(server, tmp_path):
+    """rsync goes through OpenSSH with strict checking against v100plan's known_hosts: a file that
+    does not list the host makes it fail rather than trust the key."""
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.errors import RemoteFailed
+    from v100plan.remote.hosts import parse_host
+
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"x" * 100_000)
+    dest = tmp_path / "dest dir"
+    dest.mkdir()
+    opts = SshOptions(known_hosts=str(server.known_hosts), identity=str(server.user_key))
+    with Remote(parse_host(server.host_spec), opts) as r:
+        assert r.rsync(src, str(dest), ["a.bin"]) > 0
+    assert (dest / "a.bin").read_bytes() == b"x" * 100_000
+    with Remote(parse_host(server.host_spec), opts) as r:
+        other = tmp_path / "other_known_hosts"
+        other.write_text("")
+        r.known_hosts_path = str(other)  # a known_hosts without this host
+        with pytest.raises(RemoteFailed, match="rsync exited"):
+            r.rsync(src, str(dest), ["a.bin"])

@@ -126,11 +126,10 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--model {str(model_dir)!r} is not a directory", hint="give the model's directory")
         if plan is not None:
             doc = documents.load(plan, "plan")
-            settings = rel.settings_from_plan(doc, str(plan), port, fault_injection)
+            settings, chose = rel.settings_from_plan(doc, str(plan), port, fault_injection)
             if max_context:
                 settings = rel.EngineSettings(**{**settings.__dict__, "max_context": max_context})
-            chose = f"settings from {plan}: {settings.device}, {settings.dtype}, allreduce {settings.allreduce}, " \
-                    f"max context {settings.max_context}"
+                chose += f"; --max-context {max_context} given"
         else:
             say(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
             try:

@@ -97,6 +97,7 @@ class Remote:
         self.spec = spec
         self.options = options
         self.bytes_sent = 0
+        self.known_hosts_path: str | None = None
         self._conn = None
         self._sftp = None
 
@@ -122,6 +123,7 @@ class Remote:
                           connect_timeout=max(1, int(round(self.options.connect_timeout_s))),
                           connect_kwargs=kwargs)
         known = _known_hosts_path(self.options, conn.ssh_config)
+        self.known_hosts_path = known
         conn.client.set_missing_host_key_policy(_policy(known, self.options.accept_new_host_key))
         if os.path.exists(known):
             try:
@@ -278,6 +280,42 @@ class Remote:
                 if on_bytes:
                     on_bytes(len(chunk))
         sftp.posix_rename(part, remote)
+        return sent
+
+    def rsync_command(self) -> list[str] | None:
+        """The ssh command rsync should use to reach this host with the same trust and key (OpenSSH with
+        strict host-key checking against our known_hosts), or None when rsync or ssh is missing here."""
+        import shutil
+
+        if not (shutil.which("rsync") and shutil.which("ssh")) or self._conn is None:
+            return None
+        cmd = ["ssh", "-p", str(self._conn.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+               "-o", f"UserKnownHostsFile={self.known_hosts_path}",
+               "-o", f"ConnectTimeout={max(1, int(self.options.connect_timeout_s))}"]
+        if self.options.identity:
+            cmd += ["-i", os.path.expanduser(self.options.identity), "-o", "IdentitiesOnly=yes"]
+        return cmd
+
+    def rsync(self, local_dir: str | Path, remote_dir: str, files: list[str]) -> int:
+        """Send ``files`` (relative to ``local_dir``) with rsync over ssh, resumable (--partial
+        --append-verify). Returns the bytes rsync reports sent."""
+        import subprocess
+
+        ssh = self.rsync_command()
+        assert ssh is not None and self._conn is not None
+        dest = f"{self._conn.user}@{self._conn.host}:{remote_dir}/"
+        proc = subprocess.run(["rsync", "-rt", "--partial", "--append-verify", "--protect-args", "--stats",
+                               "--files-from=-", "-e", shlex.join(ssh), f"{local_dir}/", dest],
+                              input="\n".join(files) + "\n", capture_output=True, text=True,
+                              timeout=self.options.command_timeout_s)
+        if proc.returncode != 0:
+            raise RemoteFailed(f"{self.label}: rsync exited with {proc.returncode}: {proc.stderr.strip()[-600:]}",
+                               hint="run the deploy again (rsync resumes), or check that the host's rsync works")
+        sent = 0
+        for line in proc.stdout.splitlines():
+            if line.startswith("Total bytes sent:"):
+                sent = int(line.split(":", 1)[1].strip().replace(",", ""))
+        self.bytes_sent += sent
         return sent
 
     def write_private(self, path: str, data: bytes) -> None:

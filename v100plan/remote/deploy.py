@@ -290,16 +290,23 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, files, digest, rid, setti
 
 
 def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path, files: dict, digest: str,
-                  say: Say) -> None:
+                  say: Say, has_rsync: bool) -> None:
+    """Model files the host lacks (or holds with another SHA-256): rsync over ssh when both ends have
+    rsync, SFTP otherwise; both resume a broken upload. Then every file's SHA-256 is checked there."""
     mdir = paths.model(digest)
     subdirs = sorted({str(Path(f).parent) for f in files if str(Path(f).parent) != "."})
     agent(remote, target.remote, "mkdirs", {"paths": [mdir, *(f"{mdir}/{s}" for s in subdirs)]})
     have = agent(remote, target.remote, "sha256", {"dir": mdir})["files"]
     todo = [f for f in files if have.get(f) != files[f]["sha256"]]
     total = sum(files[f]["bytes"] for f in todo)
-    say(f"uploading {len(todo)} model file(s), {total / 1e6:.1f} MB (SFTP, resumable)")
-    for f in todo:
-        remote.upload(model_dir / f, f"{mdir}/{f}")
+    use_rsync = bool(todo) and has_rsync and remote.rsync_command() is not None
+    say(f"uploading {len(todo)} model file(s), {total / 1e6:.1f} MB "
+        f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
+    if use_rsync:
+        remote.rsync(model_dir, mdir, todo)
+    else:
+        for f in todo:
+            remote.upload(model_dir / f, f"{mdir}/{f}")
     got = agent(remote, target.remote, "sha256", {"dir": mdir})["files"]
     bad = [f for f in files if got.get(f) != files[f]["sha256"]]
     if bad:
@@ -326,7 +333,7 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
     prep = prepare(remote, target.remote, reqs, stage=say, bundle=b, unpack=False)
     if not st.get("model"):
         _upload_model(remote, target, paths, Path(model_dir), files,
-                      man["model"]["digest"], say)
+                      man["model"]["digest"], say, has_rsync=bool(st.get("rsync")))
     agent(remote, target.remote, "keygen", {"path": paths.key})
     agent(remote, target.remote, "mkdirs", {"paths": [f"{paths.dir}/releases", paths.run]})
     agent(remote, target.remote, "extract", {

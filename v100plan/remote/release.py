@@ -45,18 +45,32 @@ class EngineSettings:
         return d
 
 
-def settings_from_plan(plan: dict[str, Any], source: str, port: int, fault_injection: bool) -> EngineSettings:
+def settings_from_plan(plan: dict[str, Any], source: str, port: int,
+                       fault_injection: bool) -> tuple[EngineSettings, str]:
+    """The plan's launch settings for the bundled (two-rank) engine, and a sentence saying what was taken.
+
+    When the plan recommends another strategy (one card, replicas, a layer split), its tp2 strategy
+    is used if that fits, and the sentence says so."""
     launch = plan.get("launch")
     if not launch:
         raise BadInput(f"{source}: the plan has no launch settings (nothing fits the cards)",
                        hint="plan again with a smaller context or model: `v100plan plan ...`")
-    if launch["tp"] != 2 or launch["allreduce"] == "none":
-        raise BadInput(f"{source}: the plan chose {launch['strategy']} (tp {launch['tp']}); the bundled engine "
-                       "serves two tensor-parallel ranks only",
-                       hint="plan with --strategy tp2, or serve the chosen strategy with another engine")
-    return EngineSettings(device="cuda", dtype=launch["dtype"], allreduce=launch["allreduce"],
-                          max_context=launch["max_context"], port=port, fault_injection=fault_injection,
-                          chosen_by=f"plan {source}")
+    allreduce, note = launch["allreduce"], ""
+    if launch["tp"] != 2 or allreduce == "none":
+        tp2 = next((s for s in plan.get("strategies", []) if s.get("name") == "tp2" and s.get("fits")), None)
+        if tp2 is None or tp2.get("allreduce_path") in (None, "none"):
+            raise BadInput(f"{source}: the plan chose {launch['strategy']} and has no tp2 strategy that fits; "
+                           "the bundled engine serves two tensor-parallel ranks only",
+                           hint="serve the chosen strategy with another engine, or plan for a model that fits tp2")
+        allreduce = tp2["allreduce_path"]
+        note = (f" (the plan recommends {launch['strategy']}; the bundled engine runs two tensor-parallel ranks, "
+                f"so its tp2 strategy: {tp2.get('decode_tok_s')} tok/s predicted)")
+    settings = EngineSettings(device="cuda", dtype=launch["dtype"], allreduce=allreduce,
+                              max_context=launch["max_context"], port=port, fault_injection=fault_injection,
+                              chosen_by=f"plan {source}")
+    why = (f"settings from {source}: ranks on cuda:0 and cuda:1, {settings.dtype}, allreduce {allreduce}, "
+           f"context limit {settings.max_context}" + note)
+    return settings, why
 
 
 def settings_from_probe(report: dict[str, Any], host: str, port: int, fault_injection: bool,
