@@ -319,3 +319,28 @@ def test_logs_then_stop(cli, env, first, server):
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] == "Z"
     assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] == "stopped"
+
+
+def test_a_torch_without_v100_kernels_stops_the_deploy():
+    """Two recordings combined: the torch build measured on the lent H200 (2.11.0+cu130, whose arch
+    list starts at sm_75) judged, with the probe's own rule, against the V100 pair of the field
+    recording (compute capability 7.0). The deploy must stop and name the CUDA 12.x fix."""
+    from probes import fatbin
+    from v100plan.remote.deploy import torch_gap
+    from v100plan.remote.release import settings_from_probe
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "probes"
+    v100 = json.loads((fixtures / "facts-sxm2-pair-nvlink-hot-card1.json").read_text())
+    h200 = json.loads((fixtures / "h200-probe-quick.json").read_text())
+    for k in ("torch_version", "torch_cuda_version", "torch_arch_list"):
+        v100["host"][k] = h200["host"][k]
+    for card in v100["cards"]:
+        card["torch_supported"], _ = fatbin.covers(v100["host"]["torch_arch_list"], card["compute_capability"])
+    problem = torch_gap(v100, "ops@v100-box")
+    assert problem is not None and problem.exit_code == 4
+    assert "torch 2.11.0+cu130" in problem.message and "sm_70" in problem.message
+    assert "CUDA 12.x" in problem.hint and "cu126" in problem.hint
+    assert torch_gap(h200, "ops@h200") is None  # the same torch on the card it was measured on
+
+    settings, why = settings_from_probe(v100, "ops@v100-box", 8000, False, None)
+    assert settings.device == "cuda" and settings.dtype == "float16" and "7.0" in why

@@ -372,21 +372,30 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
                        f"{why}", hint=f"`v100plan logs {remote.label}` shows the failed start")
 
 
+def torch_gap(report: dict[str, Any], host: str) -> EnvironmentProblem | None:
+    """The error to stop a deploy with when the venv's torch has no kernels for a card (the probe's
+    software_stack verdict, per card), else None."""
+    bad = [c for c in report.get("cards") or [] if c.get("torch_supported") is False]
+    if not bad:
+        return None
+    info = report.get("host") or {}
+    ccs = sorted({c.get("compute_capability") for c in bad if c.get("compute_capability")})
+    sms = ", ".join("sm_" + cc.replace(".", "") for cc in ccs)
+    return EnvironmentProblem(
+        f"{host}: torch {info.get('torch_version')} in the host's venv has no kernels for {sms} "
+        f"(its arch list: {', '.join(info.get('torch_arch_list') or [])}); the new release was not started",
+        hint="a V100 (sm_70) needs a CUDA 12.x torch build (CUDA 13 builds dropped sm_70): deploy with "
+             "--index-url https://download.pytorch.org/whl/cu126 --torch 'torch==<a version built for cu126>'")
+
+
 def _check_stack(remote: Remote, paths: Paths, rid: str) -> None:
     """On GPUs: the probe's software_stack verdict, run with the release's own torch, decides."""
     rdir = paths.release(rid)
     r = remote.run([f"{rdir}/venv/bin/python", "-m", "probes", "--only", "inventory,software_stack"],
                    cwd=rdir, check=False, what="python -m probes --only software_stack")
-    doc = _json(r.stdout)
-    host = doc.get("host") or {}
-    bad = [c for c in doc.get("cards") or [] if c.get("torch_supported") is False]
-    if bad:
-        ccs = sorted({c.get("compute_capability") for c in bad})
-        raise EnvironmentProblem(
-            f"{remote.label}: torch {host.get('torch_version')} in the venv has no kernels for sm_"
-            f"{', sm_'.join(cc.replace('.', '') for cc in ccs if cc)}: " + (host.get("stack_fix") or ""),
-            hint="a V100 (sm_70) needs a CUDA 12.x torch build (CUDA 13 builds dropped sm_70): deploy with "
-                 "--index-url https://download.pytorch.org/whl/cu126 --torch 'torch==<a version built for cu126>'")
+    problem = torch_gap(_json(r.stdout), remote.label)
+    if problem is not None:
+        raise problem
 
 
 # -- rollback, status, logs, stop -------------------------------------------------------------------
