@@ -278,8 +278,8 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         decode_bytes = (k + 1) * model.allreduce_bytes_per_token * target.concurrency
         prefill_bytes = engine.prefill_chunk_tokens * model.allreduce_bytes_per_token
         choice = ar.choose_path(hardware, engine, decode_bytes, prefill_bytes)
-        if choice is None and engine.multi_node:
-            # vLLM and SGLang bring their own NCCL allreduce; without a figure for this box it is not priced.
+        if choice is None and (engine.multi_node or engine.max_tp > 2):
+            # Engines with their own NCCL allreduce (vLLM, SGLang, gpt-fast): without a figure for this box it is not priced.
             choice = ar.PathChoice("nccl", 0.0, "nccl", 0.0, "no allreduce figure for this box: not priced", ())
             notes.append(f"allreduce: engine {engine.id} uses NCCL; no figure for {hardware.card.id}, so allreduces are "
                          "not priced (run `v100plan probe` on the box)")
