@@ -58,15 +58,14 @@ def load_points(path: Path = PUBLISHED) -> dict[str, Any]:
 def predict(point: dict[str, Any], repo_root: Path) -> Row:
     """Plan one published configuration with the catalogue and read back the named strategy."""
     from v100plan import catalogue
-    from v100plan.commands.planning import load_engine, load_hardware
-    from v100plan.planner import Target, plan
+    from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
 
     model = point["model"]
     if model not in catalogue.ids("model"):
         model = str(repo_root / model)
-    engine = load_engine(point["engine"])
+    engine = engine_from_doc(catalogue.get("engine", catalogue.engine_id(point["engine"])))
     m, alts = catalogue.load_model(model, point.get("weights"), point.get("kv_cache_dtype"), engine)
-    hw = load_hardware(point["hardware"], point["gpus"])
+    hw = hardware_from_doc(catalogue.get("hardware", point["hardware"]), point["gpus"])
     target = Target(context_tokens=int(point["context_tokens"]), gpus=hw.gpus, acceptance=point.get("acceptance"),
                     draft_tokens=point.get("draft_tokens"))
     p = plan(hw, m, engine, target, alternatives=alts)
