@@ -181,7 +181,9 @@ def test_service_is_reached_through_an_ssh_forward(first, server, env):
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read())["data"][0]["id"] == "v100plan-demo"
         logs = svc.read_rank_logs()
-        assert set(logs) == {0, 1} and all("rank" in t for t in logs.values())
+        assert set(logs) == {0, 1} and all(t.strip() for t in logs.values())
+        assert '"event"' in svc.read_service_log()  # the proxy's structured log (serve --log-file)
+        assert svc.engine["tp"] == 2 and svc.engine["devices"] == ["cpu", "cpu"] and svc.supervised
 
 
 def test_a_second_deploy_waits_for_the_lock(cli, env, first, server, port, demo_model):

@@ -76,6 +76,10 @@ class Paths:
         return f"{self.dir}/models/{digest}"
 
     @property
+    def service_log(self) -> str:
+        return f"{self.run}/service.log"
+
+    @property
     def lock(self) -> str:
         return f"{self.dir}/deploy.lock"
 
@@ -183,7 +187,7 @@ def start_service(remote: Remote, rs: RemoteSettings, paths: Paths, release: str
     """Start ``release`` under the supervisor and wait for /health; then one smoke completion.
     (True, None) when both passed, else (False, why)."""
     rdir = paths.release(release)
-    flags = settings.serve_flags(f"{rdir}/model", paths.key)
+    flags = settings.serve_flags(f"{rdir}/model", paths.key, log_file=paths.service_log)
     r = _engine(remote, rdir, ["supervise", "start", "--state-dir", paths.run,
                                "--wait-healthy-s", f"{health_timeout_s:g}", "--", *flags],
                 timeout_s=max(remote.options.command_timeout_s, health_timeout_s + 120))
@@ -476,7 +480,7 @@ def status(target: Target) -> dict[str, Any]:
         _close(remote)
 
 
-LOG_FILES = ("logs/serve.stderr.log", "logs/serve.stdout.log", "logs/supervisord.log")
+LOG_FILES = ("logs/serve.stderr.log", "logs/serve.stdout.log", "service.log", "logs/supervisord.log")
 
 
 def logs(target: Target, lines: int = 50) -> dict[str, Any]:

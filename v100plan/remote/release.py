@@ -27,9 +27,11 @@ class EngineSettings:
     fault_injection: bool = False       # /control/* for the acceptance suite (loopback only)
     chosen_by: str = "defaults"         # "plan FILE", "probe of HOST", "defaults"
 
-    def serve_flags(self, model_dir: str, api_key_file: str) -> list[str]:
+    def serve_flags(self, model_dir: str, api_key_file: str, log_file: str | None = None) -> list[str]:
         flags = ["--model", model_dir, "--host", "127.0.0.1", "--port", str(self.port),
                  "--api-key-file", api_key_file, "--device", self.device, "--allreduce", self.allreduce]
+        if log_file:
+            flags += ["--log-file", log_file]
         if self.dtype:
             flags += ["--dtype", self.dtype]
         if self.max_context:
@@ -37,6 +39,13 @@ class EngineSettings:
         if self.fault_injection:
             flags.append("--enable-fault-injection")
         return flags
+
+    def launch(self) -> dict[str, Any]:
+        """The launch settings as the acceptance suite reads them (tp, devices, dtype, allreduce, context)."""
+        devices = ["cpu", "cpu"] if self.device == "cpu" else ["cuda:0", "cuda:1"]
+        dtype = self.dtype or ("float32" if self.device == "cpu" else "float16")
+        return {"tp": 2, "devices": devices, "dtype": dtype, "allreduce": self.allreduce,
+                "max_context": self.max_context}
 
     def pinned(self) -> dict[str, Any]:
         """The settings that change what runs (not how they were chosen)."""

@@ -20,6 +20,7 @@ from v100plan.remote.connect import Remote, SshOptions
 from v100plan.remote.errors import RemoteFailed
 from v100plan.remote.host import DEFAULT_ROOT, RemoteSettings, agent
 from v100plan.remote.hosts import HostSpec, parse_host
+from v100plan.remote.release import EngineSettings
 
 _RANK_LOG = re.compile(r"^rank(\d+)\.g(\d+)\.log$")
 RANK_LOG_TAIL_BYTES = 256 * 1024
@@ -29,10 +30,13 @@ RANK_LOG_TAIL_BYTES = 256 * 1024
 class ServiceHandle:
     endpoint: str                                   # http://127.0.0.1:<local port> (the forward)
     api_key: str = field(repr=False)                # never printed
-    read_rank_logs: Callable[[], dict[int, str]]
+    read_rank_logs: Callable[[], dict[int, str]]    # {rank: its log, every generation, oldest first}
+    read_service_log: Callable[[], str] | None = None  # the proxy's structured log (serve --log-file)
     host: str = ""
     release: str | None = None
     remote_port: int | None = None
+    engine: dict | None = None                      # launch settings: tp, devices, dtype, allreduce, max_context
+    supervised: bool = True                         # supervisord restarts the proxy when it dies
 
 
 def _free_local_port() -> int:
@@ -87,15 +91,31 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
                     size = fh.stat().st_size
                     fh.seek(max(0, size - RANK_LOG_TAIL_BYTES))
                     text = fh.read().decode(errors="replace")
-                found.setdefault(int(m[1]), []).append((int(m[2]), f"--- {name}\n{text}"))
+                found.setdefault(int(m[1]), []).append((int(m[2]), text))
             return {r: "".join(t for _, t in sorted(parts)) for r, parts in sorted(found.items())}
+
+        def read_service_log() -> str:
+            """The proxy's structured log (the last 1 MiB; the supervisor's stdout capture if absent)."""
+            sftp = remote.sftp()
+            for rel_path in ("service.log", "logs/serve.stdout.log"):
+                try:
+                    with sftp.open(f"{base}/run/{rel_path}", "r") as fh:
+                        size = fh.stat().st_size
+                        fh.seek(max(0, size - 4 * RANK_LOG_TAIL_BYTES))
+                        text = fh.read().decode(errors="replace")
+                except OSError:
+                    continue
+                if text:
+                    return text
+            return ""
 
         local = _free_local_port()
         with remote.open().forward_local(local, remote_port=port, remote_host="127.0.0.1",
                                          local_host="127.0.0.1"):
             _wait_listening(local)  # Fabric binds the local end in its tunnel thread, after yielding
             yield ServiceHandle(endpoint=f"http://127.0.0.1:{local}", api_key=key, read_rank_logs=read_rank_logs,
-                                host=spec.label, release=st["current"], remote_port=port)
+                                read_service_log=read_service_log, host=spec.label, release=st["current"],
+                                remote_port=port, engine=EngineSettings(**man["engine"]).launch())
 
 
 def describe(handle: ServiceHandle) -> str:
