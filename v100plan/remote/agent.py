@@ -112,7 +112,12 @@ def venv(a):
         if os.path.isdir(d):
             shutil.rmtree(d)  # a half-built venv from a run that broke off
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "venv", d], check=True, stdout=sys.stderr)
+        made = subprocess.run([sys.executable, "-m", "venv", d], stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        if made.returncode != 0:
+            shutil.rmtree(d, ignore_errors=True)
+            _out({"created": False, "error": "`%s -m venv` failed (on Debian/Ubuntu: apt-get install python3-venv): %s"
+                  % (sys.executable, made.stderr.strip()[-800:])})
+            sys.exit(3)
         cmd = [os.path.join(d, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
         if a.get("index_url"):
             cmd += ["--extra-index-url", a["index_url"]]

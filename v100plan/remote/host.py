@@ -103,6 +103,9 @@ def prepare(remote: Remote, settings: RemoteSettings, requirements: list[str],
         v = agent(remote, settings, "venv", {"dir": f"{root}/venvs/{vid}", "requirements": requirements,
                                              "index_url": settings.index_url},
                   timeout_s=max(VENV_TIMEOUT_S, remote.options.command_timeout_s), check=False)
+        if v.get("error", "").startswith("`"):
+            raise RemoteFailed(f"{remote.label}: {v['error']}", hint="install the venv module there, or name "
+                               "another interpreter with --remote-python")
         if v.get("error"):
             raise RemoteFailed(f"{remote.label}: pip could not install {', '.join(requirements)}: {v['error']}",
                                hint="the host needs a package index it can reach (pip config there), "
