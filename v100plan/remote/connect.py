@@ -106,6 +106,12 @@ class Remote:
         return self.spec.label
 
     @property
+    def ssh_hint(self) -> str:
+        """The OpenSSH command that reaches the same host, for hints."""
+        who = (f"{self.spec.user}@" if self.spec.user else "") + self.spec.host
+        return "ssh " + (f"-p {self.spec.port} " if self.spec.port else "") + shlex.quote(who)
+
+    @property
     def connection(self):
         """The underlying fabric.Connection (open)."""
         return self.open()
@@ -154,7 +160,7 @@ class Remote:
                               hint="check the spelling, or add the host to ~/.ssh/config") from None
         except (OSError, paramiko.SSHException, EOFError) as e:
             raise Unreachable(f"{where}: cannot open an SSH session ({e or type(e).__name__})",
-                              hint=f"check that sshd runs there: ssh -p {self.spec.port or 22} {where}") from None
+                              hint=f"check that sshd runs there: {self.ssh_hint}") from None
         self._conn = conn
         return conn
 
@@ -214,7 +220,7 @@ class Remote:
         if check and r.exited != 0:
             tail = (r.stderr.strip() or r.stdout.strip())[-800:]
             raise RemoteFailed(f"{self.label}: `{label}` exited with {r.exited}: {tail}",
-                               hint=f"run it by hand to see the whole output: ssh {self.label}")
+                               hint=f"run it by hand to see the whole output: {self.ssh_hint}")
         return result
 
     def stream(self, argv: Sequence[str], on_line: Callable[[str], None], *, cwd: str | None = None) -> int:
