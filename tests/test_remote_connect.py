@@ -195,3 +195,17 @@ def test_rsync_uses_the_same_host_key_trust(server, tmp_path):
         r.known_hosts_path = str(other)  # a known_hosts without this host
         with pytest.raises(RemoteFailed, match="rsync exited"):
             r.rsync(src, str(dest), ["a.bin"])
+
+
+def test_commands_on_a_host_with_nothing_deployed(cli, env, server, tmp_path, monkeypatch):
+    """status, stop and rollback where nothing was ever deployed: said plainly, nothing created."""
+    root = tmp_path / "empty-root"
+    monkeypatch.setenv("V100PLAN_REMOTE_ROOT", str(root))
+    doc = cli.json("status", server.host_spec)
+    assert doc["state"] == "not deployed" and doc["release"] is None
+    r = cli("stop", server.host_spec, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["reason"] == "nothing deployed"
+    r = cli("rollback", server.host_spec)
+    assert r.exit_code == 1
+    assert "no previous release of 'engine' to roll back to" in sshd_mod.flat(r.stderr)
+    assert not root.exists()
