@@ -13,7 +13,8 @@ import threading
 
 import torch
 
-PATH_NAMES = ("device_mailbox_graph", "nccl", "device_mailbox", "host_mailbox", "gloo")
+# Every path, in the order the start-up choice prefers them when timings cannot be trusted.
+PATH_NAMES = ("device_mailbox_graph", "device_mailbox", "nccl", "host_mailbox", "gloo")
 
 
 class PathError(RuntimeError):

@@ -14,14 +14,14 @@ import torch
 import torch.distributed as dist
 
 from engine import timing
-from engine.allreduce import Path, PathError
+from engine.allreduce import PATH_NAMES, Path, PathError
 from engine.allreduce.device_mailbox import DeviceMailbox
 from engine.allreduce.dist import GlooPath, NcclPath
 from engine.allreduce.host_mailbox import HostMailbox
 
 CPU_ORDER = ("host_mailbox", "gloo")
 # Preference when timings cannot be trusted (both ranks on one GPU); otherwise the race decides.
-GPU_ORDER = ("device_mailbox_graph", "device_mailbox", "nccl", "host_mailbox", "gloo")
+GPU_ORDER = PATH_NAMES
 GRAPH_OPS = 20  # allreduces per captured graph in the race
 RACE_BYTES = {"8k": 8 * 1024, "40k": 40 * 1024}
 
