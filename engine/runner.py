@@ -210,6 +210,8 @@ class Decoder:
         """Read the previous step's device time (its events are long done) and check the path."""
         if self._pending is not None:
             s, e = self._pending
+            if not e.query():  # stats() asked while the step still runs (another thread): next time
+                return
             self._step_ms.append(s.elapsed_time(e))
             del self._step_ms[:-256]
             self._pending = None
@@ -243,7 +245,8 @@ class Decoder:
 
     def stats(self, read_bw_gbps: float | None = None) -> dict:
         """What the service reports: decode ms per step (device, graph replays) and per token (wall, the
-        loop's sampling and lockstep included), and the bytes a step reads over that time."""
+        loop's sampling and lockstep included), and the weight bytes this rank reads per step over that
+        time (GB/s per card; ``read_bw_gbps``: the card's measured read bandwidth, e.g. from the plan)."""
         self._settle()
         m = self.model
         step_ms = statistics.median(self._step_ms) if self._step_ms else None
