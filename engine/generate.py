@@ -17,6 +17,8 @@ import argparse
 import json
 import sys
 
+from engine.paths import ALLREDUCE_CHOICES
+
 
 def _default_dtype(device: str) -> str:
     if not device.startswith("cuda"):
@@ -60,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
                    help="cpu, cuda or cuda:N; with --tp 2, one GPU per rank if there are two (default: cpu)")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="default: float32 on CPU, bfloat16 on compute capability >= 8.0, else float16")
-    p.add_argument("--allreduce", default="auto", choices=("auto", "gloo", "nccl", "host_mailbox", "device_mailbox"),
+    p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES,
                    help="--tp 2 only: the ranks' allreduce path; auto = self-test and timing race (default: auto)")
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="KV cache positions to allocate, at most the model's (default: prompt + max tokens + 1)")

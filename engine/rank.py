@@ -30,6 +30,7 @@ import threading
 import time
 
 from engine import protocol
+from engine.paths import ALLREDUCE_CHOICES
 
 EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
 DTYPES = ("float32", "float16", "bfloat16")
@@ -43,7 +44,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control-socket", required=True, help="Unix socket path this rank listens on (0600)")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
-    p.add_argument("--allreduce", default="auto", choices=("auto", "gloo", "nccl", "host_mailbox", "device_mailbox"))
+    p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES)
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")

@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ALLREDUCE_PATHS = ("auto", "gloo", "nccl", "host_mailbox", "device_mailbox")
+from engine.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
+
 DTYPES = ("float32", "float16", "bfloat16")
 
 # docs/field-figures.md, "How the two-process engine stayed safe": a request whose progress

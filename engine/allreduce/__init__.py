@@ -13,8 +13,7 @@ import threading
 
 import torch
 
-# Every path, in the order the start-up choice prefers them when timings cannot be trusted.
-PATH_NAMES = ("device_mailbox_graph", "device_mailbox", "nccl", "host_mailbox", "gloo")
+from engine.paths import PATH_NAMES  # noqa: F401 - re-exported: every path, in the start-up choice's order
 
 
 class PathError(RuntimeError):
