@@ -1,0 +1,211 @@
+"""The pieces every remote deploy command shares: where a deployment lives on the host, its lock,
+and the engine's supervisor driven over SSH (start with /health and a smoke completion, status, stop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from v100plan.errors import EnvironmentProblem, V100planError
+from v100plan.remote import release as rel
+from v100plan.remote.connect import Remote, SshOptions
+from v100plan.remote.host import AGENT_SOURCE, RemoteSettings, agent
+from v100plan.remote.hosts import HostSpec
+
+KEEP_RELEASES = 5
+Say = Callable[[str], None]
+
+
+class DeployBusy(EnvironmentProblem):
+    """Another deploy, rollback or stop holds the deployment's lock on that host."""
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: HostSpec
+    ssh: SshOptions
+    remote: RemoteSettings
+    deployment: str = "engine"
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: str
+    name: str
+
+    @property
+    def dir(self) -> str:
+        return f"{self.root}/{self.name}"
+
+    def release(self, rid: str) -> str:
+        return f"{self.dir}/releases/{rid}"
+
+    @property
+    def run(self) -> str:
+        return f"{self.dir}/run"
+
+    @property
+    def key(self) -> str:
+        return f"{self.dir}/api_key"
+
+    def model(self, digest: str) -> str:
+        return f"{self.dir}/models/{digest}"
+
+    @property
+    def service_log(self) -> str:
+        return f"{self.run}/service.log"
+
+    @property
+    def lock(self) -> str:
+        return f"{self.dir}/deploy.lock"
+
+
+@dataclass
+class Outcome:
+    host: str
+    deployment: str
+    action: str
+    release: str | None = None
+    previous: str | None = None
+    changed: bool = False
+    restarted: bool = False
+    uploaded_bytes: int = 0
+    rolled_back: bool = False
+    reason: str | None = None
+    settings: dict[str, Any] | None = None
+    chose: str | None = None
+    dry_run: bool = False
+    actions: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        d.update(self.extra)
+        d["wall_s"] = round(self.wall_s, 3)
+        return d
+
+
+
+@contextlib.contextmanager
+def held_lock(remote: Remote, settings: RemoteSettings, path: str, what: str) -> Iterator[None]:
+    """Hold the deployment's flock on the host for as long as this block runs (the agent keeps it until
+    the SSH channel closes, so a crashed deploy never leaves it taken)."""
+    info = f"{what} by {rel.local_user()}@{socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    chan = remote.open().client.get_transport().open_session()
+    chan.exec_command(shlex.join([settings.python, "-c", AGENT_SOURCE, "lock",
+                                  json.dumps({"path": path, "info": info})]))
+    chan.settimeout(remote.options.connect_timeout_s + 30)
+    try:
+        line = chan.makefile("r").readline()
+        doc = json.loads(line) if line.strip() else {}
+    except (OSError, ValueError):
+        doc = {}
+    if not doc.get("locked"):
+        chan.close()
+        if "holder" in doc:
+            raise DeployBusy(f"{remote.label}: another operation holds {path}: {doc['holder']}",
+                             hint="wait for it to finish; the lock goes away when its SSH session ends")
+        raise EnvironmentProblem(f"{remote.label}: could not take the deploy lock {path}",
+                                 hint="check the remote root is writable and --remote-python runs there")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, EOFError):
+            chan.shutdown_write()
+        chan.close()
+
+
+def run_engine(remote: Remote, release_dir: str, args: list[str], timeout_s: float | None = -1,
+            env: dict[str, str] | None = None):
+    return remote.run([f"{release_dir}/venv/bin/python", "-m", "engine", *args], cwd=release_dir,
+                      check=False, timeout_s=timeout_s, what="python -m engine " + " ".join(args[:2]), env=env)
+
+
+def parse_json(text: str) -> dict[str, Any]:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+
+
+def supervise_status(remote: Remote, paths: Paths, release: str | None, dry_run: bool = False) -> dict[str, Any]:
+    if not release:
+        return {"running": False}
+    r = run_engine(remote, paths.release(release), ["supervise", "status", "--state-dir", paths.run],
+                env={"PYTHONDONTWRITEBYTECODE": "1"} if dry_run else None)
+    return parse_json(r.stdout) or {"running": False, "error": r.stderr.strip()[-300:]}
+
+
+def healthy(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, port: int,
+            dry_run: bool = False) -> bool:
+    """The supervisor runs the service and its /health answers 200 (asked patiently: a busy host is slow)."""
+    sup = supervise_status(remote, paths, release, dry_run=dry_run)
+    if not sup.get("running"):
+        return False
+    if sup.get("health_status") == 200:
+        return True
+    return agent(remote, rs, "health", {"port": port}).get("status") == 200
+
+
+def stop_service(remote: Remote, paths: Paths, release: str) -> dict[str, Any]:
+    r = run_engine(remote, paths.release(release), ["supervise", "stop", "--state-dir", paths.run])
+    doc = parse_json(r.stdout)
+    if r.exit_code != 0 and not doc:
+        raise EnvironmentProblem(f"{remote.label}: stopping the service failed: {r.stderr.strip()[-500:]}",
+                                 hint=f"look at {paths.run}/logs on the host")
+    return doc
+
+
+def start_service(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, settings: rel.EngineSettings,
+                  health_timeout_s: float) -> tuple[bool, str | None]:
+    """Start ``release`` under the supervisor and wait for /health; then one smoke completion.
+    (True, None) when both passed, else (False, why)."""
+    rdir = paths.release(release)
+    flags = settings.serve_flags(f"{rdir}/model", paths.key, log_file=paths.service_log)
+    r = run_engine(remote, rdir, ["supervise", "start", "--state-dir", paths.run,
+                               "--wait-healthy-s", f"{health_timeout_s:g}", "--", *flags],
+                timeout_s=max(remote.options.command_timeout_s, health_timeout_s + 120))
+    if r.exit_code != 0:
+        tail = _log_tail(remote, rs, paths)
+        return False, f"/health did not pass: {r.stderr.strip()[-600:]}" + (f"\n{tail}" if tail else "")
+    return smoke(remote, rs, paths, settings.port)
+
+
+def smoke(remote: Remote, rs: RemoteSettings, paths: Paths, port: int) -> tuple[bool, str | None]:
+    doc = agent(remote, rs, "smoke", {"port": port, "key_file": paths.key})
+    return (True, None) if doc.get("ok") else (False, f"smoke completion failed: {doc.get('reason')}")
+
+
+def _log_tail(remote: Remote, rs: RemoteSettings, paths: Paths, lines: int = 15) -> str:
+    try:
+        doc = agent(remote, rs, "logs",
+                    {"run": paths.run, "files": ["logs/serve.stderr.log"], "lines": lines})
+    except V100planError:
+        return ""
+    text = doc["logs"].get("logs/serve.stderr.log") or []
+    return "serve.stderr.log (last lines):\n  " + "\n  ".join(text) if text else ""
+
+
+def settings_of(manifest: dict[str, Any] | None) -> rel.EngineSettings | None:
+    if not manifest:
+        return None
+    return rel.EngineSettings(**manifest["engine"])
+
+
+def connect_target(target: Target) -> Remote:
+    remote = Remote(target.spec, target.ssh)
+    remote.open()
+    return remote
+
+
+def close_target(remote: Remote) -> None:
+    remote.close()
+
