@@ -323,11 +323,3 @@ class Remote:
                 sent = int(line.split(":", 1)[1].strip().replace(",", ""))
         self.bytes_sent += sent
         return sent
-
-    def write_private(self, path: str, data: bytes) -> None:
-        """A 0600 file: created empty, chmod-ed, then filled, so the content is never world-readable."""
-        sftp = self.sftp()
-        with sftp.open(path, "w") as fh:
-            fh.chmod(0o600)
-            fh.write(data)
-        self.bytes_sent += len(data)
