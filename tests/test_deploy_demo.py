@@ -235,6 +235,35 @@ def test_new_release_then_rollback(cli, env, first, server, port, demo_model):
     assert st["state"] == "healthy" and st["release"] == first_id and st["engine"]["max_context"] is None
 
 
+def test_deploy_then_accept_over_ssh_then_rollback(cli, env, first, server, port, demo_model, tmp_path):
+    """The operator's loop in one test: deploy with the fault control on, qualify the host with the
+    acceptance suite over SSH (faults injected through the forward, rank logs fetched), roll back."""
+    d = first["root"] / DEP
+    before = os.readlink(d / "current")
+    r = _deploy(cli, server, port, demo_model, "--enable-fault-injection")
+    assert r.exit_code == 0, r.stderr
+    out = tmp_path / "report"
+    r = cli("accept", "--host", server.host_spec, "--deployment", DEP, "--model-dir", demo_model,
+            "--repeats", "1", "--requests", "16", "--clients", "4",
+            "--skip", "kill_rank0,freeze_rank1,stall_allreduce,restart_storm", "--out", out)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["verdict"] == "passed" and doc["target"]["mode"] == "host"
+    assert doc["target"]["fault_control"] is True and doc["target"]["endpoint"].startswith("http://127.0.0.1:")
+    status = {s["key"]: s["status"] for s in doc["scenarios"]}
+    for key in ("completion", "stream", "stream_cancel", "tp2_equals_tp1", "rank_logs_agree", "auth",
+                "kill_rank1", "corrupt_hash", "kill_proxy", "load"):
+        assert status[key] == "passed", (key, [s for s in doc["scenarios"] if s["key"] == key])
+    key = Path(d / "api_key").read_text().strip()
+    for name in ("report.json", "report.html", "junit.xml"):
+        assert key not in (out / name).read_text()
+
+    r = cli("rollback", server.host_spec, "--deployment", DEP, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert os.readlink(d / "current") == before
+    assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] == "healthy"
+
+
 def test_release_failing_its_health_check_is_rolled_back(cli, env, first, server, port, broken_model):
     d = first["root"] / DEP
     current = os.readlink(d / "current")

@@ -13,6 +13,17 @@ from typing import Annotated, Any, Optional
 import typer
 
 from v100plan import documents, output
+from v100plan.commands.remote_options import (
+    AcceptNewOpt,
+    CommandTimeoutOpt,
+    ConnectTimeoutOpt,
+    DeploymentOpt,
+    IdentityOpt,
+    KnownHostsOpt,
+    RemotePythonOpt,
+    RemoteRootOpt,
+    ssh_options,
+)
 from v100plan.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, BadInput, EnvironmentProblem
 from v100plan.options import JsonOpt
 
@@ -193,6 +204,17 @@ def register(app: typer.Typer) -> None:
     def accept_cmd(
         endpoint: Annotated[Optional[str], typer.Option(
             "--endpoint", help="Base URL of any OpenAI-compatible service, e.g. http://127.0.0.1:8000.")] = None,
+        host: Annotated[Optional[str], typer.Option(
+            "--host", help="user@host[:port] where `v100plan deploy` put the engine: reached through an SSH "
+                           "port forward, faults injected through its control, rank logs fetched.")] = None,
+        deployment: DeploymentOpt = "engine",
+        remote_root: RemoteRootOpt = "~/.v100plan",
+        remote_python: RemotePythonOpt = "python3",
+        known_hosts: KnownHostsOpt = None,
+        accept_new_host_key: AcceptNewOpt = False,
+        identity: IdentityOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        command_timeout: CommandTimeoutOpt = 120.0,
         api_key_file: Annotated[Optional[Path], typer.Option(
             "--api-key-file", help="File holding the service's API key (mode 600); never printed or stored.")] = None,
         model: Annotated[Optional[str], typer.Option("--model", help="Model name to request (default: the first "
@@ -221,8 +243,16 @@ def register(app: typer.Typer) -> None:
         Exit 0 when every scenario that ran passed, 1 otherwise, 4 when the service cannot be reached."""
         from v100plan.accept.context import Target
 
+        if host and endpoint:
+            raise BadInput("give --endpoint or --host, not both",
+                           hint="--host reaches a deployed engine over SSH; --endpoint any URL from here")
+        if host:
+            _accept_host(host, deployment, remote_root, remote_python,
+                         ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout),
+                         model, model_dir, plan, probe_report, (clients, requests, repeats, only, skip), out, json_out)
+            return
         if not endpoint:
-            raise BadInput("accept needs --endpoint URL (the service to test)",
+            raise BadInput("accept needs --endpoint URL (the service to test) or --host HOST (a deployed engine)",
                            hint="e.g. v100plan accept --endpoint http://127.0.0.1:8000 --api-key-file key.txt")
         if not endpoint.startswith(("http://", "https://")):
             raise BadInput(f"--endpoint {endpoint!r} is not an http(s) URL", hint="e.g. --endpoint http://127.0.0.1:8000")
@@ -282,6 +312,35 @@ def register(app: typer.Typer) -> None:
         if problem is not None:
             raise problem
         _exit_for(report)
+
+
+def _accept_host(host: str, deployment: str, remote_root: str, remote_python: str, ssh, model: str | None,
+                 model_dir: Path | None, plan: Path | None, probe_report: Path | None, load: tuple,
+                 out: Path | None, json_out: bool) -> None:
+    """accept --host: the deployed engine through an SSH port forward (its control answers loopback only)."""
+    from v100plan.accept.context import Target
+    from v100plan.remote.service import open_service
+
+    _need_accept_deps()
+    clients, requests, repeats, only, skip = load
+    opts = _options(clients, requests, repeats, only, skip)
+    plan_doc, probe_doc = _load_doc(plan, "plan"), _load_doc(probe_report, "probe_report")
+    _check_model_dir(model_dir, "--model-dir")
+    out_dir = _prepare_out(out)
+    with open_service(host, remote_root, deployment, ssh=ssh, python=remote_python) as svc:
+        target = Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="host", host=svc.host or host, model=model,
+                        model_dir=str(model_dir) if model_dir else None, engine=svc.engine,
+                        supervised=svc.supervised, read_rank_logs=svc.read_rank_logs,
+                        read_service_log=svc.read_service_log,
+                        notes=[f"deployment {deployment!r}, release {svc.release}, reached through an SSH port "
+                               f"forward to the host's 127.0.0.1:{svc.remote_port}"])
+        report = _accept(target, opts, plan_doc, probe_doc, phases=[],
+                         inputs={"host": host, "deployment": deployment, "model": model, "clients": clients,
+                                 "requests": requests, "repeats": repeats, "only": only, "skip": skip},
+                         show=not json_out)
+        secrets = [svc.api_key]
+    write_and_summarize(report, out_dir, secrets, json_out)
+    _exit_for(report)
 
 
 def _accept(target, opts, plan_doc, probe_doc, *, phases: list[dict], inputs: dict, show: bool) -> dict:

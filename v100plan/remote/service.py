@@ -12,7 +12,7 @@ import contextlib
 import json
 import re
 import socket
-import time
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -37,25 +37,6 @@ class ServiceHandle:
     remote_port: int | None = None
     engine: dict | None = None                      # launch settings: tp, devices, dtype, allreduce, max_context
     supervised: bool = True                         # supervisord restarts the proxy when it dies
-
-
-def _free_local_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_listening(port: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RemoteFailed(f"the SSH port forward on 127.0.0.1:{port} did not start listening",
-                                   hint="run again; another program may have taken the port") from None
-            time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -109,13 +90,79 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
                     return text
             return ""
 
-        local = _free_local_port()
-        with remote.open().forward_local(local, remote_port=port, remote_host="127.0.0.1",
-                                         local_host="127.0.0.1"):
-            _wait_listening(local)  # Fabric binds the local end in its tunnel thread, after yielding
-            yield ServiceHandle(endpoint=f"http://127.0.0.1:{local}", api_key=key, read_rank_logs=read_rank_logs,
+        fwd = _Forward(remote.open().transport, port)
+        try:
+            yield ServiceHandle(endpoint=f"http://127.0.0.1:{fwd.port}", api_key=key, read_rank_logs=read_rank_logs,
                                 read_service_log=read_service_log, host=spec.label, release=st["current"],
                                 remote_port=port, engine=EngineSettings(**man["engine"]).launch())
+        finally:
+            fwd.close()
+
+
+class _Forward:
+    """A local port forward over the connection's SSH transport (a direct-tcpip channel per connection).
+
+    Fabric's ``forward_local`` opens channels in its one accepting thread, so a single connection
+    made while nothing listens on the host (the proxy killed by a fault, its supervisor not yet done)
+    ends the whole forward and later clients hang. Here that connection alone is closed at once
+    (the client sees what it would see on the host: a refused connection) and the forward goes on.
+    """
+
+    def __init__(self, transport, remote_port: int):
+        self.transport = transport
+        self.remote = ("127.0.0.1", remote_port)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._accept, name="ssh-forward", daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client, addr = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pump, args=(client, addr), daemon=True).start()
+
+    def _pump(self, client: socket.socket, addr) -> None:  # noqa: ANN001 - (host, port)
+        import select
+
+        try:
+            chan = self.transport.open_channel("direct-tcpip", self.remote, addr, timeout=15)
+        except Exception:  # noqa: BLE001 - refused, or the transport is closing: this connection only
+            client.close()
+            return
+        try:
+            while not self.stopped.is_set():
+                readable, _, _ = select.select([client, chan], [], [], 0.5)
+                if client in readable:
+                    data = client.recv(65536)
+                    if not data:
+                        break
+                    chan.sendall(data)
+                if chan in readable:
+                    data = chan.recv(65536)
+                    if not data:
+                        break
+                    client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            chan.close()
+            client.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.sock.close()
+        self.thread.join(2)
 
 
 def describe(handle: ServiceHandle) -> str:
