@@ -144,7 +144,7 @@ def test_recorded_ratios_use_the_same_run_read_bandwidth(recorded):
     best = min(timed, key=lambda k: timed[k]["ms"])
     assert recorded["best"] == best
     assert recorded["target_80_reached"] == (timed[best]["ms"] <= recorded["target_80_ms"])
-    # The figures the README quotes: 80 % not reached; compiling beats the eager graph by > 25 %.
+    # The figures docs/engine.md quotes: 80 % not reached; compiling beats the eager graph by > 25 %.
     assert recorded["target_80_reached"] is False
     assert timed[best]["ms"] < 0.75 * timed["eager_graph"]["ms"]
 
