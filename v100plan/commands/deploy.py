@@ -160,7 +160,9 @@ def register(app: typer.Typer) -> None:
     @app.command("rollback")
     def rollback_cmd(
         host: HostArg,
-        health_timeout: Annotated[float, typer.Option("--health-timeout", metavar="S")] = 180.0,
+        health_timeout: Annotated[float, typer.Option(
+            "--health-timeout", metavar="S",
+            help="Seconds the previous release may take to pass /health and a smoke request.")] = 180.0,
         deployment: DeploymentOpt = "engine",
         remote_root: RemoteRootOpt = DEFAULT_ROOT,
         remote_python: RemotePythonOpt = "python3",
