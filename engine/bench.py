@@ -224,12 +224,18 @@ def allreduce(device: str, dtype: str, iters: int) -> dict:
         return json.loads(Path(out).read_text())
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written (it says what each number is), and every option's default."""
+
+
 def main(argv: list[str]) -> int:
     if "--variants" in argv:  # several ways to run the same decode step, compared in one process
         from engine import bench_variants
 
         return bench_variants.main([a for a in argv if a != "--variants"])
-    p = argparse.ArgumentParser(prog="python -m engine bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m engine bench", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--variants", action="store_true",
+                   help="run engine/bench_variants.py instead (its own options follow; see its --help)")
     p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"), help="a config.json (real shape)")
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")
     p.add_argument("--contexts", default="512,4096,16384")

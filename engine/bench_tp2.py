@@ -437,8 +437,11 @@ def summary(doc: dict, ctx: str = "1024") -> dict:
     return out
 
 
+from engine.bench import HelpFormatter  # noqa: E402 - one help layout for the benches
+
+
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine bench-tp2", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m engine bench-tp2", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"), help="a config.json (real shape)")
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")
     p.add_argument("--contexts", default="1024,4096,16384,32768")
