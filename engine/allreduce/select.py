@@ -35,14 +35,6 @@ class Choice:
     why: str
 
 
-def _agree(ok: bool) -> list[bool]:
-    """Every rank's ok flag, in rank order (over the gloo control group)."""
-    t = torch.tensor([1 if ok else 0], dtype=torch.int64)
-    parts = [torch.empty_like(t) for _ in range(2)]
-    dist.all_gather(parts, t)
-    return [bool(p.item()) for p in parts]
-
-
 def _agree_reason(reason: str | None) -> str | None:
     """A failure reason from whichever rank had one (control group), or None if both passed."""
     reasons: list[str | None] = [None, None]
