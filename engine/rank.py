@@ -239,8 +239,8 @@ class Rank:
             try:
                 sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0))
             except (ValueError, TypeError, OverflowError) as e:
-                server.send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
                 self.busy = False
+                server.send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
                 continue
             seq = {"n": 0}
 
@@ -268,6 +268,7 @@ class Rank:
                     server.send(protocol.token(rid, k, toks[0], self.counter))
                 return False
 
+            reply = None
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
                                          set(req.get("stop_token_ids") or []), self.args.prefill_chunk, hook)
@@ -278,16 +279,17 @@ class Rank:
                 # (before the same exchange); the pair stays in step and serves the next request.
                 why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
                 log(self.r, f"request {rid} failed: {why}")
-                server.send(protocol.error(rid, why))
+                reply = protocol.error(rid, why)
             else:
                 # One line per request in each rank's log: the acceptance suite checks the two ranks
                 # agree request by request (same steps, same finish, same token hash).
                 log(self.r, f"request {rid} finish={reason} steps={seq['n']} tokens={len(out)} "
                             f"hash={token_hash(out, 0):016x}")
-                server.send(protocol.done(rid, reason, len(req["prompt_ids"]), len(out)))
+                reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out))
             finally:
                 self.cancelled.discard(rid)
-                self.busy = False
+                self.busy = False  # idle before the answer leaves: a ping after "done" finds the rank idle
+            server.send(reply)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -39,14 +39,16 @@ def svc():
         s.stop()
 
 
-def _assert_recovered(svc, before: dict, cause: str) -> dict:
-    """The service came back by itself with a new rank generation and answers exactly."""
+def _assert_recovered(svc, before: dict, cause: str | tuple[str, ...]) -> dict:
+    """The service came back by itself with a new rank generation and answers exactly; the failure of
+    `before`'s generation was logged with `cause` (or one of several, where the first detector wins)."""
+    causes = (cause,) if isinstance(cause, str) else cause
     now = svc.wait_healthy(timeout_s=60, newer_than=before["generation"])
     for pid in before["rank_pids"]:
         wait_until(lambda p=pid: not pid_alive(p), 10, what=f"old rank pid {pid} to be gone")
     assert set(now["rank_pids"]).isdisjoint(before["rank_pids"])
     failures = [e for e in svc.events("rank_failure") if e["generation"] == before["generation"]]
-    assert failures and failures[-1]["cause"] == cause, failures
+    assert failures and failures[-1]["cause"] in causes, failures
     assert failures[-1]["rank_pids"] == before["rank_pids"]
     restarts = [e for e in svc.events("restart") if e["generation"] == now["generation"]]
     assert restarts and restarts[-1]["rank_pids"] == now["rank_pids"] and restarts[-1]["allreduce"]
@@ -124,8 +126,7 @@ def test_freeze_rank1_mid_request(svc):
     assert out["status"] == 503
     # Rank 1's heartbeat stops (liveness), rank 0's allreduce times out (4 s) and it reports
     # fatal, or the stall timeout fires: whichever comes first.
-    _assert_recovered(svc, before, svc.events("rank_failure")[-1]["cause"])
-    assert svc.events("rank_failure")[-1]["cause"] in ("exit", "stall", "liveness")
+    _assert_recovered(svc, before, ("exit", "stall", "liveness"))
 
 
 def test_frozen_idle_rank_turns_health_false_then_recovers(svc):
@@ -134,8 +135,9 @@ def test_frozen_idle_rank_turns_health_false_then_recovers(svc):
     # No request is running: its missing heartbeat (or the unanswered idle ping) finds it.
     wait_until(lambda: svc.health().status_code == 503, STALL_S + 4, what="/health to say 503")
     assert svc.complete(PROMPT, 4).status_code == 503
-    _assert_recovered(svc, before, svc.events("rank_failure")[-1]["cause"])
-    assert svc.events("rank_failure")[-1]["cause"] in ("stall", "liveness")
+    # /health turns 503 the moment a rank is known dead, before the failure line is written: read
+    # the cause after recovery, for this generation only.
+    _assert_recovered(svc, before, ("stall", "liveness"))
 
 
 def test_corrupt_hash_is_a_lockstep_failure_and_no_wrong_token_is_served(svc):
@@ -156,7 +158,7 @@ def test_stalled_allreduce_on_one_rank(svc):
     svc.inject("stall_allreduce", rank=1)
     r = svc.complete("Long story", 50)
     assert r.status_code == 503
-    _assert_recovered(svc, before, svc.events("rank_failure")[-1]["cause"])
+    _assert_recovered(svc, before, ("exit", "stall", "liveness"))
 
 
 def test_control_targets_and_refusals(svc):
