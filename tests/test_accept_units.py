@@ -137,3 +137,21 @@ def test_qualify_out_must_be_a_directory(cli, tmp_path):
     f.write_text("x")
     r = cli("qualify", "--out", f)
     assert r.exit_code == 2 and "is a file" in r.stderr
+
+
+def test_service_log_events_are_taken_after_the_mark_even_in_a_tail():
+    from v100plan.accept.faults import _events_after, _exited_at_cap, _failure_cause
+
+    old = '{"ts": 1, "event": "rank_failure", "cause": "exit"}'
+    log = "\n".join([old, '{"ts": 2, "event": "request"}', "not json",
+                     '{"ts": 3, "event": "rank_failure", "cause": "lockstep"}'])
+    after = _events_after(log, '{"ts": 2, "event": "request"}')
+    assert [e["ts"] for e in after] == [3]
+    assert _failure_cause("lockstep")(None, after) is None
+    assert "expected" in _failure_cause("exit")(None, after)
+    # the mark scrolled out of a tail: every event of the tail counts
+    assert len(_events_after(log, '{"ts": 0, "event": "gone"}')) == 3
+    storm = [{"event": "rank_start_failed"}, {"event": "exit", "code": 3}]
+    assert _exited_at_cap(None, storm) is None
+    assert "exited 0" in _exited_at_cap(None, [{"event": "rank_start_failed"}, {"event": "exit", "code": 0}])
+    assert "no failed rank start" in _exited_at_cap(None, [{"event": "exit", "code": 3}])

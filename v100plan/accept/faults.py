@@ -10,7 +10,7 @@ first exact answer afterwards.
 
 from __future__ import annotations
 
-import re
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +44,7 @@ def _timeout(ctx: Context) -> float:
 
 
 def _run_fault(ctx: Context, inject: Callable[[Context], tuple[bool, str]], *, proxy_dies: bool = False,
-               log_check: Callable[[Context, str], str | None] | None = None) -> Outcome:
+               log_check: Callable[[Context, list[dict]], str | None] | None = None) -> Outcome:
     o = Outcome()
     for i in range(1, ctx.options.fault_repeats + 1):
         rep = _repetition(ctx, i, inject, proxy_dies, log_check)
@@ -66,7 +66,7 @@ def _repetition(ctx: Context, index: int, inject, proxy_dies: bool, log_check) -
         return rep
     gen0 = before.get("generation")
     ref = ctx.refs.get(PROMPTS["story"], FAULT_TOKENS)
-    log_mark = len(ctx.target.read_service_log()) if ctx.target.read_service_log else 0
+    log_mark = _last_line(ctx.target.read_service_log()) if ctx.target.read_service_log else None
     started = threading.Event()
     box: dict[str, Stream] = {}
 
@@ -152,7 +152,7 @@ def _repetition(ctx: Context, index: int, inject, proxy_dies: bool, log_check) -
     else:
         rep.fail(f"the first answer after recovery was not exact ({a.status}: {a.text()[:40]!r})")
     if log_check is not None and ctx.target.read_service_log:
-        why = log_check(ctx, ctx.target.read_service_log()[log_mark:])
+        why = log_check(ctx, _events_after(ctx.target.read_service_log(), log_mark))
         if why:
             rep.fail(why)
     return rep
@@ -165,10 +165,32 @@ def _rank_action(action: str, rank: int) -> Callable[[Context], tuple[bool, str]
     return inject
 
 
-def _failure_cause(*causes: str) -> Callable[[Context, str], str | None]:
+def _last_line(log: str) -> str | None:
+    lines = log.splitlines()
+    return lines[-1] if lines else None
+
+
+def _events_after(log: str, mark: str | None) -> list[dict]:
+    """The service log's structured events written after the line `mark` (the last line before the
+    injection). The log may be a tail of a longer file (a remote host's), so the mark is found by its
+    text, not by an offset; when it has scrolled out of the tail, every event in the tail counts."""
+    lines = log.splitlines()
+    if mark is not None and mark in lines:
+        lines = lines[len(lines) - lines[::-1].index(mark):]
+    events = []
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return events
+
+
+def _failure_cause(*causes: str) -> Callable[[Context, list[dict]], str | None]:
     """The service log must record the pair's failure with one of `causes`."""
-    def check(_ctx: Context, log: str) -> str | None:
-        found = re.findall(r'"event": ?"rank_failure".*?"cause": ?"(\w+)"', log)
+    def check(_ctx: Context, events: list[dict]) -> str | None:
+        found = [e.get("cause") for e in events if e.get("event") == "rank_failure"]
         if not found:
             return "the service log records no rank_failure for this fault"
         return None if found[0] in causes else f"the service log gives cause {found[0]!r}, expected {causes}"
@@ -212,13 +234,13 @@ def _storm(ctx: Context) -> tuple[bool, str]:
         else f"kill: {b.status}: {b.error_message()}"
 
 
-def _exited_at_cap(_ctx: Context, log: str) -> str | None:
-    if not re.search(r'"event": ?"rank_start_failed"', log):
+def _exited_at_cap(_ctx: Context, events: list[dict]) -> str | None:
+    if not any(e.get("event") == "rank_start_failed" for e in events):
         return "the service log records no failed rank start"
-    m = re.search(r'"event": ?"exit".*?"code": ?(\d+)', log)
-    if m is None:
+    codes = [e.get("code") for e in events if e.get("event") == "exit"]
+    if not codes:
         return "the service log records no exit at the restart cap"
-    return None if m.group(1) != "0" else "serve exited 0 at the restart cap (documented: non-zero)"
+    return None if codes[0] != 0 else "serve exited 0 at the restart cap (documented: non-zero)"
 
 
 @case("restart_storm", "every rank start fails: the restarts reach the cap, serve reports itself down and "
