@@ -1,13 +1,21 @@
-"""Which allreduce path a TP2 pair uses, and what one allreduce costs.
+"""Which allreduce path a TP2 pair uses, and what one allreduce costs, on two cards or more.
 
 Path names are the engine's flags and metrics: nccl, gloo, host_mailbox,
 device_mailbox, none. Latencies come from the box (hardware profile or probe
 report) first, else from the engine profile's figures (docs/field-figures.md: measured on the
 field report's V100 boxes), and say which.
+
+Wider than two cards (tp4, tp8): one allreduce costs what the box's table for that many cards says
+(the hardware profile's 'box', published nccl-tests runs: docs/field-figures.md), interpolated in
+message size like the pair's: latency(n GPUs, fabric) at small sizes plus bytes over the bandwidth the
+larger measured sizes imply. NCCL picks ring or tree and the LL protocol at decode sizes itself; a
+measured table already holds what it picked. Without a table for that count: log2(tp) two-card
+allreduces (recursive doubling), and the plan says so.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -59,6 +67,8 @@ class PathChoice:
 def _table_for(path: str, hw: Hardware, engine: Engine) -> tuple[dict[str, float] | None, str]:
     if hw.pair.allreduce_us.get(path):
         return hw.pair.allreduce_us[path], f"{hw.origin}: {hw.pair.allreduce_source}"
+    if hw.box_allreduce_us.get(2, {}).get(path):
+        return hw.box_allreduce_us[2][path], f"{hw.origin}: {hw.box_allreduce_source[2]}"
     if engine.allreduce_us.get(path):
         return engine.allreduce_us[path], (f"engine {engine.id}'s figure (not measured on {hw.card.id}; "
                                            "run `v100plan probe` on the box)")
@@ -117,3 +127,30 @@ def choose_path(hw: Hardware, engine: Engine, decode_message_bytes: float, prefi
 def allreduce_ms_per_round(allreduces_per_round: int, us_each: float) -> float:
     """allreduces per round x latency of one (docs/field-figures.md: 134 x 16 us = 2.1 ms on the PCIe box's host mailbox)."""
     return allreduces_per_round * us_each / 1e3
+
+
+@dataclass(frozen=True)
+class WideAllreduce:
+    us: float          # one decode-sized allreduce across tp cards (0: not priced)
+    path: str
+    source: str        # where the figure comes from, or why there is none
+    measured: bool     # True: the box's own table for this many cards
+
+
+def wide_allreduce(hw: Hardware, engine: Engine, tp: int, message_bytes: float, choice: PathChoice | None) -> WideAllreduce:
+    """One decode allreduce of ``message_bytes`` across ``tp`` (> 2) cards of one box.
+
+    The box's table for ``tp`` cards on the pair's chosen path, else on the first usable engine path the
+    table has; without one, log2(tp) x the two-card figure (recursive doubling: log2(tp) exchange steps,
+    each about one two-card allreduce at these sizes); with no two-card figure either, not priced (0)."""
+    tables = hw.box_allreduce_us.get(tp, {})
+    paths = ([choice.path] if choice else []) + [p for p in engine.allreduce_paths if not choice or p != choice.path]
+    for path in paths:
+        if path in tables and path_problem(path, hw) is None:
+            return WideAllreduce(latency_us_at(tables[path], message_bytes), path,
+                                 f"{hw.origin}: {tp}-GPU figure: {hw.box_allreduce_source[tp]}", True)
+    if choice and choice.decode_us > 0:
+        return WideAllreduce(choice.decode_us * math.log2(tp), choice.path,
+                             f"log2({tp}) x the two-card figure ({choice.source}); no {tp}-GPU figure for {hw.origin}", False)
+    return WideAllreduce(0.0, choice.path if choice else "none",
+                         f"no {tp}-GPU or two-card allreduce figure for {hw.origin}: not priced", False)

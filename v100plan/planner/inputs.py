@@ -84,6 +84,10 @@ class Hardware:
     notes: tuple[str, ...] = ()
     nodes: int = 1                   # boxes of ``gpus`` cards each
     network: Network | None = None   # between boxes (None: not known)
+    # GPU count -> path -> {size: us}: one allreduce across that many cards of one box (the profile's 'box'),
+    # and where each count's figures come from. Empty: only the pair's figures are known.
+    box_allreduce_us: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
+    box_allreduce_source: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -322,9 +326,19 @@ def network_from_doc(doc: dict[str, Any] | None) -> Network | None:
                    source=srcs.get("bw_gbps", "hardware profile"))
 
 
+def box_from_doc(doc: dict[str, Any] | None) -> tuple[dict[int, dict[str, dict[str, float]]], dict[int, str]]:
+    """The hardware profile's optional 'box' object: allreduce tables per GPU count and their sources."""
+    if not doc:
+        return {}, {}
+    tables = {int(n): t for n, raw in (doc.get("allreduce_us") or {}).items() if (t := _latency_tables(raw))}
+    srcs = doc.get("sources", {})
+    return tables, {n: srcs.get(str(n), "hardware profile") for n in tables}
+
+
 def hardware_from_doc(doc: dict[str, Any], gpus: int, nodes: int = 1) -> Hardware:
+    box_us, box_src = box_from_doc(doc.get("box"))
     return Hardware(card=card_from_doc(doc), pair=pair_from_doc(doc), gpus=gpus, origin=doc["id"], nodes=nodes,
-                    network=network_from_doc(doc.get("network")))
+                    network=network_from_doc(doc.get("network")), box_allreduce_us=box_us, box_allreduce_source=box_src)
 
 
 def model_from_doc(doc: dict[str, Any]) -> Model:

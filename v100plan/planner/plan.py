@@ -6,7 +6,6 @@ Pure: no I/O, no clocks. Reads like the arithmetic on a whiteboard; the
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
@@ -103,9 +102,15 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
                               reason=reason, **base)
 
     ratio = _clock_ratio(hw, lay)
-    # Wider than two: a latency-bound allreduce takes about log2(tp) two-card steps (recursive doubling).
-    ar_scale = math.log2(lay.tp) if lay.tp > 2 else 1.0
-    ar_ms = ar.allreduce_ms_per_round(model.allreduces_per_round, choice.decode_us) * ar_scale if (lay.tp >= 2 and choice) else 0.0
+    ar_us, ar_source = None, None
+    if lay.tp > 2:
+        # Wider than two: the box's figure for this many cards, else log2(tp) two-card allreduces (allreduce.py).
+        wide = ar.wide_allreduce(hw, engine, lay.tp, model.allreduce_bytes_per_token * verified_tokens * C, choice)
+        ar_us, ar_source = wide.us, wide.source
+        base["allreduce_path"] = wide.path
+    elif lay.tp == 2 and choice:
+        ar_us, ar_source = choice.decode_us, choice.source
+    ar_ms = ar.allreduce_ms_per_round(model.allreduces_per_round, ar_us) if ar_us is not None else 0.0
     hop_us = choice.decode_us if choice else 0.0
     if lay.pp > 1:
         net = hw.network
@@ -124,7 +129,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         "weights_ms": round(rnd.weights_ms, 3), "kv_ms": round(rnd.kv_ms, 3), "overhead_ms": round(rnd.overhead_ms, 3),
         "allreduce_ms": round(rnd.allreduce_ms, 3), "hops_ms": round(rnd.hops_ms, 3),
         "allreduces_per_round": model.allreduces_per_round if lay.tp >= 2 else 0,
-        "allreduce_us": round(choice.decode_us * ar_scale, 2) if (lay.tp >= 2 and choice) else None,
+        "allreduce_us": round(ar_us, 2) if ar_us is not None else None,
+        "allreduce_source": ar_source,
         "clock_ratio": ratio, "tokens_per_round": round(tpr, 4), "ceiling_ms": round(rnd.ceiling_ms, 3),
     }
     if rnd.draft_ms:
@@ -213,7 +219,7 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
         ]
         if d["allreduce_ms"]:
             lines.append(f"allreduce {d['allreduces_per_round']} x {d['allreduce_us']:g} us ({r.allreduce_path}) = "
-                         f"{d['allreduce_ms']:.2f} ms; figure from {choice.source if choice else 'n/a'}")
+                         f"{d['allreduce_ms']:.2f} ms; figure from {d.get('allreduce_source') or 'n/a'}")
         if d["hops_ms"]:
             lines.append(f"hand-overs between cards {d['hops_ms']:.3f} ms")
         if d.get("draft_ms"):
@@ -281,8 +287,10 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         if choice is None and (engine.multi_node or engine.max_tp > 2):
             # Engines with their own NCCL allreduce (vLLM, SGLang, gpt-fast): without a figure for this box it is not priced.
             choice = ar.PathChoice("nccl", 0.0, "nccl", 0.0, "no allreduce figure for this box: not priced", ())
-            notes.append(f"allreduce: engine {engine.id} uses NCCL; no figure for {hardware.card.id}, so allreduces are "
-                         "not priced (run `v100plan probe` on the box)")
+            wider = sorted(hardware.box_allreduce_us)
+            notes.append(f"allreduce: engine {engine.id} uses NCCL; no two-card figure for {hardware.card.id}, so "
+                         + ("two-card allreduces are" if wider else "allreduces are") + " not priced (run `v100plan probe` "
+                         "on the box)" + (f"; {', '.join(map(str, wider))}-GPU figures are in its profile" if wider else ""))
         if choice:
             notes += [f"allreduce {why}" for why in choice.rejected]
             if choice.prefill_path != choice.path:
@@ -298,8 +306,13 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
     if hardware.nodes > 1 and hardware.network is None:
         notes.append(f"{hardware.card.id}: no network figures between nodes in the hardware profile: pipeline hand-overs "
                      "across nodes are not priced (add 'network' bandwidth and latency)")
-    if any(n.startswith("tp") and n != "tp2" for n in names):
-        notes.append("tensor parallel beyond 2: each allreduce priced as log2(tp) two-card allreduces")
+    for tp in sorted({int(n[2:].partition("_pp")[0]) for n in names if n.startswith("tp")} - {1, 2}):
+        if hardware.box_allreduce_us.get(tp):
+            notes.append(f"tp{tp}: each allreduce priced from {hardware.card.id}'s {tp}-GPU figure "
+                         f"({hardware.box_allreduce_source[tp]})")
+        else:
+            notes.append(f"tp{tp}: no {tp}-GPU allreduce figure for {hardware.card.id}: each allreduce priced as "
+                         f"log2({tp}) two-card allreduces")
     results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1) for n in names]
     rec = _recommend(results, target.objective)
     why: list[str] = []
