@@ -20,10 +20,10 @@ KNOWN_MISSES = {
     "ninfer-replicas-131k": "the report gives no acceptance or engine for its replicas figure; with the tuned engine and "
                             "prose acceptance the planner says 52.9 (+26 %); the original port's 41 tok/s at 122K suggests "
                             "the figure came from that engine",
-    **{pid: "gpt-fast tensor parallel 8 on A100: the catalogue has no allreduce figure for an A100 box, so the planner "
-            "does not price the 64-160 allreduces per token, and has no half-width-kernel efficiency beyond TP2; "
-            "it overpredicts more the wider the split" for pid in
-       ("gptfast-a100x8-l2-7b-tp8", "gptfast-a100x8-l2-70b-tp8", "gptfast-a100x8-l2-70b-tp8-int8")},
+    "gptfast-a100x8-l2-7b-tp8": "each of the 64 allreduces (8 KB) is priced at the 8-GPU A100 nccl-tests figure, 26.35 us, "
+                                "measured without CUDA graphs (NCCL 2.8.4, NVSwitch HGX); gpt-fast captured its decode in a "
+                                "CUDA graph and ran PyTorch's intra-node allreduce on a hybrid-cube-mesh box, for which no "
+                                "published latency was found: the planner says 243 tok/s (-26 %)",
 }
 
 
@@ -55,12 +55,25 @@ def test_calibration_points_reproduce(rows):
 
 
 def test_held_out_accuracy(rows):
+    """The issue's goal: held-out median within 10 %, none beyond 25 % except the named misses, and a named
+    miss that is no longer one must leave the list (the reasons in docs/planner-accuracy.md stay true)."""
     s = accuracy.summary(rows)
     assert s["held_out_predicted"] == s["held_out"] >= 10
     assert s["held_out_median_abs_error"] <= 0.10
     for r in rows:
         if r.role == "held_out" and r.id not in KNOWN_MISSES:
             assert abs(r.error) <= 0.25, (r.id, r.error)
+        if r.id in KNOWN_MISSES:
+            assert r.role == "held_out" and abs(r.error) > 0.25, (r.id, r.error)
+
+
+def test_wide_tensor_parallel_points_pay_for_their_allreduces(rows):
+    """Every gpt-fast tp4/tp8 point is priced from the A100 box's 4- or 8-GPU figure, not left unpriced."""
+    wide = [r for r in rows if r.engine == "gpt-fast" and r.strategy in ("tp4", "tp8")]
+    assert len(wide) == 5
+    for r in wide:
+        n = r.strategy[2:]
+        assert any(note.startswith(f"tp{n}: each allreduce priced from a100-80gb's {n}-GPU figure") for note in r.notes), r.id
 
 
 def test_engine_profiles_name_the_points_they_were_calibrated_on():
