@@ -110,3 +110,16 @@ def test_box_figures_are_validated_and_sourced():
     bad["box"]["allreduce_us"]["8"]["nccl"]["16k"] = -1
     assert documents.problems(bad, "hardware_profile")
     assert not documents.problems(_a100(), "hardware_profile")
+
+
+def test_past_the_largest_measured_size_a_ring_moves_the_extra_bytes_at_the_links_bus_bandwidth():
+    """Extra bytes go at bulk x n / 2(n-1) (nccl-tests' bus bandwidth relation), not in proportion to the table."""
+    doc = _a100()
+    doc["box"]["allreduce_us"]["8"] = {"nccl": {"8k": 20.0}}
+    hw = hardware_from_doc(doc, 8)
+    engine = engine_from_doc(catalogue.get("engine", "gpt-fast"))
+    bulk = hw.pair.bulk_gbps()
+    assert bulk == doc["pair"]["link_bw_nominal_gbps"]
+    extra = 1e6
+    w = wide_allreduce(hw, engine, 8, 8192 + extra, None)
+    assert w.us == pytest.approx(20.0 + extra / (bulk * 8 / 14 * 1e3))

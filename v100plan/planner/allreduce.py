@@ -145,9 +145,13 @@ def wide_allreduce(hw: Hardware, engine: Engine, tp: int, message_bytes: float, 
     each about one two-card allreduce at these sizes); with no two-card figure either, not priced (0)."""
     tables = hw.box_allreduce_us.get(tp, {})
     paths = ([choice.path] if choice else []) + [p for p in engine.allreduce_paths if not choice or p != choice.path]
+    bulk = hw.pair.bulk_gbps()
+    # Past the largest measured size: a ring moves 2(n-1)/n of the message over each card's link
+    # (nccl-tests' bus bandwidth = algorithm bandwidth x 2(n-1)/n), so the message goes at bulk x n / 2(n-1).
+    algo_gbps = bulk * tp / (2 * (tp - 1)) if bulk else None
     for path in paths:
         if path in tables and path_problem(path, hw) is None:
-            return WideAllreduce(latency_us_at(tables[path], message_bytes), path,
+            return WideAllreduce(latency_us_at(tables[path], message_bytes, algo_gbps), path,
                                  f"{hw.origin}: {tp}-GPU figure: {hw.box_allreduce_source[tp]}", True)
     if choice and choice.decode_us > 0:
         return WideAllreduce(choice.decode_us * math.log2(tp), choice.path,
