@@ -1,6 +1,6 @@
 """Reused- vs new-connection latency of a minimal ASGI app served by uvicorn from a pre-bound socket,
 with the listening socket made the old way (socket.create_server: proto 0, so asyncio leaves Nagle on)
-and the new way (engine.serve.listen_socket: IPPROTO_TCP + TCP_NODELAY). With --url, the same
+and the new way (engine.service.serve.listen_socket: IPPROTO_TCP + TCP_NODELAY). With --url, the same
 measurement against a running service (GET /v1/models, --key for the Bearer key).
 
     .venv/bin/python docs/service_latency.py            # both sockets, minimal app
@@ -77,10 +77,10 @@ def main() -> None:
         headers = {"Authorization": f"Bearer {a.key}"} if a.key else {}
         print(json.dumps({"case": "service", "url": a.url, **_measure(a.url + "/v1/models", a.n, headers)}))
         return
-    from engine.serve import listen_socket
+    from engine.service.serve import listen_socket
 
     for name, make in (("socket.create_server (before)", lambda: socket.create_server(("127.0.0.1", 0))),
-                       ("engine.serve.listen_socket (after)", lambda: listen_socket("127.0.0.1", 0))):
+                       ("engine.service.serve.listen_socket (after)", lambda: listen_socket("127.0.0.1", 0))):
         sock = make()
         port = sock.getsockname()[1]
         server, t = _serve(sock)

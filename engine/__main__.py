@@ -10,14 +10,14 @@ import importlib
 import sys
 
 COMMANDS = {
-    "shard": ("engine.shard", "split a checkpoint for tensor parallelism and verify it reassembles"),
-    "make-demo-model": ("engine.demo_cli", "write the v100plan-demo model (byte-identical everywhere)"),
-    "generate": ("engine.generate", "one-shot generation, TP1 in-process or TP2 over two rank processes"),
-    "rank": ("engine.rank_cli", "one tensor-parallel rank speaking the control-socket protocol"),
-    "bench": ("engine.bench", "decode and allreduce benchmark on a GPU host (prints JSON)"),
-    "bench-tp2": ("engine.bench_tp2", "two GPUs: allreduce paths, the start-up race, TP2 vs TP1 decode (prints JSON)"),
-    "serve": ("engine.serve", "the OpenAI-compatible service over two ranks"),
-    "supervise": ("engine.supervise", "run the service under a real process supervisor"),
+    "shard": ("engine.core.shard", "split a checkpoint for tensor parallelism and verify it reassembles"),
+    "make-demo-model": ("engine.core.demo_cli", "write the v100plan-demo model (byte-identical everywhere)"),
+    "generate": ("engine.core.generate", "one-shot generation, TP1 in-process or TP2 over two rank processes"),
+    "rank": ("engine.service.rank_cli", "one tensor-parallel rank speaking the control-socket protocol"),
+    "bench": ("engine.bench.decode", "decode and allreduce benchmark on a GPU host (prints JSON)"),
+    "bench-tp2": ("engine.bench.tp2", "two GPUs: allreduce paths, the start-up race, TP2 vs TP1 decode (prints JSON)"),
+    "serve": ("engine.service.serve", "the OpenAI-compatible service over two ranks"),
+    "supervise": ("engine.service.supervise", "run the service under a real process supervisor"),
 }
 
 

@@ -51,7 +51,7 @@ def make_hf_model(name: str, out: Path):
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
-    from engine import demo
+    from engine.core import demo
 
     d = tmp_path_factory.mktemp("demo") / "v100plan-demo"
     demo.make(d)

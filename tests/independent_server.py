@@ -2,7 +2,7 @@
 
 `independent_server` (session scope) runs Hugging Face's `transformers serve` as a real subprocess
 on 127.0.0.1, serving the demo model from a local directory, with no network: the model is written
-by this test session (engine.demo), and the hub is switched off (HF_HUB_OFFLINE=1). Nothing of
+by this test session (engine.core.demo), and the hub is switched off (HF_HUB_OFFLINE=1). Nothing of
 this project's engine runs inside it: transformers tokenizes, templates, generates and streams.
 
 Why this server: it ships in the `transformers[serving]` extra (pure Python, installs in seconds
@@ -100,7 +100,7 @@ def write_model(out: Path) -> Path:
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
-    from engine import demo
+    from engine.core import demo
 
     demo.make(out)
     cfg = json.loads((out / "config.json").read_text())

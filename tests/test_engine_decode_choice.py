@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import runner
-from engine.model import attn_block, mlp_block
+from engine.core import runner
+from engine.core.model import attn_block, mlp_block
 from tests.engine_helpers import small_config
 
 
@@ -45,9 +45,9 @@ def test_context_buckets_double_up_to_the_limit():
 
 
 def _model(dtype, seed=7):
-    from engine import config as ecfg
-    from engine.model import Model
-    from engine.weights import expected_tensors
+    from engine.core import config as ecfg
+    from engine.core.model import Model
+    from engine.core.weights import expected_tensors
 
     model = Model(ecfg.from_dict(small_config("llama-3.1-8b")), dtype=dtype, device="cpu")
     g = torch.Generator().manual_seed(seed)
@@ -89,7 +89,7 @@ def test_cpu_decoder_says_it_runs_eagerly_and_why():
 
 
 def test_runner_loop_reports_its_host_time_and_token_time():
-    from engine.sampling import Sampler
+    from engine.core.sampling import Sampler
 
     model = _model(torch.float32)
     dec = runner.prepare(model)
@@ -119,7 +119,7 @@ class _AheadDecoder(runner.Decoder):
 
 
 def test_on_graphs_the_next_step_is_issued_before_the_hook_and_tokens_do_not_change():
-    from engine.sampling import Sampler
+    from engine.core.sampling import Sampler
 
     model = _model(torch.float32)
     want, _ = runner.run(model, [3, 4, 5], 8, Sampler(), set(), 2)

@@ -22,9 +22,9 @@ RECORDED_STRICT = FIXTURES / "engine" / "h200-decode-variants-2026-11-29-vs-eage
 def _model(name: str, ctx: int = 40):
     import torch
 
-    from engine import config as ecfg
-    from engine.model import Model
-    from engine.weights import expected_tensors
+    from engine.core import config as ecfg
+    from engine.core.model import Model
+    from engine.core.weights import expected_tensors
 
     model = Model(ecfg.from_dict(small_config(name)), dtype=torch.float32, device="cpu")
     g = torch.Generator().manual_seed(7)
@@ -60,7 +60,7 @@ def test_compiled_blocks_trace_as_one_graph_each():
     """fullgraph=True: a graph break would raise; each block compiles once for all layers."""
     import torch
 
-    from engine.model import attn_block, mlp_block
+    from engine.core.model import attn_block, mlp_block
 
     model = _model("qwen3-8b")
     tok, pos = torch.tensor([3]), torch.tensor([12])
@@ -74,7 +74,7 @@ def test_compiled_blocks_trace_as_one_graph_each():
 def test_check_rejects_nan_and_drift_and_passes_rounding():
     import torch
 
-    from engine.bench_variants import check
+    from engine.bench.variants import check
 
     ref = torch.randn(1000)
     assert check(ref + 1e-4 * torch.randn(1000), ref, 0.01)["correct"]
@@ -87,7 +87,8 @@ def test_check_rejects_nan_and_drift_and_passes_rounding():
 
 
 def test_cpu_dry_run_covers_every_variant(tmp_path, capsys):
-    from engine import bench, bench_variants
+    from engine.bench import decode as bench
+    from engine.bench import variants as bench_variants
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(small_config("llama-3.1-8b")))

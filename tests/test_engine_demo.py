@@ -9,11 +9,11 @@ import sys
 
 import torch
 
-from engine import config as ecfg
-from engine import demo, runner, weights
-from engine.model import Model
-from engine.sampling import Sampler
-from engine.tokenizer import Tokenizer
+from engine.core import config as ecfg
+from engine.core import demo, runner, weights
+from engine.core.model import Model
+from engine.core.sampling import Sampler
+from engine.core.tokenizer import Tokenizer
 from tests import engine_helpers
 from tests.engine_helpers import REPO
 

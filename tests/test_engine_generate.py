@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engine.tokenizer import Tokenizer
+from engine.core.tokenizer import Tokenizer
 from tests import engine_helpers
 from tests.engine_helpers import REPO
 

@@ -50,7 +50,7 @@ import sys, time, torch, torch.distributed as dist
 from engine.allreduce.dist import init_control
 from engine.allreduce.device_mailbox import DeviceMailbox
 from engine.allreduce.select import selftest
-from engine.allreduce import PathTimeout
+from engine.allreduce.base import PathTimeout
 rank, rdv = int(sys.argv[1]), sys.argv[2]
 torch.cuda.set_device(0)
 store = init_control(rdv, 5, rank, 2, 30.0)

@@ -43,9 +43,9 @@ def _generate(model, *extra):
 def test_graph_replays_equal_eager_steps(demo_dir, kernels):
     import torch
 
-    from engine import config, runner, weights
-    from engine.model import Model
-    from engine.sampling import Sampler
+    from engine.core import config, runner, weights
+    from engine.core.model import Model
+    from engine.core.sampling import Sampler
 
     cfg = config.load(demo_dir)
     outs = {}

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.allreduce import PathError, device_mailbox
+from engine.allreduce import device_mailbox
+from engine.allreduce.base import PathError
 
 
 class _Store:

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from engine import config as ecfg
-from engine import runner, weights
-from engine.model import Model
-from engine.sampling import Sampler
+from engine.core import config as ecfg
+from engine.core import runner, weights
+from engine.core.model import Model
+from engine.core.sampling import Sampler
 from tests.engine_helpers import SHRINK, make_hf_model, small_config
 
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from engine import protocol
+from engine.service import protocol
 from tests.engine_helpers import REPO
 
 

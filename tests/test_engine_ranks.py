@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from engine import protocol
 from engine.allreduce.host_mailbox import mailbox_file
+from engine.service import protocol
 from tests import engine_helpers
 from tests.engine_helpers import REPO
 

@@ -1,4 +1,4 @@
-"""The two-H200 recording of issue 10 (2026-11-30, `python -m engine.bench_served`, one run): the service
+"""The two-H200 recording of issue 10 (2026-11-30, `python -m engine.bench.served`, one run): the service
 as a user starts it against the bench's own step, judged on CPU. Every ratio is recomputed from the
 figures beside it; the targets met and missed are asserted as recorded (docs/engine-speed.md)."""
 
@@ -89,7 +89,7 @@ def test_the_race_picked_the_fastest_captured_path(bench, served):
 
 
 def test_summary_ratios_recompute_and_the_open_targets_stay_open(bench):
-    from engine.bench_tp2 import summary
+    from engine.bench.tp2 import summary
 
     assert summary(bench, "1024") == bench["summary"]
     s = bench["summary"]

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from engine import config as ecfg
-from engine import shard, weights
-from engine.model import Model
+from engine.core import config as ecfg
+from engine.core import shard, weights
+from engine.core.model import Model
 from tests import engine_helpers
 from tests.engine_helpers import REPO, make_hf_model, small_config
 

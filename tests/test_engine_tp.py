@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from engine import config as ecfg
-from engine import weights
-from engine.model import Model
+from engine.core import config as ecfg
+from engine.core import weights
+from engine.core.model import Model
 from tests import engine_helpers
 from tests.engine_helpers import REPO
 
@@ -22,11 +22,11 @@ demo_dir = engine_helpers.demo_dir
 # (the activations both ranks continue from) and of the gathered logits.
 RANK_SCRIPT = r'''
 import hashlib, json, sys, threading, torch, torch.distributed as dist
-from engine import config, weights
+from engine.core import config, weights
 from engine.allreduce.dist import init_control
 from engine.allreduce.select import build
-from engine.comm import Comm
-from engine.model import Model
+from engine.allreduce.comm import Comm
+from engine.core.model import Model
 rank, model_dir, rdv, path_name, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 store = init_control(rdv, 0, rank, 2, 30.0)
 path = build(path_name, rank=rank, device=torch.device("cpu"), timeout_s=30.0, abort=threading.Event(),

@@ -30,7 +30,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer(model_dir: str):
-    from engine.tokenizer import Tokenizer
+    from engine.core.tokenizer import Tokenizer
 
     return Tokenizer(model_dir)
 

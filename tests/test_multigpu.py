@@ -102,7 +102,7 @@ def test_the_start_up_race_picks_the_fastest_path(bench):
 def test_judge_race_names_a_slower_pick():
     table = {"nccl": {"eager_us": {"8k": 70, "40k": 75}, "graph_us": {"8k": 9, "40k": 10}},
              "host_mailbox": {"eager_us": {"8k": 60, "40k": 80}, "graph_us": {"unavailable": "host"}}}
-    from engine.bench_tp2 import judge_race
+    from engine.bench.tp2 import judge_race
 
     j = judge_race({"picked": "host_mailbox"}, table)
     assert j["8k"] == {"fastest": "nccl", "fastest_us": 9, "picked_us": 60, "picked_is_fastest": False}

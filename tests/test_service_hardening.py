@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from engine.launcher import LaunchError, RankPair
+from engine.service.launcher import LaunchError, RankPair
 from tests.test_service_support import (
     MODEL_ID,
     REPO,
@@ -194,7 +194,7 @@ def test_metrics_labels_come_from_route_templates_and_cannot_forge_lines(svc):
 
 
 def test_metrics_text_escapes_label_values():
-    from engine.proxy_metrics import Metrics
+    from engine.service.proxy_metrics import Metrics
 
     m = Metrics()
     m.inc("v100plan_requests_total", endpoint='a"b\\c\nv100plan_lockstep_failures_total 999', status="200")
@@ -242,7 +242,7 @@ def test_a_key_file_others_can_read_is_refused(tmp_path):
 
 
 def test_the_listening_socket_gives_accepted_connections_tcp_nodelay():
-    from engine.serve import listen_socket
+    from engine.service.serve import listen_socket
 
     lsock = listen_socket("127.0.0.1", 0)
     try:

@@ -107,7 +107,7 @@ def test_a_model_without_tokenizer_streams_one_event_per_token_as_it_is_made(svc
 
 def test_mailbox_names_are_secret_per_start_and_the_key_file_private(tmp_path):
     from engine.allreduce import host_mailbox
-    from engine.proxy_ranks import MAILBOX_GLOB, new_mailbox_key
+    from engine.service.proxy_ranks import MAILBOX_GLOB, new_mailbox_key
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(mode=0o700)
@@ -131,8 +131,8 @@ def test_mailbox_names_are_secret_per_start_and_the_key_file_private(tmp_path):
 def test_a_failed_start_on_one_rank_brings_the_other_down_at_once(bare_model):
     import argparse
 
-    from engine.proxy_ranks import RankStartError, start_pair
-    from engine.serve_config import add_serve_arguments, config_from_args
+    from engine.service.proxy_ranks import RankStartError, start_pair
+    from engine.service.serve_config import add_serve_arguments, config_from_args
 
     p = argparse.ArgumentParser()
     add_serve_arguments(p)
@@ -156,7 +156,7 @@ def test_a_second_serve_on_the_same_state_dir_is_refused(svc, bare_model):
 
 
 def test_default_state_dir_is_per_port(monkeypatch, tmp_path):
-    from engine.serve_config import default_state_dir
+    from engine.service.serve_config import default_state_dir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     assert default_state_dir(8000) != default_state_dir(8001)

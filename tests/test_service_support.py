@@ -44,7 +44,7 @@ def demo_model() -> str:
 
 @functools.lru_cache(maxsize=1)
 def tokenizer():
-    from engine.tokenizer import Tokenizer
+    from engine.core.tokenizer import Tokenizer
 
     return Tokenizer(demo_model())
 

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import watchdog
-from engine.proxy_metrics import Metrics
-from engine.proxy_text import ModelText, TextAssembler
-from engine.serve_config import ServeConfigError, add_serve_arguments, config_from_args, parse_devices
-from engine.supervise import supervisord_conf, systemd_unit
+from engine.service import watchdog
+from engine.service.proxy_metrics import Metrics
+from engine.service.proxy_text import ModelText, TextAssembler
+from engine.service.serve_config import ServeConfigError, add_serve_arguments, config_from_args, parse_devices
+from engine.service.supervise import supervisord_conf, systemd_unit
 from tests.test_service_support import demo_model
 
 
@@ -61,7 +61,7 @@ def test_no_stop_strings_stream_every_token_at_once():
 
 
 def test_demo_tokenizer_pieces_concatenate_to_the_whole():
-    from engine.proxy_text import load_model_text
+    from engine.service.proxy_text import load_model_text
 
     text = load_model_text(demo_model(), None)
     assert text.model_id == "v100plan-demo" and text.eos_token_ids == (2, 7)

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from engine.allreduce import Path, PathError, PathTimeout
+from engine.allreduce.base import Path, PathError, PathTimeout
 
 
 def _epoch(generation: int) -> int:

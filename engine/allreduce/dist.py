@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from engine.allreduce import Path, PathError, PathTimeout
+from engine.allreduce.base import Path, PathError, PathTimeout
 
 
 def init_control(rendezvous_dir: str, generation: int, rank: int, world: int, timeout_s: float):

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from engine.allreduce import Path, PathError, PathTimeout
+from engine.allreduce.base import Path, PathError, PathTimeout
 
 HDR = 16
 TRAILER = 8
@@ -39,7 +39,7 @@ def _dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-KEY_FILE = "mailbox.key"  # engine/proxy_ranks.py MAILBOX_KEY_FILE
+KEY_FILE = "mailbox.key"  # engine/service/proxy_ranks.py MAILBOX_KEY_FILE
 
 
 def mailbox_key(rendezvous_dir: str) -> str:
@@ -66,7 +66,7 @@ def mailbox_key(rendezvous_dir: str) -> str:
 
 
 def mailbox_file(rendezvous_dir: str, generation: int, rank: int) -> str:
-    # engine/proxy_ranks.py MAILBOX_GLOB matches these names to clean up after killed ranks.
+    # engine/service/proxy_ranks.py MAILBOX_GLOB matches these names to clean up after killed ranks.
     return os.path.join(_dir(), f"v100plan-mbox-{mailbox_key(rendezvous_dir)}-g{generation}-r{rank}")
 
 

@@ -13,11 +13,12 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from engine import timing
-from engine.allreduce import PATH_NAMES, Path, PathError
+from engine.allreduce.base import Path, PathError
 from engine.allreduce.device_mailbox import DeviceMailbox
 from engine.allreduce.dist import GlooPath, NcclPath
 from engine.allreduce.host_mailbox import HostMailbox
+from engine.allreduce.paths import PATH_NAMES
+from engine.core import timing
 
 CPU_ORDER = ("host_mailbox", "gloo")
 # Preference when timings cannot be trusted (both ranks on one GPU); otherwise the race decides.
@@ -67,7 +68,7 @@ def build(name: str, *, rank: int, device: torch.device, timeout_s: float, abort
         if shared_device:
             raise PathError("not applicable: both ranks are on one GPU, where a kernel waiting for the other "
                             "process's kernel only progresses by time-slicing")
-        from engine.graph_mailbox import GraphMailbox
+        from engine.allreduce.graph_mailbox import GraphMailbox
 
         return GraphMailbox(rank, timeout_s, abort, device=device, store=store, generation=generation,
                             barrier=dist.barrier)

@@ -1,6 +1,6 @@
 """`python -m engine bench` (one GPU) -> EngineProfile, the document the planner reads.
 
-How each efficiency is derived from the bench JSON (engine/bench.py says how each is measured):
+How each efficiency is derived from the bench JSON (engine/bench/decode.py says how each is measured):
   weight_bw_fraction        GEMV-only GB/s (every weight matrix once, batch 1, one CUDA graph) / read GB/s
   kv_bw_fraction            1 / slope of step time over K/V bytes read, / read GB/s
   round_overhead_ms         intercept of that line minus the GEMV-only time: what a round costs beyond bytes

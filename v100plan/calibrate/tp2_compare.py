@@ -19,7 +19,7 @@ from v100plan.calibrate.views import card_id_for, hardware, model_id_for
 from v100plan.planner import Target, engine_from_doc, model_from_doc
 from v100plan.planner.plan import plan_strategies
 
-GRAPH_MAILBOX = "graph_mailbox"  # mode: a CUDA-graph step over engine/graph_mailbox.py
+GRAPH_MAILBOX = "graph_mailbox"  # mode: a CUDA-graph step over engine/allreduce/graph_mailbox.py
 
 
 def _measured_ms(bench: dict[str, Any], strategy: str, path: str | None, ctx: str, mode: str) -> float | None:

@@ -1,0 +1,220 @@
+"""The device mailbox whose wait runs on the GPU, so a whole decode step with it can be captured
+in a CUDA graph (the engine's device_mailbox waits by polling from the host, which a graph cannot hold).
+
+Same exchange as engine/allreduce/device_mailbox.py: each rank writes its half straight into the peer's
+inbox (CUDA IPC, peer-to-peer stores) and reads the peer's half from its own. Differences:
+  - the step counter lives in device memory and is bumped by a kernel, so every graph replay uses the
+    next step without the host;
+  - each 8-byte inbox word is (step << 32 | 4 data bytes), written with one 64-bit store, so a reader that
+    sees the step also sees that word's data;
+  - the reader is a kernel: each thread spins (volatile loads) on its own words until their step matches,
+    bounded by a %globaltimer deadline; a timeout sets a device flag that ``check()`` turns into an error.
+Two slots alternate (step parity), as in the host and device mailboxes, for the same reason.
+Kernels are compiled by cupy (NVRTC) on first use, before any graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.allreduce.base import Path, PathError, PathTimeout
+from engine.allreduce.device_mailbox import _Buffer, exchange_inboxes
+
+SOURCE = r"""
+__device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void mbox_send(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
+                                     const unsigned int* ctr, int words, int slot_words) {
+    unsigned int step = ctr[0] + 1u;
+    volatile unsigned long long* dst = peer_inbox + (size_t)(step & 1u) * slot_words;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x) {
+        dst[i] = ((unsigned long long)step << 32) | (unsigned long long)src[i];
+    }
+}
+
+extern "C" __global__ void mbox_recv(const unsigned long long* inbox, unsigned int* __restrict__ out,
+                                     const unsigned int* ctr, int words, int slot_words,
+                                     unsigned long long timeout_ns, int* failed) {
+    unsigned int step = ctr[0] + 1u;
+    const volatile unsigned long long* src = inbox + (size_t)(step & 1u) * slot_words;
+    unsigned long long start = now_ns();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x) {
+        unsigned long long v = src[i];
+        while ((unsigned int)(v >> 32) != step) {
+            if (now_ns() - start > timeout_ns) { atomicExch(failed, 1); return; }
+            v = src[i];
+        }
+        out[i] = (unsigned int)(v & 0xffffffffull);
+    }
+}
+
+extern "C" __global__ void mbox_bump(unsigned int* ctr) { ctr[0] += 1u; }
+
+// 16-bit floats inside a 32-bit word, summed as torch sums them: in float32, rounded to nearest even.
+__device__ __forceinline__ float bf16_to_f(unsigned int h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ unsigned int f_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;  // NaN stays NaN (quiet)
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+__device__ __forceinline__ float f16_to_f(unsigned int h) {
+    float f; unsigned short s = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+}
+__device__ __forceinline__ unsigned int f_to_f16(float f) {
+    unsigned short s;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s) : "f"(f));
+    return (unsigned int)s;
+}
+__device__ __forceinline__ unsigned int add_word(unsigned int a, unsigned int b, int dtype) {
+    if (dtype == 0) return __float_as_uint(__uint_as_float(a) + __uint_as_float(b));
+    if (dtype == 1) return f_to_bf16(bf16_to_f(a & 0xffffu) + bf16_to_f(b & 0xffffu))
+                         | (f_to_bf16(bf16_to_f(a >> 16) + bf16_to_f(b >> 16)) << 16);
+    return f_to_f16(f16_to_f(a & 0xffffu) + f16_to_f(b & 0xffffu))
+         | (f_to_f16(f16_to_f(a >> 16) + f16_to_f(b >> 16)) << 16);
+}
+
+// The whole allreduce in ONE kernel: each thread sends its words to the peer, waits for the peer's same
+// words, and writes rank 0's + rank 1's; the last block to finish bumps the step counter (every block
+// read it at its start, so none can see the new value).
+extern "C" __global__ void mbox_allreduce(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
+                                          const unsigned long long* inbox, unsigned int* __restrict__ out,
+                                          unsigned int* ctr, unsigned int* done, int words, int slot_words,
+                                          int rank, int dtype, unsigned long long timeout_ns, int* failed) {
+    unsigned int step = ctr[0] + 1u;
+    volatile unsigned long long* dst = peer_inbox + (size_t)(step & 1u) * slot_words;
+    const volatile unsigned long long* box = inbox + (size_t)(step & 1u) * slot_words;
+    int stride = gridDim.x * blockDim.x;
+    int first = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int i = first; i < words; i += stride) dst[i] = ((unsigned long long)step << 32) | (unsigned long long)src[i];
+    unsigned long long start = now_ns();
+    bool ok = true;
+    for (int i = first; ok && i < words; i += stride) {
+        unsigned long long v = box[i];
+        while ((unsigned int)(v >> 32) != step) {
+            if (now_ns() - start > timeout_ns) { atomicExch(failed, 1); ok = false; break; }
+            v = box[i];
+        }
+        if (ok) {
+            unsigned int mine = src[i], peer = (unsigned int)(v & 0xffffffffull);
+            out[i] = rank == 0 ? add_word(mine, peer, dtype) : add_word(peer, mine, dtype);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(done, 1u) == gridDim.x - 1) { done[0] = 0u; ctr[0] = step; __threadfence(); }
+    }
+}
+"""
+
+DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+_KERNELS: dict[int, tuple] = {}
+
+
+def _kernels(device_index: int):
+    import cupy as cp
+
+    if device_index not in _KERNELS:
+        with cp.cuda.Device(device_index):
+            mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
+            _KERNELS[device_index] = tuple(mod.get_function(n) for n in ("mbox_send", "mbox_recv", "mbox_bump",
+                                                                         "mbox_allreduce"))
+    return _KERNELS[device_index]
+
+
+class GraphMailbox(Path):
+    name = "device_mailbox_graph"
+    capturable = True  # send, wait and step bump are kernels: the decode step's graph holds them
+
+    def __init__(self, rank, timeout_s, abort=None, *, device: torch.device, store, generation: int,
+                 barrier, max_bytes: int = 8 << 20):
+        # 8 MB: a 256-token prefill chunk of a hidden size up to 8192 in 16-bit (4 MB), with room to spare
+        super().__init__(rank, timeout_s, abort)
+        if device.type != "cuda":
+            raise PathError("not applicable: the GPU-side mailbox needs CUDA devices")
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            raise PathError("not applicable: the GPU-side mailbox compiles its kernels with cupy") from None
+        self.device = device
+        self.slot_words = max_bytes // 4
+        # _Buffer gives int32 [2, words, 2] = two slots of `words` 8-byte words, zeroed, with an IPC handle.
+        self.inbox = _Buffer(self.slot_words, device)
+        self.peer_inbox = exchange_inboxes(self.inbox, f"device_mailbox_graph/g{generation}/r", rank, device,
+                                           store, barrier)
+        self.ctr = torch.zeros(1, dtype=torch.int32, device=device)
+        self.failed = torch.zeros(1, dtype=torch.int32, device=device)
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.done = torch.zeros(1, dtype=torch.int32, device=device)
+        self.send, self.recv, self.bump, self.fused = _kernels(device.index)
+
+    def _launch(self, fn, grid: int, block: int, args) -> None:
+        import cupy as cp
+
+        stream = cp.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream, self.device.index)
+        with stream:
+            fn((grid,), (block,), args)
+
+    def all_gather(self, x):
+        import numpy as np
+
+        raw = x.detach().contiguous().view(-1).view(torch.uint8)  # [nbytes]
+        n = raw.numel()
+        if n % 4:
+            raise PathError(f"the GPU-side mailbox moves whole 4-byte words; got {n} bytes")
+        w = n // 4
+        if w > self.slot_words:
+            raise PathError(f"message of {n} bytes exceeds the mailbox's {self.slot_words * 4}")
+        words = raw.view(torch.int32)  # [w]
+        out = torch.empty(w, dtype=torch.int32, device=self.device)
+        block = 256
+        grid = max(1, min(-(-w // block), 264))
+        p = np.uint64
+        self._launch(self.send, grid, block, (p(words.data_ptr()), p(self.peer_inbox.data_ptr()),
+                                              p(self.ctr.data_ptr()), np.int32(w), np.int32(self.slot_words)))
+        self._launch(self.recv, grid, block, (p(self.inbox.tensor.data_ptr()), p(out.data_ptr()),
+                                              p(self.ctr.data_ptr()), np.int32(w), np.int32(self.slot_words),
+                                              p(self.timeout_ns), p(self.failed.data_ptr())))
+        self._launch(self.bump, 1, 1, (p(self.ctr.data_ptr()),))
+        peer = out.view(torch.uint8)[:n].view(x.dtype).view(x.shape)
+        mine = x.detach()
+        return (mine, peer) if self.rank == 0 else (peer, mine)
+
+    def allreduce_sum(self, x):
+        """rank 0's x + rank 1's x in one kernel (send, wait, add, step bump) for float32 / bf16 / fp16;
+        bit-identical to torch's ``a + b`` (the self-test checks it), so both ranks hold the same sum."""
+        import numpy as np
+
+        code = DTYPE_CODE.get(x.dtype)
+        raw = x.detach().contiguous().view(-1).view(torch.uint8)  # [nbytes]
+        n = raw.numel()
+        if code is None or n % 4:
+            return super().allreduce_sum(x)
+        w = n // 4
+        if w > self.slot_words:
+            raise PathError(f"message of {n} bytes exceeds the mailbox's {self.slot_words * 4}")
+        words = raw.view(torch.int32)
+        out = torch.empty(w, dtype=torch.int32, device=self.device)
+        block = 256
+        grid = max(1, min(-(-w // block), 264))  # grid-stride; a block sends before it waits: no deadlock
+        p = np.uint64
+        self._launch(self.fused, grid, block, (p(words.data_ptr()), p(self.peer_inbox.data_ptr()),
+                                               p(self.inbox.tensor.data_ptr()), p(out.data_ptr()),
+                                               p(self.ctr.data_ptr()), p(self.done.data_ptr()), np.int32(w),
+                                               np.int32(self.slot_words), np.int32(self.rank), np.int32(code),
+                                               p(self.timeout_ns), p(self.failed.data_ptr())))
+        return out.view(torch.uint8)[:n].view(x.dtype).view(x.shape)
+
+    def check(self) -> None:
+        """Raise if any wait since the start timed out (call outside graph capture)."""
+        if int(self.failed.item()):
+            raise PathTimeout(f"device_mailbox_graph: a wait passed {self.timeout_ns / 1e9} s on the GPU "
+                              "(peer stalled or gone)")

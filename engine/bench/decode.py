@@ -1,0 +1,335 @@
+"""`python -m engine bench`: decode speed of a real-shape, random-weight model at batch 1 (TP1), prefill
+rate, and allreduce latency per path, printed as one JSON document.
+
+What each number is (every time is a median over CUDA-graph replays or repeats):
+  read_bw_gbps          sum over a 4 GiB float32 buffer: the card's measured read bandwidth
+  gemv.weight_gbps      every weight matrix once as a batch-1 matrix-vector product, in one graph:
+                        weight bytes / time -> the engine's weight_bw_fraction
+  decode[ctx]           one whole decode step with attention over ``window`` cached positions, the
+                        service's own (engine.core.runner.Decoder's CUDA graph for that window, replayed):
+                        tok/s, and (weight bytes + K/V bytes read) / time
+  fit                   step time = intercept + slope x K/V bytes, least squares over the contexts:
+                        kv_bw_fraction = 1 / slope / read_bw; round_overhead_ms = intercept - gemv time
+  prefill               one 2048-token chunk: (2 x matrix parameters x tokens + causal attention
+                        FLOPs) / time, against --peak-tflops when given
+  allreduce[path][size] two processes on this host, median microseconds per allreduce
+The weights are random (shape and bytes are what decode speed depends on), made on the GPU.
+`--variants` runs engine/bench/variants.py instead: several ways to run the same decode step, each
+checked against a float32 reference and timed in one process (the search for the fastest decode path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from engine import DATA_DIR
+from engine.core import timing
+
+DATA = DATA_DIR
+SIZES = (4 << 10, 8 << 10, 16 << 10, 40 << 10, 64 << 10, 256 << 10, 1 << 20)
+
+
+def emit_json(doc: dict, out: str | None) -> None:
+    if out:
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def read_bandwidth_gbps(device) -> float:
+    import torch
+
+    x = torch.empty(1 << 30, dtype=torch.float32, device=device).uniform_()  # 4 GiB: far beyond L2
+    for _ in range(3):
+        x.sum()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        x.sum()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    del x
+    return x_bytes_over_ms(4 << 30, statistics.median(ts))
+
+
+def x_bytes_over_ms(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def gemv_only(model) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    d, dev, dt = model.cfg.hidden_size, model.device, model.dtype
+    x = torch.randn(1, d, device=dev, dtype=dt)
+    xa = torch.randn(1, model.layers[0].wo.shape[1], device=dev, dtype=dt)
+    xf = torch.randn(1, model.layers[0].w2.shape[1], device=dev, dtype=dt)
+
+    def run():
+        for layer in model.layers:
+            F.linear(x, layer.wqkv)
+            F.linear(xa, layer.wo)
+            F.linear(x, layer.w13)
+            F.linear(xf, layer.w2)
+        F.linear(x, model.head)
+
+    ms = timing.time_graph_ms(timing.capture(run))
+    nbytes = sum(t.numel() for layer in model.layers for t in (layer.wqkv, layer.wo, layer.w13, layer.w2))
+    nbytes = (nbytes + model.head.numel()) * model.head.element_size()
+    return {"ms": round(ms, 4), "weight_bytes": nbytes, "weight_gbps": round(x_bytes_over_ms(nbytes, ms), 1)}
+
+
+def decode(model, contexts: list[int], kernels: str = "eager") -> dict:
+    """The service's own decode step, as the ranks replay it: engine.core.runner.Decoder captures one graph
+    per window (the context rounded up to 256) and this times exactly those replays."""
+    import torch
+
+    from engine.core.runner import Decoder
+
+    out = {}
+    kv_per_pos = model.cfg.kv_bytes_per_token(model.head.element_size()) // model.world
+    w = model.weight_bytes()
+    windows = {ctx: -(-ctx // 256) * 256 for ctx in contexts}
+    dec = Decoder(model, graphs=True, kernels=kernels, bucket_list=sorted(set(windows.values())))
+    dec.capture()
+    for ctx, window in windows.items():
+        graph, _, pos = dec.graph_for(window)
+        pos.fill_(ctx - 1)
+        ms = timing.time_graph_ms(graph)
+        kv = kv_per_pos * window  # attention reads the whole window (masked past pos)
+        out[str(ctx)] = {"window": window, "ms": round(ms, 4), "tok_s": round(1000 / ms, 2),
+                         "weight_gbps": round(x_bytes_over_ms(w, ms), 1),
+                         "total_gbps": round(x_bytes_over_ms(w + kv, ms), 1), "kv_bytes": kv,
+                         "kernels": dec.kernels}
+    if hasattr(getattr(model.comm, "path", None), "check"):
+        model.comm.path.check()
+    del dec
+    torch.cuda.empty_cache()
+    return out
+
+
+def fit(dec: dict, gemv_ms: float, read_gbps: float) -> dict:
+    """Least-squares line through (K/V bytes, step ms): slope -> KV bandwidth, intercept -> fixed part."""
+    pts = [(v["kv_bytes"], v["ms"]) for v in dec.values()]
+    if len(pts) < 2:
+        return {"kv_bw_fraction": None, "round_overhead_ms": None, "reason": "needs two or more contexts"}
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx  # ms per byte
+    intercept = my - slope * mx
+    if slope <= 0:
+        return {"slope_ms_per_gb": round(slope * 1e9, 4), "intercept_ms": round(intercept, 4), "kv_gbps": None,
+                "kv_bw_fraction": None, "round_overhead_ms": None,
+                "reason": "step time did not grow with context: noise exceeds the K/V cost, no line to read"}
+    kv_gbps = 1 / (slope * 1e-3) / 1e9
+    return {"slope_ms_per_gb": round(slope * 1e9, 4), "intercept_ms": round(intercept, 4),
+            "kv_gbps": round(kv_gbps, 1), "kv_bw_fraction": round(kv_gbps / read_gbps, 4),
+            "round_overhead_ms": round(intercept - gemv_ms, 4)}
+
+
+def prefill(model, tokens: int = 2048) -> dict:
+    import torch
+
+    cfg = model.cfg
+    ids = torch.randint(0, cfg.vocab_size, (1, tokens), device=model.device)
+    ts = []
+    for i in range(4):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.forward(ids, 0)
+        torch.cuda.synchronize()
+        if i:
+            ts.append((time.perf_counter() - t0) * 1e3)
+    ms = statistics.median(ts)
+    matrix_params = cfg.param_count() - cfg.vocab_size * cfg.hidden_size  # minus the embedding lookup table
+    attn = cfg.num_layers * 2 * 2 * cfg.q_size * tokens * (tokens + 1) / 2  # QK^T and PV, causal half
+    flops = 2 * matrix_params * tokens + attn
+    return {"tokens": tokens, "ms": round(ms, 2), "tflops": round(flops / (ms * 1e-3) / 1e12, 1)}
+
+
+def _allreduce_worker(rank: int, rdv: str, device: str, dtype: str, paths: list[str], out: str, iters: int):
+    import torch
+    import torch.distributed as dist
+
+    from engine.allreduce.base import PathError
+    from engine.allreduce.dist import init_control
+    from engine.allreduce.select import build, same_device, selftest
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    store = init_control(rdv, 0, rank, 2, 30.0)
+    shared = same_device(dev)
+    dt = getattr(torch, dtype)
+    res: dict = {"shared_device": shared}
+    for name in paths:
+        try:
+            p = build(name, rank=rank, device=dev, timeout_s=30.0, abort=None, rendezvous_dir=rdv, generation=0,
+                      store=store, shared_device=shared)
+            why = selftest(p, rank, dev, dt)
+        except (PathError, RuntimeError) as e:
+            p, why = None, str(e)
+        both = [None, None]
+        dist.all_gather_object(both, why)
+        if any(both):
+            res[name] = {"unavailable": "; ".join(w for w in both if w)}
+            continue
+        row = {}
+        for size in SIZES:
+            x = torch.ones(size // dt.itemsize, dtype=dt, device=dev)
+            for _ in range(10):
+                p.allreduce_sum(x)
+            ts = []
+            for _ in range(iters):
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                p.allreduce_sum(x)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                ts.append((time.perf_counter() - t0) * 1e6)
+            row[f"{size // 1024}k"] = round(statistics.median(ts), 2)
+        res[name] = row
+        p.close()
+    if rank == 0:
+        Path(out).write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def allreduce(device: str, dtype: str, iters: int) -> dict:
+    import multiprocessing as mp
+    import tempfile
+
+    paths = ["device_mailbox", "nccl", "host_mailbox", "gloo"] if device.startswith("cuda") else ["host_mailbox", "gloo"]
+    with tempfile.TemporaryDirectory(prefix="v100plan-bench-") as d:
+        out = os.path.join(d, "allreduce.json")
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_allreduce_worker, args=(r, d, device, dtype, paths, out, iters)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+            if p.is_alive():
+                p.kill()
+        if not os.path.exists(out):
+            return {"unavailable": "the allreduce workers did not finish"}
+        return json.loads(Path(out).read_text())
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written (it says what each number is), and every option's default."""
+
+
+def main(argv: list[str]) -> int:
+    if "--variants" in argv:  # several ways to run the same decode step, compared in one process
+        from engine.bench import variants as bench_variants
+
+        return bench_variants.main([a for a in argv if a != "--variants"])
+    p = argparse.ArgumentParser(prog="python -m engine bench", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--variants", action="store_true",
+                   help="run engine/bench/variants.py instead (its own options follow; see its --help)")
+    p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"), help="a config.json (real shape)")
+    p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")
+    p.add_argument("--contexts", default="512,4096,16384")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
+    p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time the step with the service's compiled blocks (engine.core.runner.compiled_blocks)")
+    p.add_argument("--compile-mode", default="cdt", choices=("default", "cdt"),
+                   help="cdt: Inductor's coordinate-descent tuning, which also turns batch-1 matrix products "
+                        "into fused, tuned reductions (as gpt-fast runs); default: plain torch.compile")
+    p.add_argument("--compile-contexts", default=None,
+                   help="contexts for the compiled step (each window compiles anew; default: first and last)")
+    p.add_argument("--skip-allreduce", action="store_true")
+    p.add_argument("--allreduce-device", default=None, help="device for both allreduce ranks (default --device)")
+    p.add_argument("--allreduce-iters", type=int, default=200)
+    p.add_argument("--out", default=None, help="also write the JSON here (rewritten after every phase)")
+    p.add_argument("--json", action="store_true", help="(the output is always JSON; accepted for symmetry)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from engine.core import config as ecfg
+    from engine.core import weights
+    from engine.core.model import Model
+
+    if not args.device.startswith("cuda") or not torch.cuda.is_available():
+        print(json.dumps({"error": "the engine benchmark needs a CUDA GPU"}))
+        return 4
+    dev = torch.device(args.device if ":" in args.device else "cuda:0")
+    torch.cuda.set_device(dev)
+    major, minor = torch.cuda.get_device_capability(dev)
+    dtype = args.dtype or ("bfloat16" if major >= 8 else "float16")
+    raw = json.loads(Path(args.config).read_text())
+    if args.layers:
+        raw["num_hidden_layers"] = args.layers
+    cfg = ecfg.from_dict(raw)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    from profiles.document import utc_now
+
+    doc: dict = {
+        "kind": "engine_bench", "created_utc": utc_now(), "device": torch.cuda.get_device_name(dev), "compute_capability": f"{major}.{minor}",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": dtype, "config": Path(args.config).name,
+        "model_type": cfg.model_type, "num_layers": cfg.num_layers, "parameters": cfg.param_count(),
+        "peak_tflops": args.peak_tflops, "peak_source": args.peak_source,
+        "method": "CUDA events; median of 5 batches of 50 graph replays; random weights made on the GPU",
+    }
+    torch.set_grad_enabled(False)
+    doc["read_bw_gbps"] = round(read_bandwidth_gbps(dev), 1)
+    emit_json(doc, args.out)
+    model = Model(cfg, dtype=getattr(torch, dtype), device=dev)
+    weights.init_random(model)
+    model.setup_cache(-(-max(contexts) // 256) * 256 + 256)
+    doc["weight_bytes"] = model.weight_bytes()
+    doc["kv_bytes_per_token"] = cfg.kv_bytes_per_token(model.head.element_size())
+    doc["gemv"] = gemv_only(model)
+    doc["predicted_ms_at_read_bw"] = round(doc["weight_bytes"] / (doc["read_bw_gbps"] * 1e9) * 1e3, 4)
+    emit_json(doc, args.out)
+    with torch.inference_mode():
+        doc["decode"] = {"eager_graph": decode(model, contexts, "eager")}
+    doc["fit"] = {"eager_graph": fit(doc["decode"]["eager_graph"], doc["gemv"]["ms"], doc["read_bw_gbps"])}
+    emit_json(doc, args.out)
+    doc["prefill"] = prefill(model)
+    if args.peak_tflops:
+        doc["prefill"]["compute_fraction"] = round(doc["prefill"]["tflops"] / args.peak_tflops, 4)
+    emit_json(doc, args.out)
+    # Before compiling: a compile that runs out of time must not cost these figures.
+    if not args.skip_allreduce:
+        doc["allreduce_us"] = allreduce(args.allreduce_device or str(dev), dtype, args.allreduce_iters)
+        emit_json(doc, args.out)
+    if args.compile:
+        t0 = time.perf_counter()
+        variant = "compiled_graph" if args.compile_mode == "default" else "compiled_cdt_graph"
+        try:
+            if args.compile_mode == "cdt":
+                import torch._inductor.config as inductor_config
+
+                inductor_config.coordinate_descent_tuning = True
+            with torch.inference_mode():
+                cc = ([int(c) for c in args.compile_contexts.split(",")] if args.compile_contexts
+                      else sorted({contexts[0], contexts[-1]}))
+                doc["decode"][variant] = decode(model, cc, "compiled")
+            doc["fit"][variant] = fit(doc["decode"][variant], doc["gemv"]["ms"], doc["read_bw_gbps"])
+        except Exception as e:  # noqa: BLE001 - a compiler failure is a result, not a crash
+            doc["decode"][variant] = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
+        doc["compile_s"] = round(time.perf_counter() - t0, 1)
+        emit_json(doc, args.out)
+    del model
+    torch.cuda.empty_cache()
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

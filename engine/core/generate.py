@@ -1,0 +1,233 @@
+"""`python -m engine generate`: one-shot generation, a stable contract for users and checks.
+
+The last line of stdout (with --json) is {"token_ids": [...], "text": "..."}:
+the generated ids only, exactly --max-tokens of them unless --stop-at-eos;
+--prompt-ids are used verbatim, --prompt gets the model's BOS rule; text is null
+when the model directory has no tokenizer.json. --tp 2 starts two rank processes
+(an unsharded checkpoint is sliced by each rank at load) and prints rank 0's result.
+The prompt plus --max-tokens must fit the model's positions (max_position_embeddings in its
+config.json), as the service refuses such a request: a model run past its positions returns garbage.
+Exit codes: 0 done, 1 the ranks failed (start-up or mid-request), 2 bad input, 4 the device asked for
+is not there (--device cuda without a CUDA build of torch or without a GPU), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.allreduce.paths import ALLREDUCE_CHOICES
+
+
+def _default_dtype(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "float32"
+    import torch
+
+    major, _ = torch.cuda.get_device_capability(torch.device(device))
+    return "bfloat16" if major >= 8 else "float16"  # no bf16 tensor cores before compute capability 8.0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise ValueError("--prompt-ids is empty")
+    return ids
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="model directory: config.json, weights, optional tokenizer.json (e.g. from make-demo-model)")
+    p.add_argument("--tp", type=int, default=1, choices=(1, 2),
+                   help="1: one process; 2: two rank processes, each with half the weights (default: 1)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text, encoded with the model's tokenizer.json and its BOS rule")
+    src.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, used verbatim")
+    src.add_argument("--batch", metavar="FILE",
+                     help="--tp 1 only: JSON lines {\"prompt\", \"max_tokens\", \"temperature\", \"seed\"}, one "
+                          "model load for all; prints one {\"token_ids\", \"text\"} line per request, in order")
+    p.add_argument("--max-tokens", type=int, default=16, metavar="N",
+                   help="tokens to generate; prompt + N must fit the model's positions (default: 16)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0.0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, 1.0 = off (default: 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--stop-at-eos", action="store_true", help="stop at the model's end-of-sequence ids (default: off)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N; with --tp 2, one GPU per rank if there are two (default: cpu)")
+    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                   help="default: float32 on CPU, bfloat16 on compute capability >= 8.0, else float16")
+    p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES,
+                   help="--tp 2 only: the ranks' allreduce path; auto = self-test and timing race (default: auto)")
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="KV cache positions to allocate, at most the model's (default: prompt + max tokens + 1)")
+    p.add_argument("--json", action="store_true", help='print {"token_ids": [...], "text": ...} as the last line')
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError) as e:
+        print(f"Error: {e}", file=sys.stderr)
+        print("Hint: `python -m engine generate --help` lists every option with its default and limits", file=sys.stderr)
+        return 2
+    except DeviceMissing as e:
+        print(f"Error: {e}", file=sys.stderr)
+        print("Hint: run with --device cpu, or on a host whose `nvidia-smi` lists a GPU with a CUDA build of torch",
+              file=sys.stderr)
+        return 4
+    except RanksFailed as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+
+
+class RanksFailed(RuntimeError):
+    """The two ranks did not start or did not finish the request (their stderr says why)."""
+
+
+class DeviceMissing(RuntimeError):
+    """The device asked for does not exist here (exit 4: the environment, not the input)."""
+
+
+def check_device(device: str) -> None:
+    """Refuse cpu/cuda spellings torch would reject, and a CUDA device this process cannot use."""
+    if device == "cpu":
+        return
+    if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else "torch sees no CUDA GPU (driver missing or CUDA_VISIBLE_DEVICES empty)")
+        raise DeviceMissing(f"--device {device}: {why} (torch {torch.__version__})")
+    index = int(device[5:]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise DeviceMissing(f"--device {device}: there are {torch.cuda.device_count()} CUDA device(s)")
+
+
+def context_limit(positions: int, prompt: int, max_tokens: int, max_context: int | None) -> int:
+    """The KV positions to allocate; ValueError when the request cannot fit the model (as the service says)."""
+    if max_context is not None and not 2 <= max_context <= positions:
+        raise ValueError(f"--max-context must be between 2 and the model's {positions} positions, got {max_context}")
+    limit = max_context or positions
+    if prompt + max_tokens > limit:
+        raise ValueError(f"prompt ({prompt}) + max tokens ({max_tokens}) = {prompt + max_tokens} exceeds the context "
+                         f"limit of {limit} tokens" + ("" if max_context else " (the model's max_position_embeddings)"))
+    return max_context or prompt + max_tokens + 1
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.core import config
+    from engine.core.tokenizer import Tokenizer
+
+    cfg = config.load(args.model)
+    tok = Tokenizer.from_dir(args.model)
+    if args.batch is not None:
+        return _batch(args, cfg, tok)
+    if args.prompt is not None:
+        if tok is None:
+            raise ValueError(f"{args.model} has no tokenizer.json: give --prompt-ids instead of --prompt")
+        ids = tok.encode(args.prompt)
+    else:
+        ids = _parse_ids(args.prompt_ids)
+    bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    if bad:
+        raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {cfg.vocab_size})")
+    if args.max_tokens < 1:
+        raise ValueError("--max-tokens must be at least 1")
+    max_context = context_limit(cfg.max_position_embeddings, len(ids), args.max_tokens, args.max_context)
+    check_device(args.device)
+    stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
+    dtype = args.dtype or _default_dtype(args.device)
+    if args.tp == 1:
+        out = _tp1(args, cfg, ids, stop, dtype, max_context)
+    else:
+        out = _tp2(args, ids, stop, dtype, max_context)
+    text = tok.decode(out) if tok is not None else None
+    if args.json:
+        print(json.dumps({"token_ids": out, "text": text}))
+    else:
+        print(text if text is not None else " ".join(map(str, out)))
+    return 0
+
+
+def _tp1(args, cfg, ids, stop, dtype, max_context) -> list[int]:
+    import torch
+
+    from engine.core import runner, weights
+    from engine.core.model import Model
+    from engine.core.sampling import Sampler
+
+    model = Model(cfg, dtype=getattr(torch, dtype), device=args.device)
+    weights.load_into(model, args.model)
+    model.setup_cache(max_context)
+    out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256)
+    return out
+
+
+def _batch(args, cfg, tok) -> int:
+    """Many TP1 requests on one loaded model (the acceptance suite's reference answers)."""
+    import torch
+
+    from engine.core import runner, weights
+    from engine.core.model import Model
+    from engine.core.sampling import Sampler
+
+    if args.tp != 1:
+        raise ValueError("--batch runs TP1 only; leave out --tp 2")
+    if tok is None:
+        raise ValueError(f"{args.model} has no tokenizer.json: --batch takes text prompts")
+    try:
+        with open(args.batch) as fh:
+            requests = [json.loads(line) for line in fh if line.strip()]
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--batch {args.batch}: line is not JSON ({e.msg})") from None
+    check_device(args.device)
+    dtype = args.dtype or _default_dtype(args.device)
+    model = Model(cfg, dtype=getattr(torch, dtype), device=args.device)
+    weights.load_into(model, args.model)
+    stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
+    for req in requests:
+        ids = tok.encode(str(req["prompt"]))
+        n = int(req.get("max_tokens", args.max_tokens))
+        model.setup_cache(context_limit(cfg.max_position_embeddings, len(ids), n, args.max_context))
+        sampler = Sampler(float(req.get("temperature") or 0.0), float(req.get("top_p", 1.0)), int(req.get("seed") or 0))
+        out, _ = runner.run(model, ids, n, sampler, stop, 256)
+        print(json.dumps({"token_ids": out, "text": tok.decode(out)}), flush=True)
+    return 0
+
+
+def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
+    from engine.service import protocol
+    from engine.service.launcher import LaunchError, RankPair
+
+    devices = [args.device, args.device]
+    if args.device.startswith("cuda"):
+        import torch
+
+        n = torch.cuda.device_count()
+        devices = ["cuda:0", "cuda:1"] if n >= 2 and args.device == "cuda" else [args.device if ":" in args.device
+                                                                                 else "cuda:0"] * 2
+    try:
+        pair = RankPair(args.model, devices, dtype, args.allreduce, max_context)
+    except LaunchError as e:
+        raise RanksFailed(f"the ranks did not start: {e}") from None
+    try:
+        print(f"ranks ready: allreduce {pair.ready[0]['allreduce']}", file=sys.stderr)
+        tokens, _ = pair.generate(protocol.generate("g1", ids, args.max_tokens, args.temperature, args.top_p,
+                                                    args.seed, sorted(stop)))
+    except LaunchError as e:
+        raise RanksFailed(f"generation failed: {e}") from None
+    finally:
+        pair.close()
+    if tokens[0] != tokens[1]:
+        raise RanksFailed("the two ranks produced different tokens (lockstep should have stopped them)")
+    return tokens[0]

@@ -1,0 +1,325 @@
+"""One request's loop, shared by a single process (TP1) and each rank (TP2): chunked prefill, then one
+token per step through the Decoder. Hooks see every chunk and every token before it is handed out and
+may stop the request.
+
+The Decoder runs Model.decode_step, the one decode step, in the fastest way this device and allreduce
+path allow, and says which and why (``Decoder.info``):
+  graphs   CUDA: one graph per context bucket (window = 256, 512, 1024, ... up to the context limit),
+           captured at start-up over the static K/V cache, with the allreduce inside when the path can
+           be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
+  kernels  "compiled": attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
+           block shape reused by every layer; only where Triton targets the card (compute capability
+           8.0+): the V100 (7.0, fp16) and CPUs run the same blocks eagerly.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from engine.core.model import Model, attn_block, mlp_block
+from engine.core.sampling import Sampler
+
+# (phase, index within the phase, tokens of this step, position after it) -> True to cancel
+StepHook = Callable[[str, int, list[int], int], bool]
+
+FIRST_BUCKET = 256
+KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled: overrides the automatic choice (benches, tests)
+TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
+
+
+def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
+    """The engine's dtype rule: float32 on CPU; bf16 where the card has bf16 tensor cores (compute
+    capability 8.0+); fp16 before (the V100 is 7.0: torch may emulate bf16 there, which is not a fact
+    to plan on)."""
+    if device_type != "cuda" or capability is None:
+        return "float32"
+    return "bfloat16" if tuple(capability) >= (8, 0) else "float16"
+
+
+def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_ok: bool,
+                  requested: str | None = None) -> tuple[str, str]:
+    """("compiled" | "eager", why). Compiled blocks need Triton for the card; never required."""
+    if requested == "eager":
+        return "eager", f"{KERNELS_ENV}=eager"
+    if device_type != "cuda":
+        return "eager", "CPU: the blocks run eagerly"
+    if capability is None or tuple(capability) < TRITON_MIN_CC:
+        cc = ".".join(map(str, capability)) if capability else "unknown"
+        return "eager", f"compute capability {cc} < 8.0: no Triton kernels on this card, eager blocks"
+    if not triton_ok:
+        return "eager", "Triton is not installed: eager blocks"
+    return "compiled", ("requested" if requested == "compiled" else
+                        "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, "
+                        "one-query attention)")
+
+
+def buckets(max_context: int, first: int = FIRST_BUCKET) -> list[int]:
+    """Attention windows with one graph each: doubling from ``first``, the last one the context limit."""
+    out, w = [], first
+    while w < max_context:
+        out.append(w)
+        w *= 2
+    out.append(max_context)
+    return out
+
+
+def _triton_ok() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compiled_blocks() -> tuple:
+    import torch._dynamo
+
+    # One compiled attn_block per window bucket: raise Dynamo's per-function recompile limit (8).
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return (torch.compile(attn_block, fullgraph=True, dynamic=False),
+            torch.compile(mlp_block, fullgraph=True, dynamic=False))
+
+
+class Decoder:
+    """The decode step as everything serves it. ``logits(tok, pos)`` -> float32 logits [V] of the
+    token ``tok`` at position ``pos`` (its K/V written into the cache)."""
+
+    def __init__(self, model: Model, *, graphs: bool | None = None, kernels: str | None = None,
+                 bucket_list: list[int] | None = None):
+        self.model = model
+        dev = model.device
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+        comm = model.comm
+        path = getattr(comm, "path", None)
+        capturable = comm is None or bool(getattr(path, "capturable", False))
+        if graphs is None:
+            graphs = dev.type == "cuda" and capturable
+            if dev.type != "cuda":
+                graphs_why = "CPU: eager steps"
+            elif not capturable:
+                graphs_why = (f"allreduce {path.name} waits on the host, which a CUDA graph cannot hold: "
+                              "eager steps")
+            else:
+                graphs_why = ("CUDA graphs per context bucket" +
+                              (f", allreduce {path.name} captured inside" if path is not None else ""))
+        else:
+            graphs_why = "requested"
+        self.graphs = graphs
+        self.kernels, kernels_why = kernel_choice(dev.type, cap, _triton_ok(),
+                                                  kernels or os.environ.get(KERNELS_ENV) or None)
+        self.blocks = compiled_blocks() if self.kernels == "compiled" else (attn_block, mlp_block)
+        self.windows = bucket_list or buckets(model.max_context)
+        self.info = {"mode": "graphs" if graphs else "eager", "why": graphs_why, "kernels": self.kernels,
+                     "kernels_why": kernels_why, "windows": self.windows if graphs else None,
+                     "allreduce": path.name if path is not None else None, "capture_s": None}
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._step_ms: list[float] = []  # device ms per step (graph replays), the most recent ones
+        self._token_ms: list[float] = []  # wall ms per token in run(), sampling and lockstep included
+        self._pending: tuple | None = None
+        self._host_ms: dict[str, list[float]] = {}
+        if dev.type == "cuda":
+            # The host's work per token is one integer read (greedy) or one softmax over the vocabulary:
+            # one thread does it. More only spin in OpenMP against the peer rank's process on the same
+            # cores (docs/engine-speed.md: the served loop around a 3.8 ms step, 2026-11-30).
+            torch.set_num_threads(1)
+            self.info["host_threads"] = 1
+        if graphs:
+            self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+            self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+            self._out: dict[int, torch.Tensor] = {}
+            self._argmax: dict[int, torch.Tensor] = {}
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
+        """Model.decode_step with this decoder's blocks (eager call; what the graphs capture)."""
+        return self.model.decode_step(tok, pos, window, self.blocks)
+
+    def window_for(self, pos: int) -> int:
+        for w in self.windows:
+            if pos < w:
+                return w
+        raise ValueError(f"position {pos} is past the context limit {self.windows[-1]}")
+
+    @torch.inference_mode()
+    def capture(self) -> dict:
+        """Capture one graph per window (both ranks do this in the same order: the allreduces inside
+        the warm-up steps pair up). Warm-up steps write K/V at position 0 only, which every request's
+        prefill writes again before reading."""
+        if not self.graphs:
+            return self.info
+        t0 = time.perf_counter()
+        pool = None
+        zero = torch.zeros(1, dtype=torch.long, device=self.model.device)
+        for w in self.windows:
+            self.pos.copy_(zero)
+            side = torch.cuda.Stream(self.model.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: compiles, cuBLAS workspaces, NCCL set-up
+                    self.step(self.tok, self.pos, w)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self._out[w] = self.step(self.tok, self.pos, w)
+                self._argmax[w] = torch.argmax(self._out[w])  # greedy's token, computed in the graph
+            pool = g.pool()
+            self._graphs[w] = g
+        torch.cuda.synchronize(self.model.device)
+        self._check()
+        self.info["capture_s"] = round(time.perf_counter() - t0, 2)
+        return self.info
+
+    def graph_for(self, window: int):
+        """(graph, static tok [1], static pos [1]) for the bench: it times exactly these replays."""
+        return self._graphs[window], self.tok, self.pos
+
+    def _check(self) -> None:
+        path = getattr(self.model.comm, "path", None)
+        if path is not None and hasattr(path, "check"):
+            path.check()
+
+    @torch.inference_mode()
+    def logits(self, tok: int, pos: int) -> torch.Tensor:
+        dev = self.model.device
+        if not self.graphs:
+            t = torch.tensor([tok], device=dev)
+            p = torch.tensor([pos], device=dev)
+            return self.step(t, p, pos + 1)
+        w = self.window_for(pos)
+        if w not in self._graphs:
+            raise RuntimeError(f"no graph for window {w}: call capture() first")
+        comm = self.model.comm
+        if comm is not None and getattr(comm, "stall_s", 0) > 0:
+            comm._maybe_stall()  # fault injection: the peer's wait inside its graph runs out
+        self.tok.fill_(tok)
+        self.pos.fill_(pos)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self._graphs[w].replay()
+        end.record()
+        self._settle()
+        self._pending = (start, end)
+        return self._out[w]
+
+    def _settle(self) -> None:
+        """Read the previous step's device time (its events are long done) and check the path."""
+        if self._pending is not None:
+            s, e = self._pending
+            if not e.query():  # stats() asked while the step still runs (another thread): next time
+                return
+            self._step_ms.append(s.elapsed_time(e))
+            del self._step_ms[:-256]
+            self._pending = None
+
+    def after_step(self) -> None:
+        """After the logits were read back: a GPU-side wait that timed out fails here, in its step."""
+        if self.graphs:
+            self._check()
+
+    def sample(self, sampler: Sampler, logits: torch.Tensor) -> int:
+        """The next token. Greedy on a GPU: argmax where the logits are (the first maximum on ties, as
+        Sampler's CPU argmax), so only one integer crosses to the host instead of the vocabulary."""
+        if logits.device.type == "cuda" and sampler.temperature == 0:
+            for w, out in (self._out.items() if self.graphs else ()):
+                if out is logits:
+                    return int(self._argmax[w])
+            return int(torch.argmax(logits))
+        return sampler(logits)
+
+    def note_host_ms(self, sample_ms: float, hook_ms: float, launch_ms: float) -> None:
+        """Host time per token: waiting for the step and sampling; the hook (lockstep, sending the
+        token); launching the next step."""
+        for key, v in (("sample", sample_ms), ("hook", hook_ms), ("launch", launch_ms)):
+            lst = self._host_ms.setdefault(key, [])
+            lst.append(v)
+            del lst[:-256]
+
+    def note_token_ms(self, ms: float) -> None:
+        self._token_ms.append(ms)
+        del self._token_ms[:-256]
+
+    def stats(self, read_bw_gbps: float | None = None) -> dict:
+        """What the service reports: decode ms per step (device, graph replays) and per token (wall, the
+        loop's sampling and lockstep included), and the weight bytes this rank reads per step over that
+        time (GB/s per card; ``read_bw_gbps``: the card's measured read bandwidth, e.g. from the plan)."""
+        self._settle()
+        m = self.model
+        step_ms = statistics.median(self._step_ms) if self._step_ms else None
+        token_ms = statistics.median(self._token_ms) if self._token_ms else None
+        w = m.weight_bytes()
+        ms = step_ms or token_ms
+        gbps = round(w / (ms * 1e-3) / 1e9, 1) if ms else None
+        host = {k: round(statistics.median(v), 4) for k, v in self._host_ms.items() if v}
+        return {**self.info, "steps": len(self._step_ms) or len(self._token_ms), "host_ms": host or None,
+                "step_ms": None if step_ms is None else round(step_ms, 4),
+                "token_ms": None if token_ms is None else round(token_ms, 4),
+                "weight_bytes": w, "achieved_gbps": gbps,
+                "read_bw_fraction": round(gbps / read_bw_gbps, 4) if gbps and read_bw_gbps else None}
+
+
+def describe(info: dict) -> str:
+    """One log line: how the decode step runs here and why."""
+    s = f"decode {info['mode']} ({info['why']}); kernels {info['kernels']} ({info['kernels_why']})"
+    if info.get("windows"):
+        s += f"; windows {info['windows']}; captured in {info['capture_s']} s"
+    return s
+
+
+def prepare(model: Model, **kw) -> Decoder:
+    """Build the model's decoder (and capture its graphs); run() uses it from then on."""
+    model.decoder = Decoder(model, **kw)
+    model.decoder.capture()
+    return model.decoder
+
+
+def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, stop_ids: set[int],
+        chunk: int, hook: StepHook | None = None, on_token: Callable[[int, int], None] | None = None
+        ) -> tuple[list[int], str]:
+    """Returns (generated ids, finish_reason in length | stop | cancelled)."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    if len(prompt_ids) >= model.max_context:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {model.max_context}")
+    decoder = getattr(model, "decoder", None) or prepare(model)
+    max_tokens = min(max_tokens, model.max_context - len(prompt_ids))
+    logits = None
+    for ci, start in enumerate(range(0, len(prompt_ids), chunk)):
+        piece = prompt_ids[start:start + chunk]
+        logits = model.forward(torch.tensor([piece], device=model.device), start)  # [V]
+        if hook and hook("prefill", ci, piece, start + len(piece)):
+            return [], "cancelled"
+    out: list[int] = []
+    pos = len(prompt_ids)
+    t_last = None
+    for k in range(max_tokens):
+        t0 = time.perf_counter()
+        tok = decoder.sample(sampler, logits)
+        decoder.after_step()
+        t1 = time.perf_counter()
+        more = k + 1 < max_tokens and tok not in stop_ids
+        # Graphs: the next step goes to the GPU before the hook checks this token with the peer and hands
+        # it out, so the GPU computes while the host does that. The hook's exchange queues behind the
+        # step on the same stream (both ranks: step, exchange, step, ...) and it still decides whether
+        # the token reaches the client; a cancel or a failure discards the step in flight.
+        ahead = decoder.logits(tok, pos) if more and decoder.graphs else None
+        if hook and hook("decode", k, [tok], pos + 1):
+            return out, "cancelled"
+        out.append(tok)
+        if on_token:
+            on_token(k, tok)
+        t2 = time.perf_counter()
+        if t_last is not None:
+            decoder.note_token_ms((t2 - t_last) * 1e3)
+        t_last = t2
+        if tok in stop_ids:
+            return out, "stop"
+        if more:
+            logits = ahead if ahead is not None else decoder.logits(tok, pos)
+            pos += 1
+        decoder.note_host_ms((t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3)
+    return out, "length"

@@ -1,0 +1,145 @@
+"""Loading a Hugging Face checkpoint (or one rank's shard of it) into a Model, memory-mapped.
+
+With world > 1 an unsharded checkpoint is sliced at load: safetensors reads only
+this rank's rows or columns from the mapped file, so a rank never holds the
+whole model in memory. A directory written by ``python -m engine shard`` holds
+``shard.json`` and ``rank0/``, ``rank1/``: each rank reads its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from engine.core import tp
+from engine.core.model import Model
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not fit the config, with the reason."""
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"no *.safetensors files in {model_dir}")
+    return files
+
+
+def resolve(model_dir: str | Path, rank: int, world: int) -> tuple[Path, bool]:
+    """(directory to read this rank's tensors from, whether they are already sliced)."""
+    d = Path(model_dir)
+    manifest = d / "shard.json"
+    if manifest.exists():
+        tp_size = json.loads(manifest.read_text())["tp"]
+        if tp_size != world:
+            raise WeightsError(f"{d} is sharded for tp {tp_size}, but this run uses {world} rank(s)")
+        return d / f"rank{rank}", True
+    return d, False
+
+
+def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
+    """The model tensor a checkpoint tensor lands in, and the row offset within it (fused q/k/v, gate/up)."""
+    if name == "model.embed_tokens.weight":
+        return model.embed, 0
+    if name == "lm_head.weight":
+        return model.head, 0
+    if name == "model.norm.weight":
+        return model.norm, 0
+    m = _LAYER.match(name)
+    if not m or int(m.group(1)) >= len(model.layers):
+        raise WeightsError(f"unexpected tensor {name}")
+    layer, rest = model.layers[int(m.group(1))], m.group(2)
+    qn, kvn = layer.n_heads * layer.hd, layer.n_kv * layer.hd
+    table = {
+        "input_layernorm.weight": (layer.input_norm, 0),
+        "post_attention_layernorm.weight": (layer.post_norm, 0),
+        "self_attn.q_proj.weight": (layer.wqkv, 0),
+        "self_attn.k_proj.weight": (layer.wqkv, qn),
+        "self_attn.v_proj.weight": (layer.wqkv, qn + kvn),
+        "self_attn.q_proj.bias": (layer.bqkv, 0),
+        "self_attn.k_proj.bias": (layer.bqkv, qn),
+        "self_attn.v_proj.bias": (layer.bqkv, qn + kvn),
+        "self_attn.o_proj.weight": (layer.wo, 0),
+        "self_attn.o_proj.bias": (layer.bo, 0),
+        "self_attn.q_norm.weight": (layer.q_norm, 0),
+        "self_attn.k_norm.weight": (layer.k_norm, 0),
+        "mlp.gate_proj.weight": (layer.w13, 0),
+        "mlp.up_proj.weight": (layer.w13, layer.ff),
+        "mlp.gate_proj.bias": (layer.b13, 0),
+        "mlp.up_proj.bias": (layer.b13, layer.ff),
+        "mlp.down_proj.weight": (layer.w2, 0),
+        "mlp.down_proj.bias": (layer.b2, 0),
+    }
+    if rest not in table or table[rest][0] is None:
+        raise WeightsError(f"tensor {name} has no place in a {model.cfg.model_type} model with this config")
+    return table[rest]
+
+
+def _place(model: Model, name: str, t: torch.Tensor, filled: dict[int, int]) -> None:
+    dest, off = _slot(model, name)
+    n = t.shape[0]
+    target = dest[off:off + n]
+    if tuple(target.shape) != tuple(t.shape):
+        raise WeightsError(f"{name}: checkpoint shape {tuple(t.shape)} does not fit {tuple(target.shape)} "
+                           f"(rank {model.rank} of {model.world})")
+    target.copy_(t.to(dtype=model.dtype))
+    filled[id(dest)] = filled.get(id(dest), 0) + t.numel()
+
+
+@torch.inference_mode()
+def load_into(model: Model, model_dir: str | Path) -> None:
+    """Fill every weight of ``model`` from the checkpoint; WeightsError naming anything missing or extra."""
+    from safetensors import safe_open
+
+    src, pre_sliced = resolve(model_dir, model.rank, model.world)
+    filled: dict[int, int] = {}
+    names: set[str] = set()
+    for path in safetensors_files(src):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if tp.IGNORED.search(name):
+                    continue
+                kind = tp.kind_of(name)
+                names.add(name)
+                if pre_sliced:
+                    t = f.get_tensor(name)
+                else:
+                    t = tp.take(f.get_slice(name), kind, model.rank, model.world)
+                _place(model, name, t, filled)
+            if "lm_head.weight" not in names and "model.embed_tokens.weight" in f.keys() and not pre_sliced:
+                if model.cfg.tie_word_embeddings:
+                    t = tp.take(f.get_slice("model.embed_tokens.weight"), "vocab", model.rank, model.world)
+                    _place(model, "lm_head.weight", t, filled)
+                    names.add("lm_head.weight")
+    if "lm_head.weight" not in names:
+        raise WeightsError("no lm_head.weight and the config does not tie it to the embeddings")
+    for label, t in expected_tensors(model):
+        if filled.get(id(t), 0) != t.numel():
+            raise WeightsError(f"checkpoint in {src} does not fill {label} ({filled.get(id(t), 0)} of "
+                               f"{t.numel()} values)")
+
+
+def expected_tensors(model: Model) -> list[tuple[str, torch.Tensor]]:
+    out = [("embed", model.embed), ("head", model.head), ("norm", model.norm)]
+    for i, layer in enumerate(model.layers):
+        for k, t in layer.tensors().items():
+            if t is not None and k not in ("k_cache", "v_cache"):
+                out.append((f"layers.{i}.{k}", t))
+    return out
+
+
+@torch.inference_mode()
+def init_random(model: Model, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights generated where the model lives (the benchmark: shapes and bytes are what matter)."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    for label, t in expected_tensors(model):
+        if t.dim() == 1:
+            t.fill_(1.0) if "norm" in label else t.zero_()
+        else:
+            t.normal_(0.0, std, generator=g)

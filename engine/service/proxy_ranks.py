@@ -1,0 +1,374 @@
+"""One generation of the two rank processes: start them, talk to them, kill them.
+
+Each rank is `python -m engine rank ...` (a child of serve) listening on a Unix
+socket; we connect once and exchange newline-delimited JSON (docs/engine.md). A
+reader task per rank puts every message on that rank's inbox and stamps the time
+of the last message, which the watchdog reads. Nothing here decides policy: the
+service (proxy_service.py) and the watchdog (watchdog.py) do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import glob
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.service import protocol
+from engine.service.serve_config import ServeConfig, rank_command
+
+# Unix socket paths are limited to 107 bytes on Linux; deep test directories exceed it.
+_SUN_PATH_MAX = 100
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: the socket EOF still tells the rank to exit
+
+
+# Looked up here, in the parent: between fork and exec the child may only make the call itself
+# (a dlopen there could wait forever on a loader lock another thread held at fork time).
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel SIGKILLs the rank when serve dies, even by
+    SIGKILL, so a killed proxy never leaves an orphan rank holding the GPU."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+class RankStartError(Exception):
+    """The pair did not come up; the message says which rank and why (its log tail)."""
+
+
+@dataclass
+class RankLink:
+    rank: int
+    proc: asyncio.subprocess.Process
+    socket_path: str
+    log_path: str
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # until ready; then `sink`
+    sink: asyncio.Queue | None = None                            # the pair's merged queue
+    ready: dict | None = None
+    last_message_monotonic: float = field(default_factory=time.monotonic)
+    last_progress_monotonic: float = field(default_factory=time.monotonic)  # when the counter last moved
+    last_counter: int | None = None
+    wait_s: float = 0.0            # from the last heartbeat: how long this rank has waited for its peer
+    eof: bool = False
+    fatal_message: str | None = None
+    ping_sent_monotonic: float | None = None  # an unanswered ping's send time
+    fault_replies: asyncio.Queue = field(default_factory=asyncio.Queue)  # fault_armed answers only
+    _reader_task: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def exited(self) -> bool:
+        return self.proc.returncode is not None
+
+    async def send(self, message: dict) -> None:
+        if self.writer is None or self.writer.is_closing():
+            raise ConnectionError(f"rank {self.rank}: control socket is closed")
+        self.writer.write(protocol.encode(message))
+        await self.writer.drain()
+
+    async def _read_loop(self) -> None:
+        assert self.reader is not None
+        while True:
+            try:
+                line = await self.reader.readline()
+            except (ConnectionError, asyncio.LimitOverrunError, ValueError):
+                line = b""
+            if not line:
+                self.eof = True
+                await (self.inbox if self.sink is None else self.sink).put({"type": "eof", "_rank": self.rank})
+                return
+            try:
+                msg = protocol.decode(line)
+            except protocol.ProtocolError:
+                continue  # not a protocol message; the rank's log has the context
+            now = time.monotonic()
+            self.last_message_monotonic = now
+            if "counter" in msg:
+                if msg["counter"] != self.last_counter:
+                    self.last_progress_monotonic = now
+                self.last_counter = msg["counter"]
+            kind = msg.get("type")
+            if kind == "heartbeat":
+                self.wait_s = float(msg.get("wait_s") or 0.0)
+                continue
+            if kind == "pong":
+                self.ping_sent_monotonic = None
+                continue
+            if kind == "fault_armed":
+                self.fault_replies.put_nowait(msg)
+                continue
+            if kind == "fatal":
+                self.fatal_message = str(msg.get("message"))
+            msg["_rank"] = self.rank
+            await (self.inbox if self.sink is None else self.sink).put(msg)
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            text = Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+@dataclass
+class RankPair:
+    generation: int
+    links: list[RankLink]
+    run_dir: str
+    allreduce: str | None = None
+    race: dict | None = None
+    max_context: int | None = None
+    vocab_size: int | None = None
+    started_unix: float = field(default_factory=time.time)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # both ranks' messages, tagged "_rank"
+    failure: str | None = None                                   # set once, by whoever sees it first
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+
+    @property
+    def pids(self) -> list[int]:
+        return [link.pid for link in self.links]
+
+    async def close(self, grace_s: float = 2.0) -> None:
+        """Stop both ranks: SIGTERM (and SIGCONT, so a frozen rank can act on it), then SIGKILL
+        whatever is still there after the grace period. Always reaps both."""
+        for link in self.links:
+            if link.writer is not None:
+                link.writer.close()
+            if not link.exited:
+                for sig in (signal.SIGTERM, signal.SIGCONT):
+                    try:
+                        link.proc.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+        deadline = time.monotonic() + grace_s
+        for link in self.links:
+            try:
+                await asyncio.wait_for(link.proc.wait(), max(0.05, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                try:
+                    link.proc.kill()
+                except ProcessLookupError:
+                    pass
+                await link.proc.wait()
+            if link._reader_task is not None:
+                link._reader_task.cancel()
+        remove_run_dir(self.run_dir)
+
+
+# The host mailbox's file names (engine/allreduce/host_mailbox.py, mailbox_file): the secret key
+# of one start, read from the rendezvous directory, is part of every name. Spelled again here so
+# the proxy can clean up after killed ranks without importing torch.
+MAILBOX_KEY_FILE = "mailbox.key"
+MAILBOX_GLOB = "v100plan-mbox-{key}-*"
+
+
+def new_mailbox_key(rendezvous_dir: str) -> str:
+    """A fresh 128-bit key for this start's mailbox names, in a 0600 file of the 0700
+    rendezvous directory: nobody else can guess the names, so nobody can pre-create them."""
+    key = secrets.token_hex(16)
+    fd = os.open(os.path.join(rendezvous_dir, MAILBOX_KEY_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    return key
+
+
+def _mailbox_dirs() -> list[str]:
+    return [d for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)]
+
+
+def remove_run_dir(run_dir: str) -> None:
+    """A run directory and the mailbox files its ranks may have left (killed before they unlinked them)."""
+    try:
+        with open(os.path.join(run_dir, "rdv", MAILBOX_KEY_FILE)) as fh:
+            key = fh.read().strip()
+    except OSError:
+        key = ""
+    if key.isalnum():
+        for d in _mailbox_dirs():
+            for path in glob.glob(os.path.join(d, MAILBOX_GLOB.format(key=key))):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _fallback_prefix(state_dir: str) -> str:
+    return "v100plan-run-" + hashlib.sha1(state_dir.encode()).hexdigest()[:10] + "-"
+
+
+def reap_stale_runs(state_dir: str) -> list[str]:
+    """At start (holding the state directory's lock, so no other serve uses it): remove the run
+    directories of earlier proxies (killed by SIGKILL, they could not clean up), with their
+    stale sockets, rendezvous stores and mailbox files."""
+    found = glob.glob(os.path.join(state_dir, "run", "*"))
+    found += glob.glob(os.path.join(tempfile.gettempdir(), _fallback_prefix(state_dir) + "*"))
+    for path in found:
+        remove_run_dir(path)
+    return found
+
+
+def _run_dir(state_dir: str, generation: int) -> str:
+    base = os.path.join(state_dir, "run")
+    candidate = os.path.join(base, f"g{generation}")
+    if len(os.path.join(candidate, "r0.sock")) > _SUN_PATH_MAX:
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        return tempfile.mkdtemp(prefix=_fallback_prefix(state_dir) + f"g{generation}-")
+    remove_run_dir(candidate)
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    os.makedirs(candidate, mode=0o700)
+    return candidate
+
+
+@dataclass
+class Standby:
+    """Two `python -m engine rank --standby` processes for the next generation: torch and the engine
+    already imported, waiting on stdin for their arguments (rank_cli.py)."""
+
+    generation: int
+    procs: list[asyncio.subprocess.Process]
+
+    def usable_for(self, generation: int) -> bool:
+        return self.generation == generation and all(p.returncode is None for p in self.procs)
+
+    async def close(self) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+            await p.wait()
+
+
+async def spawn_standby(cfg: ServeConfig, generation: int) -> Standby:
+    log_dir = os.path.join(cfg.state_dir, "logs")
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    procs = []
+    for rank in (0, 1):
+        log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "engine", "rank", "--standby",
+                stdin=asyncio.subprocess.PIPE, stdout=log, stderr=log, preexec_fn=_die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    return Standby(generation=generation, procs=procs)
+
+
+async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, ...] = (),
+                     standby: Standby | None = None) -> RankPair:
+    """Start both ranks of `generation` and wait for both `ready` messages; with a usable
+    `standby` pair (spawned for this generation) its processes become the ranks.
+
+    Raises RankStartError (after killing whatever started) on a fatal message, an
+    early exit, or cfg.start_timeout_s without both ready.
+    """
+    if standby is not None and not standby.usable_for(generation):
+        await standby.close()
+        standby = None
+    run_dir = _run_dir(cfg.state_dir, generation)
+    rendezvous = os.path.join(run_dir, "rdv")
+    os.makedirs(rendezvous, mode=0o700, exist_ok=True)
+    new_mailbox_key(rendezvous)
+    log_dir = os.path.join(cfg.state_dir, "logs")
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    links: list[RankLink] = []
+    for rank in (0, 1):
+        sock = os.path.join(run_dir, f"r{rank}.sock")
+        log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
+        cmd = rank_command(cfg, rank, generation, rendezvous, sock, rank1_extra if rank == 1 else ())
+        if standby is not None:
+            proc = standby.procs[rank]
+            proc.stdin.write((json.dumps(cmd[4:]) + "\n").encode())  # the arguments after `-m engine rank`
+            await proc.stdin.drain()
+            proc.stdin.close()
+        else:
+            with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                    preexec_fn=_die_with_parent,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+        links.append(RankLink(rank=rank, proc=proc, socket_path=sock, log_path=log_path))
+    pair = RankPair(generation=generation, links=links, run_dir=run_dir)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(_connect_and_wait_ready(link) for link in links)),
+                               cfg.start_timeout_s)
+    except asyncio.TimeoutError:
+        await pair.close(grace_s=0.5)
+        raise RankStartError(f"ranks not ready within {cfg.start_timeout_s:g} s") from None
+    except (RankStartError, asyncio.CancelledError):  # cancelled: serve is shutting down mid-start
+        await pair.close(grace_s=0.5)
+        raise
+    r0 = links[0].ready or {}
+    pair.allreduce = r0.get("allreduce")
+    pair.race = r0.get("race")
+    pair.max_context = r0.get("max_context")
+    pair.vocab_size = r0.get("vocab_size")
+    for link in links:
+        if link.ready.get("selftest") != "passed":
+            await pair.close(grace_s=0.5)
+            raise RankStartError(f"rank {link.rank}: allreduce self-test {link.ready.get('selftest')!r}")
+    if links[1].ready.get("allreduce") != pair.allreduce:
+        await pair.close(grace_s=0.5)
+        raise RankStartError(
+            f"ranks disagree on the allreduce path: {pair.allreduce} vs {links[1].ready.get('allreduce')}"
+        )
+    for link in links:  # from now on both ranks feed one queue, in arrival order
+        link.sink = pair.queue
+        while not link.inbox.empty():
+            pair.queue.put_nowait(link.inbox.get_nowait())
+    return pair
+
+
+async def _connect_and_wait_ready(link: RankLink) -> None:
+    while True:
+        if link.exited:
+            raise RankStartError(
+                f"rank {link.rank} exited with code {link.proc.returncode} before it was ready:\n{link.log_tail()}"
+            )
+        if os.path.exists(link.socket_path):
+            try:
+                link.reader, link.writer = await asyncio.open_unix_connection(link.socket_path, limit=1 << 24)
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                pass
+        await asyncio.sleep(0.05)
+    link._reader_task = asyncio.get_running_loop().create_task(link._read_loop())
+    while True:
+        msg = await link.inbox.get()
+        kind = msg.get("type")
+        if kind == "ready":
+            link.ready = msg
+            return
+        if kind in ("fatal", "eof"):
+            await asyncio.sleep(0.2)  # let the log receive the rank's last words
+            detail = msg.get("message") or f"closed its socket\n{link.log_tail()}"
+            raise RankStartError(f"rank {link.rank} failed to start: {detail}")

@@ -1,0 +1,409 @@
+"""The service core: one FIFO queue in front of two ranks, and the restart loop around them.
+
+Admission happens here and only here: every request goes to both ranks in the
+order it was taken off this queue, one sequence at a time (the ranks run batch
+1). The lifecycle task starts a rank pair, lets the watchdog watch it, and on a
+failure ends every pending request with 503, kills both ranks and starts the next
+generation; after too many consecutive failed starts it asks serve to exit non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from collections import deque
+from typing import Callable
+
+from engine.service import protocol, watchdog
+from engine.service.proxy_jobs import GenerateParams, Job
+from engine.service.proxy_log import StructuredLog
+from engine.service.proxy_metrics import Metrics
+from engine.service.proxy_ranks import RankPair, RankStartError, Standby, spawn_standby, start_pair
+from engine.service.serve_config import ALLREDUCE_PATHS, ServeConfig
+
+EXIT_RESTARTS_EXHAUSTED = 3
+
+
+class Unavailable(Exception):
+    """The ranks are not up (starting, restarting or stopping): 503 with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFull(Exception):
+    """More requests are waiting than --queue-cap allows: 429 with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+_PID = re.compile(r"\s*\(pid \d+\)")
+_PATH = re.compile(r"(?<![\w.])/[^\s:'\"(),]+")
+
+
+def public_reason(reason: str) -> str:
+    """A failure as clients may read it: its first line, without process ids or file paths
+    (the full reason goes to the log and to /health for callers with the key)."""
+    line = reason.splitlines()[0] if reason else ""
+    return _PATH.sub("<path>", _PID.sub("", line))[:200]
+
+
+def _restarting(reason: str) -> str:
+    return f"the engine's ranks failed ({public_reason(reason)}); the service is restarting them"
+
+
+def _previous_generation(state_dir: str) -> int:
+    try:
+        with open(os.path.join(state_dir, "service.json")) as fh:
+            return int(json.load(fh).get("generation") or 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+class Service:
+    def __init__(self, cfg: ServeConfig, log: StructuredLog, on_exit: Callable[[int], None]):
+        self.cfg = cfg
+        self.log = log
+        self.metrics = Metrics()
+        self.on_exit = on_exit
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.state = "starting"            # starting | up | restarting | draining | exiting
+        self.pair: RankPair | None = None
+        # Generations keep counting across proxy restarts (supervisor), so a generation number
+        # names one pair of rank processes for the life of the state directory.
+        self.generation = _previous_generation(cfg.state_dir)
+        self.last_failure: str | None = None
+        self.queue: deque[Job] = deque()
+        self.running: Job | None = None
+        self.budget = watchdog.RestartBudget(cfg.max_restarts)
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._standby: Standby | None = None   # the next generation's ranks, imported and waiting
+        self._recent_durations_s: deque[float] = deque(maxlen=8)
+        # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
+        self.fail_starts_armed = 0
+
+    # ----- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(self._worker())]
+
+    async def drain(self, timeout_s: float) -> None:
+        """SIGTERM/SIGINT: take no new request (503), let the running and queued ones finish for
+        up to `timeout_s`, then end what is left with 503 (an SSE error event + [DONE] on streams).
+        The watchdog stops restarting ranks from here on."""
+        if self.state in ("draining", "exiting"):
+            return
+        self.state = "draining"
+        self.metrics.set("v100plan_ranks_up", 0)
+        self._write_state()
+        self.log.emit("drain", running=self.running.id if self.running else None, queued=len(self.queue),
+                      timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while (self.running is not None or self.queue) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = (1 if self.running is not None else 0) + len(self.queue)
+        self._fail_pending(503, "the service is shutting down")
+        self.log.emit("drained", unfinished=left)
+
+    async def stop(self) -> None:
+        """Serve is shutting down (SIGTERM, SIGINT or the restart cap): end requests, stop both ranks."""
+        self.state = "exiting"
+        for task in self._tasks:  # the watchdog first: the ranks' exit below is no failure
+            task.cancel()
+        self._fail_pending(503, "the service is shutting down")
+        if self._standby is not None:
+            await self._standby.close()
+            self._standby = None
+        pids = self.pair.pids if self.pair else []
+        if self.pair is not None:
+            await self.pair.close()
+            self.pair = None
+        self._write_state()
+        self.log.emit("serve_stop", generation=self.generation, rank_pids_stopped=pids)
+
+    async def _lifecycle(self) -> None:
+        previous_reason: str | None = None
+        while True:
+            pair = await self._bring_up(previous_reason)
+            if pair is None:
+                return
+            previous_reason = await watchdog.watch(
+                pair, self._busy_since, self.cfg.stall_timeout_s, self.cfg.ping_interval_s,
+                self.cfg.liveness_timeout_s or None,
+            )
+            await self._take_down(pair, previous_reason)
+            if self.state in ("draining", "exiting"):
+                return  # shutting down: no new generation
+
+    async def _bring_up(self, after_failure: str | None) -> RankPair | None:
+        while True:
+            self.generation += 1
+            if after_failure is not None or self.budget.consecutive_failures:
+                self.metrics.inc("v100plan_rank_restarts_total")
+            self._publish_down("restarting" if after_failure is not None else "starting")
+            t0 = time.monotonic()
+            try:
+                standby, self._standby = self._standby, None
+                pair = await start_pair(self.cfg, self.generation, self._start_fault(), standby)
+            except RankStartError as exc:
+                self.budget.record(False)
+                self.metrics.inc("v100plan_rank_restart_failures_total")
+                self.last_failure = str(exc)
+                self.log.emit("rank_start_failed", generation=self.generation, reason=str(exc),
+                              consecutive_failures=self.budget.consecutive_failures,
+                              max_restarts=self.cfg.max_restarts)
+                if self.budget.exhausted:
+                    self.state = "exiting"
+                    self.log.emit("exit", code=EXIT_RESTARTS_EXHAUSTED,
+                                  reason=f"{self.budget.consecutive_failures} consecutive failed rank starts "
+                                         f"(--max-restarts {self.cfg.max_restarts})")
+                    self._write_state()
+                    self.on_exit(EXIT_RESTARTS_EXHAUSTED)
+                    return None
+                await asyncio.sleep(self.budget.backoff_s())
+                continue
+            self.budget.record(True)
+            if self.state in ("draining", "exiting"):  # a signal came during the start: no new pair
+                await pair.close(grace_s=0.5)
+                return None
+            self.pair = pair
+            self.state = "up"
+            self.metrics.set("v100plan_ranks_up", 1)
+            self.metrics.set("v100plan_rank_generation", pair.generation)
+            if pair.allreduce:
+                self.metrics.set_only("v100plan_allreduce_path", 1, path=pair.allreduce)
+            self.log.emit("restart" if after_failure is not None else "ranks_up",
+                          generation=pair.generation, rank_pids=pair.pids, allreduce=pair.allreduce,
+                          race=pair.race, max_context=pair.max_context, start_s=round(time.monotonic() - t0, 3),
+                          after=after_failure, from_standby=standby is not None)
+            self._write_state()
+            self._wake.set()
+            if self.cfg.standby_ranks and self.state == "up":
+                try:
+                    self._standby = await spawn_standby(self.cfg, self.generation + 1)
+                except OSError as exc:
+                    self.log.emit("standby_failed", reason=str(exc))
+            return pair
+
+    def _start_fault(self) -> tuple[str, ...]:
+        """Rank 1's flags that make this start's allreduce self-test fail, while a storm is armed."""
+        if self.fail_starts_armed <= 0:
+            return ()
+        self.fail_starts_armed -= 1
+        paths = ALLREDUCE_PATHS[1:] if self.cfg.allreduce == "auto" else (self.cfg.allreduce,)
+        return tuple(arg for p in paths for arg in ("--fail-selftest", p))
+
+    async def _take_down(self, pair: RankPair, reason: str) -> None:
+        self.last_failure = reason
+        lockstep = "LOCKSTEP FAILURE" in reason
+        if lockstep:
+            self.metrics.inc("v100plan_lockstep_failures_total")
+        if lockstep:
+            cause = "lockstep"
+        elif "heartbeat" in reason or "stalled:" in reason:
+            cause = "liveness"
+        elif "no progress" in reason or "ping" in reason:
+            cause = "stall"
+        else:
+            cause = "exit"
+        self.metrics.inc("v100plan_rank_failures_total", cause=cause)
+        self._publish_down("restarting" if self.state not in ("draining", "exiting") else self.state)
+        self.log.emit("rank_failure", generation=pair.generation, rank_pids=pair.pids, reason=reason,
+                      cause=cause, in_flight=self.running.id if self.running else None)
+        self._fail_pending(503, _restarting(reason) if self.state == "restarting" else
+                           "the service is shutting down")
+        await pair.close()
+        self.pair = None
+
+    def _publish_down(self, state: str) -> None:
+        self.state = state
+        self.metrics.set("v100plan_ranks_up", 0)
+        self._write_state()
+
+    def _fail_pending(self, status: int, message: str) -> None:
+        if self.running is not None:
+            self.running.finish(("error", status, message))
+        while self.queue:
+            self.queue.popleft().finish(("error", status, message))
+        self.metrics.set("v100plan_queue_depth", 0)
+
+    def _busy_since(self) -> float | None:
+        job = self.running
+        return job.started_monotonic if job is not None and job.state == "running" else None
+
+    def _write_state(self) -> None:
+        """service.json in the state dir: who is running now (supervise stop and the acceptance
+        suite read it to find the rank PIDs)."""
+        doc = {
+            "proxy_pid": os.getpid(), "state": self.state, "generation": self.generation,
+            "rank_pids": self.pair.pids if self.pair else [], "allreduce": self.pair.allreduce if self.pair else None,
+            "host": self.cfg.host, "port": self.cfg.port, "last_failure": self.last_failure,
+            "updated_unix": round(time.time(), 3),
+        }
+        os.makedirs(self.cfg.state_dir, mode=0o700, exist_ok=True)
+        path = os.path.join(self.cfg.state_dir, "service.json")
+        tmp = path + f".{os.getpid()}.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            json.dump(doc, fh, indent=1)
+        os.replace(tmp, path)
+
+    # ----- admission -----------------------------------------------------------------
+
+    def retry_after_s(self) -> int:
+        per = (sum(self._recent_durations_s) / len(self._recent_durations_s)) if self._recent_durations_s else 1.0
+        return max(1, int(per * (len(self.queue) + 1) + 0.999))
+
+    def submit(self, params: GenerateParams, endpoint: str) -> Job:
+        if self.state == "up" and self.pair is not None and self.pair.failure is not None:
+            self.last_failure = self.pair.failure  # found dead a moment ago; the watchdog is on it
+            self.state = "restarting"
+        if self.state != "up":
+            raise Unavailable(
+                f"the engine is {self.state}"
+                + (f" after: {public_reason(self.last_failure)}"
+                   if self.last_failure and self.state != "draining" else ""),
+                retry_after_s=10 if self.state == "starting" else 5,
+            )
+        if len(self.queue) >= self.cfg.queue_cap and (self.running is not None or self.queue):
+            raise QueueFull(f"{len(self.queue)} requests are already waiting (--queue-cap {self.cfg.queue_cap})",
+                            retry_after_s=self.retry_after_s())
+        job = Job(params=params, endpoint=endpoint)
+        self.queue.append(job)
+        self.metrics.set("v100plan_queue_depth", len(self.queue))
+        self._wake.set()
+        return job
+
+    def withdraw(self, job: Job) -> None:
+        """The client went away: drop a queued job, cancel a running one on both ranks."""
+        job.cancel("client_gone")
+        if job.state == "queued":
+            try:
+                self.queue.remove(job)
+            except ValueError:
+                pass
+            job.finish(("done", "cancelled", {"prompt_tokens": 0, "completion_tokens": 0}))
+            self.metrics.set("v100plan_queue_depth", len(self.queue))
+
+    # ----- the one worker ------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            while (not self.queue or self.state not in ("up", "draining") or self.pair is None
+                   or self.pair.failure is not None):
+                self._wake.clear()
+                await self._wake.wait()
+            job = self.queue.popleft()
+            self.metrics.set("v100plan_queue_depth", len(self.queue))
+            if job.state != "queued":
+                continue
+            pair = self.pair
+            self.running = job
+            self.metrics.set("v100plan_requests_running", 1)
+            try:
+                await self._run(job, pair)
+            except (ConnectionError, OSError) as exc:
+                pair.fail(f"rank control socket: {exc}")
+                job.finish(("error", 503, _restarting(pair.failure)))
+            finally:
+                self.running = None
+                self.metrics.set("v100plan_requests_running", 0)
+                if job.started_monotonic is not None:
+                    self._recent_durations_s.append(time.monotonic() - job.started_monotonic)
+
+    async def _run(self, job: Job, pair: RankPair) -> None:
+        job.state = "running"
+        job.generation = pair.generation
+        job.rank_pids = pair.pids
+        job.started_monotonic = time.monotonic()
+        for link in pair.links:
+            link.ping_sent_monotonic = None  # liveness comes from the request's progress now
+        message = job.params.message(job.id)
+        for link in pair.links:
+            await link.send(message)
+        done: list[dict | None] = [None, None]
+        getter = asyncio.ensure_future(pair.queue.get())
+        try:
+            while not (done[0] and done[1]):
+                if pair.failure is not None:
+                    job.finish(("error", 503, _restarting(pair.failure)))
+                    return
+                if job.state == "finished":
+                    return
+                if job.cancel_reason is not None and not job.cancel_sent:
+                    job.cancel_sent = True
+                    for link in pair.links:
+                        await link.send(protocol.cancel(job.id))
+                await asyncio.wait({getter}, timeout=watchdog.tick_s(self.cfg.stall_timeout_s))
+                if not getter.done():
+                    continue
+                msg = getter.result()
+                getter = asyncio.ensure_future(pair.queue.get())
+                self._handle(job, msg, done)
+        finally:
+            getter.cancel()
+        self._finish(job, done)
+
+    def _handle(self, job: Job, msg: dict, done: list) -> None:
+        rank, kind = msg.get("_rank"), msg.get("type")
+        if kind in ("eof", "fatal"):
+            return  # the watchdog names the failure on its next tick
+        if msg.get("id") != job.id:
+            return  # a late message for an earlier, already finished request
+        if kind in ("done", "error"):
+            done[rank] = msg
+            job.rank_finish[rank] = msg.get("finish_reason") or "error"
+            return
+        if rank != 0:
+            return  # rank 1's tokens are read (to keep its socket drained) and dropped
+        if kind == "token":
+            job.completion_tokens += 1
+            job.events.put_nowait(("token", msg["token_id"]))
+        elif kind == "progress":
+            job.events.put_nowait(("progress", msg.get("done_tokens")))
+
+    def _finish(self, job: Job, done: list) -> None:
+        errors = [d for d in done if d.get("type") == "error"]
+        if errors:
+            # The ranks refused or failed this one request (they stay up); the API validates
+            # every input first, so this is the engine's fault, not the client's. The detail
+            # goes to the log, not to the client.
+            detail = "; ".join(f"rank {d['_rank']}: {d.get('message')}" for d in errors)
+            self.log.emit("request_failed_on_ranks", id=job.id, reason=detail)
+            self.metrics.inc("v100plan_request_errors_total")
+            job.finish(("error", 500, "the engine could not complete this request (see the service log)"))
+            return
+        r0 = done[0]
+        usage = {"prompt_tokens": r0.get("prompt_tokens", len(job.params.prompt_ids)),
+                 "completion_tokens": r0.get("completion_tokens", job.completion_tokens)}
+        reason = r0.get("finish_reason")
+        if reason == "cancelled":
+            self.metrics.inc("v100plan_cancelled_total")
+        self.metrics.inc("v100plan_prompt_tokens_total", usage["prompt_tokens"])
+        self.metrics.inc("v100plan_completion_tokens_total", job.completion_tokens)
+        job.finish(("done", reason, usage))
+
+    # ----- fault injection (control.py) ------------------------------------------------
+
+    async def send_fault(self, rank: int, what: str, at_step: int | None) -> dict:
+        """Arm one of the rank's fault hooks (needs --enable-fault-injection on serve)."""
+        pair = self.pair
+        if pair is None or self.state != "up":
+            raise Unavailable(f"the engine is {self.state}", retry_after_s=1)
+        link = pair.links[rank]
+        while not link.fault_replies.empty():
+            link.fault_replies.get_nowait()
+        await link.send(protocol.fault(what, at_step))
+        try:
+            reply = await asyncio.wait_for(link.fault_replies.get(), 5.0)
+        except asyncio.TimeoutError:
+            return {"type": "fault_armed", "rank": rank, "what": what, "confirmed": False}
+        return {**reply, "confirmed": True}

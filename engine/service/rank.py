@@ -1,0 +1,330 @@
+"""One rank process: ``python -m engine rank ...`` (protocol in engine/service/protocol.py, docs/engine.md).
+
+Start-up: listen on the control socket, meet the peer (gloo over a FileStore in the
+rendezvous directory), choose and self-test the allreduce path, load this rank's
+weights, then send ``ready`` (or ``fatal`` and exit non-zero). Requests are taken
+strictly in the order the client sends them, one at a time; the same client
+(the proxy) feeds both ranks the same sequence, so admission is decided in one place.
+
+Once ready, a thread of its own sends a heartbeat every --heartbeat-interval-s (with the
+step counter and how long this rank has been waiting for its peer in an allreduce), so
+the proxy finds a frozen rank, or a rank whose peer stalled, in seconds, busy or idle.
+
+A request that fails for any reason of its own (an input the model cannot take, a
+sampler error, any exception outside the allreduce and the lockstep check) is answered
+with an ``error`` message for that request and the rank stays up; only a fault of the
+rank itself (LOCKSTEP FAILURE, a failed or timed-out allreduce) ends the process.
+
+Exit codes: 0 client closed the connection, 1 start-up failed, 3 LOCKSTEP FAILURE,
+4 allreduce failed or timed out, 17 exit injected by the fault hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+
+from engine.allreduce.paths import ALLREDUCE_CHOICES
+from engine.service import protocol
+
+EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="checkpoint directory (unsharded, or a `shard` output)")
+    p.add_argument("--rank", type=int, required=True, choices=(0, 1))
+    p.add_argument("--world", type=int, default=2, choices=(1, 2))
+    p.add_argument("--rendezvous", required=True, help="directory both ranks can reach (the gloo store)")
+    p.add_argument("--control-socket", required=True, help="Unix socket path this rank listens on (0600)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda:N")
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES)
+    p.add_argument("--max-context", type=int, default=2048)
+    p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
+    p.add_argument("--enable-fault-injection", action="store_true")
+    p.add_argument("--allreduce-timeout-s", type=float, default=60.0)
+    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--heartbeat-interval-s", type=float, default=1.0,
+                   help="period of the heartbeat on the control socket once ready (0: none)")
+    p.add_argument("--fail-selftest", action="append", default=[],
+                   help="(fault injection only) make this path's self-test fail on this rank")
+
+
+def log(rank: int, msg: str) -> None:
+    sys.stderr.write(f"[rank {rank}] {msg}\n")
+    sys.stderr.flush()
+
+
+class Server:
+    """The control socket: one client, JSON lines; a reader thread answers ping at once and queues the rest."""
+
+    def __init__(self, path: str):
+        if os.path.exists(path):
+            os.unlink(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket file is created 0600
+        try:
+            self.sock.bind(path)
+        finally:
+            os.umask(old)
+        self.sock.listen(1)
+        self.conn: protocol.LineSocket | None = None
+        self.connected = threading.Event()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        c, _ = self.sock.accept()
+        self.conn = protocol.LineSocket(c)
+        self.connected.set()
+
+    def send(self, msg: dict) -> None:
+        if not self.connected.wait(timeout=30):
+            return  # nobody to tell; stderr has it
+        with self.lock:
+            try:
+                self.conn.send(msg)
+            except OSError:
+                pass
+
+
+class Rank:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.r = args.rank
+        self.counter = 0
+        self.busy = False
+        self.requests: queue.Queue = queue.Queue()
+        self.cancelled: set[str] = set()
+        self.faults: list[dict] = []
+        self.abort = threading.Event()
+        self.wait_since: float | None = None  # monotonic start of the current allreduce wait
+
+    # ---- start-up ---------------------------------------------------------------------------------
+    def start(self) -> dict:
+        import torch
+
+        from engine.allreduce.comm import Comm
+        from engine.core import config, weights
+        from engine.core.lockstep import Lockstep
+        from engine.core.model import Model
+
+        a = self.args
+        marks = [("begin", time.monotonic())]  # the start-up phases' times go to the ready log line
+        if a.fail_selftest and not a.enable_fault_injection:
+            raise ValueError("--fail-selftest needs --enable-fault-injection")
+        device = torch.device(a.device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"--device {a.device}: CUDA is not available here")
+            torch.cuda.set_device(device)
+            major, minor = torch.cuda.get_device_capability(device)
+            # bf16 needs bf16 tensor cores (compute capability 8.0+); emulation is not a fact we plan on.
+            if a.dtype == "bfloat16" and major < 8:
+                raise ValueError(f"bfloat16 on compute capability {major}.{minor} has no tensor-core support; "
+                                 f"use --dtype float16")
+        dtype = getattr(torch, a.dtype)
+        if device.type == "cpu":
+            # Two ranks on one host share its cores: each taking all of them only makes them fight.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
+        cfg = config.load(a.model)
+        self.path, self.choice = None, None
+        if a.world == 2:
+            from engine.allreduce import select
+            from engine.allreduce.dist import init_control
+            from engine.core import tp
+
+            tp.check_divisible(cfg, 2)
+            os.makedirs(a.rendezvous, exist_ok=True)
+            store = init_control(a.rendezvous, a.generation, self.r, 2, a.allreduce_timeout_s)
+            marks.append(("rendezvous", time.monotonic()))
+            self.choice = select.choose(
+                a.allreduce, rank=self.r, device=device, dtype=dtype, timeout_s=a.allreduce_timeout_s,
+                abort=self.abort, rendezvous_dir=a.rendezvous, generation=a.generation, store=store,
+                fail_selftest=set(a.fail_selftest), log=lambda m: log(self.r, m))
+            self.path = self.choice.path
+            self._time_waits(self.path)
+            marks.append(("allreduce_choice", time.monotonic()))
+        self.comm = Comm(self.path) if self.path else None
+        self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm)
+        weights.load_into(self.model, a.model)
+        self.model.setup_cache(a.max_context)
+        marks.append(("weights", time.monotonic()))
+        from engine.core import runner  # the decode step's graphs are captured now, not at the first request
+        log(self.r, runner.describe(runner.prepare(self.model).info))
+        self.lockstep = Lockstep(self.path, device, self.r) if self.path else None
+        name = self.path.name if self.path else "none"
+        selftest = "passed" if self.path else "not_applicable"
+        race = self.choice.race if self.choice else None
+        marks.append(("decode_prep", time.monotonic()))
+        phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
+        log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context} "
+                    f"(start-up {phases})")
+        return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size)
+
+    def _time_waits(self, path) -> None:
+        """Record when this rank enters and leaves each exchange with its peer (the heartbeat
+        reports the wait). Instance attribute: Comm, Lockstep and the path's own allreduce_sum
+        and gather_last all go through path.all_gather."""
+        inner = path.all_gather
+
+        def all_gather(x):
+            self.wait_since = time.monotonic()
+            try:
+                return inner(x)
+            finally:
+                self.wait_since = None
+
+        path.all_gather = all_gather
+
+    def heartbeat(self, server: Server, interval_s: float) -> None:
+        while True:
+            since = self.wait_since
+            server.send(protocol.heartbeat(self.counter, self.busy,
+                                           0.0 if since is None else time.monotonic() - since))
+            time.sleep(interval_s)
+
+    # ---- the control socket -------------------------------------------------------------------------
+    def reader(self, server: Server) -> None:
+        server.connected.wait()
+        while True:
+            try:
+                msg = server.conn.recv()
+            except protocol.ProtocolError as e:
+                if "closed" in str(e):
+                    log(self.r, "client closed the connection; exiting")
+                    os._exit(0)
+                server.send(protocol.error(None, str(e)))
+                continue
+            t = msg["type"]
+            if t == "ping":
+                server.send(protocol.pong(self.counter, self.busy))
+            elif t == "cancel":
+                self.cancelled.add(msg["id"])
+            elif t == "generate":
+                self.requests.put(msg)
+            elif t == "fault":
+                if not self.args.enable_fault_injection:
+                    server.send(protocol.error(None, "fault injection is disabled (start with --enable-fault-injection)"))
+                    continue
+                self.faults.append({"what": msg["what"], "at_step": msg.get("at_step")})
+                server.send(protocol.fault_armed(msg["what"], msg.get("at_step")))
+            else:
+                server.send(protocol.error(msg.get("id"), f"a rank does not accept {t!r} messages"))
+
+    def _fault(self, what: str, k: int) -> bool:
+        for f in self.faults:
+            if f["what"] == what and (f["at_step"] is None or f["at_step"] == k):
+                self.faults.remove(f)
+                return True
+        return False
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def serve(self, server: Server) -> None:
+        from engine.allreduce.base import PathError
+        from engine.core import runner
+        from engine.core.lockstep import LockstepFailure, Record, token_hash
+        from engine.core.sampling import Sampler
+
+        while True:
+            req = self.requests.get()
+            rid = req["id"]
+            self.busy = True
+            try:
+                sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0))
+            except (ValueError, TypeError, OverflowError) as e:
+                self.busy = False
+                server.send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+                continue
+            seq = {"n": 0}
+
+            def hook(phase: str, k: int, toks: list[int], pos: int) -> bool:
+                self.counter += 1
+                cancel = rid in self.cancelled
+                if self.lockstep is not None:
+                    if phase == "decode" and self._fault("exit", k):
+                        log(self.r, f"fault injection: exiting at step {k}")
+                        os._exit(EXIT_INJECTED)
+                    if phase == "decode" and self._fault("stall_allreduce", k):
+                        log(self.r, f"fault injection: stalling the allreduce at step {k}")
+                        self.comm.stall_s = self.args.allreduce_timeout_s * 2 + 5
+                    h = token_hash(toks, sampler.offset)
+                    if phase == "decode" and self._fault("corrupt_hash", k):
+                        log(self.r, f"fault injection: corrupting this rank's hash at step {k}")
+                        h ^= 1
+                    cancel = self.lockstep.exchange(Record(seq["n"], len(toks), h, pos, int(cancel)))
+                seq["n"] += 1
+                if cancel:
+                    return True
+                if phase == "prefill":
+                    server.send(protocol.progress(rid, pos, self.counter))
+                else:
+                    server.send(protocol.token(rid, k, toks[0], self.counter))
+                return False
+
+            reply = None
+            try:
+                out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
+                                         set(req.get("stop_token_ids") or []), self.args.prefill_chunk, hook)
+            except (LockstepFailure, PathError):
+                raise  # a fault of the rank pair, not of the request: the proxy restarts both
+            except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
+                # Both ranks see the same input, so both fail the same way at the same point
+                # (before the same exchange); the pair stays in step and serves the next request.
+                why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+                log(self.r, f"request {rid} failed: {why}")
+                reply = protocol.error(rid, why)
+            else:
+                # One line per request in each rank's log: the acceptance suite checks the two ranks
+                # agree request by request (same steps, same finish, same token hash).
+                log(self.r, f"request {rid} finish={reason} steps={seq['n']} tokens={len(out)} "
+                            f"hash={token_hash(out, 0):016x}")
+                reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out))
+            finally:
+                self.cancelled.discard(rid)
+                self.busy = False  # idle before the answer leaves: a ping after "done" finds the rank idle
+            server.send(reply)
+
+
+def main(args: argparse.Namespace) -> int:
+    why = protocol.socket_path_ok(args.control_socket)
+    if why:
+        log(args.rank, why)
+        return EXIT_STARTUP
+    server = Server(args.control_socket)
+    rank = Rank(args)
+    try:
+        ready = rank.start()
+    except Exception as e:  # noqa: BLE001 - every start-up failure becomes one fatal message
+        msg = f"start-up failed: {type(e).__name__}: {e}" if not isinstance(e, ValueError) else f"start-up failed: {e}"
+        log(args.rank, msg)
+        server.send(protocol.fatal(msg))
+        time.sleep(0.2)
+        return EXIT_STARTUP
+    server.send(ready)
+    threading.Thread(target=rank.reader, args=(server,), daemon=True).start()
+    if args.heartbeat_interval_s > 0:
+        threading.Thread(target=rank.heartbeat, args=(server, args.heartbeat_interval_s), daemon=True).start()
+    from engine.allreduce.base import PathError
+    from engine.core.lockstep import LockstepFailure
+
+    try:
+        rank.serve(server)
+    except LockstepFailure as e:
+        log(args.rank, str(e))
+        server.send(protocol.fatal(str(e)))
+        time.sleep(0.2)
+        return EXIT_LOCKSTEP
+    except PathError as e:
+        msg = f"allreduce failed: {e}"
+        log(args.rank, msg)
+        server.send(protocol.fatal(msg))
+        time.sleep(0.2)
+        return EXIT_ALLREDUCE
+    return 0

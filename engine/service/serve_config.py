@@ -1,0 +1,249 @@
+"""The service's settings: one frozen record built from `python -m engine serve` flags.
+
+Stdlib only, so `supervise` can build the same command line without importing the
+serving stack. Every check a user can fail raises ServeConfigError with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+# docs/field-figures.md, "How the two-process engine stayed safe": a request whose progress
+# counter does not move for 180 s is treated as stalled.
+DEFAULT_STALL_TIMEOUT_S = 180.0
+# A rank sends a heartbeat every second; this much silence (or this long waiting for its peer
+# in one allreduce) ends the pair. Within the 10 s the service promises for a frozen rank.
+DEFAULT_LIVENESS_TIMEOUT_S = 5.0
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+class ServeConfigError(Exception):
+    """A serve flag that cannot be used; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_dir: str
+    tp: int
+    host: str
+    port: int
+    api_key: str | None               # read from --api-key-file; never printed or logged
+    allreduce: str
+    max_context: int | None           # None: the ranks' own limit (from the model config)
+    queue_cap: int                    # requests allowed to WAIT behind the running one
+    stall_timeout_s: float
+    max_restarts: int                 # consecutive failed rank starts before serve exits non-zero
+    enable_fault_injection: bool
+    devices: tuple[str, str]          # rank 0's and rank 1's torch device
+    dtype: str
+    state_dir: str
+    served_model_name: str | None     # None: from the model directory (see proxy_text.served_model_id)
+    body_limit_bytes: int
+    start_timeout_s: float
+    allreduce_timeout_s: float | None
+    ping_interval_s: float
+    log_file: str | None
+    liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S
+    drain_timeout_s: float = 10.0      # SIGTERM/SIGINT: how long running requests may finish
+    header_timeout_s: float = 10.0     # a request's headers must arrive within this
+    body_timeout_s: float = 30.0       # ... and its body within this after the headers
+    keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
+    max_connections: int = 256         # open client connections; beyond: 503 and close
+    standby_ranks: bool = True         # keep the next generation's rank processes imported and waiting
+
+    @property
+    def is_loopback(self) -> bool:
+        return host_is_loopback(self.host)
+
+
+def host_is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname other than localhost may resolve anywhere
+
+
+def parse_devices(text: str) -> tuple[str, str]:
+    """`cpu` -> both ranks on CPU; `cuda` -> rank r on cuda:r; `cuda:0,cuda:0` -> as listed."""
+    text = text.strip()
+    if text == "cpu":
+        return ("cpu", "cpu")
+    if text == "cuda":
+        return ("cuda:0", "cuda:1")
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(p == "cpu" or p.startswith("cuda:") for p in parts):
+        raise ServeConfigError(
+            f"--device {text!r}: give cpu, cuda (rank r on cuda:r) or two devices such as cuda:0,cuda:0"
+        )
+    return (parts[0], parts[1])
+
+
+def default_state_dir(port: int = 8000) -> str:
+    """One directory per instance (its port), so two services of one user never share sockets,
+    logs or generation numbers."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "v100plan-engine", f"port-{port}")
+
+
+def read_api_key(path: str) -> str:
+    """The key in `path`; refused when the file can be read by its group or by others."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ServeConfigError(f"--api-key-file {path}: cannot read it ({exc.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o077:
+            raise ServeConfigError(
+                f"--api-key-file {path} is readable by other users (mode {mode & 0o777:04o}): "
+                f"run `chmod 600 {path}` and start again")
+        with os.fdopen(fd, "r", closefd=False) as fh:
+            key = fh.read().strip()
+    finally:
+        os.close(fd)
+    if not key:
+        raise ServeConfigError(f"--api-key-file {path} is empty")
+    return key
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model directory (Hugging Face layout, unsharded is fine)")
+    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (the service runs 2)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --api-key-file)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key-file", help="file holding the API key clients send as 'Bearer KEY'")
+    parser.add_argument("--allreduce", choices=ALLREDUCE_PATHS, default="auto")
+    parser.add_argument("--max-context", type=int, help="prompt + completion tokens per request")
+    parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429)")
+    parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S)
+    parser.add_argument("--max-restarts", type=int, default=3,
+                        help="consecutive failed rank starts before serve exits non-zero")
+    parser.add_argument("--enable-fault-injection", action="store_true",
+                        help="expose /control/* on loopback and pass the fault hooks to the ranks")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, or two devices such as cuda:0,cuda:0")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="weights and activations (default: float32 on CPU, float16 on CUDA)")
+    parser.add_argument("--state-dir", default=None, help="sockets, rank logs and service.json")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--body-limit-bytes", type=int, default=1 << 20)
+    parser.add_argument("--start-timeout-s", type=float, default=600.0)
+    parser.add_argument("--allreduce-timeout-s", type=float, default=None)
+    parser.add_argument("--ping-interval-s", type=float, default=None,
+                        help="idle liveness ping period (default: a quarter of the stall timeout, at most 10 s)")
+    parser.add_argument("--log-file", default=None, help="also append the structured log lines here")
+    parser.add_argument("--liveness-timeout-s", type=float, default=DEFAULT_LIVENESS_TIMEOUT_S,
+                        help="a rank silent this long (no heartbeat), or waiting this long for its peer in "
+                             "one allreduce, ends the pair; 0: no heartbeat check")
+    parser.add_argument("--drain-timeout-s", type=float, default=10.0,
+                        help="on SIGTERM/SIGINT, how long running requests may finish before they get 503")
+    parser.add_argument("--header-timeout-s", type=float, default=10.0,
+                        help="a client must send its request headers within this")
+    parser.add_argument("--body-timeout-s", type=float, default=30.0,
+                        help="... and the request body within this after the headers")
+    parser.add_argument("--keep-alive-timeout-s", type=float, default=5.0,
+                        help="idle kept-alive connections are closed after this")
+    parser.add_argument("--no-standby-ranks", dest="standby_ranks", action="store_false",
+                        help="do not keep a pair of pre-imported rank processes for the next restart "
+                             "(each costs host memory for torch, no GPU memory)")
+    parser.add_argument("--max-connections", type=int, default=256,
+                        help="open client connections; one more is answered 503 and closed")
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    if args.tp != 2:
+        raise ServeConfigError(f"--tp {args.tp}: the service runs exactly two ranks (--tp 2); "
+                               "use `python -m engine generate --tp 1` for one process")
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise ServeConfigError(f"--model {args.model}: no config.json there (expected a Hugging Face model directory)")
+    api_key = read_api_key(args.api_key_file) if args.api_key_file else None
+    if not host_is_loopback(args.host) and api_key is None:
+        raise ServeConfigError(
+            f"--host {args.host} is not a loopback address: refusing to serve it without --api-key-file"
+        )
+    for name in ("queue_cap", "max_restarts"):
+        if getattr(args, name) < 0:
+            raise ServeConfigError(f"--{name.replace('_', '-')} must be 0 or more")
+    if args.max_context is not None and args.max_context < 2:
+        raise ServeConfigError("--max-context must be at least 2 tokens")
+    if args.stall_timeout_s <= 0 or args.start_timeout_s <= 0:
+        raise ServeConfigError("timeouts must be positive")
+    for name in ("drain_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+        if getattr(args, name) <= 0:
+            raise ServeConfigError(f"--{name.replace('_', '-')} must be positive")
+    if args.liveness_timeout_s < 0:
+        raise ServeConfigError("--liveness-timeout-s must be 0 (off) or positive")
+    if args.liveness_timeout_s and args.liveness_timeout_s < 2 * HEARTBEAT_INTERVAL_S:
+        raise ServeConfigError(f"--liveness-timeout-s must be at least {2 * HEARTBEAT_INTERVAL_S:g} s "
+                               f"(two heartbeats) or 0")
+    if args.max_connections < 1:
+        raise ServeConfigError("--max-connections must be 1 or more")
+    devices = parse_devices(args.device)
+    dtype = args.dtype or ("float32" if devices[0] == "cpu" else "float16")
+    ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
+    return ServeConfig(
+        model_dir=str(model.resolve()),
+        tp=args.tp,
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        allreduce=args.allreduce,
+        max_context=args.max_context,
+        queue_cap=args.queue_cap,
+        stall_timeout_s=args.stall_timeout_s,
+        max_restarts=args.max_restarts,
+        enable_fault_injection=args.enable_fault_injection,
+        devices=devices,
+        dtype=dtype,
+        state_dir=str(Path(args.state_dir or default_state_dir(args.port)).resolve()),
+        served_model_name=args.served_model_name,
+        body_limit_bytes=args.body_limit_bytes,
+        start_timeout_s=args.start_timeout_s,
+        allreduce_timeout_s=args.allreduce_timeout_s,
+        ping_interval_s=ping,
+        log_file=args.log_file,
+        liveness_timeout_s=args.liveness_timeout_s,
+        drain_timeout_s=args.drain_timeout_s,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        keep_alive_timeout_s=args.keep_alive_timeout_s,
+        max_connections=args.max_connections,
+        standby_ranks=args.standby_ranks,
+    )
+
+
+def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str,
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    """The `python -m engine rank ...` line for one rank (docs/engine.md, rank <-> proxy protocol).
+
+    `extra`: further rank flags, e.g. the fault hook that fails this start's self-test."""
+    cmd = [
+        sys.executable, "-m", "engine", "rank",
+        "--model", cfg.model_dir,
+        "--rank", str(rank), "--world", "2",
+        "--rendezvous", rendezvous,
+        "--control-socket", socket_path,
+        "--device", cfg.devices[rank],
+        "--dtype", cfg.dtype,
+        "--allreduce", cfg.allreduce,
+        "--generation", str(generation),
+        "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
+    ]
+    if cfg.max_context is not None:
+        cmd += ["--max-context", str(cfg.max_context)]
+    if cfg.enable_fault_injection:
+        cmd.append("--enable-fault-injection")
+    if cfg.allreduce_timeout_s is not None:
+        cmd += ["--allreduce-timeout-s", str(cfg.allreduce_timeout_s)]
+    return cmd + list(extra)

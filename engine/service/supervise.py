@@ -1,0 +1,353 @@
+"""`python -m engine supervise start|stop|status|unit`: run the service under a real supervisor.
+
+supervisord (the serve extra installs it into the service's own environment; no
+root) is the portable default: `start` writes supervisord.conf into the state
+directory and starts supervisord, which daemonizes and runs `python -m engine
+serve ...` as its one program, restarting it whenever it dies. `unit` prints (or
+with --install, installs for the user manager) a systemd unit for hosts that
+have systemd. Process tree under supervisord:
+
+    supervisord (daemon, state-dir/supervisord.pid)
+    └── python -m engine serve ...           (the proxy; own process group)
+        ├── python -m engine rank --rank 0   (die with the proxy: PR_SET_PDEATHSIG)
+        └── python -m engine rank --rank 1
+
+`stop` shuts supervisord down: it sends SIGTERM to the proxy alone, which drains, stops its
+watchdog and only then its ranks (signalling the whole group at once made the watchdog see
+its ranks die and start a new generation mid-shutdown); whatever is left after
+stopwaitsecs is SIGKILLed as a group. Then `stop` checks that the proxy and both ranks are
+gone, SIGKILLs any straggler and says so. The default state directory is per port
+(default_state_dir), so two instances never share one.
+Every subcommand prints one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import engine
+from engine.service.serve_config import (
+    ServeConfigError,
+    add_serve_arguments,
+    config_from_args,
+    default_state_dir,
+)
+
+PROGRAM = "engine"
+# The directory that holds the engine package: supervisord and systemd start `-m engine` from there.
+BUNDLE_ROOT = str(engine.BUNDLE_ROOT)
+
+
+class SuperviseError(Exception):
+    pass
+
+
+def _conf_value(text: str) -> str:
+    return text.replace("%", "%%")  # supervisord expands %(name)s in values
+
+
+def serve_command(serve_args: list[str], state_dir: str) -> list[str]:
+    """Validate the serve flags now (a typo fails here, not in a restart loop) and pin the state dir."""
+    parser = argparse.ArgumentParser(prog="python -m engine serve")
+    add_serve_arguments(parser)
+    try:
+        args = parser.parse_args(serve_args)
+    except SystemExit:
+        raise SuperviseError("the serve flags after `--` are not valid (see the message above)") from None
+    args.state_dir = state_dir
+    try:
+        config_from_args(args)
+    except ServeConfigError as exc:
+        raise SuperviseError(str(exc)) from None
+    cleaned = []
+    skip = False
+    for i, a in enumerate(serve_args):  # drop any --state-dir the user gave; we pass ours
+        if skip:
+            skip = False
+            continue
+        if a == "--state-dir":
+            skip = True
+            continue
+        if a.startswith("--state-dir="):
+            continue
+        cleaned.append(a)
+    return [sys.executable, "-m", "engine", "serve", *cleaned, "--state-dir", state_dir]
+
+
+def _serve_port(serve_args: list[str]) -> int:
+    for i, a in enumerate(serve_args):
+        try:
+            if a == "--port" and i + 1 < len(serve_args):
+                return int(serve_args[i + 1])
+            if a.startswith("--port="):
+                return int(a.split("=", 1)[1])
+        except ValueError:
+            break
+    return 8000
+
+
+def supervisord_conf(state_dir: str, command: list[str]) -> str:
+    s = _conf_value(state_dir)
+    return f"""; written by `python -m engine supervise start`; edit the serve flags there, not here
+[unix_http_server]
+file={s}/supervisor.sock
+chmod=0700
+
+[supervisord]
+logfile={s}/logs/supervisord.log
+pidfile={s}/supervisord.pid
+childlogdir={s}/logs
+identifier=v100plan-engine
+nodaemon=false
+; the program's logs and files: the user's only
+umask=077
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://{s}/supervisor.sock
+
+[program:{PROGRAM}]
+command={_conf_value(shlex.join(command))}
+directory={_conf_value(BUNDLE_ROOT)}
+environment=PYTHONUNBUFFERED="1"
+autostart=true
+; restart the proxy whenever it exits, however it exits (SIGKILL included)
+autorestart=true
+startsecs=2
+startretries=10
+stopsignal=TERM
+stopwaitsecs=20
+; SIGTERM to the proxy alone: it drains and stops its watchdog before its ranks. Only the
+; SIGKILL after stopwaitsecs goes to the whole group (the ranks share the proxy's group).
+stopasgroup=false
+killasgroup=true
+stdout_logfile={s}/logs/serve.stdout.log
+stderr_logfile={s}/logs/serve.stderr.log
+"""
+
+
+def systemd_unit(command: list[str]) -> str:
+    return f"""[Unit]
+Description=v100plan engine service (OpenAI-compatible proxy over two rank processes)
+After=network.target
+
+[Service]
+Type=simple
+WorkingDirectory={BUNDLE_ROOT}
+Environment=PYTHONUNBUFFERED=1
+ExecStart={shlex.join(command)}
+Restart=always
+RestartSec=2
+# SIGTERM to the proxy alone (it drains, stops its watchdog, then its ranks); the final SIGKILL
+# reaches the whole cgroup, so no rank outlives the proxy (they also die with it by PR_SET_PDEATHSIG).
+KillMode=mixed
+TimeoutStopSec=30
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def _ctl(state_dir: str, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c",
+                           os.path.join(state_dir, "supervisord.conf"), *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][:1] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def _read_json(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _supervisord_pid(state_dir: str) -> int | None:
+    try:
+        pid = int(Path(state_dir, "supervisord.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _program_status(state_dir: str) -> dict:
+    out = _ctl(state_dir, "status", PROGRAM)
+    words = out.stdout.split()
+    state = words[1] if len(words) > 1 else None
+    pid = None
+    if "pid" in words:
+        try:
+            pid = int(words[words.index("pid") + 1].rstrip(","))
+        except (IndexError, ValueError):
+            pid = None
+    return {"program_state": state, "proxy_pid": pid, "line": out.stdout.strip()}
+
+
+def _health(service: dict) -> tuple[int | None, dict | None]:
+    host, port = service.get("host"), service.get("port")
+    if not host or not port:
+        return None, None
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read())
+        except (ValueError, OSError):
+            return exc.code, None
+    except (OSError, ValueError):
+        return None, None
+
+
+def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
+    if _supervisord_pid(state_dir):
+        raise SuperviseError(f"supervisord already runs for {state_dir} (pid {_supervisord_pid(state_dir)}); "
+                             "`supervise stop` first")
+    command = serve_command(serve_args, state_dir)
+    os.makedirs(os.path.join(state_dir, "logs"), mode=0o700, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    conf = os.path.join(state_dir, "supervisord.conf")
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(supervisord_conf(state_dir, command))
+    try:
+        os.remove(os.path.join(state_dir, "service.json"))  # a previous run's PIDs would mislead status
+    except FileNotFoundError:
+        pass
+    proc = subprocess.run([sys.executable, "-m", "supervisor.supervisord", "-c", conf],
+                          capture_output=True, text=True, timeout=60, cwd=BUNDLE_ROOT)
+    if proc.returncode != 0:
+        raise SuperviseError(f"supervisord did not start: {proc.stderr.strip() or proc.stdout.strip()}")
+    result = {"supervisor": "supervisord", "state_dir": state_dir, "config": conf, "command": command}
+    deadline = time.monotonic() + wait_healthy_s
+    code = None
+    while wait_healthy_s > 0 and time.monotonic() < deadline:
+        code, _ = _health(_read_json(os.path.join(state_dir, "service.json")))
+        if code == 200:
+            break
+        time.sleep(0.3)
+    result.update(status(state_dir))
+    if wait_healthy_s > 0 and code != 200:
+        raise SuperviseError(f"the service did not become healthy within {wait_healthy_s:g} s; "
+                             f"see {state_dir}/logs/serve.stderr.log")
+    return result
+
+
+def status(state_dir: str) -> dict:
+    sup = _supervisord_pid(state_dir)
+    service = _read_json(os.path.join(state_dir, "service.json"))
+    out = {"supervisord_pid": sup, "running": sup is not None}
+    if sup is not None:
+        out.update(_program_status(state_dir))
+    code, body = _health(service) if sup is not None else (None, None)
+    out.update({"rank_pids": service.get("rank_pids", []), "generation": service.get("generation"),
+                "health_status": code, "health": body})
+    return out
+
+
+def stop(state_dir: str, timeout_s: float = 30.0) -> dict:
+    sup = _supervisord_pid(state_dir)
+    service = _read_json(os.path.join(state_dir, "service.json"))
+    program = _program_status(state_dir) if sup else {}
+    watched = {"supervisord": sup, "proxy": program.get("proxy_pid") or service.get("proxy_pid")}
+    for i, pid in enumerate(service.get("rank_pids") or []):
+        watched[f"rank{i}"] = pid
+    if sup is not None:
+        _ctl(state_dir, "shutdown", timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in watched.values()):
+        time.sleep(0.1)
+    killed = []
+    for name, pid in watched.items():
+        if _pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(name)
+            except ProcessLookupError:
+                pass
+    return {"stopped": {k: v for k, v in watched.items() if v}, "had_to_kill": killed,
+            "left_running": [k for k, p in watched.items() if _pid_alive(p)]}
+
+
+def unit(state_dir: str, serve_args: list[str], install: bool) -> dict:
+    command = serve_command(serve_args, state_dir)
+    text = systemd_unit(command)
+    result: dict = {"unit": text}
+    if install:
+        if shutil.which("systemctl") is None or not os.path.isdir("/run/systemd/system"):
+            raise SuperviseError("this host does not run systemd; use `supervise start` (supervisord) instead")
+        target = Path(os.path.expanduser("~/.config/systemd/user/v100plan-engine.service"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        for args in (["daemon-reload"], ["enable", "--now", "v100plan-engine.service"]):
+            proc = subprocess.run(["systemctl", "--user", *args], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SuperviseError(f"systemctl --user {' '.join(args)}: {proc.stderr.strip()}")
+        result["installed"] = str(target)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serve_args: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, serve_args = argv[:at], argv[at + 1:]
+    parser = argparse.ArgumentParser(prog="python -m engine supervise", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("start", "stop", "status", "unit"))
+    parser.add_argument("--state-dir", default=None,
+                        help="default: per port, as serve's (the --port after `--`, else 8000)")
+    parser.add_argument("--wait-healthy-s", type=float, default=0.0,
+                        help="start: wait until /health says 200 (0: return once supervisord runs)")
+    parser.add_argument("--install", action="store_true", help="unit: install for `systemctl --user` and start it")
+    args = parser.parse_args(argv)
+    state_dir = str(Path(args.state_dir or default_state_dir(_serve_port(serve_args))).resolve())
+    try:
+        if args.action == "start":
+            result = start(state_dir, serve_args, args.wait_healthy_s)
+        elif args.action == "stop":
+            result = stop(state_dir)
+        elif args.action == "status":
+            result = status(state_dir)
+        else:
+            result = unit(state_dir, serve_args, args.install)
+    except SuperviseError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1 if args.action == "start" else 2
+    print(json.dumps(result, indent=1))
+    if args.action == "stop" and result["left_running"]:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
