@@ -37,7 +37,7 @@ def test_a100_tp8_and_tp4_take_the_measured_figure_at_the_message_size():
     d = p.strategy("tp8").breakdown["decode"]
     assert d["allreduce_us"] == table["8"]["nccl"]["16k"]
     assert d["allreduce_ms"] == pytest.approx(160 * table["8"]["nccl"]["16k"] / 1e3, abs=1e-3)
-    assert "8-GPU figure" in d["allreduce_source"] and "ABCI" in d["allreduce_source"]
+    assert "8-GPU figure" in d["allreduce_source"] and "ABCI" in d["allreduce_source"] and "job08" in d["allreduce_source"]
     assert p.strategy("tp4").breakdown["decode"]["allreduce_us"] == table["4"]["nccl"]["16k"]
     assert any(n.startswith("tp8: each allreduce priced from a100-80gb's 8-GPU figure") for n in p.notes)
     # No two-card A100 figure was published: tp2 stays unpriced and the plan says so.
