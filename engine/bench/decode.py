@@ -255,7 +255,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--allreduce-device", default=None, help="device for both allreduce ranks (default --device)")
     p.add_argument("--allreduce-iters", type=int, default=200)
     p.add_argument("--out", default=None, help="also write the JSON here (rewritten after every phase)")
-    p.add_argument("--json", action="store_true", help="(the output is always JSON; accepted for symmetry)")
     args = p.parse_args(argv)
 
     import torch

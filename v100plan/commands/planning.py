@@ -252,10 +252,17 @@ def register(app: typer.Typer) -> None:
     @profiles_app.command("show")
     def profiles_show(id_: Annotated[str, typer.Argument(metavar="ID", help="A hardware, model or engine id.")],
                       json_out: JsonOpt = False) -> None:
-        """Print one profile: its JSON document, sources included (the same with or without --json)."""
+        """Print one profile as field/value tables with its sources (--json: the document itself)."""
         for c in ("hardware", "model", "engine"):
             if id_ in catalogue.ids(c):
-                output.emit_json(catalogue.get(c, id_))
+                doc = catalogue.get(c, id_)
+                if json_out:
+                    output.emit_json(doc)
+                    return
+                fields, sources = profile_rows(doc)
+                output.render(output.table(f"{c} profile {id_}", ["field", "value"], fields))
+                if sources:
+                    output.render(output.table("sources", ["field", "source"], sources))
                 return
         every = [i for c in ("hardware", "model", "engine") for i in catalogue.ids(c)]
         raise UnknownId("profile", id_, every)
@@ -302,3 +309,33 @@ def register(app: typer.Typer) -> None:
             raise DocumentError(bad[0]["file"], f"{len(bad)} of {len(results)} file(s) invalid; first: "
                                 f"{bad[0]['problems'][0]['path']}: {bad[0]['problems'][0]['problem']}",
                                 json_path=None, hint="fix the fields named above; the schemas are in profiles/schema/")
+
+
+def profile_rows(doc: dict) -> tuple[list[list[str]], list[list[str]]]:
+    """A profile document as (field, value) rows and (field, source) rows, nested fields dotted.
+
+    Every `sources` map, at any depth, becomes source rows named after the field they cite; lists of
+    scalars are joined, lists of objects are counted (the JSON form has them whole)."""
+    fields: list[list[str]] = []
+    sources: list[list[str]] = []
+
+    def walk(obj: dict, prefix: str) -> None:
+        for key, value in obj.items():
+            name = f"{prefix}{key}"
+            if key == "sources" and isinstance(value, dict):
+                sources.extend([f"{prefix}{k}", str(v)] for k, v in value.items())
+            elif key == "provenance":
+                continue
+            elif isinstance(value, dict):
+                if value:
+                    walk(value, name + ".")
+            elif isinstance(value, list):
+                if value and all(isinstance(v, dict) for v in value):
+                    fields.append([name, f"{len(value)} entries (--json shows them)"])
+                elif value:
+                    fields.append([name, ", ".join(str(v) for v in value)])
+            elif value is not None:
+                fields.append([name, str(value)])
+
+    walk(doc, "")
+    return fields, sources
