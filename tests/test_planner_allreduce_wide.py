@@ -123,3 +123,12 @@ def test_past_the_largest_measured_size_a_ring_moves_the_extra_bytes_at_the_link
     extra = 1e6
     w = wide_allreduce(hw, engine, 8, 8192 + extra, None)
     assert w.us == pytest.approx(20.0 + extra / (bulk * 8 / 14 * 1e3))
+
+
+def test_with_no_figure_at_all_the_plan_says_allreduces_are_not_priced():
+    doc = _a100()
+    del doc["box"]
+    p, _ = _plan(doc, 8, LLAMA2_70B)
+    assert p.strategy("tp8").breakdown["decode"]["allreduce_ms"] == 0
+    assert any(n == "tp8: no 8-GPU or two-card allreduce figure for a100-80gb: allreduces not priced" for n in p.notes)
+    assert not any("log2" in n for n in p.notes)

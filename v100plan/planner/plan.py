@@ -310,9 +310,11 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         if hardware.box_allreduce_us.get(tp):
             notes.append(f"tp{tp}: each allreduce priced from {hardware.card.id}'s {tp}-GPU figure "
                          f"({hardware.box_allreduce_source[tp]})")
-        else:
+        elif choice and choice.decode_us > 0:
             notes.append(f"tp{tp}: no {tp}-GPU allreduce figure for {hardware.card.id}: each allreduce priced as "
                          f"log2({tp}) two-card allreduces")
+        else:
+            notes.append(f"tp{tp}: no {tp}-GPU or two-card allreduce figure for {hardware.card.id}: allreduces not priced")
     results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1) for n in names]
     rec = _recommend(results, target.objective)
     why: list[str] = []
