@@ -7,23 +7,14 @@ import os
 import re
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from v100plan import documents, output
-from v100plan.commands.remote_options import (
-    AcceptNewOpt,
-    CommandTimeoutOpt,
-    ConnectTimeoutOpt,
-    DeploymentOpt,
-    IdentityOpt,
-    KnownHostsOpt,
-    RemotePythonOpt,
-    RemoteRootOpt,
-    ssh_options,
-)
+from v100plan.commands.remote_options import IndexUrlOpt, RemoteArgs, TorchOpt, option_group, remote_options
 from v100plan.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, BadInput, EnvironmentProblem
 from v100plan.options import JsonOpt
 
@@ -42,6 +33,30 @@ PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="A Plan JSON: it
 ProbeOpt = Annotated[Optional[Path], typer.Option("--probe-report", help="A ProbeReport JSON to embed in the report.")]
 
 DEFAULT_OUT = Path("v100plan-report")
+QUALIFY_PORT = 8100  # qualify --host's own service port on the host (a production deploy defaults to 8000)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The acceptance suite's options as given (accept and qualify take the same ones)."""
+
+    clients: int
+    requests: int
+    repeats: int
+    only: str | None
+    skip: str | None
+    out: Path | None
+    json_out: bool
+
+    def inputs(self) -> dict[str, Any]:
+        """What the report records of them."""
+        return {"clients": self.clients, "requests": self.requests, "repeats": self.repeats, "only": self.only,
+                "skip": self.skip}
+
+
+suite_options = option_group("suite", {
+    "clients": (ClientsOpt, 16), "requests": (RequestsOpt, 200), "repeats": (RepeatsOpt, 3), "only": (OnlyOpt, None),
+    "skip": (SkipOpt, None), "out": (OutDirOpt, None), "json_out": (JsonOpt, False)}, lambda got: Suite(**got))
 
 
 def _csv(text: str | None) -> tuple[str, ...]:
@@ -88,15 +103,15 @@ def _prepare_out(out: Path | None) -> Path:
     return out
 
 
-def _options(clients: int, requests: int, repeats: int, only: str | None, skip: str | None):
+def _options(suite: Suite):
     from v100plan.accept.context import AcceptOptions
 
-    o, s = _csv(only), _csv(skip)
+    o, s = _csv(suite.only), _csv(suite.skip)
     _known_keys(o, "--only")
     _known_keys(s, "--skip")
-    if requests == 0:
+    if suite.requests == 0:
         s = s + ("load",)
-    return AcceptOptions(clients=clients, requests=requests, fault_repeats=repeats, only=o, skip=s)
+    return AcceptOptions(clients=suite.clients, requests=suite.requests, fault_repeats=suite.repeats, only=o, skip=s)
 
 
 def _need_accept_deps() -> None:
@@ -201,20 +216,15 @@ def _load_doc(path: Path | None, kind: str) -> dict | None:
 
 def register(app: typer.Typer) -> None:
     @app.command("accept")
+    @remote_options()
+    @suite_options
     def accept_cmd(
         endpoint: Annotated[Optional[str], typer.Option(
             "--endpoint", help="Base URL of any OpenAI-compatible service, e.g. http://127.0.0.1:8000.")] = None,
         host: Annotated[Optional[str], typer.Option(
             "--host", help="user@host[:port] where `v100plan deploy` put the engine: reached through an SSH "
                            "port forward, faults injected through its control, rank logs fetched.")] = None,
-        deployment: DeploymentOpt = "engine",
-        remote_root: RemoteRootOpt = "~/.v100plan",
-        remote_python: RemotePythonOpt = "python3",
-        known_hosts: KnownHostsOpt = None,
-        accept_new_host_key: AcceptNewOpt = False,
-        identity: IdentityOpt = None,
-        connect_timeout: ConnectTimeoutOpt = 10.0,
-        command_timeout: CommandTimeoutOpt = 120.0,
+        remote: RemoteArgs = None,
         api_key_file: Annotated[Optional[Path], typer.Option(
             "--api-key-file", help="File holding the service's API key (mode 600); never printed or stored.")] = None,
         model: Annotated[Optional[str], typer.Option("--model", help="Model name to request (default: the first "
@@ -228,13 +238,7 @@ def register(app: typer.Typer) -> None:
             "--state-dir", help="The engine's state directory on this machine (its rank logs are read).")] = None,
         plan: PlanOpt = None,
         probe_report: ProbeOpt = None,
-        clients: ClientsOpt = 16,
-        requests: RequestsOpt = 200,
-        repeats: RepeatsOpt = 3,
-        only: OnlyOpt = None,
-        skip: SkipOpt = None,
-        out: OutDirOpt = None,
-        json_out: JsonOpt = False,
+        suite: Suite = None,
     ) -> None:
         """Run the acceptance suite against a running OpenAI-compatible service and write the report.
 
@@ -247,21 +251,15 @@ def register(app: typer.Typer) -> None:
             raise BadInput("give --endpoint or --host, not both",
                            hint="--host reaches a deployed engine over SSH; --endpoint any URL from here")
         if host:
-            _accept_host(host, deployment, remote_root, remote_python,
-                         ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout),
-                         model, model_dir, plan, probe_report, (clients, requests, repeats, only, skip), out, json_out)
+            _accept_host(host, remote, model, model_dir, plan, probe_report, suite)
             return
         if not endpoint:
             raise BadInput("accept needs --endpoint URL (the service to test) or --host HOST (a deployed engine)",
                            hint="e.g. v100plan accept --endpoint http://127.0.0.1:8000 --api-key-file key.txt")
         if not endpoint.startswith(("http://", "https://")):
             raise BadInput(f"--endpoint {endpoint!r} is not an http(s) URL", hint="e.g. --endpoint http://127.0.0.1:8000")
-        _need_accept_deps()
         key = read_api_key(api_key_file) if api_key_file else None
-        opts = _options(clients, requests, repeats, only, skip)
-        plan_doc, probe_doc = _load_doc(plan, "plan"), _load_doc(probe_report, "probe_report")
-        _check_model_dir(model_dir, "--model-dir")
-        out_dir = _prepare_out(out)
+        opts, plan_doc, probe_doc, out_dir = _accept_inputs(suite, plan, probe_report, model_dir)
         target = Target(endpoint=endpoint, api_key=key, mode="endpoint", model=model,
                         model_dir=str(model_dir) if model_dir else None, supervised=supervised)
         if rank_logs is not None:
@@ -269,77 +267,97 @@ def register(app: typer.Typer) -> None:
 
             target.read_rank_logs, target.read_service_log = state_dir_readers(rank_logs)
         report = _accept(target, opts, plan_doc, probe_doc, phases=[],
-                         inputs={"endpoint": endpoint, "model": model, "clients": clients, "requests": requests,
-                                 "repeats": repeats, "only": only, "skip": skip,
+                         inputs={"endpoint": endpoint, "model": model, **suite.inputs(),
                                  "api_key": "given (not recorded)" if key else None},
-                         show=not json_out)
-        write_and_summarize(report, out_dir, [key or ""], json_out)
+                         show=not suite.json_out)
+        write_and_summarize(report, out_dir, [key or ""], suite.json_out)
         _exit_for(report)
 
     @app.command("qualify")
+    @remote_options(command_timeout=900.0, deployment="qualify", deployment_help=(
+        "With --host: the deployment qualify makes, tests and stops on the host; its own, never your "
+        "production one (a deployment `v100plan deploy` made is refused)."))
+    @suite_options
     def qualify_cmd(
         model_dir: Annotated[Optional[Path], typer.Option(
             "--model", help="Model directory to serve (default: the generated demo model).")] = None,
         device: Annotated[str, typer.Option(
-            "--device", help="auto (two GPUs if there are, else CPU), cpu, cuda, or two devices like cuda:0,cuda:1.")]
-        = "auto",
-        clients: ClientsOpt = 16,
-        requests: RequestsOpt = 200,
-        repeats: RepeatsOpt = 3,
-        only: OnlyOpt = None,
-        skip: SkipOpt = None,
-        out: OutDirOpt = None,
-        json_out: JsonOpt = False,
+            "--device", help="auto (two GPUs if there are, else CPU), cpu, cuda, or two devices like cuda:0,cuda:1 "
+                             "(with --host: auto, cpu or cuda).")] = "auto",
+        host: Annotated[Optional[str], typer.Option(
+            "--host", metavar="USER@HOST[:PORT]",
+            help="Qualify that host over SSH instead of this machine: probe it, deploy the engine there with "
+                 "fault injection under its own deployment (--deployment), accept it through an SSH port "
+                 "forward, write the reports here, then stop that deployment.")] = None,
+        port: Annotated[Optional[int], typer.Option(
+            "--port", help=f"With --host: the port the qualify deployment binds on the host's 127.0.0.1 "
+                           f"(default: {QUALIFY_PORT}).")] = None,
+        index_url: IndexUrlOpt = None,
+        torch_spec: TorchOpt = None,
+        remote: RemoteArgs = None,
+        suite: Suite = None,
     ) -> None:
         """The main job: probe this machine, plan, start the bundled two-rank service, run the acceptance
         suite against it (functional, every fault 3 times, load), and write report.json, report.html and
         junit.xml. With no GPU it serves the generated demo model on CPU and says so in the report.
-        Exit 0 only when every scenario that ran passed; Ctrl-C stops every process it started and
-        still writes a partial report."""
-        from v100plan.commands.qualify_run import qualify
+        With --host the same runs against that host over SSH (the engine deployed there as its own
+        deployment, stopped again at the end). Exit 0 only when every scenario that ran passed; Ctrl-C
+        stops every process (and remote deployment) it started and still writes a partial report."""
+        from v100plan.commands.qualify_run import LocalRun, qualify
 
         _need_accept_deps()
-        opts = _options(clients, requests, repeats, only, skip)
+        opts = _options(suite)
         _check_model_dir(model_dir, "--model")
         parts = device.split(",")
         listed = len(parts) <= 2 and all(re.fullmatch(r"cuda:\d+", p.strip()) for p in parts)
-        if device not in ("auto", "cpu", "cuda") and not listed:
-            raise BadInput(f"--device {device!r}: give auto, cpu, cuda or two devices such as cuda:0,cuda:1",
+        if device not in ("auto", "cpu", "cuda") and (host or not listed):
+            raise BadInput(f"--device {device!r}: give auto, cpu, cuda" + ("" if host else
+                           " or two devices such as cuda:0,cuda:1"),
                            hint="auto picks two GPUs when the probe finds them, else the CPU")
-        out_dir = _prepare_out(out)
-        report, secrets, problem = qualify(out_dir, model_dir, device, opts, show=not json_out)
-        write_and_summarize(report, out_dir, secrets, json_out)
+        if host:
+            from v100plan.commands.qualify_host import HostRun
+
+            if port is not None and not 1 <= port <= 65535:
+                raise BadInput(f"--port {port} is out of range", hint="a port is 1-65535")
+            run = HostRun(remote.target(host, index_url, torch_spec), port or QUALIFY_PORT, device)
+        else:
+            given = [n for n, v in (("--port", port), ("--index-url", index_url), ("--torch", torch_spec)) if v]
+            if given:
+                raise BadInput(f"{', '.join(given)} apply to --host only",
+                               hint="qualify without --host starts the engine on this machine, on a free port")
+            run = LocalRun(device)
+        out_dir = _prepare_out(suite.out)
+        report, secrets, problem = qualify(out_dir, model_dir, opts, run, show=not suite.json_out)
+        write_and_summarize(report, out_dir, secrets, suite.json_out)
         if problem is not None:
             raise problem
         _exit_for(report)
 
 
-def _accept_host(host: str, deployment: str, remote_root: str, remote_python: str, ssh, model: str | None,
-                 model_dir: Path | None, plan: Path | None, probe_report: Path | None, load: tuple,
-                 out: Path | None, json_out: bool) -> None:
-    """accept --host: the deployed engine through an SSH port forward (its control answers loopback only)."""
-    from v100plan.accept.context import Target
-    from v100plan.remote.service import open_service
-
+def _accept_inputs(suite: Suite, plan: Path | None, probe_report: Path | None, model_dir: Path | None) -> tuple:
+    """(AcceptOptions, plan document, probe document, the output directory), each checked."""
     _need_accept_deps()
-    clients, requests, repeats, only, skip = load
-    opts = _options(clients, requests, repeats, only, skip)
+    opts = _options(suite)
     plan_doc, probe_doc = _load_doc(plan, "plan"), _load_doc(probe_report, "probe_report")
     _check_model_dir(model_dir, "--model-dir")
-    out_dir = _prepare_out(out)
-    with open_service(host, remote_root, deployment, ssh=ssh, python=remote_python) as svc:
-        target = Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="host", host=svc.host or host, model=model,
-                        model_dir=str(model_dir) if model_dir else None, engine=svc.engine,
-                        supervised=svc.supervised, read_rank_logs=svc.read_rank_logs,
-                        read_service_log=svc.read_service_log,
-                        notes=[f"deployment {deployment!r}, release {svc.release}, reached through an SSH port "
-                               f"forward to the host's 127.0.0.1:{svc.remote_port}"])
-        report = _accept(target, opts, plan_doc, probe_doc, phases=[],
-                         inputs={"host": host, "deployment": deployment, "model": model, "clients": clients,
-                                 "requests": requests, "repeats": repeats, "only": only, "skip": skip},
-                         show=not json_out)
+    return opts, plan_doc, probe_doc, _prepare_out(suite.out)
+
+
+def _accept_host(host: str, remote: RemoteArgs, model: str | None, model_dir: Path | None, plan: Path | None,
+                 probe_report: Path | None, suite: Suite) -> None:
+    """accept --host: the deployed engine through an SSH port forward (its control answers loopback only)."""
+    from v100plan.remote.service import host_target, open_service
+
+    opts, plan_doc, probe_doc, out_dir = _accept_inputs(suite, plan, probe_report, model_dir)
+    target = remote.target(host)
+    with open_service(target.spec, target.remote.root, target.deployment, ssh=target.ssh,
+                      python=target.remote.python) as svc:
+        report = _accept(host_target(svc, target.deployment, model, model_dir), opts, plan_doc, probe_doc,
+                         phases=[], inputs={"host": host, "deployment": target.deployment, "model": model,
+                                            **suite.inputs()},
+                         show=not suite.json_out)
         secrets = [svc.api_key]
-    write_and_summarize(report, out_dir, secrets, json_out)
+    write_and_summarize(report, out_dir, secrets, suite.json_out)
     _exit_for(report)
 
 

@@ -18,32 +18,11 @@ from typing import Annotated, Optional
 import typer
 
 from v100plan import documents, output
-from v100plan.commands.remote_options import (
-    AcceptNewOpt,
-    CommandTimeoutOpt,
-    ConnectTimeoutOpt,
-    DeploymentOpt,
-    IdentityOpt,
-    KnownHostsOpt,
-    RemotePythonOpt,
-    RemoteRootOpt,
-    ssh_options,
-)
+from v100plan.commands.remote_options import IndexUrlOpt, RemoteArgs, TorchOpt, remote_options
 from v100plan.errors import BadInput, EnvironmentProblem
 from v100plan.options import JsonOpt, QuietOpt
 
 HostArg = Annotated[str, typer.Argument(metavar="HOST", help="user@host[:port] (or a Host from ~/.ssh/config)")]
-DEFAULT_ROOT = "~/.v100plan"
-
-
-def _target(host, deployment, root, python, ssh, index_url=None, torch=None):  # noqa: ANN001, ANN202
-    from v100plan.remote import deploy as dp
-    from v100plan.remote import release as rel
-    from v100plan.remote.host import RemoteSettings
-    from v100plan.remote.hosts import parse_host
-
-    return dp.Target(parse_host(host), ssh, RemoteSettings(root=root, python=python, index_url=index_url,
-                                                           torch=torch), rel.deployment_name(deployment))
 
 
 def demo_model_dir() -> Path:
@@ -73,6 +52,7 @@ def _emit(doc: dict, rows: list[tuple[str, object]], title: str, json_out: bool,
 
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
+    @remote_options(command_timeout=900.0)
     def deploy_cmd(
         host: HostArg,
         plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan JSON whose launch settings to use "
@@ -87,18 +67,9 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Only read the host and print every action.")] = False,
         health_timeout: Annotated[float, typer.Option("--health-timeout", metavar="S",
                                                       help="Seconds the new release has to pass /health.")] = 180.0,
-        index_url: Annotated[Optional[str], typer.Option("--index-url", help="Extra package index for the "
-                                                         "host's venv (a CUDA 12.x torch for a V100).")] = None,
-        torch_spec: Annotated[Optional[str], typer.Option("--torch", help="torch requirement for the host "
-                                                          "(default: the version installed here).")] = None,
-        deployment: DeploymentOpt = "engine",
-        remote_root: RemoteRootOpt = DEFAULT_ROOT,
-        remote_python: RemotePythonOpt = "python3",
-        known_hosts: KnownHostsOpt = None,
-        accept_new_host_key: AcceptNewOpt = False,
-        identity: IdentityOpt = None,
-        connect_timeout: ConnectTimeoutOpt = 10.0,
-        command_timeout: CommandTimeoutOpt = 900.0,
+        index_url: IndexUrlOpt = None,
+        torch_spec: TorchOpt = None,
+        remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
@@ -118,8 +89,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--port {port} is out of range", hint="a port is 1-65535")
         if health_timeout <= 0:
             raise BadInput("--health-timeout must be positive", hint="e.g. --health-timeout 300")
-        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
-        target = _target(host, deployment, remote_root, remote_python, ssh, index_url, torch_spec)
+        target = remote.target(host, index_url, torch_spec)
         say = _say(quiet)
         model_dir = demo_model_dir() if demo_model else model
         if not Path(model_dir).is_dir():
@@ -133,7 +103,7 @@ def register(app: typer.Typer) -> None:
         else:
             say(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
             try:
-                report = probe_host(target.spec, ssh, target.remote, ["--quick"], read_only=dry_run)
+                report = probe_host(target.spec, target.ssh, target.remote, ["--quick"], read_only=dry_run)
             except NotPrepared:  # a dry run must not upload the probes or build their venv
                 report = None
             if report is None:
@@ -158,66 +128,46 @@ def register(app: typer.Typer) -> None:
         _emit(doc, rows, "Dry run (nothing changed on the host)" if dry_run else "Deploy", json_out, quiet)
 
     @app.command("rollback")
+    @remote_options(command_timeout=900.0)
     def rollback_cmd(
         host: HostArg,
         health_timeout: Annotated[float, typer.Option(
             "--health-timeout", metavar="S",
             help="Seconds the previous release may take to pass /health and a smoke request.")] = 180.0,
-        deployment: DeploymentOpt = "engine",
-        remote_root: RemoteRootOpt = DEFAULT_ROOT,
-        remote_python: RemotePythonOpt = "python3",
-        known_hosts: KnownHostsOpt = None,
-        accept_new_host_key: AcceptNewOpt = False,
-        identity: IdentityOpt = None,
-        connect_timeout: ConnectTimeoutOpt = 10.0,
-        command_timeout: CommandTimeoutOpt = 900.0,
+        remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         """Switch HOST back to the release that was current before this one (health-checked)."""
         from v100plan.remote import deploy as dp
 
-        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
-        out = dp.rollback(_target(host, deployment, remote_root, remote_python, ssh), health_timeout, _say(quiet))
+        out = dp.rollback(remote.target(host), health_timeout, _say(quiet))
         _emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
                               ("wall s", f"{out.wall_s:.1f}")], "Rollback", json_out, quiet)
 
     @app.command("status")
+    @remote_options()
     def status_cmd(
         host: HostArg,
-        deployment: DeploymentOpt = "engine",
-        remote_root: RemoteRootOpt = DEFAULT_ROOT,
-        remote_python: RemotePythonOpt = "python3",
-        known_hosts: KnownHostsOpt = None,
-        accept_new_host_key: AcceptNewOpt = False,
-        identity: IdentityOpt = None,
-        connect_timeout: ConnectTimeoutOpt = 10.0,
-        command_timeout: CommandTimeoutOpt = 120.0,
+        remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         """Release, health, ranks, allreduce path and uptime of the service on HOST."""
         from v100plan.remote import deploy as dp
 
-        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
-        doc = dp.status(_target(host, deployment, remote_root, remote_python, ssh))
+        doc = dp.status(remote.target(host))
         rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
                                           "allreduce", "generation", "uptime_s", "port", "releases")]
         _emit(doc, rows, "Status", json_out, quiet)
 
     @app.command("logs")
+    @remote_options()
     def logs_cmd(
         host: HostArg,
         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C ends).")] = False,
         lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end of each log.")] = 50,
-        deployment: DeploymentOpt = "engine",
-        remote_root: RemoteRootOpt = DEFAULT_ROOT,
-        remote_python: RemotePythonOpt = "python3",
-        known_hosts: KnownHostsOpt = None,
-        accept_new_host_key: AcceptNewOpt = False,
-        identity: IdentityOpt = None,
-        connect_timeout: ConnectTimeoutOpt = 10.0,
-        command_timeout: CommandTimeoutOpt = 120.0,
+        remote: RemoteArgs = None,
         json_out: JsonOpt = False,
     ) -> None:
         """The service's logs on HOST (supervisor, proxy stdout and stderr)."""
@@ -225,8 +175,7 @@ def register(app: typer.Typer) -> None:
 
         if lines < 0:
             raise BadInput("--lines must be 0 or more", hint="e.g. --lines 100")
-        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
-        target = _target(host, deployment, remote_root, remote_python, ssh)
+        target = remote.target(host)
         if follow:
             if json_out:
                 raise BadInput("--follow streams lines; it cannot be one JSON document", hint="drop --json")
@@ -244,23 +193,16 @@ def register(app: typer.Typer) -> None:
             print("(no such log yet)" if text is None else "\n".join(text))
 
     @app.command("stop")
+    @remote_options()
     def stop_cmd(
         host: HostArg,
-        deployment: DeploymentOpt = "engine",
-        remote_root: RemoteRootOpt = DEFAULT_ROOT,
-        remote_python: RemotePythonOpt = "python3",
-        known_hosts: KnownHostsOpt = None,
-        accept_new_host_key: AcceptNewOpt = False,
-        identity: IdentityOpt = None,
-        connect_timeout: ConnectTimeoutOpt = 10.0,
-        command_timeout: CommandTimeoutOpt = 120.0,
+        remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
         """Stop the service on HOST (the supervisor's recorded PIDs; the release stays current)."""
         from v100plan.remote import deploy as dp
 
-        ssh = ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout, command_timeout)
-        out = dp.stop(_target(host, deployment, remote_root, remote_python, ssh), _say(quiet))
+        out = dp.stop(remote.target(host), _say(quiet))
         _emit(out.to_dict(), [("host", out.host), ("release", out.release),
                               ("stopped", out.extra.get("stopped") or out.reason)], "Stop", json_out, quiet)

@@ -8,15 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from v100plan import catalogue, documents, output, probe_judge, probe_run
-from v100plan.commands.remote_options import (
-    AcceptNewOpt,
-    CommandTimeoutOpt,
-    ConnectTimeoutOpt,
-    IdentityOpt,
-    KnownHostsOpt,
-    RemotePythonOpt,
-    RemoteRootOpt,
-)
+from v100plan.commands.remote_options import RemoteArgs, remote_options
 from v100plan.errors import BadInput, ChecksFailed, DocumentError, NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
@@ -89,6 +81,7 @@ def render_verdicts(judgement: probe_judge.Judgement, report: dict[str, Any], to
 
 def register(app: typer.Typer) -> None:
     @app.command("probe")
+    @remote_options(command_timeout=1800.0, deployment=None)
     def probe(
         quick: QuickOpt = False,
         soak: SoakOpt = None,
@@ -101,13 +94,7 @@ def register(app: typer.Typer) -> None:
         hosts: HostsOpt = None,
         inventory: InventoryOpt = None,
         max_fail: MaxFailOpt = 0,
-        remote_root: RemoteRootOpt = "~/.v100plan",
-        remote_python: RemotePythonOpt = "python3",
-        known_hosts: KnownHostsOpt = None,
-        accept_new_host_key: AcceptNewOpt = False,
-        identity: IdentityOpt = None,
-        connect_timeout: ConnectTimeoutOpt = 10.0,
-        command_timeout: CommandTimeoutOpt = 1800.0,
+        remote: RemoteArgs = None,
     ) -> None:
         """Measure every card and pair on this host (or on --host/--inventory hosts over SSH), name each
         card's variant and judge it.
@@ -117,16 +104,12 @@ def register(app: typer.Typer) -> None:
         """
         if hosts or inventory:  # over SSH, in parallel: v100plan.commands.probe_remote
             from v100plan.commands import probe_remote
-            from v100plan.commands.remote_options import ssh_options
-            from v100plan.remote.host import RemoteSettings
 
             if from_file is not None:
                 raise BadInput("--from judges a recorded report; it cannot be combined with --host/--inventory",
                                hint="drop --from to probe the hosts, or drop --host to judge the file")
             return probe_remote.run(hosts, inventory, max_fail, probe_run.probe_args(quick, soak, duration, only),
-                                    ssh_options(known_hosts, accept_new_host_key, identity, connect_timeout,
-                                                command_timeout),
-                                    RemoteSettings(root=remote_root, python=remote_python), json_out, out, quiet)
+                                    remote.ssh, remote.settings(), json_out, out, quiet)
         output.check_out(out)  # before measuring: a GPU host's run is never lost to a bad path
         report = measure_or_load(quick, soak, duration, only, from_file, show_progress=not quiet)
         hardware, problems = hardware_catalogue()

@@ -2,7 +2,11 @@
 
 Each phase prints one line and lands in the report's `phases`; a phase that cannot run says why
 (no GPU: nothing to plan, the demo model is served on CPU). Ctrl-C anywhere stops every process
-qualify started and still returns a report, marked partial."""
+qualify started and still returns a report, marked partial.
+
+Where the service runs is a "run" object: ``LocalRun`` here (this machine), ``HostRun`` in
+qualify_host.py (a host over SSH). Both probe, serve the model, hand the acceptance suite its
+target and clean up; the phases around them are the same code."""
 
 from __future__ import annotations
 
@@ -39,21 +43,21 @@ class _Phases:
         self.current = None
 
 
-def _probe(phases: _Phases) -> dict | None:
-    from v100plan import probe_run
-
-    phases.start("probe", "measuring this machine's cards (python -m probes --quick)")
+def _probe(phases: _Phases, run) -> dict | None:  # noqa: ANN001 - a LocalRun or a HostRun
+    phases.start("probe", run.probe_what)
     try:
-        doc = probe_run.run(probe_run.probe_args(True, None, None, None), lambda _e: None, timeout_s=900)
+        doc = run.probe()
     except V100planError as e:
+        if run.probe_fatal:
+            raise  # the handler in qualify() ends the phase with the error
         phases.end("error", e.message)
         return None
     if doc["overall"] == "nothing_measured":
         why = next((c.get("reason") for c in doc["cases"] if c.get("reason")), "no card was measured")
-        phases.end("waived", f"no NVIDIA GPU measured: {why}")
+        phases.end("waived", f"no NVIDIA GPU measured on {run.where}: {why}")
     else:
         phases.end({"passed": "passed", "warned": "warned"}.get(doc["overall"], "failed"),
-                   f"{len(doc['cards'])} card(s), overall {doc['overall']}")
+                   f"{len(doc['cards'])} card(s) on {run.where}, overall {doc['overall']}")
     return doc
 
 
@@ -93,57 +97,95 @@ def _plan(phases: _Phases, probe: dict | None, model_dir: Path, out_dir: Path) -
     return doc
 
 
-def qualify(out_dir: Path, model_dir: Path | None, device: str, opts, show: bool):
+class LocalRun:
+    """qualify on this machine: `python -m probes` here, the engine under its supervisor here."""
+
+    mode, where = "local", "this machine"
+    probe_what = "measuring this machine's cards (python -m probes --quick)"
+    probe_fatal = False
+    start_name, start_what = "start", "starting the bundled engine under its supervisor"
+
+    def __init__(self, device: str):
+        self.device = device
+        self.svc = None
+        self.secrets: list[str] = []
+        self.endpoint = "not started"
+        self.inputs: dict[str, Any] = {}
+
+    def probe(self) -> dict:
+        from v100plan import probe_run
+
+        return probe_run.run(probe_run.probe_args(True, None, None, None), lambda _e: None, timeout_s=900)
+
+    def demo_model(self, out_dir: Path) -> Path:
+        from v100plan.accept.local import make_demo_model
+
+        return make_demo_model(out_dir / "demo-model")
+
+    def start(self, model_dir: Path, probe: dict | None, plan: dict | None, notes: list[str], say):  # noqa: ANN001, ANN201
+        """Start the service; returns (the acceptance suite's Target, the engine's launch settings, a detail)."""
+        from v100plan.accept.context import Target
+        from v100plan.accept.local import LocalService
+
+        devices = _devices(self.device, probe)
+        dtype = _dtype(devices, probe, plan)
+        if devices == "cpu":
+            notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
+                         "a GPU's and no plan applies")
+        notes.append("watchdog limits shortened so the run ends in minutes: " + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
+        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype,
+                                      allreduce=((plan or {}).get("launch") or {}).get("allreduce") or "auto",
+                                      serve_flags=QUALIFY_SERVE_FLAGS)
+        self.secrets.append(svc.api_key)
+        self.endpoint = svc.endpoint
+        svc.start()
+        health = svc.health()
+        engine = {"tp": 2, "devices": list(("cpu", "cpu") if devices == "cpu" else
+                                           (("cuda:0", "cuda:1") if devices == "cuda" else devices.split(","))),
+                  "dtype": dtype, "allreduce": health.get("allreduce"), "max_context": None}
+        target = Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="local", model_dir=str(model_dir),
+                        engine=engine, supervised=True, read_rank_logs=svc.read_rank_logs,
+                        read_service_log=svc.read_service_log, notes=notes)
+        return target, engine, f"{svc.endpoint}, allreduce {engine['allreduce']}, devices {','.join(engine['devices'])}"
+
+    def finish(self, out_dir: Path, phases: _Phases) -> None:
+        """Stop every process the service started, keep its logs next to the report."""
+        if self.svc is None:
+            return
+        try:
+            self.svc.stop()
+        except Exception:  # noqa: BLE001 - stopping must not hide the run's own outcome
+            pass
+        self.svc.keep_logs(out_dir / "logs")
+        self.svc.remove()
+
+
+def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # noqa: ANN001
     """Returns (report, secrets to scrub, a V100planError to raise after writing or None)."""
-    from v100plan.accept.context import Target
-    from v100plan.accept.local import LocalService, make_demo_model
     from v100plan.accept.runner import assemble, run_acceptance
     from v100plan.commands.accept import _Progress
 
     phases = _Phases(show)
     given_model = model_dir
     t_all = time.monotonic()
-    probe = plan = svc = None
+    probe = plan = None
     result: dict[str, Any] | None = None
     partial = problem = None
-    secrets: list[str] = []
     notes: list[str] = []
     engine: dict[str, Any] | None = None
+    say = (lambda text: output.hint(f"   {text}")) if show else (lambda _text: None)
     try:
-        probe = _probe(phases)
+        probe = _probe(phases, run)
         if model_dir is None:
-            model_dir = make_demo_model(out_dir / "demo-model")
+            model_dir = run.demo_model(out_dir)
             notes.append("no model given: the generated v100plan-demo model (about 3.3 M parameters, random "
                          "weights, byte-identical on every machine) stands in for a real one")
         plan = _plan(phases, probe, model_dir, out_dir)
-        devices = _devices(device, probe)
-        dtype = _dtype(devices, probe, plan)
-        phases.start("start", "starting the bundled engine under its supervisor")
-        if devices == "cpu":
-            notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
-                         "a GPU's and no plan applies")
-        notes.append("watchdog limits shortened so the run ends in minutes: "
-                     + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
-        svc = LocalService(model_dir, devices=devices, dtype=dtype,
-                           allreduce=((plan or {}).get("launch") or {}).get("allreduce") or "auto",
-                           serve_flags=QUALIFY_SERVE_FLAGS)
-        secrets.append(svc.api_key)
-        try:
-            svc.start()
-        except V100planError as e:
-            phases.end("error", e.message.splitlines()[0])
-            problem = e
-            raise
-        health = svc.health()
-        engine = {"tp": 2, "devices": [d for d in (("cpu", "cpu") if devices == "cpu" else
-                                                  (("cuda:0", "cuda:1") if devices == "cuda" else devices.split(",")))],
-                  "dtype": dtype, "allreduce": health.get("allreduce"), "max_context": None}
-        phases.end("passed", f"{svc.endpoint}, allreduce {engine['allreduce']}, devices {','.join(engine['devices'])}")
+        phases.start(run.start_name, run.start_what)
+        target, engine, detail = run.start(model_dir, probe, plan, notes, say)
+        phases.end("passed", detail)
         phases.start("accept", "functional scenarios, each fault "
                                f"{opts.fault_repeats} times, {opts.requests} requests from {opts.clients} clients")
-        target = Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="local", model_dir=str(model_dir),
-                        engine=engine, supervised=True, read_rank_logs=svc.read_rank_logs,
-                        read_service_log=svc.read_service_log, notes=notes)
         with _Progress(enabled=show) as progress:
             result = run_acceptance(target, opts, plan=plan, probe=probe, progress=progress)
         partial = result.get("partial_reason")
@@ -158,23 +200,18 @@ def qualify(out_dir: Path, model_dir: Path | None, device: str, opts, show: bool
         if phases.current:
             phases.end("error", e.message.splitlines()[0])
     finally:
-        if svc is not None:
-            try:
-                svc.stop()
-            except Exception:  # noqa: BLE001 - stopping must not hide the run's own outcome
-                pass
-            svc.keep_logs(out_dir / "logs")
-            svc.remove()
+        run.finish(out_dir, phases)
     if result is None:
         result = {"scenarios": [], "load": None, "notes": notes, "partial_reason": partial,
-                  "target": {"mode": "local", "endpoint": svc.endpoint if svc else "not started", "host": None,
+                  "target": {"mode": run.mode, "endpoint": run.endpoint, "host": run.inputs.get("host"),
                              "model": str(given_model) if given_model else "v100plan-demo", "server": None,
                              "fault_control": False, "engine": engine, "notes": notes}}
     report = assemble(result, phases=phases.items + [{"name": "report", "status": "passed", "wall_s": 0.0,
                                                        "detail": f"written to {out_dir}"}],
-                      probe=probe, plan=plan, inputs={"mode": "local", "device": device,
+                      probe=probe, plan=plan, inputs={"mode": run.mode, "device": run.device,
+                                                      **run.inputs,
                                                       "model": str(given_model) if given_model else "demo",
                                                       "clients": opts.clients, "requests": opts.requests,
                                                       "repeats": opts.fault_repeats},
                       wall_s=time.monotonic() - t_all, partial_reason=partial)
-    return report, secrets, problem
+    return report, run.secrets, problem

@@ -1,12 +1,19 @@
-"""Options every remote command shares (deploy, rollback, status, logs, stop, probe --host).
+"""Options every remote command shares (deploy, rollback, status, logs, stop, probe --host,
+accept --host, qualify --host), declared once.
 
-Each also reads an environment variable, so a test run or a CI job can point all of
-them at its own known_hosts, key and remote root once.
+``@remote_options(...)`` adds them to a Typer command's signature and hands the command one
+``remote: RemoteArgs`` argument in their place. Each also reads an environment variable where
+it names a file or a place, so a test run or a CI job can point all of them at its own
+known_hosts, key and remote root once.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -29,15 +36,99 @@ ConnectTimeoutOpt = Annotated[float, typer.Option(
     "--connect-timeout", metavar="S", help="Seconds to wait for the SSH handshake.")]
 CommandTimeoutOpt = Annotated[float, typer.Option(
     "--command-timeout", metavar="S", help="Seconds any one remote command may run before it is stopped there.")]
-DeploymentOpt = Annotated[str, typer.Option(
-    "--deployment", "-d", help="Name of the deployment on the host (several can live side by side).")]
+IndexUrlOpt = Annotated[Optional[str], typer.Option(
+    "--index-url", help="Extra package index for the host's venv (a CUDA 12.x torch for a V100).")]
+TorchOpt = Annotated[Optional[str], typer.Option(
+    "--torch", help="torch requirement for the host (default: the version installed here).")]
+DEPLOYMENT_HELP = "Name of the deployment on the host (several can live side by side)."
 
 
-def ssh_options(known_hosts, accept_new, identity, connect_timeout, command_timeout):  # noqa: ANN001, ANN201
-    from v100plan.remote.connect import SshOptions
+def deployment_opt(help_text: str = DEPLOYMENT_HELP):  # noqa: ANN201 - an Annotated alias
+    return Annotated[str, typer.Option("--deployment", "-d", help=help_text)]
 
-    for name, v in (("--connect-timeout", connect_timeout), ("--command-timeout", command_timeout)):
-        if v <= 0:
-            raise BadInput(f"{name} must be a positive number of seconds, got {v:g}", hint=f"e.g. {name} 30")
-    return SshOptions(known_hosts=known_hosts, accept_new_host_key=accept_new, identity=identity,
-                      connect_timeout_s=connect_timeout, command_timeout_s=command_timeout)
+
+DeploymentOpt = deployment_opt()
+DEFAULT_ROOT = "~/.v100plan"
+
+
+@dataclass(frozen=True)
+class RemoteArgs:
+    """What the shared options say, checked: where v100plan lives on the host and how SSH reaches it."""
+
+    deployment: str | None
+    remote_root: str
+    remote_python: str
+    known_hosts: str | None
+    accept_new_host_key: bool
+    identity: str | None
+    connect_timeout: float
+    command_timeout: float
+
+    @property
+    def ssh(self):  # noqa: ANN201 - v100plan.remote.connect.SshOptions (fabric stays unimported until used)
+        """The SSH options, checked when a command first needs them (a local probe never does)."""
+        from v100plan.remote.connect import SshOptions
+
+        for name, v in (("--connect-timeout", self.connect_timeout), ("--command-timeout", self.command_timeout)):
+            if v <= 0:
+                raise BadInput(f"{name} must be a positive number of seconds, got {v:g}", hint=f"e.g. {name} 30")
+        return SshOptions(known_hosts=self.known_hosts, accept_new_host_key=self.accept_new_host_key,
+                          identity=self.identity, connect_timeout_s=self.connect_timeout,
+                          command_timeout_s=self.command_timeout)
+
+    def settings(self, index_url: str | None = None, torch: str | None = None):  # noqa: ANN201
+        """The host-side settings (v100plan.remote.host.RemoteSettings)."""
+        from v100plan.remote.host import RemoteSettings
+
+        return RemoteSettings(root=self.remote_root, python=self.remote_python, index_url=index_url, torch=torch)
+
+    def target(self, host: str, index_url: str | None = None, torch: str | None = None):  # noqa: ANN201
+        """The deployment on ``host`` (v100plan.remote.supervisor.Target)."""
+        from v100plan.remote import release as rel
+        from v100plan.remote.hosts import parse_host
+        from v100plan.remote.supervisor import Target
+
+        return Target(parse_host(host), self.ssh, self.settings(index_url, torch),
+                      rel.deployment_name(self.deployment or "engine"))
+
+
+def option_group(param: str, options: dict[str, tuple[Any, Any]],
+                 make: Callable[[dict[str, Any]], Any]) -> Callable[[Callable], Callable]:
+    """Declare ``options`` ({name: (Annotated type, default)}) once for many commands: the decorated
+    command's ``param`` parameter is replaced by them (in its help too), and the command is called
+    with ``param=make({name: value})`` instead."""
+
+    def wrap(fn: Callable) -> Callable:
+        sig = inspect.signature(fn, eval_str=True)
+        at = list(sig.parameters).index(param)
+        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d)
+                 for n, (t, d) in options.items()]
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()]
+        params = own[:at] + added + own[at + 1:]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            group = make({n: kwargs.pop(n) for n in options})
+            return fn(**kwargs, **{param: group})
+
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap
+
+
+def remote_options(*, command_timeout: float = 120.0, deployment: str | None = "engine",
+                   deployment_help: str = DEPLOYMENT_HELP) -> Callable[[Callable], Callable]:
+    """Give a command the shared remote options (``deployment=None``: no --deployment) in place of its
+    ``remote`` parameter, and call it with ``remote=RemoteArgs(...)``."""
+    options: dict[str, tuple[Any, Any]] = {
+        "deployment": (deployment_opt(deployment_help), deployment),
+        "remote_root": (RemoteRootOpt, DEFAULT_ROOT), "remote_python": (RemotePythonOpt, "python3"),
+        "known_hosts": (KnownHostsOpt, None), "accept_new_host_key": (AcceptNewOpt, False),
+        "identity": (IdentityOpt, None), "connect_timeout": (ConnectTimeoutOpt, 10.0),
+        "command_timeout": (CommandTimeoutOpt, command_timeout),
+    }
+    if deployment is None:
+        del options["deployment"]
+    return option_group("remote", options, lambda got: RemoteArgs(**{"deployment": None, **got}))

@@ -18,11 +18,10 @@ records the supervisord, proxy and rank PIDs and stops exactly those.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-from v100plan.errors import ChecksFailed, EnvironmentProblem
+from v100plan.errors import BadInput, ChecksFailed, EnvironmentProblem
 from v100plan.remote import bundle as bundle_mod
 from v100plan.remote import release as rel
 from v100plan.remote import venv as venv_mod
@@ -30,56 +29,52 @@ from v100plan.remote.connect import Remote
 from v100plan.remote.host import agent, prepare
 from v100plan.remote.manage import follow_logs, logs, rollback, status, stop  # noqa: F401 - one entry point
 from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, held_lock: one entry point
-    KEEP_RELEASES,
     DeployBusy,
     Outcome,
     Paths,
     Say,
     Target,
-    close_target,
-    connect_target,
     healthy,
     held_lock,
     parse_json,
+    session,
     settings_of,
     start_service,
     stop_service,
+    switch,
 )
 
 # -- deploy ---------------------------------------------------------------------------------------
 
 def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, *, dry_run: bool = False,
-           health_timeout_s: float = 180.0, say: Say = lambda s: None, chose: str | None = None) -> Outcome:
-    t0 = time.perf_counter()
+           health_timeout_s: float = 180.0, say: Say = lambda s: None, chose: str | None = None,
+           purpose: str = "deploy") -> Outcome:
+    """``purpose`` other than "deploy" (qualify's own deployment) refuses a deployment that
+    `v100plan deploy` made: qualify stops what it deploys, and must never stop a production service."""
+    out = Outcome(host=target.spec.label, deployment=target.deployment, action="deploy", chose=chose,
+                  dry_run=dry_run)
     b = bundle_mod.build()
     reqs = venv_mod.engine_requirements(target.remote.torch)
     vid = venv_mod.venv_id(target.remote.python, reqs, target.remote.index_url)
     files = rel.model_files(model_dir)
     man = rel.manifest(b.sha256, vid, reqs, settings, files)
-    rid = rel.release_id(man)
+    out.release, out.settings = rel.release_id(man), settings.pinned()
     digest = man["model"]["digest"]
-    out = Outcome(host=target.spec.label, deployment=target.deployment, action="deploy", release=rid,
-                  settings=settings.pinned(), chose=chose, dry_run=dry_run)
-    remote = connect_target(target)
-    try:
-        st = agent(remote, target.remote, "state", {"root": target.remote.root, "dep": target.deployment,
-                                                    "bundle": b.id, "venv": vid, "model": digest})
-        paths = Paths(st["root"], target.deployment)
+    with session(target, out, bundle=b.id, venv=vid, model=digest) as (remote, st, paths):
         out.previous = st.get("current")
+        if purpose != "deploy" and any(h.get("why") == "deploy" for h in st.get("history", [])):
+            raise BadInput(f"{remote.label}: deployment {target.deployment!r} was made by `v100plan deploy`; "
+                           f"{purpose} deploys under a name of its own and stops it afterwards",
+                           hint=f"give {purpose} another --deployment name (its default is {purpose!r})")
         if dry_run:
-            _plan_actions(remote, target.remote, paths, st, b, vid, reqs, files, digest, rid, settings, out)
+            _plan_actions(remote, target.remote, paths, st, b, vid, reqs, files, digest, out.release, settings, out)
             for a in out.actions:
                 say(f"would: {a}")
             return out
-        with held_lock(remote, target.remote, paths.lock, f"deploy of {rid}"):
-            _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, rid, settings,
-                           health_timeout_s, say, out)
-        out.uploaded_bytes = remote.bytes_sent
+        with held_lock(remote, target.remote, paths.lock, f"{purpose} of {out.release}"):
+            _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, out.release, settings,
+                           health_timeout_s, say, out, purpose)
         return out
-    finally:
-        out.uploaded_bytes = remote.bytes_sent
-        out.wall_s = time.perf_counter() - t0
-        close_target(remote)
 
 
 def _plan_actions(remote, rs, paths, st, b, vid, reqs, files, digest, rid, settings, out) -> None:
@@ -138,7 +133,7 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
 
 
 def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, rid, settings, health_timeout_s,
-                   say, out) -> None:
+                   say, out, purpose) -> None:
     current = st.get("current")
     if current == rid:
         if healthy(remote, target.remote, paths, rid, settings.port):
@@ -171,8 +166,7 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
     out.restarted = True
     ok, why = start_service(remote, target.remote, paths, rid, settings, health_timeout_s)
     if ok:
-        sw = agent(remote, target.remote, "switch", {"dep": paths.dir, "release": rid, "why": "deploy",
-                                                     "keep": KEEP_RELEASES})
+        sw = switch(remote, target.remote, paths, rid, purpose)
         say(f"release {rid} is current" + (f" (previous {current} kept)" if current else ""))
         out.extra["removed_releases"] = sw.get("removed", [])
         return

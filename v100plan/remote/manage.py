@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
-from v100plan.errors import ChecksFailed, EnvironmentProblem
-from v100plan.remote import release as rel
+from v100plan.errors import BadInput, ChecksFailed, EnvironmentProblem
+from v100plan.remote import supervisor as sv
 from v100plan.remote.host import agent
-from v100plan.remote.supervisor import (
-    KEEP_RELEASES,
-    Outcome,
-    Paths,
-    Say,
-    Target,
-    close_target,
-    connect_target,
-    held_lock,
-    settings_of,
-    start_service,
-    stop_service,
-    supervise_status,
-)
+from v100plan.remote.supervisor import Outcome, Say, Target, session
 
 
 def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda s: None) -> Outcome:
-    t0 = time.perf_counter()
     out = Outcome(host=target.spec.label, deployment=target.deployment, action="rollback")
-    remote = connect_target(target)
-    try:
-        st = agent(remote, target.remote, "state", {"root": target.remote.root, "dep": target.deployment})
-        paths = Paths(st["root"], target.deployment)
+    with session(target, out) as (remote, st, paths):
         current = st.get("current")
         older = [h["release"] for h in st.get("history", []) if h["release"] != current
                  and h["release"] in st.get("releases", [])]
@@ -41,36 +23,28 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
                                hint=f"`v100plan status {remote.label}` lists the releases there")
         prev = older[-1]
         out.release, out.previous = prev, current
-        with held_lock(remote, target.remote, paths.lock, f"rollback to {prev}"):
-            man = json.loads(remote.read_text(f"{paths.release(prev)}/manifest.json"))
-            settings = rel.EngineSettings(**man["engine"])
+        with sv.held_lock(remote, target.remote, paths.lock, f"rollback to {prev}"):
+            settings = sv.settings_of(json.loads(remote.read_text(f"{paths.release(prev)}/manifest.json")))
             say(f"stopping release {current}")
-            stop_service(remote, paths, current)
+            sv.stop_service(remote, paths, current)
             say(f"starting release {prev}; waiting for /health")
-            ok, why = start_service(remote, target.remote, paths, prev, settings, health_timeout_s)
+            ok, why = sv.start_service(remote, target.remote, paths, prev, settings, health_timeout_s)
             out.restarted = True
             if not ok:
-                stop_service(remote, paths, prev)
-                cur_settings = settings_of(st.get("current_manifest"))
+                sv.stop_service(remote, paths, prev)
+                cur_settings = sv.settings_of(st.get("current_manifest"))
                 if cur_settings:
-                    start_service(remote, target.remote, paths, current, cur_settings, health_timeout_s)
+                    sv.start_service(remote, target.remote, paths, current, cur_settings, health_timeout_s)
                 raise ChecksFailed(f"{remote.label}: release {prev} failed its checks ({why}); {current} "
                                    "was started again", hint=f"`v100plan logs {remote.label}`")
-            agent(remote, target.remote, "switch", {"dep": paths.dir, "release": prev, "why": "rollback",
-                                                    "keep": KEEP_RELEASES})
+            sv.switch(remote, target.remote, paths, prev, "rollback")
             out.changed = True
             say(f"rolled back: release {prev} is current (release {current} kept)")
         return out
-    finally:
-        out.wall_s = time.perf_counter() - t0
-        close_target(remote)
 
 
 def status(target: Target) -> dict[str, Any]:
-    remote = connect_target(target)
-    try:
-        st = agent(remote, target.remote, "state", {"root": target.remote.root, "dep": target.deployment})
-        paths = Paths(st["root"], target.deployment)
+    with session(target) as (remote, st, paths):
         current = st.get("current")
         doc: dict[str, Any] = {"host": target.spec.label, "deployment": target.deployment, "root": paths.dir,
                                "release": current, "releases": st.get("releases", []),
@@ -78,7 +52,7 @@ def status(target: Target) -> dict[str, Any]:
         if not st.get("exists"):
             doc["state"] = "not deployed"
             return doc
-        sup = supervise_status(remote, paths, current)
+        sup = sv.supervise_status(remote, paths, current)
         man = st.get("current_manifest") or {}
         if sup.get("running") and sup.get("health_status") != 200 and man.get("engine"):
             h = agent(remote, target.remote, "health", {"port": man["engine"]["port"]})  # patiently
@@ -98,47 +72,39 @@ def status(target: Target) -> dict[str, Any]:
             "engine": man.get("engine"), "port": (man.get("engine") or {}).get("port"),
         })
         return doc
-    finally:
-        close_target(remote)
 
 
 LOG_FILES = ("logs/serve.stderr.log", "logs/serve.stdout.log", "service.log", "logs/supervisord.log")
 
 
 def logs(target: Target, lines: int = 50) -> dict[str, Any]:
-    remote = connect_target(target)
-    try:
-        st = agent(remote, target.remote, "state", {"root": target.remote.root, "dep": target.deployment})
-        paths = Paths(st["root"], target.deployment)
+    with session(target) as (remote, _st, paths):
         return agent(remote, target.remote, "logs", {"run": paths.run, "files": list(LOG_FILES), "lines": lines})
-    finally:
-        close_target(remote)
 
 
 def follow_logs(target: Target, on_line: Callable[[str], None], lines: int = 20) -> int:
-    remote = connect_target(target)
-    try:
-        st = agent(remote, target.remote, "state", {"root": target.remote.root, "dep": target.deployment})
-        paths = Paths(st["root"], target.deployment)
+    with session(target) as (remote, _st, paths):
         return remote.stream(["tail", "-n", str(lines), "-F", *(f"{paths.run}/{f}" for f in LOG_FILES[:2])],
                              on_line)
-    finally:
-        close_target(remote)
 
 
-def stop(target: Target, say: Say = lambda s: None) -> Outcome:
-    t0 = time.perf_counter()
+def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) -> Outcome:
+    """Stop the deployment's service. ``purpose`` (qualify's): only a deployment made for that purpose;
+    one that `v100plan deploy` made is refused. A deployment whose first release never became current
+    (a deploy cut short while it started) is stopped through that release."""
     out = Outcome(host=target.spec.label, deployment=target.deployment, action="stop")
-    remote = connect_target(target)
-    try:
-        st = agent(remote, target.remote, "state", {"root": target.remote.root, "dep": target.deployment})
-        paths = Paths(st["root"], target.deployment)
-        out.release = st.get("current")
+    with session(target, out) as (remote, st, paths):
+        if purpose and any(h.get("why") == "deploy" for h in st.get("history", [])):
+            raise BadInput(f"{remote.label}: deployment {target.deployment!r} was made by `v100plan deploy`; "
+                           f"{purpose} stops only its own", hint=f"`v100plan stop {remote.label} --deployment "
+                                                                 f"{target.deployment}` stops it by hand")
+        unpacked = [r for r in st.get("releases", []) if "." not in r]  # not a .tmp-PID half-unpacked one
+        out.release = st.get("current") or (unpacked or [None])[-1]
         if not out.release:
             out.reason = "nothing deployed"
             return out
-        with held_lock(remote, target.remote, paths.lock, "stop"):
-            doc = stop_service(remote, paths, out.release)
+        with sv.held_lock(remote, target.remote, paths.lock, "stop"):
+            doc = sv.stop_service(remote, paths, out.release)
         out.extra["stopped"] = doc.get("stopped", {})
         out.extra["had_to_kill"] = doc.get("had_to_kill", [])
         if doc.get("left_running"):
@@ -147,6 +113,3 @@ def stop(target: Target, say: Say = lambda s: None) -> Outcome:
         say(f"stopped release {out.release}: " + (", ".join(f"{k} {v}" for k, v in doc.get("stopped", {}).items())
                                                   or "nothing was running"))
         return out
-    finally:
-        out.wall_s = time.perf_counter() - t0
-        close_target(remote)

@@ -26,6 +26,10 @@ class EngineSettings:
     port: int = 8000                    # the service binds 127.0.0.1:port on the host
     fault_injection: bool = False       # /control/* for the acceptance suite (loopback only)
     chosen_by: str = "defaults"         # "plan FILE", "probe of HOST", "defaults"
+    serve_extra: tuple[str, ...] = ()   # more `serve` flags (qualify's shortened watchdog limits)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "serve_extra", tuple(self.serve_extra))  # a manifest holds a JSON list
 
     def serve_flags(self, model_dir: str, api_key_file: str, log_file: str | None = None) -> list[str]:
         flags = ["--model", model_dir, "--host", "127.0.0.1", "--port", str(self.port),
@@ -38,7 +42,7 @@ class EngineSettings:
             flags += ["--max-context", str(self.max_context)]
         if self.fault_injection:
             flags.append("--enable-fault-injection")
-        return flags
+        return flags + list(self.serve_extra)
 
     def launch(self) -> dict[str, Any]:
         """The launch settings as the acceptance suite reads them (tp, devices, dtype, allreduce, context)."""
@@ -51,6 +55,10 @@ class EngineSettings:
         """The settings that change what runs (not how they were chosen)."""
         d = asdict(self)
         d.pop("chosen_by")
+        if not self.serve_extra:  # absent unless given: releases made before the field keep their ids
+            d.pop("serve_extra")
+        else:
+            d["serve_extra"] = list(self.serve_extra)
         return d
 
 

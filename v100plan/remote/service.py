@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from v100plan.remote.connect import Remote, SshOptions
 from v100plan.remote.errors import RemoteFailed
@@ -32,6 +34,7 @@ class ServiceHandle:
     api_key: str = field(repr=False)                # never printed
     read_rank_logs: Callable[[], dict[int, str]]    # {rank: its log, every generation, oldest first}
     read_service_log: Callable[[], str] | None = None  # the proxy's structured log (serve --log-file)
+    copy_logs: Callable[[Path], Path] | None = None    # every log into a local directory (next to a report)
     host: str = ""
     release: str | None = None
     remote_port: int | None = None
@@ -66,37 +69,63 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
                 return {}
             for name in names:
                 m = _RANK_LOG.match(name)
-                if not m:
-                    continue
-                with sftp.open(f"{logs_dir}/{name}", "r") as fh:
-                    size = fh.stat().st_size
-                    fh.seek(max(0, size - RANK_LOG_TAIL_BYTES))
-                    text = fh.read().decode(errors="replace")
-                found.setdefault(int(m[1]), []).append((int(m[2]), text))
+                if m:
+                    text = _tail(sftp, f"{logs_dir}/{name}", RANK_LOG_TAIL_BYTES) or ""
+                    found.setdefault(int(m[1]), []).append((int(m[2]), text))
             return {r: "".join(t for _, t in sorted(parts)) for r, parts in sorted(found.items())}
 
         def read_service_log() -> str:
             """The proxy's structured log (the last 1 MiB; the supervisor's stdout capture if absent)."""
-            sftp = remote.sftp()
             for rel_path in ("service.log", "logs/serve.stdout.log"):
-                try:
-                    with sftp.open(f"{base}/run/{rel_path}", "r") as fh:
-                        size = fh.stat().st_size
-                        fh.seek(max(0, size - 4 * RANK_LOG_TAIL_BYTES))
-                        text = fh.read().decode(errors="replace")
-                except OSError:
-                    continue
+                text = _tail(remote.sftp(), f"{base}/run/{rel_path}", 4 * RANK_LOG_TAIL_BYTES)
                 if text:
                     return text
             return ""
 
+        def copy_logs(dest: Path) -> Path:
+            """The service's and ranks' logs into ``dest`` (the last 4 MiB of each; the API key stays there)."""
+            dest.mkdir(parents=True, exist_ok=True)
+            sftp = remote.sftp()
+            try:
+                names = [f"logs/{n}" for n in sorted(sftp.listdir(logs_dir)) if n.endswith(".log")]
+            except OSError:
+                names = []
+            for rel_path in ["service.log", *names]:
+                text = _tail(sftp, f"{base}/run/{rel_path}", 16 * RANK_LOG_TAIL_BYTES)
+                if text is not None:
+                    (dest / Path(rel_path).name).write_text(text)
+            return dest
+
         fwd = _Forward(remote.open().transport, port)
         try:
             yield ServiceHandle(endpoint=f"http://127.0.0.1:{fwd.port}", api_key=key, read_rank_logs=read_rank_logs,
-                                read_service_log=read_service_log, host=spec.label, release=st["current"],
+                                read_service_log=read_service_log, copy_logs=copy_logs, host=spec.label,
+                                release=st["current"],
                                 remote_port=port, engine=EngineSettings(**man["engine"]).launch())
         finally:
             fwd.close()
+
+
+def _tail(sftp, path: str, nbytes: int) -> str | None:  # noqa: ANN001 - a paramiko SFTPClient
+    """The last ``nbytes`` of a remote file as text, or None when it cannot be read."""
+    try:
+        with sftp.open(path, "r") as fh:
+            fh.seek(max(0, fh.stat().st_size - nbytes))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def host_target(svc: ServiceHandle, deployment: str, model: str | None = None, model_dir=None,  # noqa: ANN001
+                notes: list[str] | None = None):  # noqa: ANN201 - v100plan.accept.context.Target
+    """The acceptance suite's target for a deployed engine reached through ``svc`` (mode "host")."""
+    from v100plan.accept.context import Target
+
+    return Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="host", host=svc.host, model=model,
+                  model_dir=str(model_dir) if model_dir else None, engine=svc.engine, supervised=svc.supervised,
+                  read_rank_logs=svc.read_rank_logs, read_service_log=svc.read_service_log,
+                  notes=[*(notes or []), f"deployment {deployment!r}, release {svc.release}, reached through an SSH "
+                                         f"port forward to the host's 127.0.0.1:{svc.remote_port}"])
 
 
 class _Forward:
@@ -110,6 +139,10 @@ class _Forward:
 
     def __init__(self, transport, remote_port: int):
         self.transport = transport
+        # paramiko logs each refused channel as an ERROR; the forward answers it (the client's connection
+        # is refused, as on the host), so while a fault has the proxy down those lines are only noise
+        self._quiet = _RefusedChannels()
+        transport.logger.addFilter(self._quiet)
         self.remote = ("127.0.0.1", remote_port)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -163,6 +196,13 @@ class _Forward:
         self.stopped.set()
         self.sock.close()
         self.thread.join(2)
+        self.transport.logger.removeFilter(self._quiet)
+
+
+class _RefusedChannels(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Secsh channel") and "open FAILED" in msg)
 
 
 def describe(handle: ServiceHandle) -> str:

@@ -85,9 +85,10 @@ class Outcome:
     actions: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("extra", "started")}
         d.update(self.extra)
         d["wall_s"] = round(self.wall_s, 3)
         return d
@@ -121,6 +122,11 @@ def held_lock(remote: Remote, settings: RemoteSettings, path: str, what: str) ->
         with contextlib.suppress(OSError, EOFError):
             chan.shutdown_write()
         chan.close()
+
+
+def switch(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, why: str) -> dict[str, Any]:
+    """Make ``release`` current (atomically, on the host) and drop releases beyond the last KEEP_RELEASES."""
+    return agent(remote, rs, "switch", {"dep": paths.dir, "release": release, "why": why, "keep": KEEP_RELEASES})
 
 
 def run_engine(remote: Remote, release_dir: str, args: list[str], timeout_s: float | None = -1,
@@ -200,12 +206,19 @@ def settings_of(manifest: dict[str, Any] | None) -> rel.EngineSettings | None:
     return rel.EngineSettings(**manifest["engine"])
 
 
-def connect_target(target: Target) -> Remote:
+@contextlib.contextmanager
+def session(target: Target, out: Outcome | None = None, **state: str) -> Iterator[tuple[Remote, dict, Paths]]:
+    """One SSH connection to the target's host, what the agent's read-only ``state`` finds of its
+    deployment there (``state`` adds the bundle, venv or model ids to look for), and its paths.
+    ``out`` gets the wall time since it was made and the bytes uploaded, however the block ends."""
     remote = Remote(target.spec, target.ssh)
-    remote.open()
-    return remote
-
-
-def close_target(remote: Remote) -> None:
-    remote.close()
+    try:
+        remote.open()
+        st = agent(remote, target.remote, "state", {"root": target.remote.root, "dep": target.deployment, **state})
+        yield remote, st, Paths(st["root"], target.deployment)
+    finally:
+        if out is not None:
+            out.uploaded_bytes = remote.bytes_sent
+            out.wall_s = time.perf_counter() - out.started
+        remote.close()
 
