@@ -132,3 +132,22 @@ def test_with_no_figure_at_all_the_plan_says_allreduces_are_not_priced():
     assert p.strategy("tp8").breakdown["decode"]["allreduce_ms"] == 0
     assert any(n == "tp8: no 8-GPU or two-card allreduce figure for a100-80gb: allreduces not priced" for n in p.notes)
     assert not any("log2" in n for n in p.notes)
+
+
+def test_an_engine_that_keeps_the_output_head_whole_reads_it_whole_on_every_rank():
+    """gpt-fast's tp.py shards attention and MLP only: at tp8 each rank reads the whole head, not 1/8."""
+    gptfast = engine_from_doc(catalogue.get("engine", "gpt-fast"))
+    assert gptfast.tp_output_head == "replicated" and "tp.py" in gptfast.tp_output_head_source
+    model, alts = catalogue.load_model(LLAMA2_7B, "bf16", None, gptfast)
+    assert model.head_gb == pytest.approx(32000 * 4096 * 2 / 1e9, rel=1e-3)
+    hw = hardware_from_doc(_a100(), 8)
+    whole = plan(hw, model, gptfast, Target(128, 8), alternatives=alts)
+    split_doc = copy.deepcopy(catalogue.get("engine", "gpt-fast"))
+    split_doc["tp_output_head"]["value"] = "split"
+    split = plan(hw, model, engine_from_doc(split_doc), Target(128, 8), alternatives=alts)
+    for name, tp in (("tp2", 2), ("tp8", 8)):
+        extra = whole.strategy(name).breakdown["decode"]["weights_read_gb"] - split.strategy(name).breakdown["decode"]["weights_read_gb"]
+        assert extra == pytest.approx(model.head_gb * (1 - 1 / tp), abs=2e-3)
+    assert whole.strategy("single").decode_tok_s == split.strategy("single").decode_tok_s
+    assert any("keeps the output head whole on every rank" in n for n in whole.notes)
+    assert not any("keeps the output head whole" in n for n in split.notes)

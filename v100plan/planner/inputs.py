@@ -121,6 +121,7 @@ class Model:
     draft_read_gb: float | None = None  # bytes one draft step reads; None: inside the engine's calibration (said in the plan)
     assumptions: tuple[str, ...] = ()
     kv_dtype: str = ""
+    head_gb: float = 0.0              # the output head as read per token (part of weights_split_gb); 0: not known
 
     @property
     def kv_shape_bytes_per_token(self) -> float:
@@ -164,6 +165,10 @@ class Engine:
     multi_node: bool = False                   # pipeline/tensor parallel across boxes
     aliases: tuple[str, ...] = ()
     generic_generations: tuple[str, ...] = ()  # generations the generation-free figures were calibrated on
+    # Under tensor parallel: "split" (vocab parallel, each rank reads 1/tp of the output head) or "replicated"
+    # (whole on every rank); the source says where the profile read it.
+    tp_output_head: str = "split"
+    tp_output_head_source: str = "default: vocab parallel"
 
     def generation_entry(self, generation: str) -> dict[str, Any] | None:
         return self.by_generation.get(generation)
@@ -362,7 +367,7 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         moe_expert_gb=float(moe.get("expert_gb", 0.0)),
         layers_total=int(layers.get("total", 0)), draft_kind=str(draft.get("kind", "")) if draft else "",
         draft_read_gb=draft.get("read_gb_per_step"), assumptions=tuple(doc.get("assumptions") or ()),
-        kv_dtype=str(kv.get("dtype", "")),
+        kv_dtype=str(kv.get("dtype", "")), head_gb=float(w.get("head_gb") or 0.0),
     )
 
 
@@ -403,6 +408,8 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         kv_cache_dtype=doc.get("kv_cache_dtype"), launch_kind=doc.get("launch_kind", ""),
         max_tp=int(doc.get("max_tp", 2)), multi_node=bool(doc.get("multi_node", False)),
         aliases=tuple(doc.get("aliases") or ()), generic_generations=tuple(doc.get("calibrated_generations") or ()),
+        tp_output_head=(doc.get("tp_output_head") or {}).get("value", "split"),
+        tp_output_head_source=(doc.get("tp_output_head") or {}).get("source", "default: vocab parallel"),
     )
 
 

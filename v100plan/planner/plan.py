@@ -47,7 +47,8 @@ def _clock_ratio(hw: Hardware, lay: Layout) -> float:
 
 def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Target,
               choice: ar.PathChoice | None, tpr: float, reserve_gb: float, verified_tokens: int) -> StrategyResult:
-    lay = layout(name, model, target.gpus, verified_tokens * target.concurrency)
+    lay = layout(name, model, target.gpus, verified_tokens * target.concurrency,
+                 head_replicated=engine.tp_output_head == "replicated")
     card = hw.card
     C = target.concurrency
     mem = memory_per_gpu(model, lay, target.context_tokens, C, reserve_gb, card.memory_gb)
@@ -303,6 +304,11 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         notes.append(f"MoE: {(k + 1) * target.concurrency} tokens per round touch more experts than one "
                      "(uniform routing assumed)")
     names = NAMES + wide_names(target.gpus, hardware.nodes, engine.max_tp)
+    if engine.tp_output_head == "replicated" and target.gpus >= 2:
+        notes.append(f"engine {engine.id} keeps the output head whole on every rank under tensor parallel "
+                     f"({engine.tp_output_head_source}): "
+                     + (f"each rank reads all {model.head_gb:.2f} GB of it" if model.head_gb
+                        else f"{model.id} does not give the head's size, so it is read as split"))
     if hardware.nodes > 1 and hardware.network is None:
         notes.append(f"{hardware.card.id}: no network figures between nodes in the hardware profile: pipeline hand-overs "
                      "across nodes are not priced (add 'network' bandwidth and latency)")

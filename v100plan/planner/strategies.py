@@ -65,11 +65,13 @@ def expert_read_gb(model: Model, tokens_per_round: float) -> float:
     return model.moe_expert_gb * (1.0 - untouched)
 
 
-def layout(name: str, model: Model, gpus: int, tokens_per_round: float = 1.0) -> Layout:
+def layout(name: str, model: Model, gpus: int, tokens_per_round: float = 1.0, head_replicated: bool = False) -> Layout:
     """Geometry of strategy ``name`` for ``model`` on ``gpus`` cards (formulas in the module docstring).
 
     ``tokens_per_round`` (verified tokens x sequences) only matters for MoE models, whose
-    per-round expert reads grow with it (see expert_read_gb).
+    per-round expert reads grow with it (see expert_read_gb). ``head_replicated``: the engine keeps the
+    output head whole on every rank under tensor parallel (gpt-fast's tp.py shards attention and MLP
+    only), so each rank holds and reads all of it, not 1/tp.
     """
     w = model.weights_total_gb
     read = model.decode_read_gb + expert_read_gb(model, tokens_per_round)
@@ -87,6 +89,9 @@ def layout(name: str, model: Model, gpus: int, tokens_per_round: float = 1.0) ->
         # Every split tensor but the experts is read whole each round; each rank reads its half of it.
         dense_split = model.weights_split_gb - model.moe_expert_gb
         rank_read = model.decode_read_gb - dense_split / 2 + expert_read_gb(model, tokens_per_round) / 2
+        if head_replicated:
+            per_rank += model.head_gb / 2
+            rank_read += model.head_gb / 2
         return Layout(name, 2, 1, 2, per_rank, rank_read, share, share, 0)
     if name.startswith("tp"):
         tp_s, _, pp_s = name[2:].partition("_pp")
@@ -95,6 +100,9 @@ def layout(name: str, model: Model, gpus: int, tokens_per_round: float = 1.0) ->
         per_rank = model.weights_replicated_gb + model.weights_split_gb / tp
         dense_split = model.weights_split_gb - model.moe_expert_gb
         rank_read = model.decode_read_gb - dense_split * (1 - 1 / tp) + expert_read_gb(model, tokens_per_round) / tp
+        if head_replicated:
+            per_rank += model.head_gb * (1 - 1 / tp)
+            rank_read += model.head_gb * (1 - 1 / tp)
         # Pipeline: each stage holds 1/pp of the layers; a round visits the stages in turn (critical path reads all).
         return Layout(name, tp * pp, 1, tp, per_rank / pp, rank_read, share / pp, share, pp - 1, pp)
     raise ValueError(f"unknown strategy {name!r}")
