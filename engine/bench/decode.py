@@ -41,22 +41,8 @@ def emit_json(doc: dict, out: str | None) -> None:
 
 
 def read_bandwidth_gbps(device) -> float:
-    import torch
-
-    x = torch.empty(1 << 30, dtype=torch.float32, device=device).uniform_()  # 4 GiB: far beyond L2
-    for _ in range(3):
-        x.sum()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        x.sum()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    del x
-    return x_bytes_over_ms(4 << 30, statistics.median(ts))
+    """The card's measured read bandwidth: a sum over a 4 GiB float32 buffer (engine.core.timing)."""
+    return timing.read_bandwidth_gbps(device, 4 << 30)
 
 
 def x_bytes_over_ms(nbytes: int, ms: float) -> float:

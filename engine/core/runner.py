@@ -253,7 +253,7 @@ class Decoder:
         token_ms = statistics.median(self._token_ms) if self._token_ms else None
         w = m.weight_bytes()
         ms = step_ms or token_ms
-        gbps = round(w / (ms * 1e-3) / 1e9, 1) if ms else None
+        gbps = round(w / (ms * 1e-3) / 1e9, 3) if ms else None
         host = {k: round(statistics.median(v), 4) for k, v in self._host_ms.items() if v}
         return {**self.info, "steps": len(self._step_ms) or len(self._token_ms), "host_ms": host or None,
                 "step_ms": None if step_ms is None else round(step_ms, 4),

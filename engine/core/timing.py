@@ -70,3 +70,30 @@ def eager_us(fn, device: torch.device, iters: int, warmup: int = 10) -> float:
         sync(device)
         ts.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(ts)
+
+
+def read_bandwidth_gbps(device: torch.device, nbytes: int | None = None, iters: int = 20) -> float:
+    """The device's measured read bandwidth (GB/s): median time of a sum over a float32 buffer far
+    beyond the caches (default 4 GiB on a GPU, 128 MiB on a CPU: a start-up's worth of time)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    nbytes = nbytes or ((4 << 30) if cuda else (128 << 20))
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    for _ in range(2):
+        x.sum()
+    sync(device)
+    ts = []
+    for _ in range(iters):
+        if cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            x.sum()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) * 1e-3)
+        else:
+            t0 = time.perf_counter()
+            x.sum()
+            ts.append(time.perf_counter() - t0)
+    del x
+    return nbytes / statistics.median(ts) / 1e9

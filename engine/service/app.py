@@ -78,7 +78,8 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
             return SafeJSONResponse({"status": status}, status_code=200 if up else 503)  # no details without the key
         body = {"status": status, "state": service.state, "generation": service.generation,
                 "rank_pids": pair.pids if pair else [], "allreduce": pair.allreduce if pair else None,
-                "selftest": "passed" if up else None, "last_failure": service.last_failure}
+                "selftest": "passed" if up else None, "last_failure": service.last_failure,
+                "decode": service.decode.health() if pair else None}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/metrics")

@@ -30,9 +30,13 @@ class ProtocolError(Exception):
 # ---- rank -> client -------------------------------------------------------------------------
 
 def ready(rank: int, pid: int, generation: int, allreduce: str, selftest: str,
-          race: dict[str, dict[str, float]] | None, max_context: int, vocab_size: int) -> dict[str, Any]:
+          race: dict[str, dict[str, float]] | None, max_context: int, vocab_size: int,
+          decode: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``decode``: how this rank decodes and why (engine.core.runner.Decoder.info) and the card's read
+    bandwidth with its source (read_bw_gbps, read_bw_source: measured | flag)."""
     return {"type": "ready", "rank": rank, "pid": pid, "generation": generation, "allreduce": allreduce,
-            "selftest": selftest, "race": race, "max_context": max_context, "vocab_size": vocab_size}
+            "selftest": selftest, "race": race, "max_context": max_context, "vocab_size": vocab_size,
+            "decode": decode}
 
 
 def fatal(message: str) -> dict[str, Any]:
@@ -47,11 +51,17 @@ def token(req_id: str, step: int, token_id: int, counter: int) -> dict[str, Any]
     return {"type": "token", "id": req_id, "step": step, "token_id": token_id, "counter": counter}
 
 
-def done(req_id: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def done(req_id: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+         decode: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``decode``: the rank's decode figures so far (engine.core.runner.Decoder.stats: ms per step and
+    per token, achieved GB/s, fraction of the read bandwidth), for /metrics, /health and the log."""
     if finish_reason not in FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
-    return {"type": "done", "id": req_id, "finish_reason": finish_reason, "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens}
+    msg = {"type": "done", "id": req_id, "finish_reason": finish_reason, "prompt_tokens": prompt_tokens,
+           "completion_tokens": completion_tokens}
+    if decode is not None:
+        msg["decode"] = decode
+    return msg
 
 
 def error(req_id: str | None, message: str) -> dict[str, Any]:

@@ -24,7 +24,16 @@ _HELP = {
     "v100plan_queue_depth": ("gauge", "requests waiting behind the running one"),
     "v100plan_requests_running": ("gauge", "requests the ranks are working on (0 or 1: one sequence at a time)"),
     "v100plan_allreduce_path": ("gauge", "1 for the allreduce path the ranks negotiated"),
+    # Reported by the ranks (engine/service/proxy_decode.py); absent until a rank has reported them.
+    "v100plan_decode_mode": ("gauge", "1 for how each rank runs the decode step (graphs or eager; compiled or eager kernels)"),
+    "v100plan_decode_ms_per_token": ("gauge", "each rank's median wall ms per generated token (recent tokens)"),
+    "v100plan_decode_step_ms": ("gauge", "each rank's median device ms per decode step (CUDA graph replays only)"),
+    "v100plan_decode_achieved_gbps": ("gauge", "each rank's weight bytes per step over its step (or token) time, GB/s"),
+    "v100plan_decode_read_bw_gbps": ("gauge", "each rank's card read bandwidth, GB/s (source: measured at start or flag)"),
+    "v100plan_decode_read_bw_fraction": ("gauge", "achieved GB/s over the card's read bandwidth"),
 }
+# Series that exist only once measured: no 0 placeholder before that.
+_NO_PLACEHOLDER = ("_path", "_mode", "_ms_per_token", "_step_ms", "_gbps", "_fraction")
 
 
 def escape_label(value: str) -> str:
@@ -62,7 +71,7 @@ class Metrics:
         for name, (kind, text) in _HELP.items():
             out.append(f"# HELP {name} {text}")
             out.append(f"# TYPE {name} {kind}")
-            series = self.values.get(name) or ({(): 0} if not name.endswith("_path") else {})
+            series = self.values.get(name) or ({(): 0} if not name.endswith(_NO_PLACEHOLDER) else {})
             for labels, value in sorted(series.items()):
                 number = int(value) if float(value).is_integer() else value
                 out.append(f"{name}{_labels(labels)} {number}")

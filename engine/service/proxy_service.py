@@ -18,10 +18,11 @@ from collections import deque
 from typing import Callable
 
 from engine.service import protocol, watchdog
+from engine.service.proxy_decode import DecodeReport
 from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_log import StructuredLog
 from engine.service.proxy_metrics import Metrics
-from engine.service.proxy_ranks import RankPair, RankStartError, Standby, spawn_standby, start_pair
+from engine.service.proxy_ranks import RankPair, RankStartError, StandbyPool, start_pair
 from engine.service.serve_config import ALLREDUCE_PATHS, ServeConfig
 
 EXIT_RESTARTS_EXHAUSTED = 3
@@ -71,6 +72,7 @@ class Service:
         self.cfg = cfg
         self.log = log
         self.metrics = Metrics()
+        self.decode = DecodeReport(self.metrics, log)  # how the ranks decode and what they achieve
         self.on_exit = on_exit
         self.loop: asyncio.AbstractEventLoop | None = None
         self.state = "starting"            # starting | up | restarting | draining | exiting
@@ -84,7 +86,7 @@ class Service:
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._standby: Standby | None = None   # the next generation's ranks, imported and waiting
+        self._standbys = StandbyPool(cfg, cfg.standby_pairs)  # the next generations' ranks, imported
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
@@ -120,9 +122,7 @@ class Service:
         for task in self._tasks:  # the watchdog first: the ranks' exit below is no failure
             task.cancel()
         self._fail_pending(503, "the service is shutting down")
-        if self._standby is not None:
-            await self._standby.close()
-            self._standby = None
+        await self._standbys.close()
         pids = self.pair.pids if self.pair else []
         if self.pair is not None:
             await self.pair.close()
@@ -152,7 +152,7 @@ class Service:
             self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
             try:
-                standby, self._standby = self._standby, None
+                standby = await self._standbys.take(self.generation)
                 pair = await start_pair(self.cfg, self.generation, self._start_fault(), standby)
             except RankStartError as exc:
                 self.budget.record(False)
@@ -185,11 +185,12 @@ class Service:
                           generation=pair.generation, rank_pids=pair.pids, allreduce=pair.allreduce,
                           race=pair.race, max_context=pair.max_context, start_s=round(time.monotonic() - t0, 3),
                           after=after_failure, from_standby=standby is not None)
+            self.decode.ranks_up(pair.links)
             self._write_state()
             self._wake.set()
-            if self.cfg.standby_ranks and self.state == "up":
+            if self.state == "up":
                 try:
-                    self._standby = await spawn_standby(self.cfg, self.generation + 1)
+                    await self._standbys.refill(self.generation)
                 except OSError as exc:
                     self.log.emit("standby_failed", reason=str(exc))
             return pair
@@ -381,6 +382,7 @@ class Service:
             self.metrics.inc("v100plan_request_errors_total")
             job.finish(("error", 500, "the engine could not complete this request (see the service log)"))
             return
+        self.decode.after_request(done)
         r0 = done[0]
         usage = {"prompt_tokens": r0.get("prompt_tokens", len(job.params.prompt_ids)),
                  "completion_tokens": r0.get("completion_tokens", job.completion_tokens)}

@@ -34,6 +34,7 @@ from engine.service import protocol
 
 EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
 DTYPES = ("float32", "float16", "bfloat16")
+READ_BW_ENV = "V100PLAN_ENGINE_READ_BW_GBPS"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -54,6 +55,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
                    help="(fault injection only) make this path's self-test fail on this rank")
+    env_bw = os.environ.get(READ_BW_ENV)
+    p.add_argument("--read-bw-gbps", type=float, default=float(env_bw) if env_bw else None,
+                   help=f"the card's read bandwidth in GB/s, for the achieved fraction the service reports "
+                        f"(default: ${READ_BW_ENV}, else measured by the rank at start)")
 
 
 def log(rank: int, msg: str) -> None:
@@ -134,6 +139,8 @@ class Rank:
             # Two ranks on one host share its cores: each taking all of them only makes them fight.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.world))
         cfg = config.load(a.model)
+        self.read_bw = self._read_bw(device)
+        marks.append(("read_bw", time.monotonic()))
         self.path, self.choice = None, None
         if a.world == 2:
             from engine.allreduce import select
@@ -157,7 +164,9 @@ class Rank:
         self.model.setup_cache(a.max_context)
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
-        log(self.r, runner.describe(runner.prepare(self.model).info))
+        decoder = runner.prepare(self.model)
+        log(self.r, runner.describe(decoder.info) + f"; read bandwidth {self.read_bw['read_bw_gbps']} GB/s "
+                    f"({self.read_bw['read_bw_source']})")
         self.lockstep = Lockstep(self.path, device, self.r) if self.path else None
         name = self.path.name if self.path else "none"
         selftest = "passed" if self.path else "not_applicable"
@@ -166,7 +175,23 @@ class Rank:
         phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context} "
                     f"(start-up {phases})")
-        return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size)
+        return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size,
+                              decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes()})
+
+    def _read_bw(self, device) -> dict:
+        """The card's read bandwidth for the achieved fraction: the flag's, else measured now (a sum over
+        a buffer far beyond the caches: 1 GiB on a GPU, before the weights take the memory; 32 MiB on a CPU)."""
+        if self.args.read_bw_gbps:
+            return {"read_bw_gbps": round(float(self.args.read_bw_gbps), 1), "read_bw_source": "flag"}
+        from engine.core import timing
+
+        nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)
+        gbps = timing.read_bandwidth_gbps(device, nbytes, iters=10 if device.type == "cuda" else 3)
+        return {"read_bw_gbps": round(gbps, 1), "read_bw_source": "measured"}
+
+    def decode_stats(self) -> dict:
+        """Decoder.stats against this card's read bandwidth, with where that figure came from."""
+        return {**self.model.decoder.stats(self.read_bw["read_bw_gbps"]), **self.read_bw}
 
     def _time_waits(self, path) -> None:
         """Record when this rank enters and leaves each exchange with its peer (the heartbeat
@@ -285,11 +310,25 @@ class Rank:
                 # agree request by request (same steps, same finish, same token hash).
                 log(self.r, f"request {rid} finish={reason} steps={seq['n']} tokens={len(out)} "
                             f"hash={token_hash(out, 0):016x}")
-                reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out))
+                stats = self.decode_stats()
+                log(self.r, describe_stats(stats))
+                reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out), decode=stats)
             finally:
                 self.cancelled.discard(rid)
                 self.busy = False  # idle before the answer leaves: a ping after "done" finds the rank idle
             server.send(reply)
+
+
+def describe_stats(s: dict) -> str:
+    """One log line: what this rank's decode achieves (medians over its most recent tokens)."""
+    def num(v, unit=""):
+        return "n/a" if v is None else f"{v}{unit}"
+
+    frac = s.get("read_bw_fraction")
+    return (f"decode {s['mode']}/{s['kernels']}: step {num(s.get('step_ms'), ' ms')} (device), "
+            f"token {num(s.get('token_ms'), ' ms')} (wall), {num(s.get('achieved_gbps'), ' GB/s')} = "
+            f"{'n/a' if frac is None else f'{frac * 100:.1f} %'} of {s['read_bw_gbps']} GB/s "
+            f"({s['read_bw_source']}), over {s.get('steps')} steps")
 
 
 def main(args: argparse.Namespace) -> int:
