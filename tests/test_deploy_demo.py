@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -337,6 +338,22 @@ def test_logs_follow_streams_and_leaves_nothing_behind(env, first, server):
     assert tails() == [], "the remote `tail -F` outlived the follow"
 
 
+def test_qualify_refuses_a_deployment_that_deploy_made(cli, env, first, server, demo_model, tmp_path):
+    """qualify stops what it deploys: pointed at the operator's deployment it must neither redeploy
+    nor stop it (deploy and stop both refuse), and the service keeps running."""
+    before = cli.json("status", server.host_spec, "--deployment", DEP)
+    r = cli("qualify", "--host", server.host_spec, "--deployment", DEP, "--model", demo_model,
+            "--port", sshd_mod.free_port(), "--out", tmp_path / "report")
+    assert r.exit_code == 2, r.stderr
+    assert "was made by `v100plan deploy`" in sshd_mod.flat(r.stderr)
+    doc = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert doc["partial"] and [p["status"] for p in doc["phases"] if p["name"] in ("deploy", "stop")] == \
+        ["error", "error"]
+    after = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert after["state"] == "healthy" and after["release"] == before["release"]
+    assert after["supervisord_pid"] == before["supervisord_pid"]
+
+
 def test_logs_then_stop(cli, env, first, server):
     r = cli("logs", server.host_spec, "--deployment", DEP, "--json")
     assert r.exit_code == 0, r.stderr
@@ -375,3 +392,46 @@ def test_a_torch_without_v100_kernels_stops_the_deploy():
 
     settings, why = settings_from_probe(v100, "ops@v100-box", 8000, False, None)
     assert settings.device == "cuda" and settings.dtype == "float16" and "7.0" in why
+
+
+def test_qualify_host_deploys_accepts_and_stops_its_own_deployment(cli, env, server, demo_model, tmp_path):
+    """`qualify --host`, the main job against a host: probe it over SSH, deploy the engine there as
+    qualify's own deployment, run every scenario through the SSH forward (each fault once, a small
+    load), write the three reports here, stop the deployment. One run: about 1.5 minutes here."""
+    from tests.accept_support import assert_no_secret, run_cli
+
+    dep, out = f"qualify-{os.getpid()}", tmp_path / "report"
+    r = run_cli("qualify", "--host", server.host_spec, "--deployment", dep, "--port", sshd_mod.free_port(),
+                "--model", demo_model, "--repeats", "1", "--requests", "16", "--clients", "4", "--out", out,
+                timeout_s=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["verdict"] == "passed" and not doc["partial"]
+    assert doc["summary"] == {"passed": 22, "warned": 0, "failed": 0, "waived": 0, "error": 0}
+    assert [p["name"] for p in doc["phases"]] == ["probe", "plan", "deploy", "accept", "stop", "report"]
+    assert all(p["status"] in ("passed", "waived") for p in doc["phases"]), doc["phases"]
+    # the probe section is the host's, measured there by the bundle (no checkout there: no git revision)
+    probe = doc["probe"]
+    assert probe["kind"] == "probe_report" and probe["overall"] == "nothing_measured"
+    assert probe["provenance"]["git_revision"] is None
+    assert f"no NVIDIA GPU measured on {server.host_spec}" in doc["phases"][0]["detail"]
+    t = doc["target"]
+    assert t["mode"] == "host" and t["host"] == server.host_spec and t["fault_control"] is True
+    assert t["engine"]["devices"] == ["cpu", "cpu"]
+    assert any(f"its own deployment {dep!r}" in n for n in t["notes"])
+    # rank logs came over SFTP: the suite read them, and they are kept next to the report
+    assert next(s for s in doc["scenarios"] if s["key"] == "rank_logs_agree")["status"] == "passed"
+    logs = {p.name for p in (out / "logs").iterdir()}
+    assert {"rank0.g1.log", "rank1.g1.log", "service.log", "supervisord.log"} <= logs
+    # stopped afterwards: the supervisor and every process it recorded are gone
+    d = env / dep
+    assert json.loads((d / "history.json").read_text())[-1]["why"] == "qualify"
+    stop = next(p for p in doc["phases"] if p["name"] == "stop")
+    pids = dict(re.findall(r"(supervisord|proxy|rank\d) (\d+)", stop["detail"]))
+    assert set(pids) == {"supervisord", "proxy", "rank0", "rank1"}, stop
+    for pid in pids.values():
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] == "Z"
+    assert cli.json("status", server.host_spec, "--deployment", dep)["state"] == "stopped"
+    key = (d / "api_key").read_text().strip()
+    assert key not in r.stdout + r.stderr
+    assert_no_secret(out, key)
