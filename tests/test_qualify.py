@@ -110,3 +110,18 @@ def test_ctrl_c_stops_everything_and_writes_a_partial_report(tmp_path):
     assert (out / "report.html").exists() and (out / "junit.xml").exists()
     time.sleep(1)
     assert not _our_processes("v1p-q-")
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--port", "9000"), "--port apply to --host only"),
+    (("--torch", "torch==2.5.1"), "--torch apply to --host only"),
+    (("--host", "ops@gpu-box", "--device", "cuda:0,cuda:1"), "give auto, cpu, cuda"),
+    (("--host", "ops@gpu-box", "--port", "70000"), "--port 70000 is out of range"),
+    (("--host", "ops@gpu box"), "is not user@host[:port]"),
+    (("--host", "ops@gpu-box", "--deployment", "../engine"), "use letters, digits"),
+    (("--host", "ops@gpu-box", "--connect-timeout", "0"), "--connect-timeout must be a positive number"),
+])
+def test_qualify_host_bad_input_is_refused_before_any_connection(cli, args, says):
+    r = cli("qualify", *args)
+    assert r.exit_code == 2, r.stderr
+    assert says in " ".join(r.stderr.split()) and "Hint:" in r.stderr
