@@ -190,7 +190,9 @@ class Service:
             self._wake.set()
             if self.state == "up":
                 try:
-                    await self._standbys.refill(self.generation)
+                    spawned = await self._standbys.refill(self.generation)
+                    if spawned:
+                        self.log.emit("standby_spawned", generations=spawned)
                 except OSError as exc:
                     self.log.emit("standby_failed", reason=str(exc))
             return pair
