@@ -7,10 +7,15 @@ format and a context; the planner predicts its decode tok/s and its ceiling. Poi
 
   error = predicted / published - 1;   median and worst |error| over the held-out points.
 Every published figure must also sit under the planner's ceiling (100 % bandwidth, no overhead).
+
+Where a hardware profile's allreduce figures for a path come from a range (its box 'ranges'), the
+tables hold the value used; ``range_end`` ('low' or 'high') plans with the range's end instead, so the
+sensitivity of the held-out errors to that choice can be printed next to them.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 from dataclasses import dataclass
@@ -55,8 +60,27 @@ def load_points(path: Path = PUBLISHED) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def predict(point: dict[str, Any], repo_root: Path) -> Row:
-    """Plan one published configuration with the catalogue and read back the named strategy."""
+RANGE_ENDS = ("low", "high")
+
+
+def at_range_end(hw_doc: dict[str, Any], end: str) -> dict[str, Any]:
+    """A copy of a hardware profile whose ranged allreduce figures (box 'ranges') are scaled from the value
+    used to the range's ``end`` ('low' or 'high'), at every GPU count and size; other figures unchanged."""
+    if end not in RANGE_ENDS:
+        raise ValueError(f"range end must be one of {RANGE_ENDS}, not {end!r}")
+    doc = copy.deepcopy(hw_doc)
+    box = doc.get("box") or {}
+    for path, rng in (box.get("ranges") or {}).items():
+        scale = rng[f"{end}_us"] / rng["used_us"]
+        for tables in (box.get("allreduce_us") or {}).values():
+            if path in tables:
+                tables[path] = {size: us * scale for size, us in tables[path].items()}
+    return doc
+
+
+def predict(point: dict[str, Any], repo_root: Path, range_end: str | None = None) -> Row:
+    """Plan one published configuration with the catalogue and read back the named strategy
+    (with ranged allreduce figures at ``range_end`` when given: at_range_end)."""
     from v100plan import catalogue
     from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
 
@@ -65,7 +89,8 @@ def predict(point: dict[str, Any], repo_root: Path) -> Row:
         model = str(repo_root / model)
     engine = engine_from_doc(catalogue.get("engine", catalogue.engine_id(point["engine"])))
     m, alts = catalogue.load_model(model, point.get("weights"), point.get("kv_cache_dtype"), engine)
-    hw = hardware_from_doc(catalogue.get("hardware", point["hardware"]), point["gpus"])
+    hw_doc = catalogue.get("hardware", point["hardware"])
+    hw = hardware_from_doc(at_range_end(hw_doc, range_end) if range_end else hw_doc, point["gpus"])
     target = Target(context_tokens=int(point["context_tokens"]), gpus=hw.gpus, acceptance=point.get("acceptance"),
                     draft_tokens=point.get("draft_tokens"))
     p = plan(hw, m, engine, target, alternatives=alts)
@@ -77,8 +102,8 @@ def predict(point: dict[str, Any], repo_root: Path) -> Row:
                source=point["source"], figure=point["figure"], notes=tuple(p.notes) + ((s.reason,) if not s.fits else ()))
 
 
-def evaluate(repo_root: Path, path: Path = PUBLISHED) -> list[Row]:
-    return [predict(pt, repo_root) for pt in load_points(path)["points"]]
+def evaluate(repo_root: Path, path: Path = PUBLISHED, range_end: str | None = None) -> list[Row]:
+    return [predict(pt, repo_root, range_end) for pt in load_points(path)["points"]]
 
 
 def summary(rows: list[Row]) -> dict[str, Any]:

@@ -88,6 +88,14 @@ class Hardware:
     # and where each count's figures come from. Empty: only the pair's figures are known.
     box_allreduce_us: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
     box_allreduce_source: dict[int, str] = field(default_factory=dict)
+    # path -> where that path's box figures come from, when not the count's own source (the profile's
+    # 'box.path_sources'), and path -> {"low_us", "high_us", "used_us", "why"} where the source gives a range.
+    box_path_source: dict[str, str] = field(default_factory=dict)
+    box_ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def box_source(self, gpus: int, path: str) -> str:
+        """Where the box's ``gpus``-card figure on ``path`` comes from."""
+        return self.box_path_source.get(path) or self.box_allreduce_source.get(gpus, "hardware profile")
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,10 @@ class Engine:
     # (whole on every rank); the source says where the profile read it.
     tp_output_head: str = "split"
     tp_output_head_source: str = "default: vocab parallel"
+    # The path the engine's own allreduces run on ("nccl", or "torch_intra_node": PyTorch's one-shot/two-shot
+    # intra-node kernels); its figures are looked up on the box first, NCCL's stand in (said) where it has none.
+    allreduce_path: str = "nccl"
+    allreduce_path_source: str = "default: NCCL"
 
     def generation_entry(self, generation: str) -> dict[str, Any] | None:
         return self.by_generation.get(generation)
@@ -341,9 +353,11 @@ def box_from_doc(doc: dict[str, Any] | None) -> tuple[dict[int, dict[str, dict[s
 
 
 def hardware_from_doc(doc: dict[str, Any], gpus: int, nodes: int = 1) -> Hardware:
-    box_us, box_src = box_from_doc(doc.get("box"))
+    box = doc.get("box") or {}
+    box_us, box_src = box_from_doc(box)
     return Hardware(card=card_from_doc(doc), pair=pair_from_doc(doc), gpus=gpus, origin=doc["id"], nodes=nodes,
-                    network=network_from_doc(doc.get("network")), box_allreduce_us=box_us, box_allreduce_source=box_src)
+                    network=network_from_doc(doc.get("network")), box_allreduce_us=box_us, box_allreduce_source=box_src,
+                    box_path_source=dict(box.get("path_sources") or {}), box_ranges=dict(box.get("ranges") or {}))
 
 
 def model_from_doc(doc: dict[str, Any]) -> Model:
@@ -410,6 +424,8 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         aliases=tuple(doc.get("aliases") or ()), generic_generations=tuple(doc.get("calibrated_generations") or ()),
         tp_output_head=(doc.get("tp_output_head") or {}).get("value", "split"),
         tp_output_head_source=(doc.get("tp_output_head") or {}).get("source", "default: vocab parallel"),
+        allreduce_path=(doc.get("allreduce_path") or {}).get("value", "nccl"),
+        allreduce_path_source=(doc.get("allreduce_path") or {}).get("source", "default: NCCL"),
     )
 
 

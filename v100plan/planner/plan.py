@@ -288,8 +288,10 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         if choice is None and (engine.multi_node or engine.max_tp > 2):
             # Engines with their own NCCL allreduce (vLLM, SGLang, gpt-fast): without a figure for this box it is not priced.
             choice = ar.PathChoice("nccl", 0.0, "nccl", 0.0, "no allreduce figure for this box: not priced", ())
-            wider = sorted(hardware.box_allreduce_us)
-            notes.append(f"allreduce: engine {engine.id} uses NCCL; no two-card figure for {hardware.card.id}, so "
+            wider = sorted(n for n in hardware.box_allreduce_us if n > 2)
+            own = engine.allreduce_path
+            uses = "NCCL" if own == "nccl" else f"{own} (NCCL where that cannot run)"
+            notes.append(f"allreduce: engine {engine.id} uses {uses}; no two-card figure for {hardware.card.id}, so "
                          + ("two-card allreduces are" if wider else "allreduces are") + " not priced (run `v100plan probe` "
                          "on the box)" + (f"; {', '.join(map(str, wider))}-GPU figures are in its profile" if wider else ""))
         if choice:
@@ -313,9 +315,9 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         notes.append(f"{hardware.card.id}: no network figures between nodes in the hardware profile: pipeline hand-overs "
                      "across nodes are not priced (add 'network' bandwidth and latency)")
     for tp in sorted({int(n[2:].partition("_pp")[0]) for n in names if n.startswith("tp")} - {1, 2}):
-        if hardware.box_allreduce_us.get(tp):
-            notes.append(f"tp{tp}: each allreduce priced from {hardware.card.id}'s {tp}-GPU figure "
-                         f"({hardware.box_allreduce_source[tp]})")
+        if found := ar.box_table(hardware, engine, tp, choice):
+            notes.append(f"tp{tp}: each allreduce priced from {hardware.card.id}'s {tp}-GPU figure on {found.path} "
+                         f"({found.source})")
         elif choice and choice.decode_us > 0:
             notes.append(f"tp{tp}: no {tp}-GPU allreduce figure for {hardware.card.id}: each allreduce priced as "
                          f"log2({tp}) two-card allreduces")
