@@ -110,8 +110,7 @@ def path_problem(path: str, hw: Hardware) -> str | None:
 
 def own_path_fallback(hw: Hardware, engine: Engine, why: str) -> str:
     """The note when an engine's own path (not nccl) has no usable figure here and NCCL's stand in."""
-    return (f"{engine.allreduce_path}: engine {engine.id} runs its allreduces on it ({engine.allreduce_path_source}), "
-            f"but {why}: NCCL's figures stand in")
+    return f"{engine.allreduce_path}: engine {engine.id} runs its allreduces on it, but {why}: NCCL's figures stand in"
 
 
 def choose_path(hw: Hardware, engine: Engine, decode_message_bytes: float, prefill_message_bytes: float) -> PathChoice | None:
@@ -132,7 +131,7 @@ def choose_path(hw: Hardware, engine: Engine, decode_message_bytes: float, prefi
         why = path_problem(own, hw)
         table, source = _table_for(own, hw, engine)
         if why is None and table is not None:
-            entry = (own, table, f"{source} ({own}: {engine.allreduce_path_source})")
+            entry = (own, table, source)
             others = [p for p in engine.allreduce_paths if p != own]
             return PathChoice(path=own, decode_us=us(entry, decode_message_bytes), prefill_path=own,
                               prefill_us=us(entry, prefill_message_bytes), source=entry[2],
@@ -197,10 +196,7 @@ def box_table(hw: Hardware, engine: Engine, tp: int, choice: PathChoice | None) 
         fallback = "; " + own_path_fallback(hw, engine, why)
     for path in dict.fromkeys(order):
         if path in tables and path_problem(path, hw) is None:
-            src = hw.box_source(tp, path)
-            if path == own and own != "nccl":
-                src += f" ({own}: {engine.allreduce_path_source})"
-            return BoxTable(path, tables[path], src + fallback)
+            return BoxTable(path, tables[path], hw.box_source(tp, path) + fallback)
     return None
 
 

@@ -306,6 +306,9 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         notes.append(f"MoE: {(k + 1) * target.concurrency} tokens per round touch more experts than one "
                      "(uniform routing assumed)")
     names = NAMES + wide_names(target.gpus, hardware.nodes, engine.max_tp)
+    if engine.allreduce_path != "nccl" and target.gpus >= 2:
+        notes.append(f"engine {engine.id} runs its tensor-parallel allreduces on {engine.allreduce_path} "
+                     f"({engine.allreduce_path_source}); priced from the box's figures for that path, NCCL's where it has none")
     if engine.tp_output_head == "replicated" and target.gpus >= 2:
         notes.append(f"engine {engine.id} keeps the output head whole on every rank under tensor parallel "
                      f"({engine.tp_output_head_source}): "
