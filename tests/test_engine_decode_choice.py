@@ -28,6 +28,10 @@ def test_dtype_rule(device, cap, want):
     ("cuda", (8, 0), True, None, "compiled", "torch.compile'd blocks"),
     ("cuda", (7, 0), True, None, "eager", "compute capability 7.0 < 8.0: no Triton kernels"),
     ("cuda", (7, 0), True, "compiled", "eager", "compute capability 7.0 < 8.0"),  # never forced onto a V100
+    ("cuda", (7, 0), True, "gemv", "eager", "compute capability 7.0 < 8.0"),  # nor the Triton GEMV
+    ("cuda", (9, 0), False, "gemv", "eager", "Triton is not installed"),
+    ("cpu", None, True, "gemv", "eager", "CPU"),
+    ("cuda", (9, 0), True, "gemv", "gemv", "Triton GEMV"),
     ("cuda", (9, 0), False, None, "eager", "Triton is not installed"),
     ("cuda", (9, 0), True, "eager", "eager", "V100PLAN_ENGINE_KERNELS=eager"),
     ("cpu", None, True, None, "eager", "CPU"),
@@ -109,13 +113,41 @@ class _AheadDecoder(runner.Decoder):
         super().__init__(model)
         self.graphs, self.log = True, log
 
-    def logits(self, tok, pos):
+    def logits(self, tok, pos, flags=None):
         self.log.append(("step", pos))
+        if flags is not None:
+            self.log.append(("flags", pos, flags))
         self.graphs = False
         try:
             return super().logits(tok, pos)
         finally:
             self.graphs = True
+
+
+class _GuardedDecoder(_AheadDecoder):
+    """As _AheadDecoder, and guarded: a token sampled from a step's logits comes with that step's
+    in-graph check (engine.core.lockstep.in_graph on the CPU, the peer played by this rank itself)."""
+
+    def __init__(self, model, log):
+        super().__init__(model, log)
+        self.guarded = True
+        self._state, self._flags, self._from_step = torch.zeros(1, dtype=torch.long), torch.zeros(2, dtype=torch.long), None
+
+    def logits(self, tok, pos, flags=None):
+        out = super().logits(tok, pos, flags)
+        self._flags.copy_(torch.tensor(flags or (0, 0)))
+        self._from_step = (out, pos)
+        return out
+
+    def sample(self, sampler, logits):
+        from engine.core import lockstep
+
+        tok = super().sample(sampler, logits)
+        if self._from_step is not None and self._from_step[0] is logits:
+            res = lockstep.in_graph(torch.tensor(tok), torch.tensor([self._from_step[1]]), self._state, self._flags,
+                                    lambda x: (x, x))
+            self.checked = lockstep.read(res.tolist())
+        return tok
 
 
 def test_on_graphs_the_next_step_is_issued_before_the_hook_and_tokens_do_not_change():
@@ -137,3 +169,35 @@ def test_on_graphs_the_next_step_is_issued_before_the_hook_and_tokens_do_not_cha
     for k in range(5):
         assert decode.index(("step", 3 + k)) < decode.index(("decode", 4 + k))
     assert decode[-2:] == [("step", 8), ("decode", 9)]  # the step in flight at the cancel is dropped
+
+
+def test_a_guarded_decoder_carries_flags_into_the_step_and_hands_its_check_to_the_hook():
+    """runner.run's side of lockstep in the graph: the step producing token k carries flags(k); the hook
+    for token k finds that step's check (token 0, from prefill, has none: the rank exchanges it)."""
+    from engine.core.sampling import Sampler
+
+    model = _model(torch.float32)
+    want, _ = runner.run(model, [3, 4, 5], 6, Sampler(), set(), 2)
+    log: list = []
+    model.decoder = _GuardedDecoder(model, log)
+    seen: list = []
+
+    def hook(phase, k, toks, pos):
+        if phase == "decode":
+            seen.append((k, toks[0], model.decoder.checked))
+        return False
+
+    asked: list = []
+    got, reason = runner.run(model, [3, 4, 5], 6, Sampler(), set(), 2, hook,
+                             flags=lambda k: asked.append(k) or (0, int(k == 4)))
+    assert reason == "length" and got == want
+    assert asked == [1, 2, 3, 4, 5]
+    assert seen[0][2] is None
+    for k, tok, chk in seen[1:]:
+        assert chk["token"] == tok and chk["agree"] == 1  # the peer is itself: equal even when corrupted
+    # the corrupt flag reached the step that produced token 4 (position 3 + 3), and only that one
+    assert [e for e in log if e[0] == "flags"] == [("flags", 3 + k, (0, int(k + 1 == 4))) for k in range(5)]
+    # sampled tokens are never guarded: no flags asked
+    asked.clear()
+    runner.run(model, [3, 4, 5], 4, Sampler(0.8, seed=1), set(), 2, hook, flags=lambda k: asked.append(k) or (0, 0))
+    assert asked == []

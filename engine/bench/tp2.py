@@ -225,13 +225,13 @@ def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
 
 def served_loop(model, spec: tuple[int, int, int], lockstep) -> dict:
     """The service's loop on this model: engine.core.runner.run (chunked prefill, then the Decoder's graph
-    replays, sampling on the host) with the rank's per-token lockstep exchange (engine/service/rank.py's hook,
-    minus its socket message). ms per token = (wall of the long run - wall of the short run) / extra
+    replays, sampling on the host) with the rank's per-token lockstep (engine/service/rank.py's hook, minus its
+    socket message: greedy tokens checked inside the step's graph, token 0 by an exchange). ms per token = (wall of the long run - wall of the short run) / extra
     tokens, so prefill and start-up cancel out, as measured against the service in issue 10."""
     import torch
 
     from engine.core import runner
-    from engine.core.lockstep import Record, token_hash
+    from engine.core.lockstep import Record, judge, token_hash
     from engine.core.sampling import Sampler
 
     prompt_len, short, long = spec
@@ -249,7 +249,11 @@ def served_loop(model, spec: tuple[int, int, int], lockstep) -> dict:
 
         def hook(phase, k, toks, pos):
             if lockstep is not None:
-                lockstep.exchange(Record(seq[0], len(toks), token_hash(toks, sampler.offset), pos, 0))
+                checked = model.decoder.checked if phase == "decode" else None
+                if checked is not None:  # checked with the peer inside the step's graph, as the rank does
+                    judge(checked, seq[0], model.rank)
+                else:
+                    lockstep.exchange(Record(seq[0], len(toks), token_hash(toks, sampler.offset), pos, 0))
             seq[0] += 1
             return False
 
@@ -454,7 +458,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--eager-steps", type=int, default=30, help="eager decode steps per context")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
     p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
-    p.add_argument("--kernels", default="auto", choices=("auto", "eager", "compiled"),
+    p.add_argument("--kernels", default="auto", choices=("auto", "eager", "compiled", "gemv"),
                    help="the decode step's blocks (auto: as the service chooses for the card)")
     p.add_argument("--served", default="500,16,144",
                    help="served-loop phase: prompt tokens, short and long generation ('' to skip)")

@@ -54,3 +54,58 @@ class Lockstep:
             raise LockstepFailure(f"LOCKSTEP FAILURE at step {rec.step} (rank {self.rank}): rank 0 vs rank 1: "
                                   + ", ".join(diffs))
         return bool(r0[4] or r1[4])
+
+
+# ---- lockstep inside the decode step's CUDA graph ---------------------------------------------------
+# Greedy tokens on graphs: after the captured argmax, each rank forms [token, running hash, cancel flag]
+# and exchanges it through the step's own capturable path (one tiny all_gather in the same graph); the
+# GPU computes whether the two agree. The host reads token, agree flag, the OR-ed cancel and both ranks'
+# token and hash in the one read-back it already makes for the token: no eager exchange per token.
+# The running hash mixes every token and position since the decoder was built, so both ranks' hashes
+# are equal only while they have replayed exactly the same steps.
+MIX_TOKEN = 1099511628211  # FNV-1a's 64-bit prime
+MIX_POS = 0x5851F42D4C957F2D  # a 63-bit odd constant (PCG's multiplier)
+GRAPH_FIELDS = ("token", "agree", "cancel", "token0", "hash0", "token1", "hash1")
+
+
+def hash_step(h: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor, corrupt: torch.Tensor) -> torch.Tensor:
+    """The running hash's next value (int64 tensors [1]; wraps modulo 2^64); ``corrupt`` is XOR-ed in
+    (0 but under fault injection)."""
+    return ((h ^ tok) * MIX_TOKEN) ^ (pos * MIX_POS) ^ corrupt
+
+
+def hash_step_ref(h: int, tok: int, pos: int, corrupt: int = 0) -> int:
+    """hash_step in Python integers (two's complement int64), for tests and messages."""
+    def s64(v: int) -> int:
+        v &= (1 << 64) - 1
+        return v - (1 << 64) if v >> 63 else v
+
+    return s64(s64(s64((h ^ tok) * MIX_TOKEN) ^ s64(pos * MIX_POS)) ^ corrupt)
+
+
+def in_graph(tok: torch.Tensor, pos: torch.Tensor, state: torch.Tensor, flags: torch.Tensor, all_gather
+             ) -> torch.Tensor:
+    """Inside the step's graph. tok: the argmax (int64, 0-d or [1]); pos [1]; state [1] the running hash
+    (updated in place); flags [2] = (cancel, corrupt) written by the host before the replay; all_gather:
+    the path's capturable exchange. Returns int64 [7] in GRAPH_FIELDS order."""
+    t = tok.view(1).to(torch.int64)
+    h = hash_step(state, t, pos, flags[1:2])
+    state.copy_(h)
+    a, b = all_gather(torch.cat([t, h, flags[0:1]]))  # rank 0's [token, hash, cancel], rank 1's
+    agree = (a[:2] == b[:2]).all().view(1).to(torch.int64)
+    return torch.cat([t, agree, a[2:3] | b[2:3], a[:2], b[:2]])
+
+
+def read(values: list[int]) -> dict:
+    """The host's view of in_graph's output (after ``.tolist()``)."""
+    return dict(zip(GRAPH_FIELDS, values))
+
+
+def judge(checked: dict, step: int, rank: int) -> bool:
+    """A token checked inside the graph: the OR-ed cancel flag, or LockstepFailure naming what differs."""
+    if not checked["agree"]:
+        diffs = [f"{f} {checked[f + '0']} != {checked[f + '1']}" for f in ("token", "hash")
+                 if checked[f + "0"] != checked[f + "1"]]
+        raise LockstepFailure(f"LOCKSTEP FAILURE at step {step} (rank {rank}), checked inside the decode step's "
+                              f"graph: rank 0 vs rank 1: " + ", ".join(diffs or ["agree flag 0"]))
+    return bool(checked["cancel"])

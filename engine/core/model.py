@@ -65,16 +65,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache, wo,
-               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int):
+               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=F.linear):
     """The decode step's first half-layer. x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]).
 
     Writes this position's K/V into the cache at ``pos`` and attends over cache positions [0, window):
     the g query heads of one kv head become g query rows against that kv head (no K/V copies), as two
     batched matrix products that spread the window over the whole GPU (a fused SDPA kernel parallelises
-    over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench 2026-11-29)."""
+    over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench 2026-11-29).
+    ``linear``: the one-row product (F.linear, or engine.core.gemv.linear where Triton targets the card)."""
     x = x + delta  # the previous block's reduced output
     h = rms_norm(x, input_norm, eps)
-    qkv = F.linear(h, wqkv, bqkv)  # [1, 1, (h + 2 kv) * hd]
+    qkv = linear(h, wqkv, bqkv)  # [1, 1, (h + 2 kv) * hd]
     q, k, v = qkv.split([n_heads * hd, n_kv * hd, n_kv * hd], dim=-1)
     q = q.view(1, n_heads, hd)
     k = k.view(1, n_kv, hd)
@@ -90,15 +91,15 @@ def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_nor
     s = torch.matmul(qg, keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(hd)) + mask_bias  # [1, kv, g, W]
     p = torch.softmax(s, dim=-1).to(values.dtype)
     a = torch.matmul(p, values).reshape(1, 1, n_heads * hd)  # [1, 1, h * hd]
-    return x, F.linear(a, wo, bo)
+    return x, linear(a, wo, bo)
 
 
-def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float):
+def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=F.linear):
     """The decode step's second half-layer. x, delta [1, 1, D] -> (x + delta, down_proj partial [1, 1, D])."""
     x = x + delta  # the attention's reduced output
     h = rms_norm(x, post_norm, eps)
-    gate, up = F.linear(h, w13, b13).chunk(2, dim=-1)  # [1, 1, ff] each
-    return x, F.linear(F.silu(gate) * up, w2, b2)
+    gate, up = linear(h, w13, b13).chunk(2, dim=-1)  # [1, 1, ff] each
+    return x, linear(F.silu(gate) * up, w2, b2)
 
 
 class Layer:

@@ -28,7 +28,8 @@ from engine.core.sampling import Sampler
 StepHook = Callable[[str, int, list[int], int], bool]
 
 FIRST_BUCKET = 256
-KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled: overrides the automatic choice (benches, tests)
+KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv: overrides the automatic choice (benches, tests)
+KERNELS = ("eager", "compiled", "gemv")
 TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
 
 
@@ -43,7 +44,8 @@ def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
 
 def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_ok: bool,
                   requested: str | None = None) -> tuple[str, str]:
-    """("compiled" | "eager", why). Compiled blocks need Triton for the card; never required."""
+    """("gemv" | "compiled" | "eager", why). Compiled blocks (and the Triton GEMV, engine.core.gemv) need
+    Triton for the card; never required: the V100 (7.0) and CPUs run the plain blocks."""
     if requested == "eager":
         return "eager", f"{KERNELS_ENV}=eager"
     if device_type != "cuda":
@@ -53,6 +55,8 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
         return "eager", f"compute capability {cc} < 8.0: no Triton kernels on this card, eager blocks"
     if not triton_ok:
         return "eager", "Triton is not installed: eager blocks"
+    if requested == "gemv":
+        return "gemv", "requested: torch.compile'd blocks with the Triton GEMV for the one-row products"
     return "compiled", ("requested" if requested == "compiled" else
                         "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, "
                         "one-query attention)")
@@ -76,13 +80,22 @@ def _triton_ok() -> bool:
     return True
 
 
-def compiled_blocks() -> tuple:
+def compiled_blocks(gemv: bool = False) -> tuple:
+    """attn_block and mlp_block through torch.compile; ``gemv``: their one-row products through the
+    Triton GEMV (engine.core.gemv, an opaque op the compiled code calls) instead of cuBLAS."""
+    import functools
+
     import torch._dynamo
 
     # One compiled attn_block per window bucket: raise Dynamo's per-function recompile limit (8).
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return (torch.compile(attn_block, fullgraph=True, dynamic=False),
-            torch.compile(mlp_block, fullgraph=True, dynamic=False))
+    attn, mlp = attn_block, mlp_block
+    if gemv:
+        from engine.core import gemv as g
+
+        attn, mlp = functools.partial(attn_block, linear=g.linear), functools.partial(mlp_block, linear=g.linear)
+    return (torch.compile(attn, fullgraph=True, dynamic=False),
+            torch.compile(mlp, fullgraph=True, dynamic=False))
 
 
 class Decoder:
@@ -112,7 +125,8 @@ class Decoder:
         self.graphs = graphs
         self.kernels, kernels_why = kernel_choice(dev.type, cap, _triton_ok(),
                                                   kernels or os.environ.get(KERNELS_ENV) or None)
-        self.blocks = compiled_blocks() if self.kernels == "compiled" else (attn_block, mlp_block)
+        self.blocks = (compiled_blocks(self.kernels == "gemv") if self.kernels in ("compiled", "gemv")
+                       else (attn_block, mlp_block))
         self.windows = bucket_list or buckets(model.max_context)
         self.info = {"mode": "graphs" if graphs else "eager", "why": graphs_why, "kernels": self.kernels,
                      "kernels_why": kernels_why, "windows": self.windows if graphs else None,
@@ -128,11 +142,21 @@ class Decoder:
             # cores (docs/engine-speed.md: the served loop around a 3.8 ms step, 2026-11-30).
             torch.set_num_threads(1)
             self.info["host_threads"] = 1
+        # Lockstep inside the graph (two ranks on graphs): greedy tokens are checked with the peer by the
+        # step itself (engine.core.lockstep.in_graph); otherwise the rank's hook exchanges a record.
+        self.guarded = bool(graphs and path is not None)
+        self.info["lockstep"] = ("in the step's graph (greedy tokens; sampled ones exchanged after the step)"
+                                 if self.guarded else ("after each step" if path is not None else None))
+        self.checked: dict | None = None  # the in-graph check of the token sample() returned last, if any
         if graphs:
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
             self._out: dict[int, torch.Tensor] = {}
             self._argmax: dict[int, torch.Tensor] = {}
+            self._ls_state = torch.zeros(1, dtype=torch.long, device=dev)  # the running hash
+            self._ls_flags = torch.zeros(2, dtype=torch.long, device=dev)  # (cancel, corrupt) for the next replay
+            self._ls_host = (0, 0)
+            self._ls_out: dict[int, torch.Tensor] = {}
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, tok: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -163,16 +187,31 @@ class Decoder:
                 for _ in range(2):  # warm-up: compiles, cuBLAS workspaces, NCCL set-up
                     self.step(self.tok, self.pos, w)
             torch.cuda.current_stream().wait_stream(side)
+            if self.guarded:  # the lockstep exchange's first use outside a graph (NCCL sets up lazily)
+                with torch.cuda.stream(side):
+                    self._lockstep(torch.zeros((), dtype=torch.long, device=self.model.device))
+                torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
                 self._out[w] = self.step(self.tok, self.pos, w)
                 self._argmax[w] = torch.argmax(self._out[w])  # greedy's token, computed in the graph
+                if self.guarded:
+                    self._ls_out[w] = self._lockstep(self._argmax[w])
             pool = g.pool()
             self._graphs[w] = g
         torch.cuda.synchronize(self.model.device)
         self._check()
         self.info["capture_s"] = round(time.perf_counter() - t0, 2)
         return self.info
+
+    def _lockstep(self, tok: torch.Tensor) -> torch.Tensor:
+        from engine.core import lockstep
+
+        return lockstep.in_graph(tok, self.pos, self._ls_state, self._ls_flags, self.model.comm.path.all_gather)
+
+    def guards(self, sampler: Sampler) -> bool:
+        """Whether this sampler's tokens are checked with the peer inside the step's graph."""
+        return self.guarded and sampler.temperature == 0
 
     def graph_for(self, window: int):
         """(graph, static tok [1], static pos [1]) for the bench: it times exactly these replays."""
@@ -184,7 +223,8 @@ class Decoder:
             path.check()
 
     @torch.inference_mode()
-    def logits(self, tok: int, pos: int) -> torch.Tensor:
+    def logits(self, tok: int, pos: int, flags: tuple[int, int] | None = None) -> torch.Tensor:
+        """``flags``: (cancel, corrupt) that this step's in-graph lockstep carries (guarded decoders)."""
         dev = self.model.device
         if not self.graphs:
             t = torch.tensor([tok], device=dev)
@@ -198,6 +238,10 @@ class Decoder:
             comm._maybe_stall()  # fault injection: the peer's wait inside its graph runs out
         self.tok.fill_(tok)
         self.pos.fill_(pos)
+        flags = tuple(int(f) for f in (flags or (0, 0)))
+        if self.guarded and flags != self._ls_host:  # written only when they change: no copy per step
+            self._ls_flags.copy_(torch.tensor(flags, dtype=torch.long))
+            self._ls_host = flags
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         self._graphs[w].replay()
@@ -224,9 +268,15 @@ class Decoder:
     def sample(self, sampler: Sampler, logits: torch.Tensor) -> int:
         """The next token. Greedy on a GPU: argmax where the logits are (the first maximum on ties, as
         Sampler's CPU argmax), so only one integer crosses to the host instead of the vocabulary."""
+        self.checked = None
         if logits.device.type == "cuda" and sampler.temperature == 0:
             for w, out in (self._out.items() if self.graphs else ()):
                 if out is logits:
+                    if self.guarded:  # the token and its check with the peer in one read-back
+                        from engine.core import lockstep
+
+                        self.checked = lockstep.read(self._ls_out[w].tolist())
+                        return self.checked["token"]
                     return int(self._argmax[w])
             return int(torch.argmax(logits))
         return sampler(logits)
@@ -267,6 +317,8 @@ def describe(info: dict) -> str:
     s = f"decode {info['mode']} ({info['why']}); kernels {info['kernels']} ({info['kernels_why']})"
     if info.get("windows"):
         s += f"; windows {info['windows']}; captured in {info['capture_s']} s"
+    if info.get("lockstep"):
+        s += f"; lockstep {info['lockstep']}"
     return s
 
 
@@ -278,9 +330,14 @@ def prepare(model: Model, **kw) -> Decoder:
 
 
 def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, stop_ids: set[int],
-        chunk: int, hook: StepHook | None = None, on_token: Callable[[int, int], None] | None = None
-        ) -> tuple[list[int], str]:
-    """Returns (generated ids, finish_reason in length | stop | cancelled)."""
+        chunk: int, hook: StepHook | None = None, on_token: Callable[[int, int], None] | None = None,
+        flags: Callable[[int], tuple[int, int]] | None = None) -> tuple[list[int], str]:
+    """Returns (generated ids, finish_reason in length | stop | cancelled).
+
+    On a guarded decoder (two ranks on graphs, greedy), the step that produces token k carries
+    ``flags(k)`` = (cancel, corrupt) into its in-graph lockstep, and ``decoder.checked`` holds token k's
+    check when ``hook('decode', k, ...)`` runs (None where the hook must exchange a record itself:
+    token 0, which prefill produces, and sampled tokens)."""
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt_ids) >= model.max_context:
@@ -306,7 +363,9 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         # it out, so the GPU computes while the host does that. The hook's exchange queues behind the
         # step on the same stream (both ranks: step, exchange, step, ...) and it still decides whether
         # the token reaches the client; a cancel or a failure discards the step in flight.
-        ahead = decoder.logits(tok, pos) if more and decoder.graphs else None
+        ahead = None
+        if more and decoder.graphs:
+            ahead = decoder.logits(tok, pos, flags(k + 1) if flags and decoder.guards(sampler) else None)
         if hook and hook("decode", k, [tok], pos + 1):
             return out, "cancelled"
         out.append(tok)

@@ -18,7 +18,7 @@ GAUGES = (("v100plan_decode_ms_per_token", "token_ms"), ("v100plan_decode_step_m
           ("v100plan_decode_achieved_gbps", "achieved_gbps"),
           ("v100plan_decode_read_bw_fraction", "read_bw_fraction"))
 LOG_EVERY_S = 60.0  # a decode_stats log line after the first request of a pair, then at most this often
-FIELDS = ("mode", "why", "kernels", "kernels_why", "allreduce", "windows", "capture_s", "read_bw_gbps",
+FIELDS = ("mode", "why", "kernels", "kernels_why", "allreduce", "lockstep", "windows", "capture_s", "read_bw_gbps",
           "read_bw_source", "weight_bytes", "steps", "step_ms", "token_ms", "achieved_gbps", "read_bw_fraction",
           "host_ms")
 

@@ -254,7 +254,7 @@ class Rank:
     def serve(self, server: Server) -> None:
         from engine.allreduce.base import PathError
         from engine.core import runner
-        from engine.core.lockstep import LockstepFailure, Record, token_hash
+        from engine.core.lockstep import LockstepFailure, Record, judge, token_hash
         from engine.core.sampling import Sampler
 
         while True:
@@ -279,11 +279,15 @@ class Rank:
                     if phase == "decode" and self._fault("stall_allreduce", k):
                         log(self.r, f"fault injection: stalling the allreduce at step {k}")
                         self.comm.stall_s = self.args.allreduce_timeout_s * 2 + 5
-                    h = token_hash(toks, sampler.offset)
-                    if phase == "decode" and self._fault("corrupt_hash", k):
-                        log(self.r, f"fault injection: corrupting this rank's hash at step {k}")
-                        h ^= 1
-                    cancel = self.lockstep.exchange(Record(seq["n"], len(toks), h, pos, int(cancel)))
+                    checked = self.model.decoder.checked if phase == "decode" else None
+                    if checked is not None:  # this token was checked with the peer inside its step's graph
+                        cancel = judge(checked, seq["n"], self.r)
+                    else:
+                        h = token_hash(toks, sampler.offset)
+                        if phase == "decode" and self._fault("corrupt_hash", k):
+                            log(self.r, f"fault injection: corrupting this rank's hash at step {k}")
+                            h ^= 1
+                        cancel = self.lockstep.exchange(Record(seq["n"], len(toks), h, pos, int(cancel)))
                 seq["n"] += 1
                 if cancel:
                     return True
@@ -293,10 +297,18 @@ class Rank:
                     server.send(protocol.token(rid, k, toks[0], self.counter))
                 return False
 
+            def flags(k: int) -> tuple[int, int]:
+                """(cancel, corrupt) for the step whose graph checks greedy token k with the peer."""
+                corrupt = self.lockstep is not None and self._fault("corrupt_hash", k)
+                if corrupt:
+                    log(self.r, f"fault injection: corrupting this rank's hash at step {k} (inside the step's graph)")
+                return int(rid in self.cancelled), int(corrupt)
+
             reply = None
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
-                                         set(req.get("stop_token_ids") or []), self.args.prefill_chunk, hook)
+                                         set(req.get("stop_token_ids") or []), self.args.prefill_chunk, hook,
+                                         flags=flags)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both
             except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
