@@ -108,7 +108,7 @@ def path_problem(path: str, hw: Hardware) -> str | None:
     return None
 
 
-def own_path_fallback(hw: Hardware, engine: Engine, why: str) -> str:
+def own_path_fallback(engine: Engine, why: str) -> str:
     """The note when an engine's own path (not nccl) has no usable figure here and NCCL's stand in."""
     return f"{engine.allreduce_path}: engine {engine.id} runs its allreduces on it, but {why}: NCCL's figures stand in"
 
@@ -136,7 +136,7 @@ def choose_path(hw: Hardware, engine: Engine, decode_message_bytes: float, prefi
             return PathChoice(path=own, decode_us=us(entry, decode_message_bytes), prefill_path=own,
                               prefill_us=us(entry, prefill_message_bytes), source=entry[2],
                               rejected=tuple(f"{p}: engine {engine.id} runs its allreduces on {own}" for p in others))
-        rejected.append(own_path_fallback(hw, engine, why or f"there is no two-card {own} figure for {hw.origin}"))
+        rejected.append(own_path_fallback(engine, why or f"there is no two-card {own} figure for {hw.origin}"))
     usable: list[tuple[str, dict[str, float], str]] = []
     for path in engine.allreduce_paths:
         if path == own and own != "nccl":
@@ -193,7 +193,7 @@ def box_table(hw: Hardware, engine: Engine, tp: int, choice: PathChoice | None) 
     fallback = ""
     if own != "nccl" and (own not in tables or path_problem(own, hw)):
         why = path_problem(own, hw) or f"there is no {tp}-GPU {own} figure for {hw.origin}"
-        fallback = "; " + own_path_fallback(hw, engine, why)
+        fallback = "; " + own_path_fallback(engine, why)
     for path in dict.fromkeys(order):
         if path in tables and path_problem(path, hw) is None:
             return BoxTable(path, tables[path], hw.box_source(tp, path) + fallback)
