@@ -13,19 +13,17 @@ import asyncio
 import ctypes
 import glob
 import hashlib
-import json
 import os
 import secrets
 import shutil
 import signal
-import sys
 import tempfile
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.service import protocol
+from engine.service.rank_forks import ForkedRank, RankForks
 from engine.service.serve_config import ServeConfig, rank_command
 
 # Unix socket paths are limited to 107 bytes on Linux; deep test directories exceed it.
@@ -45,7 +43,7 @@ def _load_prctl():
 _PRCTL = _load_prctl()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: the kernel SIGKILLs the rank when serve dies, even by
     SIGKILL, so a killed proxy never leaves an orphan rank holding the GPU."""
     if _PRCTL is not None:
@@ -59,7 +57,7 @@ class RankStartError(Exception):
 @dataclass
 class RankLink:
     rank: int
-    proc: asyncio.subprocess.Process
+    proc: asyncio.subprocess.Process | ForkedRank
     socket_path: str
     log_path: str
     reader: asyncio.StreamReader | None = None
@@ -248,90 +246,14 @@ def _run_dir(state_dir: str, generation: int) -> str:
     return candidate
 
 
-@dataclass
-class Standby:
-    """Two `python -m engine rank --standby` processes for the next generation: torch and the engine
-    already imported, waiting on stdin for their arguments (rank_cli.py)."""
-
-    generation: int
-    procs: list[asyncio.subprocess.Process]
-
-    def usable_for(self, generation: int) -> bool:
-        return self.generation == generation and all(p.returncode is None for p in self.procs)
-
-    async def close(self) -> None:
-        for p in self.procs:
-            if p.returncode is None:
-                try:
-                    p.kill()
-                except ProcessLookupError:
-                    pass
-            await p.wait()
-
-
-class StandbyPool:
-    """Standby pairs for the coming generations, `depth` of them, oldest first.
-
-    A restart takes the oldest: spawned at least one restart ago, it has most likely finished
-    importing. With one pair only, a fault that came while the pair spawned after the previous
-    restart was still importing waited for the rest of that import (5-10 s on a loaded 2-core
-    host); with two, that fault takes the older pair, which is ready."""
-
-    def __init__(self, cfg: ServeConfig, depth: int):
-        self.cfg = cfg
-        self.depth = depth
-        self.pairs: deque[Standby] = deque()
-
-    async def take(self, generation: int) -> Standby | None:
-        """The pair spawned for `generation`, if any; pairs for earlier generations (their start
-        never came: a start failed without one) are stopped."""
-        while self.pairs and self.pairs[0].generation < generation:
-            await self.pairs.popleft().close()
-        if self.pairs and self.pairs[0].generation == generation:
-            return self.pairs.popleft()
-        return None
-
-    async def refill(self, generation: int) -> list[int]:
-        """Spawn pairs for the generations after `generation` until `depth` are waiting; returns
-        the generations of the new ones."""
-        following = self.pairs[-1].generation + 1 if self.pairs else generation + 1
-        spawned = []
-        while len(self.pairs) < self.depth:
-            self.pairs.append(await spawn_standby(self.cfg, following))
-            spawned.append(following)
-            following += 1
-        return spawned
-
-    async def close(self) -> None:
-        while self.pairs:
-            await self.pairs.popleft().close()
-
-
-async def spawn_standby(cfg: ServeConfig, generation: int) -> Standby:
-    log_dir = os.path.join(cfg.state_dir, "logs")
-    os.makedirs(log_dir, mode=0o700, exist_ok=True)
-    procs = []
-    for rank in (0, 1):
-        log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
-        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            procs.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "engine", "rank", "--standby",
-                stdin=asyncio.subprocess.PIPE, stdout=log, stderr=log, preexec_fn=_die_with_parent,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}))
-    return Standby(generation=generation, procs=procs)
-
-
 async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, ...] = (),
-                     standby: Standby | None = None) -> RankPair:
-    """Start both ranks of `generation` and wait for both `ready` messages; with a usable
-    `standby` pair (spawned for this generation) its processes become the ranks.
+                     forks: RankForks | None = None) -> RankPair:
+    """Start both ranks of `generation` and wait for both `ready` messages; forked by `forks`
+    (torch already imported) while that fork server runs, else as new processes.
 
     Raises RankStartError (after killing whatever started) on a fatal message, an
     early exit, or cfg.start_timeout_s without both ready.
     """
-    if standby is not None and not standby.usable_for(generation):
-        await standby.close()
-        standby = None
     run_dir = _run_dir(cfg.state_dir, generation)
     rendezvous = os.path.join(run_dir, "rdv")
     os.makedirs(rendezvous, mode=0o700, exist_ok=True)
@@ -343,16 +265,12 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
         sock = os.path.join(run_dir, f"r{rank}.sock")
         log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
         cmd = rank_command(cfg, rank, generation, rendezvous, sock, rank1_extra if rank == 1 else ())
-        if standby is not None:
-            proc = standby.procs[rank]
-            proc.stdin.write((json.dumps(cmd[4:]) + "\n").encode())  # the arguments after `-m engine rank`
-            await proc.stdin.drain()
-            proc.stdin.close()
-        else:
+        proc = await forks.fork(cmd[4:], log_path) if forks is not None else None  # the flags after `rank`
+        if proc is None:
             with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
                 proc = await asyncio.create_subprocess_exec(
                     *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 )
         links.append(RankLink(rank=rank, proc=proc, socket_path=sock, log_path=log_path))

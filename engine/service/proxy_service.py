@@ -22,7 +22,8 @@ from engine.service.proxy_decode import DecodeReport
 from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_log import StructuredLog
 from engine.service.proxy_metrics import Metrics
-from engine.service.proxy_ranks import RankPair, RankStartError, StandbyPool, start_pair
+from engine.service.proxy_ranks import RankPair, RankStartError, die_with_parent, start_pair
+from engine.service.rank_forks import RankForks
 from engine.service.serve_config import ALLREDUCE_PATHS, ServeConfig
 
 EXIT_RESTARTS_EXHAUSTED = 3
@@ -86,7 +87,9 @@ class Service:
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._standbys = StandbyPool(cfg, cfg.standby_pairs)  # the next generations' ranks, imported
+        # Restarts fork their ranks from a process that imported torch once (started after the first pair).
+        self._forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent) \
+            if cfg.standby_ranks else None
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
@@ -122,11 +125,12 @@ class Service:
         for task in self._tasks:  # the watchdog first: the ranks' exit below is no failure
             task.cancel()
         self._fail_pending(503, "the service is shutting down")
-        await self._standbys.close()
         pids = self.pair.pids if self.pair else []
         if self.pair is not None:
             await self.pair.close()
             self.pair = None
+        if self._forks is not None:
+            await self._forks.close()
         self._write_state()
         self.log.emit("serve_stop", generation=self.generation, rank_pids_stopped=pids)
 
@@ -152,8 +156,8 @@ class Service:
             self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
             try:
-                standby = await self._standbys.take(self.generation)
-                pair = await start_pair(self.cfg, self.generation, self._start_fault(), standby)
+                forks = self._forks if self._forks is not None and self._forks.alive else None
+                pair = await start_pair(self.cfg, self.generation, self._start_fault(), forks)
             except RankStartError as exc:
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
@@ -184,17 +188,16 @@ class Service:
             self.log.emit("restart" if after_failure is not None else "ranks_up",
                           generation=pair.generation, rank_pids=pair.pids, allreduce=pair.allreduce,
                           race=pair.race, max_context=pair.max_context, start_s=round(time.monotonic() - t0, 3),
-                          after=after_failure, from_standby=standby is not None)
+                          after=after_failure, forked=forks is not None)
             self.decode.ranks_up(pair.links)
             self._write_state()
             self._wake.set()
-            if self.state == "up":
+            if self._forks is not None and not self._forks.alive and self.state == "up":
                 try:
-                    spawned = await self._standbys.refill(self.generation)
-                    if spawned:
-                        self.log.emit("standby_spawned", generations=spawned)
+                    await self._forks.start()
+                    self.log.emit("rank_forks_started", pid=self._forks.proc.pid)
                 except OSError as exc:
-                    self.log.emit("standby_failed", reason=str(exc))
+                    self.log.emit("rank_forks_failed", reason=str(exc))
             return pair
 
     def _start_fault(self) -> tuple[str, ...]:

@@ -58,7 +58,7 @@ class ServeConfig:
     body_timeout_s: float = 30.0       # ... and its body within this after the headers
     keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
     max_connections: int = 256         # open client connections; beyond: 503 and close
-    standby_pairs: int = 2             # rank pairs kept imported and waiting for the next generations
+    standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
 
     @property
     def is_loopback(self) -> bool:
@@ -153,11 +153,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="... and the request body within this after the headers")
     parser.add_argument("--keep-alive-timeout-s", type=float, default=5.0,
                         help="idle kept-alive connections are closed after this")
-    parser.add_argument("--standby-pairs", type=int, default=2,
-                        help="pairs of pre-imported rank processes kept for the next restarts (each process "
-                             "costs host memory for torch, no GPU memory); 0: none")
-    parser.add_argument("--no-standby-ranks", dest="standby_pairs", action="store_const", const=0,
-                        help="the same as --standby-pairs 0")
+    parser.add_argument("--no-standby-ranks", dest="standby_ranks", action="store_false",
+                        help="start every generation's ranks as new processes, without the fork server that "
+                             "keeps torch imported for them (it costs host memory for torch, no GPU memory)")
     parser.add_argument("--max-connections", type=int, default=256,
                         help="open client connections; one more is answered 503 and closed")
 
@@ -174,7 +172,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ServeConfigError(
             f"--host {args.host} is not a loopback address: refusing to serve it without --api-key-file"
         )
-    for name in ("queue_cap", "max_restarts", "standby_pairs"):
+    for name in ("queue_cap", "max_restarts"):
         if getattr(args, name) < 0:
             raise ServeConfigError(f"--{name.replace('_', '-')} must be 0 or more")
     if args.max_context is not None and args.max_context < 2:
@@ -221,7 +219,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         body_timeout_s=args.body_timeout_s,
         keep_alive_timeout_s=args.keep_alive_timeout_s,
         max_connections=args.max_connections,
-        standby_pairs=args.standby_pairs,
+        standby_ranks=args.standby_ranks,
     )
 
 
