@@ -24,8 +24,9 @@ def test_dtype_rule(device, cap, want):
 
 
 @pytest.mark.parametrize("device,cap,triton,requested,want,why", [
-    ("cuda", (9, 0), True, None, "compiled", "torch.compile'd blocks"),
-    ("cuda", (8, 0), True, None, "compiled", "torch.compile'd blocks"),
+    ("cuda", (9, 0), True, None, "gemv", "torch.compile'd blocks (norm fused"),
+    ("cuda", (8, 0), True, None, "gemv", "with the Triton GEMV for the one-row products"),
+    ("cuda", (9, 0), True, "compiled", "compiled", "requested: torch.compile'd blocks, cuBLAS"),
     ("cuda", (7, 0), True, None, "eager", "compute capability 7.0 < 8.0: no Triton kernels"),
     ("cuda", (7, 0), True, "compiled", "eager", "compute capability 7.0 < 8.0"),  # never forced onto a V100
     ("cuda", (7, 0), True, "gemv", "eager", "compute capability 7.0 < 8.0"),  # nor the Triton GEMV

@@ -22,9 +22,22 @@ import os
 import torch
 import torch.nn.functional as F
 
-# (BLOCK_N rows per program, BLOCK_K columns per iteration, num_warps); filled from measurements
-DEFAULT_BLOCKS = (4, 1024, 4)
-BLOCKS: dict[tuple[int, int], tuple[int, int, int]] = {}
+# (N, K) -> (BLOCK_N rows per program, BLOCK_K columns per iteration, num_warps): the fastest of CONFIGS
+# per shape of the 8B models at TP1 and TP2, measured on an H200 on 2026-11-30
+# (tests/fixtures/engine/h200-gemv-2026-11-30.json, judged by tests/test_engine_gemv_recording.py).
+DEFAULT_BLOCKS = (2, 1024, 4)  # the most frequent winner there
+BLOCKS: dict[tuple[int, int], tuple[int, int, int]] = {
+    (6144, 4096): (8, 512, 4),
+    (4096, 4096): (2, 1024, 4),
+    (24576, 4096): (2, 1024, 4),
+    (4096, 12288): (2, 1024, 4),
+    (3072, 4096): (8, 1024, 8),
+    (4096, 2048): (4, 512, 4),
+    (12288, 4096): (2, 1024, 4),
+    (4096, 6144): (4, 512, 4),
+    (28672, 4096): (2, 1024, 4),
+    (4096, 14336): (2, 1024, 4),
+}
 BLOCKS_ENV = "V100PLAN_ENGINE_GEMV_BLOCKS"  # a JSON file {"NxK": [BLOCK_N, BLOCK_K, num_warps]} (the bench's "best")
 CONFIGS = [(2, 1024, 4), (4, 512, 4), (4, 1024, 4), (8, 512, 4), (8, 256, 4), (4, 1024, 8), (8, 1024, 8),
            (16, 512, 8), (2, 2048, 8), (1, 2048, 4)]

@@ -7,9 +7,10 @@ path allow, and says which and why (``Decoder.info``):
   graphs   CUDA: one graph per context bucket (window = 256, 512, 1024, ... up to the context limit),
            captured at start-up over the static K/V cache, with the allreduce inside when the path can
            be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
-  kernels  "compiled": attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
-           block shape reused by every layer; only where Triton targets the card (compute capability
-           8.0+): the V100 (7.0, fp16) and CPUs run the same blocks eagerly.
+  kernels  "gemv": attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
+           block shape reused by every layer, their one-row products through the Triton GEMV
+           (engine.core.gemv); "compiled": the same with cuBLAS products (by request). Only where Triton
+           targets the card (compute capability 8.0+): the V100 (7.0, fp16) and CPUs run the plain blocks.
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
         return "eager", f"compute capability {cc} < 8.0: no Triton kernels on this card, eager blocks"
     if not triton_ok:
         return "eager", "Triton is not installed: eager blocks"
-    if requested == "gemv":
-        return "gemv", "requested: torch.compile'd blocks with the Triton GEMV for the one-row products"
-    return "compiled", ("requested" if requested == "compiled" else
-                        "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, "
-                        "one-query attention)")
+    if requested == "compiled":
+        return "compiled", "requested: torch.compile'd blocks, cuBLAS for the one-row products"
+    return "gemv", ("requested: " if requested == "gemv" else "") + (
+        "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, one-query attention) "
+        "with the Triton GEMV for the one-row products (1.02-1.42x cuBLAS on an H200, docs/engine-speed.md)")
 
 
 def buckets(max_context: int, first: int = FIRST_BUCKET) -> list[int]:
