@@ -178,11 +178,25 @@ def test_service_is_reached_through_an_ssh_forward(first, server, env):
     with open_service(server.host_spec, str(first["root"]), DEP, ssh=ssh, python=sshd_mod.remote_python()) as svc:
         assert svc.endpoint.startswith("http://127.0.0.1:") and not svc.endpoint.endswith(f":{svc.remote_port}")
         assert svc.api_key not in repr(svc)
-        req = urllib.request.Request(svc.endpoint + "/v1/models", headers={"Authorization": f"Bearer {svc.api_key}"})
+        auth = {"Authorization": f"Bearer {svc.api_key}", "Content-Type": "application/json"}
+        req = urllib.request.Request(svc.endpoint + "/v1/models", headers=auth)
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert json.loads(resp.read())["data"][0]["id"] == "v100plan-demo"
+        # the rank logs read are this session's: the files hold earlier requests (the deploy's smoke
+        # completion at least; request ids restart with every proxy), the reader only the one made now
+        held = (first["root"] / DEP / "run" / "logs" / "rank0.g1.log").read_text()
+        assert "request r1 " in held
+        body = json.dumps({"model": "v100plan-demo", "prompt": "Hello", "max_tokens": 3}).encode()
+        with urllib.request.urlopen(urllib.request.Request(svc.endpoint + "/v1/completions", body, auth),
+                                    timeout=60) as resp:
+            assert json.loads(resp.read())["usage"]["completion_tokens"] == 3
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all("request " in t for t in svc.read_rank_logs().values()):
+            time.sleep(0.2)
         logs = svc.read_rank_logs()
-        assert set(logs) == {0, 1} and all(t.strip() for t in logs.values())
+        assert set(logs) == {0, 1}
+        for text in logs.values():
+            assert text.count(" request ") == 1 and "finish=length steps=" in text, text
         assert '"event"' in svc.read_service_log()  # the proxy's structured log (serve --log-file)
         assert svc.engine["tp"] == 2 and svc.engine["devices"] == ["cpu", "cpu"] and svc.supervised
 

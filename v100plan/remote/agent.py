@@ -286,8 +286,25 @@ def logs(a):
     _out({"logs": out})
 
 
+def rotate_logs(a):
+    """Move a stopped service's logs (run/service.log, run/logs/*) into run/logs.prev, replacing the set
+    kept there: the next start writes empty logs (rank logs append, and request ids restart with the proxy)."""
+    run = os.path.expanduser(a["run"])
+    prev = os.path.join(run, "logs.prev")
+    shutil.rmtree(prev, ignore_errors=True)
+    os.makedirs(prev, mode=0o700)
+    logs_dir = os.path.join(run, "logs")
+    names = sorted(os.listdir(logs_dir)) if os.path.isdir(logs_dir) else []
+    moved = []
+    for src in [os.path.join(run, "service.log")] + [os.path.join(logs_dir, n) for n in names]:
+        if os.path.isfile(src):
+            os.replace(src, os.path.join(prev, os.path.basename(src)))
+            moved.append(os.path.basename(src))
+    _out({"moved": moved, "to": prev})
+
+
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, sha256, verified, lock, switch, discard,
-                                   keygen, smoke, health, logs)}
+                                   keygen, smoke, health, logs, rotate_logs)}
 
 if __name__ == "__main__":
     ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

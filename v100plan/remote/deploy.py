@@ -135,12 +135,18 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
 def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, rid, settings, health_timeout_s,
                    say, out, purpose) -> None:
     current = st.get("current")
+    fresh = purpose != "deploy"  # qualify: every run starts the service anew, on empty logs
     if current == rid:
-        if healthy(remote, target.remote, paths, rid, settings.port):
+        if not fresh and healthy(remote, target.remote, paths, rid, settings.port):
             out.reason = "nothing changed"
             say(f"nothing changed: release {rid} is current and healthy; uploaded 0 bytes, restarted nothing")
             return
-        say(f"release {rid} is current but its service is down: starting it")
+        if fresh:
+            say(f"release {rid} is current: starting it afresh, its earlier logs moved to {paths.run}/logs.prev")
+            stop_service(remote, paths, rid)
+            agent(remote, target.remote, "rotate_logs", {"run": paths.run})
+        else:
+            say(f"release {rid} is current but its service is down: starting it")
         ok, why = start_service(remote, target.remote, paths, rid, settings, health_timeout_s)
         out.restarted = True
         if not ok:
@@ -162,6 +168,8 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
     if current:
         say(f"stopping release {current}")
         stop_service(remote, paths, current)
+    if fresh:
+        agent(remote, target.remote, "rotate_logs", {"run": paths.run})
     say(f"starting release {rid} ({settings.device}, 127.0.0.1:{settings.port}); waiting for /health")
     out.restarted = True
     ok, why = start_service(remote, target.remote, paths, rid, settings, health_timeout_s)

@@ -58,19 +58,20 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
         key = remote.read_text(f"{base}/api_key").strip()
         port = int(man["engine"]["port"])
         logs_dir = f"{base}/run/logs"
+        # Rank logs are appended across service starts, and request ids restart with each proxy: only
+        # what is written from now on is this run's (sizes now; a file that shrank is read whole).
+        start = _sizes(remote.sftp(), logs_dir)
 
         def read_rank_logs() -> dict[int, str]:
-            """Each rank's log (every generation, oldest first; the last 256 KiB of each file)."""
+            """Each rank's log since the service was opened (every generation, oldest first; at most the
+            last 256 KiB of each file)."""
             sftp = remote.sftp()
             found: dict[int, list[tuple[int, str]]] = {}
-            try:
-                names = sftp.listdir(logs_dir)
-            except OSError:
-                return {}
-            for name in names:
+            for name, size in _sizes(sftp, logs_dir).items():
                 m = _RANK_LOG.match(name)
                 if m:
-                    text = _tail(sftp, f"{logs_dir}/{name}", RANK_LOG_TAIL_BYTES) or ""
+                    since = start.get(name, 0) if size >= start.get(name, 0) else 0
+                    text = _tail(sftp, f"{logs_dir}/{name}", RANK_LOG_TAIL_BYTES, since) or ""
                     found.setdefault(int(m[1]), []).append((int(m[2]), text))
             return {r: "".join(t for _, t in sorted(parts)) for r, parts in sorted(found.items())}
 
@@ -106,11 +107,20 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
             fwd.close()
 
 
-def _tail(sftp, path: str, nbytes: int) -> str | None:  # noqa: ANN001 - a paramiko SFTPClient
-    """The last ``nbytes`` of a remote file as text, or None when it cannot be read."""
+def _sizes(sftp, directory: str) -> dict[str, int]:  # noqa: ANN001 - a paramiko SFTPClient
+    """{file name: size} of the files in a remote directory ({} when it is not there)."""
+    try:
+        return {a.filename: a.st_size or 0 for a in sftp.listdir_attr(directory)}
+    except OSError:
+        return {}
+
+
+def _tail(sftp, path: str, nbytes: int, since: int = 0) -> str | None:  # noqa: ANN001 - a paramiko SFTPClient
+    """The last ``nbytes`` of a remote file, none before offset ``since``, as text; None when it cannot
+    be read."""
     try:
         with sftp.open(path, "r") as fh:
-            fh.seek(max(0, fh.stat().st_size - nbytes))
+            fh.seek(max(since, fh.stat().st_size - nbytes))
             return fh.read().decode(errors="replace")
     except OSError:
         return None
