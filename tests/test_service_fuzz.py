@@ -1,14 +1,16 @@
 """Fuzzing the service (issue 13): schemathesis against the service's own /openapi.json (positive and
-negative cases for every operation), a seeded generator of hostile-but-plausible bodies, and raw-socket
-cases for what a schema cannot say (framing, encodings, sizes). Every answer must be below 500, and no
-request may cost a rank restart.
+negative cases for every operation), a seeded generator of hostile-but-plausible bodies, raw-socket
+cases for what a schema cannot say (framing, encodings, sizes), and thousands of generated raw
+requests on kept-alive connections. Every answer must be below 500, and no request may cost a rank
+restart; the run must count at least 10,000 answers.
 
-Bounded for CI (about a minute on two cores). The slow run of the issue (>= 10,000 requests) is the
-same module with larger numbers, opt-in:
+One service for the module; about a minute on two cores (docs/service.md has a recorded run). Smaller
+numbers for a quick look, e.g.:
 
-    V100PLAN_FUZZ_EXAMPLES=400 V100PLAN_FUZZ_REQUESTS=8000 .venv/bin/python -m pytest -q -s tests/test_service_fuzz.py
+    V100PLAN_FUZZ_EXAMPLES=20 V100PLAN_FUZZ_REQUESTS=200 V100PLAN_FUZZ_RAW=200 V100PLAN_FUZZ_MIN_TOTAL=0 \
+        .venv/bin/python -m pytest -q -s tests/test_service_fuzz.py
 
-It prints the answers counted by status at the end (docs/service.md has a recorded run).
+It prints the answers counted by status at the end.
 """
 
 from __future__ import annotations
@@ -32,8 +34,13 @@ pytestmark = pytest.mark.slow
 KEY = "fuzz-key-9a1d"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_CONTEXT = 24  # every accepted request is short: the fuzz measures the edges, not decoding
-EXAMPLES = int(os.environ.get("V100PLAN_FUZZ_EXAMPLES", "30"))      # per operation and mode
-REQUESTS = int(os.environ.get("V100PLAN_FUZZ_REQUESTS", "300"))      # generated bodies
+# The issue's bar: at least 10,000 requests in the suite CI runs. Where the time goes (2-core machine):
+# schemathesis spends ~45 ms generating each chat example and ~1 ms sending it; a generated body costs
+# ~3 ms, a generated raw request on a kept-alive connection ~1 ms. Hence these shares.
+EXAMPLES = int(os.environ.get("V100PLAN_FUZZ_EXAMPLES", "200"))      # per operation and mode
+REQUESTS = int(os.environ.get("V100PLAN_FUZZ_REQUESTS", "4000"))     # generated bodies
+RAW_REQUESTS = int(os.environ.get("V100PLAN_FUZZ_RAW", "5500"))      # generated raw requests
+MIN_TOTAL = int(os.environ.get("V100PLAN_FUZZ_MIN_TOTAL", "10000"))  # answers the run must have counted
 TALLY: Counter = Counter()
 _LOCK = threading.Lock()
 
@@ -51,8 +58,10 @@ FAILURES: list[str] = []
 
 @pytest.fixture(scope="module")
 def svc():
+    # A 1 s keep-alive timeout: raw cases the server keeps open end in a second, not five.
     s = ServiceProcess("--max-context", str(MAX_CONTEXT), "--queue-cap", "64", "--header-timeout-s", "2",
-                       "--body-timeout-s", "2", api_key=KEY, stall_timeout_s=60, allreduce_timeout_s=30)
+                       "--body-timeout-s", "2", "--keep-alive-timeout-s", "1", api_key=KEY, stall_timeout_s=60,
+                       allreduce_timeout_s=30)
     try:
         s.wait_healthy()
         yield s
@@ -268,10 +277,196 @@ def test_raw_socket_cases_never_get_a_server_error(svc, name):
         assert statuses == [200, 200, 200]
 
 
+# ----- raw sockets, generated: thousands of requests on kept-alive connections ------------------
+
+
+class _KeptAlive:
+    """One client connection that sends request bytes as given and reads each response by its framing
+    (Content-Length, chunked, or until close); reconnects when the server closed it."""
+
+    def __init__(self, port: int):
+        self.port, self.sock, self.buf = port, None, b""
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.buf = None, b""
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed by the server")
+        self.buf += chunk
+
+    def _until(self, sep: bytes) -> bytes:
+        while sep not in self.buf:
+            self._fill()
+        head, self.buf = self.buf.split(sep, 1)
+        return head
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def request(self, data: bytes, head: bool = False) -> tuple[int, bytes]:
+        for attempt in (0, 1):
+            fresh = self.sock is None
+            if fresh:
+                self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=60)
+            try:
+                self.sock.sendall(data)
+                status_line, *lines = self._until(b"\r\n\r\n").split(b"\r\n")
+                break
+            except (ConnectionError, OSError):
+                self.close()
+                if fresh or attempt:  # a kept-alive connection the server just closed: once more, fresh
+                    raise
+        status = int(status_line.split()[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(b":") for x in lines)}
+        if head or status in (204, 304):
+            body = b""
+        elif headers.get(b"transfer-encoding") == b"chunked":
+            body = b""
+            while size := int(self._until(b"\r\n").split(b";")[0], 16):
+                body += self._take(size + 2)[:size]
+            self._until(b"\r\n")  # no trailers: the empty line after the last chunk
+        elif b"content-length" in headers:
+            body = self._take(int(headers[b"content-length"]))
+        else:
+            try:
+                while True:
+                    self._fill()
+            except ConnectionError:
+                body, self.buf = self.buf, b""
+        if headers.get(b"connection") == b"close":
+            self.close()
+        return status, body
+
+
+_PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/completions?x=1&x=2", "//v1/completions",
+          "/v1/completions/", "/V1/Completions", "/v1/./completions", "/v1/models/%ff%fe", "/v1/models/..%2f..",
+          "/v1/models/v100plan-demo?", "/v1/%2e%2e/health", "/v1/completions#frag", "/v1/models/" + "%41" * 300]
+_CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "application/json; charset=utf-16",
+                  "APPLICATION/JSON", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                  "application/json;;;", "", "*/*"]
+_AUTH = [f"Bearer {KEY}"] * 6 + [f"bearer {KEY}", f"Bearer  {KEY}", f"Bearer {KEY} ", "Bearer", "Basic Zm9vOmJhcg==",
+                                  f"Bearer {KEY[:-1]}", "", f"Bearer {KEY}\x7f"]
+
+
+def _raw_body(rng: random.Random, chat: bool) -> bytes:
+    text = json.dumps(_body(rng, chat), allow_nan=True, ensure_ascii=rng.random() < 0.5,
+                      separators=rng.choice([(",", ":"), (", ", ": "), (" ,\t", " :\n")]))
+    how = rng.random()
+    if how < 0.55:
+        return text.encode("utf-8", "surrogatepass")
+    if how < 0.62:
+        return text.encode("utf-16", "surrogatepass")
+    if how < 0.68:
+        return text.encode("latin-1", "replace")
+    if how < 0.74:
+        return b"\xef\xbb\xbf" + text.encode("utf-8", "surrogatepass")
+    raw = bytearray(text.encode("utf-8", "surrogatepass"))
+    if how < 0.84 and raw:
+        raw[rng.randrange(len(raw))] = rng.randrange(256)  # one byte flipped
+    elif how < 0.92:
+        del raw[rng.randrange(len(raw) + 1):]  # truncated
+    else:
+        raw = bytearray(text[:-1].encode("utf-8", "surrogatepass") + b', "max_tokens": 1, "max_tokens": 1e400}')
+    return bytes(raw)
+
+
+def _raw_request(rng: random.Random) -> tuple[bytes, bool]:
+    """A generated request: (bytes, True when its framing is sound and it may share a kept-alive
+    connection; False: a framing fault, sent alone with Connection: close)."""
+    chat = rng.random() < 0.5
+    path = _PATHS[1 if chat else 0] if rng.random() < 0.75 else rng.choice(_PATHS)
+    method = "POST" if rng.random() < 0.9 else rng.choice(["GET", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+    body = _raw_body(rng, chat) if method != "HEAD" else b""
+    headers = [("Host", rng.choice(["x", "127.0.0.1", "[::1]:1", "a" * 300]))]
+    auth = rng.choice(_AUTH)
+    if auth:
+        headers.append((rng.choice(["Authorization", "authorization", "AUTHORIZATION"]), auth))
+    ctype = rng.choice(_CONTENT_TYPES)
+    if ctype:
+        headers.append(("Content-Type", ctype))
+    for _ in range(rng.choice([0, 0, 1, 3])):
+        headers.append((rng.choice(["X-Odd", "Accept", "Accept-Encoding", "X-Forwarded-For", "Cookie", "User-Agent"]),
+                        rng.choice(["", "*/*", "gzip, br, zstd", "1.2.3.4, ::1", "a=" + "b" * 4000, "\t v \t"])))
+    sound = rng.random() < 0.85
+    if sound and rng.random() < 0.25 and body:
+        cuts = sorted(rng.sample(range(1, len(body)), min(3, len(body) - 1))) if len(body) > 1 else []
+        parts = [body[i:j] for i, j in zip([0, *cuts], [*cuts, len(body)])]
+        payload = b"".join(f"{len(x):x}{rng.choice(['', ';ext=1'])}\r\n".encode() + x + b"\r\n" for x in parts)
+        payload += b"0\r\n\r\n"
+        headers.append(("Transfer-Encoding", "chunked"))
+    elif sound:
+        payload = body
+        headers.append(("Content-Length", str(len(body))))
+    else:
+        payload = body
+        fault = rng.choice(["short_length", "both", "bad_chunk", "obs_fold", "no_colon", "space_colon", "bare_lf",
+                            "nul_value", "bad_name", "te_gzip", "plus_length"])
+        if fault == "short_length":
+            headers.append(("Content-Length", str(max(0, len(body) - rng.randint(1, 20)))))
+        elif fault == "both":
+            headers += [("Content-Length", str(len(body))), ("Transfer-Encoding", "chunked")]
+        elif fault == "bad_chunk":
+            headers.append(("Transfer-Encoding", "chunked"))
+            payload = b"zz\r\n" + body + b"\r\n0\r\n\r\n"
+        elif fault == "te_gzip":
+            headers.append(("Transfer-Encoding", "gzip"))
+        elif fault == "plus_length":
+            headers.append(("Content-Length", f"+{len(body)}"))
+        else:
+            headers.append(("Content-Length", str(len(body))))
+            headers.append({"obs_fold": ("X-Fold", "a\r\n b"), "no_colon": ("X-No-Colon", None),
+                            "space_colon": ("X-Space ", "v"), "bare_lf": ("X-Lf", "a\nX-Next: b"),
+                            "nul_value": ("X-Nul", "a\x00b"), "bad_name": ("X(Bad)", "v")}[fault])
+        headers.append(("Connection", "close"))
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(
+        f"{k}\r\n" if v is None else f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+    return head.encode("utf-8", "surrogatepass") + payload, sound
+
+
+def _raw_worker(port: int, seeds: range) -> None:
+    conn = _KeptAlive(port)
+    try:
+        for seed in seeds:
+            rng = random.Random(1_000_000 + seed)
+            data, sound = _raw_request(rng)
+            what = f"raw generated #{seed}: {data[:300]!r}"
+            if sound:
+                try:
+                    status, body = conn.request(data, head=data.startswith(b"HEAD "))
+                except (ConnectionError, OSError) as exc:
+                    _count(f"transport:{type(exc).__name__}", what)
+                    conn.close()
+                    continue
+                _count(status, f"{what} -> {body[:200]!r}")
+            else:
+                reply = _exchange(port, data)
+                for status in [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)] or ["closed"]:
+                    _count(status, f"{what} -> {reply[:200]!r}")
+    finally:
+        conn.close()
+
+
+def test_generated_raw_requests_never_get_a_server_error(svc):
+    per = -(-RAW_REQUESTS // 4)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: _raw_worker(svc.port, range(i * per, min(RAW_REQUESTS, (i + 1) * per))), range(4)))
+    assert not FAILURES, FAILURES[:5]
+    assert not [k for k in TALLY if k.startswith("transport")], TALLY
+
+
 def test_zz_the_fuzz_cost_no_rank_restart(svc):
     assert not svc.events("rank_failure") and not svc.events("restart")
     health = svc.client.get("/health").json()
     assert health["status"] == "ok" and health["generation"] == 1
     assert svc.complete([1, 40, 41], 3).status_code == 200
-    print(f"\nfuzz answers by status: {dict(sorted(TALLY.items()))}; total {sum(v for k, v in TALLY.items() if k != 'failures')}")
+    total = sum(v for k, v in TALLY.items() if k != "failures")
+    print(f"\nfuzz answers by status: {dict(sorted(TALLY.items()))}; total {total}")
     assert TALLY["failures"] == 0
+    assert total >= MIN_TOTAL, (total, MIN_TOTAL)
