@@ -103,7 +103,7 @@ def test_a_rank_answers_a_failing_request_with_an_error_and_stays_up(demo_dir_fo
                      "temperature": float("nan")}):
             with pytest.raises(LaunchError, match="rank 0: .*rank 1: "):
                 pair.generate(bad, timeout_s=30)
-            assert all(p.poll() is None for p in pair.procs)
+            assert pair.alive()
         tokens, done = pair.generate({"type": "generate", "id": "ok", "prompt_ids": [1, 50, 60], "max_tokens": 5},
                                      timeout_s=30)
         assert tokens[0] == tokens[1] and len(tokens[0]) == 5 and done[0]["finish_reason"] == "length"

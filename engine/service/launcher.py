@@ -1,92 +1,63 @@
-"""Starts two rank processes, speaks the protocol to both and collects one request's result.
+"""`generate --tp 2`'s handle on the service's rank pair, for blocking code.
 
-Used by ``generate --tp 2``. Both ranks get the same request; the result is rank 0's,
-and the launcher also checks that rank 1 produced the same tokens.
+The ranks are started, spoken to and stopped exactly as the service does it
+(engine.service.proxy_ranks: start_pair, RankPair.collect, RankPair.close), on an event
+loop of this handle's own, with a private temporary state directory for sockets and logs.
+Both ranks get the same request; the caller compares their tokens.
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 
-from engine import BUNDLE_ROOT
-from engine.service import protocol
+from engine.service.proxy_ranks import RankRequestError, RankStartError, start_pair
+from engine.service.serve_config import ServeConfig
 
 
 class LaunchError(RuntimeError):
     pass
 
 
+def _settings(model: str, devices: list[str], dtype: str, allreduce: str, max_context: int,
+              timeout_s: float, state_dir: str) -> ServeConfig:
+    """The rank settings of a ServeConfig (the serving ones are unused here)."""
+    return ServeConfig(model_dir=model, tp=2, host="127.0.0.1", port=0, api_key=None, allreduce=allreduce,
+                       max_context=max_context, queue_cap=0, stall_timeout_s=timeout_s, max_restarts=0,
+                       enable_fault_injection=False, devices=(devices[0], devices[1]), dtype=dtype,
+                       state_dir=state_dir, served_model_name=None, body_limit_bytes=0, start_timeout_s=600.0,
+                       allreduce_timeout_s=timeout_s, ping_interval_s=timeout_s, log_file=None,
+                       standby_ranks=False)
+
+
 class RankPair:
     def __init__(self, model: str, devices: list[str], dtype: str, allreduce: str, max_context: int,
-                 timeout_s: float = 60.0, extra: list[str] | None = None, stderr=None):
-        self.dir = tempfile.mkdtemp(prefix="v100plan-ranks-", dir="/tmp" if os.path.isdir("/tmp") else None)
-        self.procs: list[subprocess.Popen] = []
-        self.clients: list[protocol.RankClient] = []
-        env = dict(os.environ)
-        root = str(BUNDLE_ROOT)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        for r in range(2):
-            cmd = [sys.executable, "-m", "engine", "rank", "--model", model, "--rank", str(r), "--world", "2",
-                   "--rendezvous", os.path.join(self.dir, "rdv"), "--control-socket", self.sock(r),
-                   "--device", devices[r], "--dtype", dtype, "--allreduce", allreduce,
-                   "--max-context", str(max_context), "--allreduce-timeout-s", str(timeout_s)] + list(extra or [])
-            self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr))
+                 timeout_s: float = 60.0):
+        self._dir = tempfile.mkdtemp(prefix="v100plan-ranks-")
+        self._loop = asyncio.new_event_loop()
+        cfg = _settings(model, devices, dtype, allreduce, max_context, timeout_s, self._dir)
         try:
-            self.clients = [protocol.RankClient(self.sock(r), connect_timeout_s=120) for r in range(2)]
-            self.ready = [c.wait_ready(timeout_s=600) for c in self.clients]
-        except (protocol.ProtocolError, TimeoutError) as e:
-            self.close()
+            self.pair = self._loop.run_until_complete(start_pair(cfg, 1))
+        except RankStartError as e:
+            self._loop.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
             raise LaunchError(str(e)) from None
+        self.ready = [link.ready for link in self.pair.links]
 
-    def sock(self, r: int) -> str:
-        return os.path.join(self.dir, f"rank{r}.sock")
+    def alive(self) -> bool:
+        return not any(link.exited or link.eof for link in self.pair.links)
 
     def generate(self, msg: dict, timeout_s: float = 600.0) -> tuple[list[list[int]], list[dict]]:
         """Send ``msg`` to both ranks; returns (tokens per rank, done message per rank)."""
-        tokens: list[list[int]] = [[], []]
-        done: list[dict | None] = [None, None]
-        errors: list[str | None] = [None, None]
-
-        def collect(r: int) -> None:
-            try:
-                while True:
-                    m = self.clients[r].recv(timeout_s)
-                    if m["type"] == "token":
-                        tokens[r].append(m["token_id"])
-                    elif m["type"] == "done":
-                        done[r] = m
-                        return
-                    elif m["type"] in ("error", "fatal"):
-                        errors[r] = f"rank {r}: {m['message']}"
-                        return
-            except (protocol.ProtocolError, TimeoutError) as e:
-                errors[r] = f"rank {r}: {e}"
-
-        for c in self.clients:
-            c.send(msg)
-        threads = [threading.Thread(target=collect, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if any(errors):
-            raise LaunchError("; ".join(e for e in errors if e))
-        return tokens, done  # type: ignore[return-value]
+        try:
+            return self._loop.run_until_complete(self.pair.collect(msg, timeout_s))
+        except (RankRequestError, ConnectionError) as e:
+            raise LaunchError(str(e)) from None
 
     def close(self) -> None:
-        for c in self.clients:
-            c.close()
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            self._loop.run_until_complete(self.pair.close(grace_s=10.0))
+        finally:
+            self._loop.close()
+            shutil.rmtree(self._dir, ignore_errors=True)

@@ -183,7 +183,8 @@ class LineSocket:
 
 
 class RankClient:
-    """Blocking client of one rank's control socket (used by the launcher and the proxy).
+    """Blocking client of one rank's control socket (for scripts and the protocol's tests; the service
+    and `generate --tp 2` speak through engine.service.proxy_ranks).
 
     ``connect`` retries until the rank has created its socket; ``wait_ready``
     returns the ready message or raises ProtocolError with the rank's fatal message.

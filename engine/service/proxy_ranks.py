@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import BUNDLE_ROOT
 from engine.service import protocol
 from engine.service.rank_forks import ForkedRank, RankForks
 from engine.service.serve_config import ServeConfig, rank_command
@@ -52,6 +53,18 @@ def die_with_parent() -> None:
 
 class RankStartError(Exception):
     """The pair did not come up; the message says which rank and why (its log tail)."""
+
+
+class RankRequestError(Exception):
+    """A request failed on one or both ranks (RankPair.collect); the message names each rank's reason."""
+
+
+def rank_env() -> dict[str, str]:
+    """A rank's environment: unbuffered output (its log is read while it runs), and the bundle on
+    the import path, so `python -m engine rank` works from any working directory."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(BUNDLE_ROOT) + (os.pathsep + path if path else "")}
 
 
 @dataclass
@@ -154,6 +167,40 @@ class RankPair:
     def pids(self) -> list[int]:
         return [link.pid for link in self.links]
 
+    async def collect(self, message: dict, timeout_s: float) -> tuple[list[list[int]], list[dict]]:
+        """Send one generate `message` to both ranks and wait for both to end it: (the token ids of
+        each rank, each rank's done message). For a caller that runs one request at a time and
+        owns the pair (`generate --tp 2`); the service runs its requests in proxy_service.py.
+        Raises RankRequestError naming each rank that answered an error, failed or closed."""
+        tokens: list[list[int]] = [[], []]
+        done: list[dict | None] = [None, None]
+        errors: dict[int, str] = {}
+        for link in self.links:
+            await link.send(message)
+        deadline = time.monotonic() + timeout_s
+        while any(done[r] is None and r not in errors for r in (0, 1)):
+            try:
+                msg = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                for r in (0, 1):
+                    if done[r] is None:
+                        errors.setdefault(r, f"no answer within {timeout_s:g} s")
+                break
+            r, kind = msg["_rank"], msg.get("type")
+            if kind in ("fatal", "eof"):
+                errors.setdefault(r, msg.get("message") or "closed its control socket")
+            elif msg.get("id") != message.get("id"):
+                continue
+            elif kind == "token":
+                tokens[r].append(msg["token_id"])
+            elif kind == "done":
+                done[r] = msg
+            elif kind == "error":
+                errors[r] = str(msg.get("message"))
+        if errors:
+            raise RankRequestError("; ".join(f"rank {r}: {errors[r]}" for r in sorted(errors)))
+        return tokens, done  # type: ignore[return-value]
+
     async def close(self, grace_s: float = 2.0) -> None:
         """Stop both ranks: SIGTERM (and SIGCONT, so a frozen rank can act on it), then SIGKILL
         whatever is still there after the grace period. Always reaps both."""
@@ -178,6 +225,7 @@ class RankPair:
                 await link.proc.wait()
             if link._reader_task is not None:
                 link._reader_task.cancel()
+                await asyncio.gather(link._reader_task, return_exceptions=True)
         remove_run_dir(self.run_dir)
 
 
@@ -271,7 +319,7 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
                 proc = await asyncio.create_subprocess_exec(
                     *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                     preexec_fn=die_with_parent,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    env=rank_env(),
                 )
         links.append(RankLink(rank=rank, proc=proc, socket_path=sock, log_path=log_path))
     pair = RankPair(generation=generation, links=links, run_dir=run_dir)

@@ -22,7 +22,7 @@ from engine.service.proxy_decode import DecodeReport
 from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_log import StructuredLog
 from engine.service.proxy_metrics import Metrics
-from engine.service.proxy_ranks import RankPair, RankStartError, die_with_parent, start_pair
+from engine.service.proxy_ranks import RankPair, RankStartError, die_with_parent, rank_env, start_pair
 from engine.service.rank_forks import RankForks
 from engine.service.serve_config import ALLREDUCE_PATHS, ServeConfig
 
@@ -88,8 +88,8 @@ class Service:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         # Restarts fork their ranks from a process that imported torch once (started after the first pair).
-        self._forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent) \
-            if cfg.standby_ranks else None
+        self._forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent,
+                                rank_env()) if cfg.standby_ranks else None
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0

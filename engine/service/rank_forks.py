@@ -131,9 +131,10 @@ class ForkedRank:
 class RankForks:
     """Serve's handle on one fork server: started once, started again if it died."""
 
-    def __init__(self, log_path: str, preexec_fn=None):
+    def __init__(self, log_path: str, preexec_fn=None, env: dict[str, str] | None = None):
         self.log_path = log_path
         self.preexec_fn = preexec_fn
+        self.env = env
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self._forks: asyncio.Queue = asyncio.Queue()    # pids in request order
@@ -155,7 +156,7 @@ class RankForks:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "engine.service.rank_forks", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=self.preexec_fn,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                env=self.env)
         self._reader = asyncio.get_running_loop().create_task(self._read(self.proc))
 
     async def fork(self, argv: list[str], log_path: str) -> ForkedRank | None:
