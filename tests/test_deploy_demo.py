@@ -449,3 +449,29 @@ def test_qualify_host_deploys_accepts_and_stops_its_own_deployment(cli, env, ser
     key = (d / "api_key").read_text().strip()
     assert key not in r.stdout + r.stderr
     assert_no_secret(out, key)
+
+
+def test_qualify_host_ctrl_c_still_stops_its_deployment(cli, env, server, demo_model, tmp_path):
+    """Ctrl-C once the engine is deployed: exit 130, a partial report, and the deployment stopped."""
+    import signal
+
+    from tests.accept_support import PLANTED_ENV, REPO
+
+    dep, out = f"qualify-{os.getpid()}", tmp_path / "report"
+    proc = subprocess.Popen([sys.executable, "-m", "v100plan", "qualify", "--host", server.host_spec, "--deployment",
+                             dep, "--port", str(sshd_mod.free_port()), "--model", str(demo_model), "--out", str(out)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, **PLANTED_ENV})
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("== accept"):
+            break
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    _, rest = proc.communicate(timeout=300)
+    assert proc.returncode == 130, "".join(seen)[-2000:] + rest[-2000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["partial"] and doc["verdict"] == "incomplete" and "Ctrl-C" in doc["partial_reason"]
+    phases = {p["name"]: p["status"] for p in doc["phases"]}
+    assert phases["deploy"] == "passed" and phases["stop"] == "passed", doc["phases"]
+    assert cli.json("status", server.host_spec, "--deployment", dep)["state"] == "stopped"
