@@ -11,22 +11,15 @@ import sys
 import pytest
 
 from tests.accept_support import assert_no_secret, report, run_cli, scenario
-from tests.test_service_support import ServiceProcess, demo_model, short_dir
+from tests.test_service_support import demo_model, service_fixture, short_dir
 
 pytestmark = pytest.mark.slow
 
 KEY = "sk-accept-planted-41e2b7c9d3"
 
 
-@pytest.fixture(scope="module")
-def svc():
-    s = ServiceProcess("--enable-fault-injection", "--max-restarts", "3", api_key=KEY,
-                       stall_timeout_s=10.0, allreduce_timeout_s=3.0)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
+svc = service_fixture("--enable-fault-injection", "--max-restarts", "3", api_key=KEY, stall_timeout_s=10.0,
+                      allreduce_timeout_s=3.0)
 
 
 @pytest.fixture(scope="module")

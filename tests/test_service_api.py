@@ -13,10 +13,11 @@ import pytest
 
 from tests.test_service_support import (
     MODEL_ID,
-    ServiceProcess,
     chat_prompt_ids,
+    expected_tokens,
     prompt_ids,
     reference_until_eos,
+    service_fixture,
     tp1_reference,
     wait_until,
 )
@@ -31,25 +32,14 @@ MAX_CONTEXT = 2048
 LONG_TOKENS = MAX_CONTEXT - 32
 
 
-@pytest.fixture(scope="module")
-def svc():
-    # Generous timeouts: nothing here is a fault, and CI's two shared cores can be slow.
-    s = ServiceProcess("--queue-cap", "1", "--max-context", str(MAX_CONTEXT), "--body-limit-bytes", "65536",
-                       api_key=KEY, stall_timeout_s=60, allreduce_timeout_s=30)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
+# Generous timeouts: nothing here is a fault, and CI's two shared cores can be slow.
+svc = service_fixture("--queue-cap", "1", "--max-context", str(MAX_CONTEXT), "--body-limit-bytes", "65536",
+                      api_key=KEY, stall_timeout_s=60, allreduce_timeout_s=30)
 
 
 @pytest.fixture(scope="module")
 def client(svc):
     return openai.OpenAI(base_url=svc.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-
-
-def _expected(ids: list[int], n: int) -> list[int]:
-    return reference_until_eos(tp1_reference(tuple(ids), n)["token_ids"])
 
 
 def test_health_metrics_and_models(svc, client):
@@ -70,7 +60,7 @@ def test_completion_equals_tp1_reference(svc):
     r = svc.complete("The quick brown fox", 24)
     assert r.status_code == 200, r.text
     body = r.json()
-    expected = _expected(ids, 24)
+    expected = expected_tokens(ids, 24)
     assert body["v100plan"]["token_ids"] == expected
     assert body["usage"]["prompt_tokens"] == len(ids)
     assert body["usage"]["completion_tokens"] == len(expected)
@@ -78,12 +68,12 @@ def test_completion_equals_tp1_reference(svc):
     # Token ids as the prompt are used verbatim (no BOS added), as with `generate --prompt-ids`.
     raw = [40, 41, 42, 43, 44]
     r2 = svc.complete(raw, 10)
-    assert r2.json()["v100plan"]["token_ids"] == _expected(raw, 10)
+    assert r2.json()["v100plan"]["token_ids"] == expected_tokens(raw, 10)
 
 
 def test_openai_client_chat_and_streams(svc, client):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
-    expected_ids = _expected(chat_prompt_ids(messages), 20)
+    expected_ids = expected_tokens(chat_prompt_ids(messages), 20)
     chat = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=20, temperature=0)
     assert chat.model_extra["v100plan"]["token_ids"] == expected_ids
     full_text = chat.choices[0].message.content
@@ -102,7 +92,7 @@ def test_openai_client_chat_and_streams(svc, client):
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model=MODEL_ID, prompt="Once upon", max_tokens=16, temperature=0, stream=True))
     assert streamed == text.choices[0].text
-    assert text.model_extra["v100plan"]["token_ids"] == _expected(prompt_ids("Once upon"), 16)
+    assert text.model_extra["v100plan"]["token_ids"] == expected_tokens(prompt_ids("Once upon"), 16)
 
 
 def test_sse_wire_format_ends_with_done(svc):
@@ -142,7 +132,7 @@ def test_seeds_same_on_both_ranks_and_fresh_per_request(svc):
     b = svc.complete(ids, 16, temperature=0.9, seed=1234).json()["v100plan"]
     assert a["token_ids"] == b["token_ids"] and a["seed"] == 1234
     # Same distribution, same seed: the sampled tokens equal one process sampling alone.
-    assert a["token_ids"] == reference_until_eos(tp1_reference(tuple(ids), 16, 0.9, 1234)["token_ids"])
+    assert a["token_ids"] == expected_tokens(ids, 16, 0.9, 1234)
     drawn = [svc.complete(ids, 4, temperature=0.9).json()["v100plan"]["seed"] for _ in range(3)]
     assert len(set(drawn)) == 3
     logged = {e.get("seed") for e in svc.events("request") if e.get("id")}
@@ -228,7 +218,7 @@ def test_stream_disconnect_cancels_both_ranks(svc):
     wait_until(lambda: svc.metric("v100plan_cancelled_total") > cancelled_before, 10, what="cancel counted")
     # Both ranks stopped on the same step and are in step: the next answer is still exact.
     ids = prompt_ids("The quick brown fox")
-    assert svc.complete(ids, 12).json()["v100plan"]["token_ids"] == _expected(ids, 12)
+    assert svc.complete(ids, 12).json()["v100plan"]["token_ids"] == expected_tokens(ids, 12)
 
 
 def test_non_streaming_disconnect_cancels_both_ranks(svc):
@@ -239,7 +229,7 @@ def test_non_streaming_disconnect_cancels_both_ranks(svc):
     line = _cancelled_line(svc, before)
     assert line["completion_tokens"] < LONG_TOKENS
     ids = prompt_ids("Once upon")
-    assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == _expected(ids, 8)
+    assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == expected_tokens(ids, 8)
 
 
 def test_disconnect_during_prefill_cancels_both_ranks(svc):
@@ -253,7 +243,7 @@ def test_disconnect_during_prefill_cancels_both_ranks(svc):
     # be over by then and a token or two sampled, never the request's 50.
     assert line["prompt_tokens"] > 1500 and line["completion_tokens"] < 50
     ids = prompt_ids("Once upon")
-    assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == _expected(ids, 8)
+    assert svc.complete(ids, 8).json()["v100plan"]["token_ids"] == expected_tokens(ids, 8)
 
 
 def test_queue_cap_answers_429_with_retry_after(svc):
@@ -289,7 +279,7 @@ def test_queue_cap_answers_429_with_retry_after(svc):
     ids = prompt_ids("Once upon")
     got = svc.complete(ids, 8)
     assert got.status_code == 200, got.text
-    assert got.json()["v100plan"]["token_ids"] == _expected(ids, 8)
+    assert got.json()["v100plan"]["token_ids"] == expected_tokens(ids, 8)
     assert not svc.events("rank_failure")  # nothing in this module may cost a restart
 
 

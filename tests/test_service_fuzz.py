@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.test_service_support import MODEL_ID, ServiceProcess
+from tests.test_service_support import MODEL_ID, service_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -56,17 +56,10 @@ def _count(status: int | str, what: str) -> None:
 FAILURES: list[str] = []
 
 
-@pytest.fixture(scope="module")
-def svc():
-    # A 1 s keep-alive timeout: raw cases the server keeps open end in a second, not five.
-    s = ServiceProcess("--max-context", str(MAX_CONTEXT), "--queue-cap", "64", "--header-timeout-s", "2",
-                       "--body-timeout-s", "2", "--keep-alive-timeout-s", "1", api_key=KEY, stall_timeout_s=60,
-                       allreduce_timeout_s=30)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
+# A 1 s keep-alive timeout: raw cases the server keeps open end in a second, not five.
+svc = service_fixture("--max-context", str(MAX_CONTEXT), "--queue-cap", "64", "--header-timeout-s", "2",
+                      "--body-timeout-s", "2", "--keep-alive-timeout-s", "1", api_key=KEY, stall_timeout_s=60,
+                      allreduce_timeout_s=30)
 
 
 # ----- schemathesis ---------------------------------------------------------------------------

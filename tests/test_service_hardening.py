@@ -24,12 +24,11 @@ from engine.service.launcher import LaunchError, RankPair
 from tests.test_service_support import (
     MODEL_ID,
     REPO,
-    ServiceProcess,
     demo_model,
+    expected_tokens,
     free_port,
     prompt_ids,
-    reference_until_eos,
-    tp1_reference,
+    service_fixture,
     wait_until,
 )
 
@@ -40,16 +39,9 @@ MAX_CONTEXT = 256
 MAX_CONNECTIONS = 24
 
 
-@pytest.fixture(scope="module")
-def svc():
-    s = ServiceProcess("--max-context", str(MAX_CONTEXT), "--max-connections", str(MAX_CONNECTIONS),
-                       "--header-timeout-s", "1.5", "--body-timeout-s", "1.5", "--keep-alive-timeout-s", "3",
-                       api_key=KEY, stall_timeout_s=60, allreduce_timeout_s=30)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
+svc = service_fixture("--max-context", str(MAX_CONTEXT), "--max-connections", str(MAX_CONNECTIONS),
+                      "--header-timeout-s", "1.5", "--body-timeout-s", "1.5", "--keep-alive-timeout-s", "3",
+                      api_key=KEY, stall_timeout_s=60, allreduce_timeout_s=30)
 
 
 def _post_raw(svc, path: str, body: str) -> httpx.Response:
@@ -75,7 +67,7 @@ def test_extreme_but_valid_sampling_is_served_without_a_restart(svc, sampling):
     got = r.json()["v100plan"]["token_ids"]
     # A temperature below 1e-5 is greedy (vLLM's rule); a top_p that rounds to 0 keeps the top token:
     # both are the greedy answer, the same as one process alone.
-    assert got == reference_until_eos(tp1_reference(tuple(ids), 8)["token_ids"])
+    assert got == expected_tokens(ids, 8)
     _no_restart(svc)
 
 

@@ -9,6 +9,7 @@ token ids, one event per token."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from tests.test_service_support import (
     demo_model,
     free_port,
     pid_alive,
+    service_fixture,
     short_dir,
     wait_until,
 )
@@ -38,7 +40,7 @@ MODEL_ID = "no-tokenizer"
 TOKENS = 300
 
 
-@pytest.fixture(scope="module")
+@functools.lru_cache(maxsize=1)
 def bare_model() -> str:
     out = os.path.join(short_dir("bare"), MODEL_ID)
     shutil.copytree(demo_model(), out)
@@ -46,15 +48,8 @@ def bare_model() -> str:
     return out
 
 
-@pytest.fixture(scope="module")
-def svc(bare_model):
-    s = ServiceProcess("--served-model-name", MODEL_ID, "--drain-timeout-s", "1.5", model=bare_model,
-                       stall_timeout_s=60, allreduce_timeout_s=30)
-    try:
-        s.wait_healthy()
-        yield s
-    finally:
-        s.stop()
+svc = service_fixture("--served-model-name", MODEL_ID, "--drain-timeout-s", "1.5", model=bare_model,
+                      stall_timeout_s=60, allreduce_timeout_s=30)
 
 
 def _long(stream: bool, n: int = TOKENS) -> dict:
@@ -128,7 +123,7 @@ def test_mailbox_names_are_secret_per_start_and_the_key_file_private(tmp_path):
     assert sorted(os.listdir(b)) == ["mailbox.key"]
 
 
-def test_a_failed_start_on_one_rank_brings_the_other_down_at_once(bare_model):
+def test_a_failed_start_on_one_rank_brings_the_other_down_at_once():
     import argparse
 
     from engine.service.proxy_ranks import RankStartError, start_pair
@@ -137,7 +132,7 @@ def test_a_failed_start_on_one_rank_brings_the_other_down_at_once(bare_model):
     p = argparse.ArgumentParser()
     add_serve_arguments(p)
     # Rank 1 cannot start (no CUDA here); rank 0 would wait for it at the rendezvous for 60 s.
-    cfg = config_from_args(p.parse_args(["--model", bare_model, "--device", "cpu,cuda:0", "--dtype", "float32",
+    cfg = config_from_args(p.parse_args(["--model", bare_model(), "--device", "cpu,cuda:0", "--dtype", "float32",
                                          "--state-dir", short_dir("failstart"), "--allreduce-timeout-s", "60"]))
     t0 = time.monotonic()
     with pytest.raises(RankStartError, match="rank 1"):
@@ -149,8 +144,8 @@ def test_a_failed_start_on_one_rank_brings_the_other_down_at_once(bare_model):
 # ----- finding 11: one serve per state directory; per-instance default ----------------------------
 
 
-def test_a_second_serve_on_the_same_state_dir_is_refused(svc, bare_model):
-    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", bare_model, "--port", str(free_port()),
+def test_a_second_serve_on_the_same_state_dir_is_refused(svc):
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", bare_model(), "--port", str(free_port()),
                         "--state-dir", svc.state_dir], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 4 and "another serve" in r.stderr and str(svc.proc.pid) in r.stderr
 
@@ -166,17 +161,17 @@ def test_default_state_dir_is_per_port(monkeypatch, tmp_path):
 # ----- refusals at start ------------------------------------------------------------------------
 
 
-def test_device_cuda_without_cuda_fails_at_once_with_exit_4(bare_model):
+def test_device_cuda_without_cuda_fails_at_once_with_exit_4():
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", bare_model, "--device", "cuda",
+    r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", bare_model(), "--device", "cuda",
                         "--port", str(free_port()), "--state-dir", short_dir("nocuda")],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 4 and "CUDA is not available" in r.stderr and "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 30  # no rank start was tried (each costs seconds), no 15 s retry loop
 
 
-def test_ctrl_c_while_starting_is_quiet_and_exits_0(bare_model):
-    s = ServiceProcess(model=bare_model)
+def test_ctrl_c_while_starting_is_quiet_and_exits_0():
+    s = ServiceProcess(model=bare_model())
     try:
         wait_until(lambda: s.events("serve_start"), 60, what="serve to start")
         s.proc.send_signal(signal.SIGINT)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_ID = "v100plan-demo"
@@ -82,6 +83,11 @@ def reference_until_eos(ref_ids: list[int], eos: tuple[int, ...] = (2, 7)) -> li
     return ref_ids
 
 
+def expected_tokens(ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+    """The token ids the service must answer for these prompt ids: the TP1 reference up to its first EOS."""
+    return reference_until_eos(tp1_reference(tuple(ids), max_tokens, temperature, seed)["token_ids"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,6 +110,23 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.1, what: str = "co
             return value
         time.sleep(step_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def service_fixture(*extra: str, model=None, **kw):
+    """A module-scoped fixture: one `python -m engine serve` (ServiceProcess's arguments; `model` may
+    be a function, called when the fixture starts) shared by the module's tests, healthy before the
+    first and stopped after the last. In a test module: `svc = service_fixture("--queue-cap", "1", ...)`."""
+
+    @pytest.fixture(scope="module")
+    def svc():
+        s = ServiceProcess(*extra, model=model() if callable(model) else model, **kw)
+        try:
+            s.wait_healthy()
+            yield s
+        finally:
+            s.stop()
+
+    return svc
 
 
 class ServiceProcess:

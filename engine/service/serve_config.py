@@ -10,7 +10,7 @@ import argparse
 import ipaddress
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
@@ -192,35 +192,17 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     devices = parse_devices(args.device)
     dtype = args.dtype or ("float32" if devices[0] == "cpu" else "float16")
     ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
-    return ServeConfig(
-        model_dir=str(model.resolve()),
-        tp=args.tp,
-        host=args.host,
-        port=args.port,
-        api_key=api_key,
-        allreduce=args.allreduce,
-        max_context=args.max_context,
-        queue_cap=args.queue_cap,
-        stall_timeout_s=args.stall_timeout_s,
-        max_restarts=args.max_restarts,
-        enable_fault_injection=args.enable_fault_injection,
-        devices=devices,
-        dtype=dtype,
-        state_dir=str(Path(args.state_dir or default_state_dir(args.port)).resolve()),
-        served_model_name=args.served_model_name,
-        body_limit_bytes=args.body_limit_bytes,
-        start_timeout_s=args.start_timeout_s,
-        allreduce_timeout_s=args.allreduce_timeout_s,
-        ping_interval_s=ping,
-        log_file=args.log_file,
-        liveness_timeout_s=args.liveness_timeout_s,
-        drain_timeout_s=args.drain_timeout_s,
-        header_timeout_s=args.header_timeout_s,
-        body_timeout_s=args.body_timeout_s,
-        keep_alive_timeout_s=args.keep_alive_timeout_s,
-        max_connections=args.max_connections,
-        standby_ranks=args.standby_ranks,
-    )
+    computed = {
+        "model_dir": str(model.resolve()),
+        "api_key": api_key,
+        "devices": devices,
+        "dtype": dtype,
+        "state_dir": str(Path(args.state_dir or default_state_dir(args.port)).resolve()),
+        "ping_interval_s": ping,
+    }
+    # Every other field is the flag of the same name (a new field without one fails here, at once).
+    flags = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if f.name not in computed}
+    return ServeConfig(**flags, **computed)
 
 
 def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str,
