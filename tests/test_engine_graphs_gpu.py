@@ -69,13 +69,15 @@ def test_ranks_capture_the_step_with_the_allreduce_inside_and_match_tp1(demo_dir
     two, err = _generate(demo_dir, "--tp", "2", "--device", "cuda")
     assert "decode graphs (CUDA graphs per context bucket, allreduce " in err
     assert "captured inside" in err and "self-test device_mailbox_graph: passed" in err
+    assert "lockstep in the step's graph" in err
     assert two["token_ids"] == one["token_ids"]
 
 
 @needs_gpu
 def test_two_ranks_on_one_gpu_decode_eagerly_and_say_why(demo_dir):
     two, err = _generate(demo_dir, "--tp", "2", "--device", "cuda:0")
-    assert "self-test device_mailbox_graph: rank 0: not applicable: both ranks are on one GPU" in err
+    # the graph mailbox is not applicable on one GPU (engine.allreduce.select): the ranks wait on the host
+    assert "ranks ready: allreduce device_mailbox (self-test device_mailbox: passed)" in err
     assert "decode eager (allreduce device_mailbox waits on the host" in err
     assert len(two["token_ids"]) == 48
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_service_faults import _stream_until_fault
 from tests.test_service_support import (
     MODEL_ID,
     ServiceProcess,
@@ -34,6 +33,29 @@ def _gpus() -> int:
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _stream_until_fault(svc, payload: dict, inject, after_chunks: int = 2) -> tuple[str, list[dict]]:
+    """Stream, inject after a few chunks; (text received, the data events after it)."""
+    text, tail, injected = "", [], False
+    with svc.client.stream("POST", "/v1/completions", json={**payload, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                tail.append({"done": True})
+                break
+            event = json.loads(line[6:])
+            if "error" in event:
+                tail.append(event)
+                continue
+            text += event["choices"][0]["text"]
+            after_chunks -= 1
+            if after_chunks == 0 and not injected:
+                inject()
+                injected = True
+    return text, tail
 
 
 LONG = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
@@ -106,3 +128,30 @@ def test_lockstep_in_the_graph_on_two_gpus():
         if out:
             Path(out, "lockstep-gpu-transcript.json").write_text(json.dumps(rec, indent=1, default=str))
             Path(out, "lockstep-gpu-serve.log").write_text(log_text[-100000:])
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA GPUs in one host")
+def test_a_stalled_rank_fails_its_peers_captured_wait_within_one_deadline():
+    """Rank 1 sleeps before launching its next replay: rank 0's GPU-side wait gives up at its deadline
+    (4 s here) and every later wait of the same step gives up at once, so rank 0 reports the allreduce
+    failure itself, long before the proxy's 30 s stall timeout would."""
+    svc = ServiceProcess("--device", "cuda:0,cuda:1", "--dtype", "float32", "--enable-fault-injection",
+                         "--max-context", "512", stall_timeout_s=30, allreduce_timeout_s=4)
+    try:
+        before = svc.wait_healthy(timeout_s=400)
+        t0 = time.monotonic()
+        svc.inject("stall_allreduce", rank=1)
+        r = svc.complete("Long story", 50)
+        waited = time.monotonic() - t0
+        assert r.status_code == 503
+        failure = [e for e in svc.events("rank_failure") if e["generation"] == before["generation"]][-1]
+        out = os.environ.get("V100PLAN_TRANSCRIPT_DIR")
+        if out:
+            Path(out, "stall-gpu.json").write_text(json.dumps({"failure": failure, "waited_s": round(waited, 2)}))
+        assert failure["cause"] == "exit" and "allreduce failed" in failure["reason"], failure
+        assert "device_mailbox_graph: a wait passed 4.0 s on the GPU" in failure["reason"]
+        assert waited < 15, waited
+        after = svc.wait_healthy(timeout_s=400, newer_than=before["generation"])
+        assert svc.complete("The quick brown fox", 8).json()["v100plan"]["generation"] == after["generation"]
+    finally:
+        svc.stop()

@@ -221,7 +221,12 @@ def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
     except LaunchError as e:
         raise RanksFailed(f"the ranks did not start: {e}") from None
     try:
-        print(f"ranks ready: allreduce {pair.ready[0]['allreduce']}", file=sys.stderr)
+        print(f"ranks ready: allreduce {pair.ready[0]['allreduce']} (self-test {pair.ready[0]['allreduce']}: "
+              f"{pair.ready[0].get('selftest')})", file=sys.stderr)
+        if pair.ready[0].get("decode"):  # how rank 0 decodes and why (its log line, from its ready message)
+            from engine.core.runner import describe
+
+            print(f"rank 0: {describe(pair.ready[0]['decode'])}", file=sys.stderr)
         tokens, _ = pair.generate(protocol.generate("g1", ids, args.max_tokens, args.temperature, args.top_p,
                                                     args.seed, sorted(stop)))
     except LaunchError as e:
