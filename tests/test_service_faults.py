@@ -11,6 +11,8 @@ are printed (pytest -s) for the record in docs/service.md."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -99,6 +101,11 @@ def _fault_mid_request(svc, action: str, rank: int) -> tuple[dict, dict, float]:
     svc.inject(action, rank=rank)
     t.join()
     return before, out, t0
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(") ", 1)[1].split()[1])
 
 
 def _stream_until_fault(svc, payload: dict, inject, after_chunks: int = 2) -> tuple[str, list[dict]]:
@@ -209,9 +216,7 @@ def test_a_fault_right_after_a_restart_does_not_wait_for_an_import(svc):
     _, answered = _recovered(svc, after_first, "exit", t0)
     servers = svc.events("rank_forks_started")
     assert len(servers) == 1, servers  # one import for every restart
-    for pid in svc.health().json()["rank_pids"]:
-        with open(f"/proc/{pid}/stat") as fh:
-            assert int(fh.read().rsplit(") ", 1)[1].split()[1]) == servers[0]["pid"]  # the ranks' parent
+    assert [_parent(pid) for pid in svc.health().json()["rank_pids"]] == [servers[0]["pid"]] * 2
     assert answered < 30, answered  # generous (a shared CI machine); docs/service.md has the figures
     print(f"\nkilled rank 0 right after a restart: healthy and answering {answered:.2f} s after the kill")
 
@@ -224,3 +229,22 @@ def test_control_targets_and_refusals(svc):
     assert r.status_code == 400 and r.json()["error"]["param"] == "rank"
     r = svc.client.post("/control/inject", json={"action": "format_disk", "rank": 0})
     assert r.status_code == 400
+
+
+def test_zz_a_killed_fork_server_takes_its_ranks_along_and_the_service_recovers(svc):
+    # Last: it replaces the fork server the tests above count on. First a restart, so the ranks are forked.
+    first = svc.wait_healthy()
+    svc.inject("kill", rank=1)
+    before = svc.wait_healthy(timeout_s=60, newer_than=first["generation"])
+    server = svc.events("rank_forks_started")[-1]["pid"]
+    assert [_parent(pid) for pid in before["rank_pids"]] == [server] * 2
+    os.kill(server, signal.SIGKILL)  # its ranks get SIGKILL from the kernel (parent-death signal)
+    now = svc.wait_healthy(timeout_s=120, newer_than=before["generation"])
+    restart = [e for e in svc.events("restart") if e["generation"] == now["generation"]][-1]
+    assert restart["forked"] is False  # started as new processes while no fork server ran
+    for pid in before["rank_pids"]:
+        wait_until(lambda p=pid: not pid_alive(p), 10, what=f"old rank pid {pid} to be gone")
+    assert svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"] == expected_tokens(prompt_ids(PROMPT), 16)
+    servers = wait_until(lambda: [e for e in svc.events("rank_forks_started") if e["pid"] != server], 10,
+                         what="a new fork server")
+    wait_until(lambda: pid_alive(servers[-1]["pid"]), 1, what="the new fork server to run")
