@@ -39,7 +39,8 @@ VARIANTS = [
     ("eager_graph", {"kind": "eager"}, 0, 6.75,
      "the recorded eager step: ~1400 kernels, GEMVs 4.06 ms + ~2.7 ms of small kernels"),
     ("layer_fused", {"kind": "blocks", "options": {}}, 60, 4.80,
-     "the service's compiled step (engine.core.runner.compiled_blocks): attn_block and mlp_block compiled once "
+     "the compiled step with cuBLAS products (kernels=compiled; the service's default until the Triton GEMV "
+     "won on 2026-11-30): attn_block and mlp_block compiled once "
      "(default Inductor) and reused by every layer, the residual add fused into the next norm; recorded "
      "2026-11-29 at 4.80 ms as the per-layer 'fused' body"),
     ("compiled_graph", {"kind": "whole", "options": {}}, 110, 4.79,
@@ -51,7 +52,7 @@ VARIANTS = [
      "max-autotune-no-cudagraphs, captured by the bench: Triton GEMV templates lost to cuBLAS at M=1 "
      "on 2026-11-29 (5.23 ms)"),
     ("layer_fused_gemv", {"kind": "blocks", "options": {}, "gemv": True}, 60, 4.55,
-     "layer_fused with the one-row products through engine.core.gemv (a Triton GEMV, whole rows per program, "
+     "the service's step (kernels=gemv): layer_fused with the one-row products through engine.core.gemv (a Triton GEMV, whole rows per program, "
      "no split-K reduce): QKV, o_proj and down read at gate/up's ~4090 GB/s instead of 2700-3350 would save "
      "~0.25 ms of the 8B step at 512 context"),
 ]
