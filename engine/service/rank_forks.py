@@ -159,12 +159,16 @@ class RankForks:
                 env=self.env)
         self._reader = asyncio.get_running_loop().create_task(self._read(self.proc))
 
-    async def fork(self, argv: list[str], log_path: str) -> ForkedRank | None:
+    async def fork(self, argv: list[str], log_path: str, ready_timeout_s: float = 60.0) -> ForkedRank | None:
         """One rank with these flags (those after `python -m engine rank`), or None when the server
-        is not running (the caller starts the rank the slow way)."""
+        is not running, or still not done importing after `ready_timeout_s` (the caller then starts
+        the rank the slow way)."""
         if not self.alive:
             return None
-        await self.ready.wait()  # still importing (only right after start): the rest of it is the fastest way
+        try:  # still importing (only right after its start): the rest of that is the fastest way
+            await asyncio.wait_for(self.ready.wait(), ready_timeout_s)
+        except asyncio.TimeoutError:
+            return None
         if not self.alive:
             return None
         assert self.proc is not None and self.proc.stdin is not None
