@@ -53,6 +53,7 @@ class Sshd:
     known_hosts: Path
     host_key: Path
     proc: subprocess.Popen | None = None
+    extra_config: str = ""  # more sshd_config lines (docs/remote_probe_cost.py: SetEnv SHLVL=1)
 
     @property
     def host_spec(self) -> str:
@@ -86,7 +87,7 @@ MaxStartups 100:30:200
 MaxSessions 64
 LogLevel ERROR
 Subsystem sftp internal-sftp
-""")
+""" + self.extra_config)
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
                                      stderr=open(self.dir / "sshd.log", "ab"))
         deadline = time.monotonic() + 15
