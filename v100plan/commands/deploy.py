@@ -145,22 +145,21 @@ def register(app: typer.Typer) -> None:
         _emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
                               ("wall s", f"{out.wall_s:.1f}")], "Rollback", json_out, quiet)
 
-    @app.command("status")
-    @remote_options()
-    def status_cmd(
-        host: HostArg,
-        remote: RemoteArgs = None,
-        json_out: JsonOpt = False,
-        quiet: QuietOpt = False,
-    ) -> None:
-        """Release, health, ranks, allreduce path and uptime of the service on HOST."""
+    def status(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001
         from v100plan.remote import deploy as dp
 
-        doc = dp.status(remote.target(host))
-        rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
-                                          "allreduce", "generation", "uptime_s", "port", "releases")]
-        _emit(doc, rows, "Status", json_out, quiet)
+        doc = dp.status(target)
+        return doc, [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
+                                               "allreduce", "generation", "uptime_s", "port", "releases")]
 
+    def stop(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001
+        from v100plan.remote import deploy as dp
+
+        out = dp.stop(target, _say(quiet))
+        return out.to_dict(), [("host", out.host), ("release", out.release),
+                               ("stopped", out.extra.get("stopped") or out.reason)]
+
+    _one_call(app, "status", "Release, health, ranks, allreduce path and uptime of the service on HOST.", status)
     @app.command("logs")
     @remote_options()
     def logs_cmd(
@@ -192,17 +191,20 @@ def register(app: typer.Typer) -> None:
             print(f"==> {name} <==")
             print("(no such log yet)" if text is None else "\n".join(text))
 
-    @app.command("stop")
+    _one_call(app, "stop", "Stop the service on HOST (the supervisor's recorded PIDs; the release stays current).",
+              stop)
+
+
+def _one_call(app: typer.Typer, name: str, help_text: str, call) -> None:  # noqa: ANN001
+    """A command that makes one call on HOST's deployment and shows its result as a table (or --json)."""
+
+    @app.command(name, help=help_text)
     @remote_options()
-    def stop_cmd(
+    def command(
         host: HostArg,
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
-        """Stop the service on HOST (the supervisor's recorded PIDs; the release stays current)."""
-        from v100plan.remote import deploy as dp
-
-        out = dp.stop(remote.target(host), _say(quiet))
-        _emit(out.to_dict(), [("host", out.host), ("release", out.release),
-                              ("stopped", out.extra.get("stopped") or out.reason)], "Stop", json_out, quiet)
+        doc, rows = call(remote.target(host), quiet)
+        _emit(doc, rows, name.capitalize(), json_out, quiet)
