@@ -3,9 +3,11 @@ killed proxy back; `supervise stop` leaves no process behind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -131,3 +133,30 @@ def test_systemd_unit_runs_serve_and_kills_the_cgroup():
     text = unit["unit"]
     assert "ExecStart=" in text and " -m engine serve --model " in text and "--state-dir /var/lib/v100plan" in text
     assert "Restart=always" in text and "KillMode=mixed" in text
+
+
+def test_the_fork_server_reports_its_ranks_exit_and_takes_them_along(tmp_path):
+    from engine.service.proxy_ranks import die_with_parent, rank_env
+    from engine.service.rank_forks import RankForks
+
+    rendezvous, sock = short_dir("rdv"), os.path.join(short_dir("sock"), "r0.sock")
+    lone_rank = ["--model", demo_model(), "--rank", "0", "--world", "2", "--rendezvous", rendezvous,
+                 "--control-socket", sock, "--allreduce", "gloo", "--allreduce-timeout-s", "120"]
+
+    async def scenario():
+        forks = RankForks(str(tmp_path / "forks.log"), die_with_parent, rank_env())
+        await forks.start()
+        bad = await forks.fork(["--no-such-flag"], str(tmp_path / "bad.log"))
+        assert await asyncio.wait_for(bad.wait(), 60) == 2  # argparse's exit code, from the fork server
+        assert "arguments are required" in (tmp_path / "bad.log").read_text()  # its log is the rank's
+        lone = await forks.fork(lone_rank, str(tmp_path / "lone.log"))  # waits for a peer that never comes
+        await asyncio.sleep(1.0)
+        assert lone.returncode is None and pid_alive(lone.pid)
+        os.kill(forks.proc.pid, signal.SIGKILL)
+        assert await asyncio.wait_for(lone.wait(), 10) == -signal.SIGKILL  # the kernel's parent-death signal
+        wait_until(lambda: not pid_alive(lone.pid), 10, what="the forked rank to be gone")
+        await asyncio.wait_for(forks._reader, 10)
+        assert not forks.alive and await forks.fork(lone_rank, str(tmp_path / "again.log")) is None
+        await forks.close()
+
+    asyncio.run(scenario())
