@@ -41,6 +41,7 @@ def _child(argv: list[str], log_path: str, server_pid: int, prctl) -> None:
     code = 1
     try:
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a rank as a new one: Ctrl-C interrupts it
         if os.getppid() != server_pid:  # the server died before the prctl took effect
             os._exit(1)
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -54,7 +55,7 @@ def _child(argv: list[str], log_path: str, server_pid: int, prctl) -> None:
 
         rank_cli.main(argv)  # exits the process itself (os._exit)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - the rank's log gets it; the process must not return to the loop
         traceback.print_exc()
     finally:
@@ -66,6 +67,9 @@ def _reply(message: dict) -> None:
 
 
 def main() -> int:
+    # A Ctrl-C in serve's terminal reaches its whole process group: serve drains and then ends this
+    # server by closing its stdin; the signal itself must not end it (and its ranks) first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _preload()
     except Exception:  # noqa: BLE001 - a forked rank reports the same import error with its context
