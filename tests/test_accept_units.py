@@ -155,3 +155,17 @@ def test_service_log_events_are_taken_after_the_mark_even_in_a_tail():
     assert _exited_at_cap(None, storm) is None
     assert "exited 0" in _exited_at_cap(None, [{"event": "rank_start_failed"}, {"event": "exit", "code": 0}])
     assert "no failed rank start" in _exited_at_cap(None, [{"event": "exit", "code": 3}])
+
+
+def test_qualify_serves_tp2_with_the_race_whatever_the_plan_recommends():
+    # A two-H200 probe plans the demo model as replicas (allreduce 'none'), which the two-rank engine
+    # does not take: qualify serves tp2 with `auto` and the report's notes say what the plan said.
+    from v100plan.commands.qualify_run import served_allreduce
+
+    plan = {"launch": {"strategy": "replicas", "allreduce": "none"},
+            "strategies": [{"name": "replicas", "allreduce_path": "none"}, {"name": "tp2", "allreduce_path": "nccl"}]}
+    notes: list[str] = []
+    assert served_allreduce(plan, notes) == "auto"
+    assert "replicas (allreduce none)" in notes[0] and "tp2 row names nccl" in notes[0]
+    notes = []
+    assert served_allreduce(None, notes) == "auto" and notes == []

@@ -88,3 +88,17 @@ def test_tp2_start_failure_exits_1_with_the_reason(demo_dir):
     r = gen(demo_dir, "--tp", 2, "--allreduce", "device_mailbox", "--prompt-ids", "1,2", "--max-tokens", 2,
             expect_rc=1)
     assert "the ranks did not start" in r.stderr and "device mailbox needs CUDA" in r.stderr
+
+
+def test_batch_answers_each_request_as_a_run_of_its_own(tp1, demo_dir, tmp_path):
+    # One model and one cache for the whole batch (the acceptance suite's references): a short request
+    # first must not leave a cache too small for a longer one after it (on a GPU the decode graphs are
+    # captured once over that cache), and every answer equals the one-shot run of the same request.
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"prompt": "Hi", "max_tokens": 3}) + "\n" +
+                     json.dumps({"prompt": PROMPT, "max_tokens": 40}) + "\n")
+    docs = [json.loads(line) for line in gen(demo_dir, "--batch", batch).stdout.splitlines() if line.startswith("{")]
+    assert len(docs) == 2 and len(docs[0]["token_ids"]) == 3
+    assert docs[1]["token_ids"] == tp1["token_ids"]
+    short = last_json(gen(demo_dir, "--prompt", "Hi", "--max-tokens", 3, "--json"))
+    assert docs[0]["token_ids"] == short["token_ids"]

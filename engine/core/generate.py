@@ -195,10 +195,12 @@ def _batch(args, cfg, tok) -> int:
     model = Model(cfg, dtype=getattr(torch, dtype), device=args.device)
     weights.load_into(model, args.model)
     stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
-    for req in requests:
-        ids = tok.encode(str(req["prompt"]))
-        n = int(req.get("max_tokens", args.max_tokens))
-        model.setup_cache(context_limit(cfg.max_position_embeddings, len(ids), n, args.max_context))
+    jobs = [(tok.encode(str(req["prompt"])), int(req.get("max_tokens", args.max_tokens)), req) for req in requests]
+    # One cache for the whole batch, as a rank keeps one for all its requests: on a GPU the decode step's
+    # graphs are captured once over it, so a later, longer request must fit the first one's cache.
+    limits = [context_limit(cfg.max_position_embeddings, len(ids), n, args.max_context) for ids, n, _ in jobs]
+    model.setup_cache(max(limits, default=2))
+    for ids, n, req in jobs:
         sampler = Sampler(float(req.get("temperature") or 0.0), float(req.get("top_p", 1.0)), int(req.get("seed") or 0))
         out, _ = runner.run(model, ids, n, sampler, stop, 256)
         print(json.dumps({"token_ids": out, "text": tok.decode(out)}), flush=True)
@@ -223,6 +225,10 @@ def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
     try:
         print(f"ranks ready: allreduce {pair.ready[0]['allreduce']} (self-test {pair.ready[0]['allreduce']}: "
               f"{pair.ready[0].get('selftest')})", file=sys.stderr)
+        choice = pair.ready[0].get("choice")
+        if choice:  # why this path, and what became of the others (skipped with the reason, failed, passed)
+            tested = "; ".join(f"{k}: {v}" for k, v in choice["selftest"].items())
+            print(f"allreduce choice: {choice['why']} (self-tests: {tested})", file=sys.stderr)
         if pair.ready[0].get("decode"):  # how rank 0 decodes and why (its log line, from its ready message)
             from engine.core.runner import describe
 

@@ -176,7 +176,8 @@ class Rank:
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context} "
                     f"(start-up {phases})")
         return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size,
-                              decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes()})
+                              decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes()},
+                              choice={"why": self.choice.why, "selftest": self.choice.selftest} if self.choice else None)
 
     def _read_bw(self, device) -> dict:
         """The card's read bandwidth for the achieved fraction: the flag's, else measured now (a sum over

@@ -108,6 +108,8 @@ class References:
                "--batch", fh.name, "--device", (eng.get("devices") or ["cpu"])[0]]
         if eng.get("dtype"):
             cmd += ["--dtype", eng["dtype"]]
+        if self.ctx.max_context:  # the served context limit: the same cache size, so the same decode windows
+            cmd += ["--max-context", str(self.ctx.max_context)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         finally:

@@ -79,6 +79,22 @@ def _dtype(devices: str, probe: dict | None, plan: dict | None) -> str:
     return "bfloat16" if caps and all(c and float(c) >= 8.0 for c in caps) else "float16"
 
 
+def served_allreduce(plan: dict | None, notes: list[str]) -> str:
+    """The allreduce path qualify serves with: always `auto` (the engine's own self-test and race).
+
+    The engine under test is two ranks (tp2) whatever the plan recommends, so a plan's launch path can name
+    a strategy that is not served (replicas: 'none'); and where the plan's tp2 row names a path, the race
+    measures the paths on these cards instead of trusting the prediction. The note says what the plan said."""
+    launch = (plan or {}).get("launch") or {}
+    tp2 = next((s for s in (plan or {}).get("strategies", []) if s.get("name") == "tp2"), None)
+    if launch:
+        said = f"the plan recommends {launch.get('strategy')} (allreduce {launch.get('allreduce')})"
+        if tp2 is not None:
+            said += f"; its tp2 row names {tp2.get('allreduce_path')}"
+        notes.append(f"served as tp2 with allreduce auto (the engine's start-up race); {said}")
+    return "auto"
+
+
 def _plan(phases: _Phases, probe: dict | None, model_dir: Path, out_dir: Path) -> dict | None:
     phases.start("plan", "planning the served model on the measured cards")
     if not probe or not probe.get("cards"):
@@ -134,7 +150,7 @@ class LocalRun:
                          "a GPU's and no plan applies")
         notes.append("watchdog limits shortened so the run ends in minutes: " + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
         self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype,
-                                      allreduce=((plan or {}).get("launch") or {}).get("allreduce") or "auto",
+                                      allreduce=served_allreduce(plan, notes),
                                       serve_flags=QUALIFY_SERVE_FLAGS)
         self.secrets.append(svc.api_key)
         self.endpoint = svc.endpoint
