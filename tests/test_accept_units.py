@@ -169,3 +169,33 @@ def test_qualify_serves_tp2_with_the_race_whatever_the_plan_recommends():
     assert "replicas (allreduce none)" in notes[0] and "tp2 row names nccl" in notes[0]
     notes = []
     assert served_allreduce(None, notes) == "auto" and notes == []
+
+
+def test_half_precision_answers_are_not_judged_against_a_tp1_run(tmp_path):
+    # On two H200s in bfloat16 the demo model's TP2 answers differed from TP1's (near-flat logits, sums
+    # rounded in another order): a half-precision service is compared with its own quiet answer, the
+    # tp2_equals_tp1 scenario says why it cannot apply, and float32 keeps the exact TP1 check.
+    from v100plan.accept.context import AcceptOptions, Context, Target
+    from v100plan.accept.functional import _needs_tp2_reference
+
+    def ctx(dtype):
+        t = Target(endpoint="http://127.0.0.1:9", model_dir=str(tmp_path),
+                   engine={"tp": 2, "devices": ["cuda:0", "cuda:1"], "dtype": dtype})
+        c = Context(t, AcceptOptions())
+        c.is_engine = True
+        return c
+
+    half = ctx("bfloat16")
+    assert half.refs.exact is False and half.refs.half_precision == "bfloat16"
+    assert "bfloat16" in _needs_tp2_reference(half)
+    full = ctx("float32")
+    assert full.refs.exact is True and _needs_tp2_reference(full) is None
+
+
+def test_qualify_serves_the_demo_model_in_float32_on_gpus():
+    from v100plan.commands.qualify_run import _dtype
+
+    probe = {"cards": [{"compute_capability": "9.0"}, {"compute_capability": "9.0"}]}
+    assert _dtype("cuda", probe, None, demo=True) == "float32"
+    assert _dtype("cuda", probe, None) == "bfloat16"
+    assert _dtype("cuda", {"cards": [{"compute_capability": "7.0"}] * 2}, None) == "float16"

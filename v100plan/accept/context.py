@@ -73,7 +73,15 @@ class References:
 
     @property
     def exact(self) -> bool:
-        return self.ctx.target.model_dir is not None
+        """True when answers can be checked token for token against a TP1 run here: the weights are
+        here and the service computes in float32 (in half precision TP2's split sums round differently
+        from one card's, so a flipped near-tie is not a wrong answer)."""
+        return self.ctx.target.model_dir is not None and self.half_precision is None
+
+    @property
+    def half_precision(self) -> str | None:
+        dtype = (self.ctx.target.engine or {}).get("dtype")
+        return dtype if dtype in ("float16", "bfloat16") else None
 
     def get(self, prompt: str, max_tokens: int = REF_TOKENS, temperature: float = 0.0,
             seed: int | None = None) -> Reference:
@@ -181,6 +189,10 @@ class Context:
         if self.is_engine and not self.fault_control:
             notes.append("the engine's fault control does not answer (start it with --enable-fault-injection "
                          "and reach it from loopback): fault scenarios are waived")
+        if self.target.model_dir is not None and self.refs.half_precision:
+            notes.append(f"served in {self.refs.half_precision}: answers are checked against the service's own "
+                         "quiet answer, not a TP1 run (TP2's split sums round differently from one card's), so an "
+                         "answer that changes under load counts as differs, not wrong")
         return notes
 
     # ----- requests ---------------------------------------------------------------------------

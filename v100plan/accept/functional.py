@@ -333,6 +333,9 @@ def _needs_tp2_reference(ctx: Context) -> str | None:
     why = _engine_only(ctx)
     if why:
         return why
+    if ctx.refs.half_precision:
+        return (f"served in {ctx.refs.half_precision}: TP2's split sums round differently from one card's, so "
+                "tokens equal TP1's only in float32")
     if not ctx.refs.exact:
         return "the served weights are not on this machine, so there is no TP1 run to compare with"
     if (ctx.target.engine or {}).get("tp", 2) != 2:

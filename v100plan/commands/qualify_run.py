@@ -68,8 +68,11 @@ def _devices(device: str, probe: dict | None) -> str:
     return "cuda" if cards >= 2 else ("cuda:0,cuda:0" if cards == 1 else "cpu")
 
 
-def _dtype(devices: str, probe: dict | None, plan: dict | None) -> str:
-    if devices == "cpu":
+def _dtype(devices: str, probe: dict | None, plan: dict | None, demo: bool = False) -> str:
+    # The demo model is there to check answers token for token against a TP1 run, which holds only in
+    # float32: in half precision TP2's split sums round differently from one card's, and the demo
+    # model's random weights give near-flat logits where that flips an argmax (seen on two H200s).
+    if devices == "cpu" or demo:
         return "float32"
     launch = (plan or {}).get("launch") or {}
     if launch.get("dtype") in ("float16", "bfloat16"):
@@ -123,6 +126,7 @@ class LocalRun:
 
     def __init__(self, device: str):
         self.device = device
+        self.demo = False  # set when qualify generated the demo model
         self.svc = None
         self.secrets: list[str] = []
         self.endpoint = "not started"
@@ -144,7 +148,10 @@ class LocalRun:
         from v100plan.accept.local import LocalService
 
         devices = _devices(self.device, probe)
-        dtype = _dtype(devices, probe, plan)
+        dtype = _dtype(devices, probe, plan, demo=self.demo)
+        if self.demo and devices != "cpu":
+            notes.append("the demo model is served in float32 on the GPUs too, so its answers can be compared "
+                         "token for token with a TP1 run; speeds are not a half-precision model's")
         if devices == "cpu":
             notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
                          "a GPU's and no plan applies")
@@ -194,6 +201,7 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
         probe = _probe(phases, run)
         if model_dir is None:
             model_dir = run.demo_model(out_dir)
+            run.demo = True
             notes.append("no model given: the generated v100plan-demo model (about 3.3 M parameters, random "
                          "weights, byte-identical on every machine) stands in for a real one")
         plan = _plan(phases, probe, model_dir, out_dir)
