@@ -199,3 +199,23 @@ def test_qualify_serves_the_demo_model_in_float32_on_gpus():
     assert _dtype("cuda", probe, None, demo=True) == "float32"
     assert _dtype("cuda", probe, None) == "bfloat16"
     assert _dtype("cuda", {"cards": [{"compute_capability": "7.0"}] * 2}, None) == "float16"
+
+
+def test_the_two_h200_bf16_recording_is_what_half_precision_references_now_avoid(tmp_path):
+    # tests/fixtures/acceptance/qualify-h200x2-bf16-2026-11-30.json: qualify on two H200s (nvidia-h200-x2,
+    # 2026-11-30) serving the demo model in bfloat16 and judging it against a TP1 run: the
+    # ranks recovered from every fault (detected within 10 s) yet every fault scenario failed its prefix check and
+    # tp2_equals_tp1 failed. Today's rules would not have compared that service with a TP1 run.
+    from tests.conftest import FIXTURES
+    from v100plan.accept.context import AcceptOptions, Context, Target
+
+    rec = json.loads((FIXTURES / "acceptance" / "qualify-h200x2-bf16-2026-11-30.json").read_text())
+    eng = rec["target"]["engine"]
+    assert eng["dtype"] == "bfloat16" and eng["devices"] == ["cuda:0", "cuda:1"]
+    by_key = {s["key"]: s for s in rec["scenarios"]}
+    assert by_key["tp2_equals_tp1"]["status"] == "failed"
+    faults = [s for s in rec["scenarios"] if s["group"] == "fault"]
+    reps = [r for s in faults for r in s["repetitions"]]
+    assert reps and all(r["time_to_detect_s"] < 10.0 and r["time_to_recover_s"] for r in reps)
+    ctx = Context(Target(endpoint=rec["target"]["endpoint"], model_dir=str(tmp_path), engine=eng), AcceptOptions())
+    assert ctx.refs.exact is False

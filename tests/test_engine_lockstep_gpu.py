@@ -19,6 +19,7 @@ from tests.test_service_support import (
     ServiceProcess,
     prompt_ids,
     reference_until_eos,
+    stream_until_fault,
     tokenizer,
     tp1_reference,
     wait_until,
@@ -33,29 +34,6 @@ def _gpus() -> int:
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _stream_until_fault(svc, payload: dict, inject, after_chunks: int = 2) -> tuple[str, list[dict]]:
-    """Stream, inject after a few chunks; (text received, the data events after it)."""
-    text, tail, injected = "", [], False
-    with svc.client.stream("POST", "/v1/completions", json={**payload, "stream": True}, timeout=60) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                tail.append({"done": True})
-                break
-            event = json.loads(line[6:])
-            if "error" in event:
-                tail.append(event)
-                continue
-            text += event["choices"][0]["text"]
-            after_chunks -= 1
-            if after_chunks == 0 and not injected:
-                inject()
-                injected = True
-    return text, tail
 
 
 LONG = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
@@ -89,7 +67,7 @@ def test_lockstep_in_the_graph_on_two_gpus():
 
         # corrupt rank 1's running hash inside the graph of its next step, mid-way through a long greedy stream
         before = svc.wait_healthy()
-        text, tail = _stream_until_fault(svc, LONG, lambda: svc.inject("corrupt_hash", rank=1))
+        text, tail = stream_until_fault(svc, LONG, lambda: svc.inject("corrupt_hash", rank=1))
         assert tail[-1] == {"done": True} and any("error" in e for e in tail)
         long_ref = tp1_reference(tuple(prompt_ids("Long story")), 1500, device="cuda:0", dtype="float32")
         full = tokenizer().decode(long_ref["token_ids"])

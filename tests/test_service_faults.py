@@ -10,7 +10,6 @@ are printed (pytest -s) for the record in docs/service.md."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -24,6 +23,7 @@ from tests.test_service_support import (
     pid_alive,
     prompt_ids,
     service_fixture,
+    stream_until_fault,
     tokenizer,
     tp1_reference,
     wait_until,
@@ -108,33 +108,9 @@ def _parent(pid: int) -> int:
         return int(fh.read().rsplit(") ", 1)[1].split()[1])
 
 
-def _stream_until_fault(svc, payload: dict, inject, after_chunks: int = 2) -> tuple[str, list[dict]]:
-    """Stream, inject after a few chunks, return (text received, the data events after it)."""
-    text, tail, injected = "", [], False
-    with svc.client.stream("POST", "/v1/completions", json={**payload, "stream": True}, timeout=60) as r:
-        assert r.status_code == 200
-        chunks = 0
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                tail.append({"done": True})
-                break
-            event = json.loads(line[6:])
-            if "error" in event:
-                tail.append(event)
-                continue
-            text += event["choices"][0]["text"]
-            chunks += 1
-            if chunks == after_chunks and not injected:
-                inject()
-                injected = True
-    return text, tail
-
-
 def test_kill_rank0_mid_stream_gives_sse_error_then_done(svc):
     before = svc.wait_healthy()
-    text, tail = _stream_until_fault(svc, LONG, lambda: svc.inject("kill", rank=0))
+    text, tail = stream_until_fault(svc, LONG, lambda: svc.inject("kill", rank=0))
     assert tail[-1] == {"done": True}
     errors = [e["error"] for e in tail if "error" in e]
     assert len(errors) == 1 and errors[0]["code"] == 503 and "restarting" in errors[0]["message"]
@@ -195,7 +171,7 @@ def test_a_stalled_allreduce_is_found_by_the_waiting_peer(svc):
 def test_corrupt_hash_is_a_lockstep_failure_and_no_wrong_token_is_served(svc):
     before = svc.wait_healthy()
     lockstep_before = svc.metric("v100plan_lockstep_failures_total")
-    text, tail = _stream_until_fault(svc, LONG, lambda: svc.inject("corrupt_hash", rank=1))
+    text, tail = stream_until_fault(svc, LONG, lambda: svc.inject("corrupt_hash", rank=1))
     assert tail[-1] == {"done": True} and any("error" in e for e in tail)
     ref = tp1_reference(tuple(prompt_ids("Long story")), 200)
     assert tokenizer().decode(ref["token_ids"]).startswith(text)

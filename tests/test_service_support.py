@@ -225,3 +225,27 @@ class ServiceProcess:
         for pid in pids:  # the ranks must not outlive serve
             wait_until(lambda p=pid: not pid_alive(p), 10, what=f"rank pid {pid} to exit")
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def stream_until_fault(svc, payload: dict, inject, after_chunks: int = 2) -> tuple[str, list[dict]]:
+    """Stream, inject after a few chunks, return (text received, the data events after it)."""
+    text, tail, injected = "", [], False
+    with svc.client.stream("POST", "/v1/completions", json={**payload, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        chunks = 0
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                tail.append({"done": True})
+                break
+            event = json.loads(line[6:])
+            if "error" in event:
+                tail.append(event)
+                continue
+            text += event["choices"][0]["text"]
+            chunks += 1
+            if chunks == after_chunks and not injected:
+                inject()
+                injected = True
+    return text, tail
