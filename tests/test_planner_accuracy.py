@@ -20,11 +20,6 @@ KNOWN_MISSES = {
     "ninfer-replicas-131k": "the report gives no acceptance or engine for its replicas figure; with the tuned engine and "
                             "prose acceptance the planner says 52.9 (+26 %); the original port's 41 tok/s at 122K suggests "
                             "the figure came from that engine",
-    "gptfast-a100x8-l2-70b-tp8-int8": "priced on gpt-fast's own path (PyTorch's intra-node allreduce, 10.5 us, the midpoint "
-                                      "of the published 6-15 us) the 70B runs leave 1.6-2.7 ms per token unexplained at "
-                                      "tp2, tp4 and tp8 (about 21-27 us per allreduce, above the path's whole range) while "
-                                      "the 7B runs on the same box need 6-7.5 us: not an allreduce cost; the 8-bit tp8 "
-                                      "point has the shortest round, so the same gap is its largest share (+27 %)",
 }
 
 

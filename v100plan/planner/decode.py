@@ -3,6 +3,7 @@
 round = weight bytes read / (bandwidth x weight_bw_fraction)
       + KV bytes read at the context / (bandwidth x kv_bw_fraction)
       + round overhead (slowed by a throttling pair's clock ratio)
+        = round_overhead_ms + round_overhead_per_layer_ms x the model's layers (round_overhead_ms)
       + allreduces per round x one allreduce + hand-overs between cards
       + k draft steps (a separate draft model or an MTP head: its bytes / (bandwidth x weight fraction),
         plus the engine's round overhead for a separate draft model)
@@ -67,6 +68,18 @@ def tokens_per_round(draft_tokens: int, acceptance: float, definition: str = "ac
             return float(k + 1)
         return (1.0 - a ** (k + 1)) / (1.0 - a)
     return 1.0 + k * a
+
+
+def round_overhead_ms(constant_ms: float, per_layer_ms: float | None, layers: int) -> float:
+    """constant_ms + per_layer_ms x layers: what a round costs beyond its reads.
+
+    The per-layer part is for engines whose fixed cost is the same handful of small kernels per layer
+    (norms, rotary, attention, activation, the gaps between launches) whatever the layer's width: it
+    grows with the layer count and is NOT divided by tensor parallel (each rank runs every layer at a
+    narrower width) nor by pipeline stages (the stages run their layers one after another, so a round
+    still pays for every layer). Source: the bundled engine's H200 profile, docs/engine-speed.md
+    (~14 small kernels a layer; they did not shrink at half width under TP2)."""
+    return constant_ms + (per_layer_ms or 0.0) * layers
 
 
 def read_ms(gb: float, bw_gbps: float, fraction: float = 1.0) -> float:

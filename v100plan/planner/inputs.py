@@ -130,6 +130,12 @@ class Model:
     assumptions: tuple[str, ...] = ()
     kv_dtype: str = ""
     head_gb: float = 0.0              # the output head as read per token (part of weights_split_gb); 0: not known
+    draft_layers: int = 0             # a separate draft model's layers (its per-layer overhead); 0: not known
+
+    @property
+    def layers(self) -> int:
+        """Every layer a round runs (a per-layer overhead counts them): the profile's total, else its attention layers."""
+        return self.layers_total or self.attention_layers
 
     @property
     def kv_shape_bytes_per_token(self) -> float:
@@ -163,7 +169,7 @@ class Engine:
     tp2_weight_bw_fraction: Sourced = Sourced(None, "not in the engine profile")
     tp2_kv_bw_fraction: Sourced = Sourced(None, "not in the engine profile")
     # generation -> {"weight_bw_fraction_by_format": {fmt: Sourced}, "weight_bw_fraction": Sourced,
-    #                "kv_bw_fraction": Sourced, "round_overhead_ms": Sourced}
+    #                "kv_bw_fraction": Sourced, "round_overhead_ms": Sourced, "round_overhead_per_layer_ms": Sourced}
     by_generation: dict[str, dict[str, Any]] = field(default_factory=dict)
     acceptance_definition: str = "per_token"   # "per_token": (1 - a^(k+1)) / (1 - a); "accepted_share": 1 + k x A
     acceptance_source: str = ""
@@ -181,6 +187,9 @@ class Engine:
     # intra-node kernels); its figures are looked up on the box first, NCCL's stand in (said) where it has none.
     allreduce_path: str = "nccl"
     allreduce_path_source: str = "default: NCCL"
+    # Overhead per layer of the model, per round (each layer launches the same small kernels whatever its width,
+    # so it is neither divided by tensor parallel nor by pipeline stages); added to round_overhead_ms. None: none.
+    round_overhead_per_layer_ms: Sourced = Sourced(None, "not in the engine profile")
 
     def generation_entry(self, generation: str) -> dict[str, Any] | None:
         return self.by_generation.get(generation)
@@ -229,6 +238,14 @@ class Engine:
             if self.tp2_kv_bw_fraction.value is not None:
                 fk = self.tp2_kv_bw_fraction
         return fw, fk, oh, notes
+
+    def per_layer_overhead(self, generation: str) -> Sourced:
+        """round_overhead_per_layer_ms for a card generation, resolved as round_overhead_ms is: the generation's
+        figure, else the engine's generation-free one."""
+        g = self.by_generation.get(generation)
+        if g is not None:
+            return g.get("round_overhead_per_layer_ms", self.round_overhead_per_layer_ms)
+        return self.round_overhead_per_layer_ms
 
     def weight_fraction_for(self, fmt: str) -> tuple[Sourced, str | None]:
         """The weight-read fraction for a weight format, and a note when the engine's default stands in."""
@@ -426,12 +443,13 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         tp_output_head_source=(doc.get("tp_output_head") or {}).get("source", "default: vocab parallel"),
         allreduce_path=(doc.get("allreduce_path") or {}).get("value", "nccl"),
         allreduce_path_source=(doc.get("allreduce_path") or {}).get("source", "default: NCCL"),
+        round_overhead_per_layer_ms=_sourced(eff.get("round_overhead_per_layer_ms"), missing),
     )
 
 
 def _generation(entry: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("weight_bw_fraction", "kv_bw_fraction", "round_overhead_ms"):
+    for key in ("weight_bw_fraction", "kv_bw_fraction", "round_overhead_ms", "round_overhead_per_layer_ms"):
         if key in entry:
             out[key] = _sourced(entry[key])
     out["weight_bw_fraction_by_format"] = {k: _sourced(v) for k, v in (entry.get("weight_bw_fraction_by_format") or {}).items()}

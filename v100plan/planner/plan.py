@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
 from v100plan.planner import nearest
-from v100plan.planner.decode import Round, decode_round, read_ms, tokens_per_round
+from v100plan.planner.decode import Round, decode_round, read_ms, round_overhead_ms, tokens_per_round
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
 from v100plan.planner.launch import launch_commands
@@ -116,11 +116,13 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     if lay.pp > 1:
         net = hw.network
         hop_us = (net.latency_us + model.allreduce_bytes_per_token * verified_tokens * C / (net.bw_gbps * 1e3)) if net else 0.0
-    draft_ms = _draft_ms(model, engine, card.read_bw.value, fw.value, oh.value, verified_tokens - 1)
+    per_layer = engine.per_layer_overhead(card.architecture).value
+    overhead_ms = round_overhead_ms(oh.value, per_layer, model.layers)
+    draft_ms = _draft_ms(model, engine, card.read_bw.value, fw.value, oh.value, per_layer, verified_tokens - 1)
     verify_ms = _verify_compute_ms(model, engine, hw, verified_tokens * C, lay.tp)
     rnd: Round = decode_round(
         weights_gb=weights_gb, kv_gb=kv_read_gb, bw_gbps=card.read_bw.value, weight_fraction=fw.value,
-        kv_fraction=fk.value, overhead_ms=oh.value, clock_ratio=ratio,
+        kv_fraction=fk.value, overhead_ms=overhead_ms, clock_ratio=ratio,
         allreduce_ms=ar_ms, hops_ms=lay.hops_per_round * hop_us / 1e3, tpr=tpr, draft_ms=draft_ms, verify_compute_ms=verify_ms,
     )
     breakdown["decode"] = {
@@ -134,6 +136,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         "allreduce_source": ar_source,
         "clock_ratio": ratio, "tokens_per_round": round(tpr, 4), "ceiling_ms": round(rnd.ceiling_ms, 3),
     }
+    if per_layer is not None:
+        breakdown["decode"].update(overhead_constant_ms=oh.value, overhead_per_layer_ms=per_layer, layers=model.layers)
     if rnd.draft_ms:
         breakdown["decode"]["draft_ms"] = round(rnd.draft_ms, 3)
     prefill_s, prefill_breakdown, why_not = _prefill(hw, model, engine, target, choice, lay, ratio)
@@ -149,15 +153,17 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     )
 
 
-def _draft_ms(model: Model, engine: Engine, bw_gbps: float, fw: float, overhead_ms: float, k: int) -> float:
+def _draft_ms(model: Model, engine: Engine, bw_gbps: float, fw: float, overhead_ms: float, per_layer_ms: float | None,
+              k: int) -> float:
     """k draft steps: each reads the draft's bytes at the engine's weight fraction; a separate draft
-    model also pays the engine's per-round overhead each step. An MTP head whose bytes the profile does
-    not give is inside the engine's calibrated weight reads (0 here, said in the plan)."""
+    model also pays the engine's per-round overhead each step (its per-layer part over the draft's own
+    layers, the target's where the draft's are not known: said in the plan). An MTP head whose bytes the
+    profile does not give is inside the engine's calibrated weight reads (0 here, said in the plan)."""
     if k <= 0 or model.draft_read_gb is None:
         return 0.0
     step = read_ms(model.draft_read_gb, bw_gbps, fw)
     if model.draft_kind == "model":
-        step += overhead_ms
+        step += round_overhead_ms(overhead_ms, per_layer_ms, model.draft_layers or model.layers)
     return k * step
 
 
@@ -215,8 +221,7 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
             f"{fw_tp2}) = {d['weights_ms']:.2f} ms",
             f"KV read at {ctx}: {d['kv_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['kv_bw_fraction']:g}{fk_tp2}) "
             f"= {d['kv_ms']:.2f} ms ({model.kv_bytes_per_token:.0f} bytes/token x {target.concurrency} sequence(s))",
-            f"fixed per-round overhead {d['overhead_ms']:.2f} ms (engine {engine.id}"
-            + (f", stretched by clock ratio {d['clock_ratio']:g}" if d["clock_ratio"] < 1 else "") + ")",
+            _overhead_line(d, engine),
         ]
         if d["allreduce_ms"]:
             lines.append(f"allreduce {d['allreduces_per_round']} x {d['allreduce_us']:g} us ({r.allreduce_path}) = "
@@ -241,6 +246,18 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
                      f"{p['comm_s']:.1f} s = {r.prefill_s:.1f} s at {p['tensor_tflops']:g} TFLOPS peak "
                      f"x {engine.prefill_compute_fraction.value:g} (matrix) / {engine.prefill_attention_fraction.value:g} (attention)")
     return lines
+
+
+def _overhead_line(d: dict, engine: Engine) -> str:
+    """The round's overhead as the arithmetic: fixed, or per layer x every layer (not divided by tp or stages)."""
+    stretch = f", stretched by clock ratio {d['clock_ratio']:g}" if d["clock_ratio"] < 1 else ""
+    if "overhead_per_layer_ms" not in d:
+        return f"fixed per-round overhead {d['overhead_ms']:.2f} ms (engine {engine.id}{stretch})"
+    const = f" + {d['overhead_constant_ms']:g} ms" if d["overhead_constant_ms"] else ""
+    unstretched = d["overhead_constant_ms"] + d["overhead_per_layer_ms"] * d["layers"]
+    total = f"{unstretched:.2f} ms" + (f", {d['overhead_ms']:.2f} ms" if stretch else "")
+    return (f"per-round overhead {d['overhead_per_layer_ms']:g} ms x {d['layers']} layers{const} = {total} "
+            f"(engine {engine.id}, per layer: every rank and every stage runs all of them{stretch})")
 
 
 def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alternatives: tuple[Model, ...] = ()) -> Plan:
@@ -269,6 +286,10 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
     else:
         acceptance = engine.default_acceptance if k else 0.0
     tpr = tokens_per_round(k, acceptance, engine.acceptance_definition)
+    if (k and model.draft_kind == "model" and not model.draft_layers
+            and engine.per_layer_overhead(hardware.card.architecture).value is not None):
+        notes.append(f"engine {engine.id} pays its overhead per layer: the draft model's layer count is not known, "
+                     f"so each draft step is priced at {model.id}'s {model.layers} layers (an upper bound)")
     # A draft head without a byte count (the catalogue 27B's MTP layer) is inside the engine's calibrated reads.
     fmt = weight_format(model.format)
     _, _, _, fraction_notes = engine.fractions(model.format, fmt.family if fmt else "", hardware.card.architecture, 1)
