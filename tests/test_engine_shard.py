@@ -106,3 +106,46 @@ def test_generate_tp2_from_a_shard_directory_matches_tp1(demo_dir, tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         outs.append(_json.loads(r.stdout.strip().splitlines()[-1]))
     assert outs[0] == outs[1] and outs[1]["text"] is not None
+
+
+def test_the_same_checkpoint_splits_into_the_same_bytes(demo_dir, tmp_path):
+    """A deployment's release id is made of the shards' SHA-256: splitting again must not change them
+    (save_file writes the header's metadata in a hash map's order; shard sorts it)."""
+    import hashlib
+
+    digests = []
+    for name in ("a", "b"):
+        shard.shard(demo_dir, tmp_path / name, 2)
+        digests.append({p.relative_to(tmp_path / name).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                        for p in sorted((tmp_path / name).rglob("*.safetensors"))})
+    assert digests[0] == digests[1] and len(digests[0]) == 2
+
+
+def test_serve_runs_a_shard_directory_and_answers_as_tp1_on_the_unsplit_model(demo_dir, tmp_path):
+    """`python -m engine serve --model SHARD_DIR`: the proxy reads config.json and the tokenizer from rank0/
+    (there are none at the top of a shard directory), each rank loads its own rankN/."""
+    import argparse
+
+    from engine.service.proxy_text import load_model_text
+    from engine.service.serve_config import add_serve_arguments, config_from_args
+    from tests.test_service_support import ServiceProcess, expected_tokens, prompt_ids
+
+    s = tmp_path / "s"
+    shard.shard(demo_dir, s, 2)
+    assert not (s / "config.json").exists()
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+    assert config_from_args(p.parse_args(["--model", str(s)])).model_dir == str(s.resolve())
+    whole, split = load_model_text(str(demo_dir), None), load_model_text(str(s), None)
+    assert split.model_id == whole.model_id == "v100plan-demo"
+    assert (split.vocab_size, split.eos_token_ids) == (whole.vocab_size, whole.eos_token_ids)
+    assert split.encode_prompt("Shards!") == whole.encode_prompt("Shards!")
+
+    svc = ServiceProcess(model=str(s))
+    try:
+        svc.wait_healthy()
+        r = svc.complete("Shards!", 12)
+        assert r.status_code == 200, r.text
+        assert r.json()["v100plan"]["token_ids"] == expected_tokens(prompt_ids("Shards!"), 12)
+    finally:
+        svc.stop()

@@ -68,6 +68,7 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
         d.mkdir(parents=True, exist_ok=True)
         save_file(parts[r], str(d / "model.safetensors"), metadata={"format": "pt", "tp_rank": str(r),
                                                                      "tp_world": str(world)})
+        _stable_header(d / "model.safetensors")
         for name in COPIED:
             if (src / name).exists():
                 shutil.copy2(src / name, d / name)
@@ -81,6 +82,20 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
                 "bytes_per_rank": bytes_per_rank, "verified": "reassembled bit-exactly"}
     (dst / "shard.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def _stable_header(path: Path) -> None:
+    """Rewrite the safetensors header with its keys sorted: save_file writes the metadata in a hash
+    map's order, which changes from run to run, and the same split must give the same bytes (a
+    deployment's release id is made of the shards' SHA-256)."""
+    import struct
+
+    with open(path, "r+b") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+        text = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+        fh.seek(8)
+        fh.write(text + b" " * (n - len(text)))  # the same compact JSON, reordered: never longer
 
 
 def verify(dst: Path, world: int, kinds: dict[str, str], originals: dict[str, tuple[Path, str]]) -> None:

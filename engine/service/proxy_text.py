@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.core.config import files_dir
 from engine.core.tokenizer import Tokenizer
 
 
@@ -37,14 +38,17 @@ class ModelText:
 
 
 def load_model_text(model_dir: str, served_model_name: str | None) -> ModelText:
+    """From the model directory, or from rank0/ of a `python -m engine shard` directory (its shard.json
+    says so; every rank directory holds the same config and tokenizer copies)."""
     root = Path(model_dir)
-    config = json.loads((root / "config.json").read_text())
+    files = files_dir(root)
+    config = json.loads((files / "config.json").read_text())
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     # The demo model names itself in config.json's "v100plan" block; other models go by their directory.
     model_id = served_model_name or (config.get("v100plan") or {}).get("model_id") or root.name
     return ModelText(model_id=model_id, vocab_size=int(config["vocab_size"]), eos_token_ids=eos_ids,
-                     tokenizer=Tokenizer.from_dir(root))
+                     tokenizer=Tokenizer.from_dir(files))
 
 
 class TextAssembler:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
+from engine.core.config import files_dir  # stdlib-only too
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -118,7 +119,8 @@ def read_api_key(path: str) -> str:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model directory (Hugging Face layout, unsharded is fine)")
+    parser.add_argument("--model", required=True, help="model directory (Hugging Face layout), unsharded or "
+                        "written by `python -m engine shard` (shard.json, rank0/, rank1/)")
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (the service runs 2)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --api-key-file)")
     parser.add_argument("--port", type=int, default=8000)
@@ -165,7 +167,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ServeConfigError(f"--tp {args.tp}: the service runs exactly two ranks (--tp 2); "
                                "use `python -m engine generate --tp 1` for one process")
     model = Path(args.model)
-    if not (model / "config.json").is_file():
+    if not (files_dir(model) / "config.json").is_file():  # a shard directory: rank0/config.json
         raise ServeConfigError(f"--model {args.model}: no config.json there (expected a Hugging Face model directory)")
     api_key = read_api_key(args.api_key_file) if args.api_key_file else None
     if not host_is_loopback(args.host) and api_key is None:
