@@ -3,7 +3,8 @@ next: idempotent redeploy, dry runs, the lock, a second release, rollback, a rel
 health check (rolled back automatically), the service reached through an SSH port forward, logs, stop.
 
 One deployment for the module (the steps build on each other, as on a real host); the remote venv
-is the session's shared one, built once per dependency set.
+is the session's shared one, built once per dependency set. The deploys share one local v100plan
+home, so the model is split into its two shards once and the later deploys reuse the split.
 """
 
 from __future__ import annotations
@@ -50,19 +51,28 @@ def demo_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def broken_model(tmp_path_factory, demo_model):
-    """The demo model with its weights cut short: the ranks cannot load it, /health never passes."""
+    """The demo model with a config that claims one layer more than its weights hold: it splits (the
+    split follows the tensors there are), but the ranks cannot fill the missing layer, /health never passes."""
     d = tmp_path_factory.mktemp("models") / "broken"
     shutil.copytree(demo_model, d)
-    w = d / "model.safetensors"
-    w.write_bytes(w.read_bytes()[: 4096])
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] += 1
+    (d / "config.json").write_text(json.dumps(cfg))
     return d
 
 
+@pytest.fixture(scope="module")
+def local_home(tmp_path_factory):
+    """The module's local v100plan home: where the split shards are cached."""
+    return tmp_path_factory.mktemp("v100plan-home-deploy")
+
+
 @pytest.fixture
-def env(monkeypatch, server, tmp_path_factory, bundle_snapshot):
+def env(monkeypatch, server, tmp_path_factory, bundle_snapshot, local_home):
     root = sshd_mod.shared_remote_root(tmp_path_factory)
     sshd_mod.remote_env(monkeypatch, server, root)
     monkeypatch.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
+    monkeypatch.setenv("V100PLAN_HOME", str(local_home))
     return root
 
 
@@ -100,21 +110,23 @@ def bundle_snapshot(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def first(tmp_path_factory, server, port, demo_model, bundle_snapshot):
+def first(tmp_path_factory, server, port, demo_model, bundle_snapshot, local_home):
     """The first deploy, as the CLI reports it (run once; the tests below build on it)."""
     root = sshd_mod.shared_remote_root(tmp_path_factory)
     mp = pytest.MonkeyPatch()
     sshd_mod.remote_env(mp, server, root)
     mp.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
+    mp.setenv("V100PLAN_HOME", str(local_home))
     try:
         from tests.conftest import Cli
 
-        before = tree(root)
+        before, home_before = tree(root), tree(local_home)
         dry = Cli()("deploy", server.host_spec, "--model", demo_model, "--deployment", DEP, "--port", port,
                     "--dry-run", "--json")
-        after_dry = tree(root)
+        after_dry, home_after_dry = tree(root), tree(local_home)
         r = _deploy(Cli(), server, port, demo_model)
-        yield {"dry": dry, "dry_unchanged": before == after_dry, "result": r, "root": root}
+        yield {"dry": dry, "dry_unchanged": before == after_dry, "dry_split_nothing": home_before == home_after_dry,
+               "result": r, "root": root}
         Cli()("stop", server.host_spec, "--deployment", DEP)  # whatever the tests left running
     finally:
         mp.undo()
@@ -126,25 +138,40 @@ def test_dry_run_on_a_fresh_host_changes_nothing(first):
     doc = json.loads(r.stdout)
     assert doc["dry_run"] is True and doc["changed"] is False
     acts = "\n".join(doc["actions"])
-    assert "upload 4 model file(s)" in acts and "start release" in acts and "switch" in acts
+    assert "locally into 2 tensor-parallel shards" in acts and "13.1 MB of weights" in acts
+    assert "upload the shards (shard.json, rank0/, rank1/)" in acts and "start release" in acts and "switch" in acts
+    assert doc["release"] is None  # the manifest lists the shards' SHA-256: unknown until they are made
     assert "would: " in sshd_mod.flat(r.stderr)
     assert first["dry_unchanged"], "the dry run changed the remote tree"
+    assert first["dry_split_nothing"], "the dry run split the model (or wrote the local cache)"
 
 
-def test_first_deploy_passes_health_and_smoke(first, server, port):
+def test_first_deploy_passes_health_and_smoke(first, server, port, demo_model):
     r = first["result"]
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["changed"] and doc["restarted"] and doc["previous"] is None
-    assert doc["uploaded_bytes"] > 13_000_000  # the demo weights went over
-    # both ends have rsync here (.ci/run installs it): the model goes by rsync over ssh
-    assert ("rsync over ssh" if shutil.which("rsync") else "SFTP") in sshd_mod.flat(r.stderr)
+    assert doc["uploaded_bytes"] > 13_000_000  # the two shards went over (13.4 MB with the embeddings in both)
+    err = sshd_mod.flat(r.stderr)
+    assert re.search(r"split into 2 shards locally: 6\.\d, 6\.\d MB per rank", err), err
+    assert doc["split"]["cached"] is False and doc["split"]["files"] == 9
+    # both ends have rsync here (.ci/run installs it): the shards go by rsync over ssh
+    assert ("rsync over ssh" if shutil.which("rsync") else "SFTP") in err
     d = first["root"] / DEP
     assert os.readlink(d / "current") == f"releases/{doc['release']}"
     man = json.loads((d / "current" / "manifest.json").read_text())
     assert man["engine"]["port"] == port
-    files = {p.name: p for p in (d / "current" / "model").iterdir()}
-    assert set(man["model"]["files"]) <= set(files)
+    # the release's model is the split: shard.json and one directory per rank, no unsplit weights
+    model = d / "current" / "model"
+    assert sorted(p.name for p in model.iterdir() if not p.name.startswith(".")) == ["rank0", "rank1", "shard.json"]
+    on_host = {p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file()} - {".v100plan-verified"}
+    assert set(man["model"]["files"]) == on_host  # the manifest's checksums cover every uploaded file
+    for rank_dir in ("rank0", "rank1"):
+        assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (model / rank_dir).iterdir()}
+    from v100plan.remote.release import model_digest, model_files
+
+    assert man["model"]["sharding"] == {"tp": 2, "source": model_digest(model_files(demo_model))}
+    assert json.loads((model / "shard.json").read_text())["tp"] == 2
     key = d / "api_key"
     assert oct(key.stat().st_mode & 0o777) == "0o600"
     assert key.read_text().strip() not in r.stdout + r.stderr  # the key is never printed
@@ -166,8 +193,83 @@ def test_second_deploy_with_nothing_changed_uploads_nothing_restarts_nothing(cli
     doc = json.loads(r.stdout)
     assert "nothing changed" in sshd_mod.flat(r.stderr), r.stderr
     assert doc["uploaded_bytes"] == 0 and doc["restarted"] is False and doc["changed"] is False
+    assert doc["split"]["cached"] is True and "nothing split" in sshd_mod.flat(r.stderr)
+    assert doc["release"] == json.loads(first["result"].stdout)["release"]
     after = cli.json("status", server.host_spec, "--deployment", DEP)
     assert after["supervisord_pid"] == before["supervisord_pid"] and after["ranks"] == before["ranks"]
+
+
+def test_a_shard_file_damaged_after_upload_is_caught_by_its_checksum(env, first, server, demo_model):
+    """One byte of rank 1's weights flipped on the host right after the transfer (what a bad disk or a
+    broken copy does): the SHA-256 check after the upload names the file and the shards are not marked
+    verified; the next run sends that file anew and passes."""
+    from v100plan.errors import EnvironmentProblem
+    from v100plan.remote import deploy as dp
+    from v100plan.remote import split
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.host import RemoteSettings
+    from v100plan.remote.hosts import parse_host
+    from v100plan.remote.release import model_digest, model_files
+    from v100plan.remote.supervisor import Paths
+
+    sp = split.split(demo_model, model_files(demo_model))
+    assert sp.cached  # the first deploy's split, reused
+    dep = f"{DEP}-damaged"  # its own models/ directory: the running deployment's stays as it is
+    target = dp.Target(parse_host(server.host_spec),
+                       SshOptions(known_hosts=str(server.known_hosts), identity=str(server.user_key)),
+                       RemoteSettings(root=str(first["root"]), python=sshd_mod.remote_python()), dep)
+    paths, digest = Paths(str(first["root"]), dep), model_digest(sp.files)
+    victim = Path(paths.model(digest)) / "rank1" / "model.safetensors"
+
+    def flip_last_byte() -> None:
+        if victim.is_file():
+            data = bytearray(victim.read_bytes())
+            data[-1] ^= 0xFF
+            victim.write_bytes(bytes(data))
+
+    said: list[str] = []
+    patch = pytest.MonkeyPatch()  # its own: undoing it must not undo env's settings
+    with Remote(target.spec, target.ssh) as remote:
+        for name in ("rsync", "upload"):
+            real = getattr(remote, name)
+
+            def damaging(*a, _real=real, **k):
+                sent = _real(*a, **k)
+                flip_last_byte()
+                return sent
+
+            patch.setattr(remote, name, damaging)
+        with pytest.raises(EnvironmentProblem) as caught:
+            dp._upload_model(remote, target, paths, sp.dir, sp.files, digest, said.append,
+                             has_rsync=bool(shutil.which("rsync")))
+        assert "rank1/model.safetensors" in caught.value.message and "SHA-256" in caught.value.message
+        assert "rank0/model.safetensors" not in caught.value.message
+        assert not (victim.parent.parent / ".v100plan-verified").exists()
+
+        patch.undo()  # the transfer is sound again: run it again, as the hint says
+        said.clear()
+        dp._upload_model(remote, target, paths, sp.dir, sp.files, digest, said.append,
+                         has_rsync=bool(shutil.which("rsync")))
+    assert any("removing 1 damaged file(s)" in line and "rank1/model.safetensors" in line for line in said), said
+    assert any("uploading 1 shard file(s)" in line for line in said), said
+    assert (victim.parent.parent / ".v100plan-verified").exists()
+    assert victim.read_bytes() == (sp.dir / "rank1" / "model.safetensors").read_bytes()
+    shutil.rmtree(Path(paths.dir))
+
+
+def test_a_model_that_cannot_be_split_is_refused_before_anything_is_sent(cli, env, first, server, port, demo_model,
+                                                                        tmp_path):
+    """Weights cut short: the local split fails, exit 2 with the reason, and the host is not touched."""
+    bad = tmp_path / "cut"
+    shutil.copytree(demo_model, bad)
+    w = bad / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:4096])
+    before = tree(first["root"], skip=(f"{DEP}/run",))
+    r = _deploy(cli, server, port, bad)
+    assert r.exit_code == 2, r.stderr
+    err = sshd_mod.flat(r.stderr)
+    assert "could not be split into 2 tensor-parallel shards" in err and "Traceback" not in err
+    assert tree(first["root"], skip=(f"{DEP}/run",)) == before
 
 
 def test_service_is_reached_through_an_ssh_forward(first, server, env):
@@ -186,10 +288,15 @@ def test_service_is_reached_through_an_ssh_forward(first, server, env):
         # completion at least; request ids restart with every proxy), the reader only the one made now
         held = (first["root"] / DEP / "run" / "logs" / "rank0.g1.log").read_text()
         assert "request r1 " in held
-        body = json.dumps({"model": "v100plan-demo", "prompt": "Hello", "max_tokens": 3}).encode()
+        body = json.dumps({"model": "v100plan-demo", "prompt": "Hello", "max_tokens": 3, "temperature": 0}).encode()
         with urllib.request.urlopen(urllib.request.Request(svc.endpoint + "/v1/completions", body, auth),
                                     timeout=60) as resp:
-            assert json.loads(resp.read())["usage"]["completion_tokens"] == 3
+            answer = json.loads(resp.read())
+        assert answer["usage"]["completion_tokens"] == 3
+        # the ranks serve their own shards, and answer what one process answers on the unsplit model
+        from tests.test_service_support import expected_tokens, prompt_ids
+
+        assert answer["v100plan"]["token_ids"] == expected_tokens(prompt_ids("Hello"), 3)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not all("request " in t for t in svc.read_rank_logs().values()):
             time.sleep(0.2)

@@ -121,6 +121,10 @@ def register(app: typer.Typer) -> None:
         rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
                 ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
                 ("uploaded bytes", out.uploaded_bytes), ("wall s", f"{out.wall_s:.1f}")]
+        sp = out.extra.get("split")
+        if sp:
+            rows.insert(4, ("split", f"{sp['tp']} shards, {' + '.join(f'{b / 1e6:.1f}' for b in sp['bytes_per_rank'])}"
+                                     f" MB" + (" (cached here)" if sp["cached"] else f" (split now, {sp['seconds']} s)")))
         if dry_run:
             rows.append(("actions", len(out.actions)))
         elif out.reason:

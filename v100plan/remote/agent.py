@@ -133,9 +133,10 @@ def venv(a):
 
 
 def sha256(a):
-    """{relative path: SHA-256} of every file under ``dir`` except v100plan's markers. Read-only."""
+    """{relative path: SHA-256} (and their sizes) of every file under ``dir`` except v100plan's markers.
+    Read-only."""
     d = os.path.expanduser(a["dir"])
-    out = {}
+    out, sizes = {}, {}
     for base, dirs, files in os.walk(d):
         dirs.sort()
         for f in sorted(files):
@@ -147,7 +148,22 @@ def sha256(a):
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
             out[os.path.relpath(p, d)] = h.hexdigest()
-    _out({"files": out})
+            sizes[os.path.relpath(p, d)] = os.path.getsize(p)
+    _out({"files": out, "bytes": sizes})
+
+
+def unlink(a):
+    """Remove the named files under ``dir`` (uploaded files whose SHA-256 is wrong, so they are sent anew)."""
+    d = os.path.realpath(os.path.expanduser(a["dir"]))
+    removed = []
+    for rel in a["files"]:
+        p = os.path.realpath(os.path.join(d, rel))
+        if not p.startswith(d + os.sep):
+            raise SystemExit("refusing to remove %r: not under %s" % (rel, d))
+        if os.path.isfile(p):
+            os.unlink(p)
+            removed.append(rel)
+    _out({"removed": removed})
 
 
 def verified(a):
@@ -303,7 +319,7 @@ def rotate_logs(a):
     _out({"moved": moved, "to": prev})
 
 
-ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, sha256, verified, lock, switch, discard,
+ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, sha256, unlink, verified, lock, switch, discard,
                                    keygen, smoke, health, logs, rotate_logs)}
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ On the host, under the remote root (docs/deploy.md):
                                           venv -> ../../venvs/<venv-id>
     <deployment>/current -> releases/<id> switched atomically, only after /health and a smoke
                                           completion passed on the new release
-    <deployment>/models/<digest>/         model files, each verified by SHA-256 after upload
+    <deployment>/models/<digest>/         the model split here into tensor-parallel shards (shard.json,
+                                          rank0/, rank1/), each file verified by SHA-256 after upload
     <deployment>/run/                     the supervisor's state: supervisord.conf, pid, socket, logs
     <deployment>/api_key                  the service's API key (0600, made on the host, never printed)
     <deployment>/history.json             releases in the order they became current
@@ -24,6 +25,7 @@ from typing import Any
 from v100plan.errors import BadInput, ChecksFailed, EnvironmentProblem
 from v100plan.remote import bundle as bundle_mod
 from v100plan.remote import release as rel
+from v100plan.remote import split as split_mod
 from v100plan.remote import venv as venv_mod
 from v100plan.remote.connect import Remote
 from v100plan.remote.host import agent, prepare
@@ -56,10 +58,19 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
     b = bundle_mod.build()
     reqs = venv_mod.engine_requirements(target.remote.torch)
     vid = venv_mod.venv_id(target.remote.python, reqs, target.remote.index_url)
-    files = rel.model_files(model_dir)
-    man = rel.manifest(b.sha256, vid, reqs, settings, files)
-    out.release, out.settings = rel.release_id(man), settings.pinned()
-    digest = man["model"]["digest"]
+    source = rel.model_files(model_dir)
+    # Split here, before anything goes over: the host gets each rank's own files. A dry run splits
+    # nothing; it uses a split made before, if there is one, and otherwise says what it would split.
+    sp = split_mod.cached(source) if dry_run else split_mod.split(model_dir, source)
+    out.settings = settings.pinned()
+    man, digest = None, None
+    if sp is not None:
+        if not dry_run:
+            say(sp.sentence())
+        man = rel.manifest(b.sha256, vid, reqs, settings, sp.files, {"tp": sp.tp, "source": sp.source_digest})
+        out.release, digest = rel.release_id(man), man["model"]["digest"]
+        out.extra["split"] = {"tp": sp.tp, "bytes_per_rank": sp.bytes_per_rank, "cached": sp.cached,
+                              "files": len(sp.files), "seconds": round(sp.seconds, 2)}
     with session(target, out, bundle=b.id, venv=vid, model=digest) as (remote, st, paths):
         out.previous = st.get("current")
         if purpose != "deploy" and any(h.get("why") == "deploy" for h in st.get("history", [])):
@@ -67,19 +78,31 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
                            f"{purpose} deploys under a name of its own and stops it afterwards",
                            hint=f"give {purpose} another --deployment name (its default is {purpose!r})")
         if dry_run:
-            _plan_actions(remote, target.remote, paths, st, b, vid, reqs, files, digest, out.release, settings, out)
+            _plan_actions(remote, target.remote, paths, st, b, vid, reqs, Path(model_dir), source, sp, digest,
+                          out.release, settings, out)
             for a in out.actions:
                 say(f"would: {a}")
             return out
         with held_lock(remote, target.remote, paths.lock, f"{purpose} of {out.release}"):
-            _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, out.release, settings,
+            _deploy_locked(remote, target, paths, st, b, reqs, sp.dir, sp.files, man, out.release, settings,
                            health_timeout_s, say, out, purpose)
         return out
 
 
-def _plan_actions(remote, rs, paths, st, b, vid, reqs, files, digest, rid, settings, out) -> None:
+def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, digest, rid, settings,
+                  out) -> None:
     acts = out.actions
-    if st.get("current") == rid:
+    if sp is None:
+        w = split_mod.weight_bytes(source)
+        acts.append(f"split {model_dir} locally into {split_mod.TP} tensor-parallel shards (python -m engine shard "
+                    f"--tp {split_mod.TP}: {w / 1e6:.1f} MB of weights, about {w / 2e6:.1f} MB per rank plus the "
+                    f"replicated tensors), check they reassemble bit-exactly, cache them in "
+                    f"{split_mod.cache_dir(rel.model_digest(source))}; the release id is the hash of a manifest "
+                    "that lists the shards' SHA-256, so it is known once they are made")
+    else:
+        acts.append(f"reuse the local split {sp.dir}: {sp.tp} shards, "
+                    f"{', '.join(f'{x / 1e6:.1f}' for x in sp.bytes_per_rank)} MB per rank (nothing to split)")
+    if rid is not None and st.get("current") == rid:
         if healthy(remote, rs, paths, rid, settings.port, dry_run=True):
             acts.append(f"nothing: release {rid} is current and healthy (0 bytes to upload, no restart)")
             return
@@ -89,13 +112,20 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, files, digest, rid, setti
                 f"upload the bundle ({b.size / 1e3:.0f} kB) to {paths.root}/bundles/{b.id}.tar.gz")
     acts.append(f"reuse venv {vid}" if st["venv"] else
                 f"build venv {paths.root}/venvs/{vid} with {' '.join(reqs)}")
-    total = sum(f["bytes"] for f in files.values())
-    acts.append(f"reuse model {digest} (verified)" if st.get("model") else
-                f"upload {len(files)} model file(s), {total / 1e6:.1f} MB, to {paths.model(digest)} and verify "
-                "each SHA-256 there")
+    if sp is None:
+        acts.append(f"upload the shards (shard.json, rank0/, rank1/) to {paths.dir}/models/<their digest> unless the "
+                    "host holds them, and verify each file's SHA-256 there")
+    elif st.get("model"):
+        acts.append(f"reuse model {digest} (the shards, verified)")
+    else:
+        total = sum(f["bytes"] for f in sp.files.values())
+        acts.append(f"upload {len(sp.files)} shard file(s) (shard.json, rank0/, rank1/), {total / 1e6:.1f} MB, "
+                    f"to {paths.model(digest)} and verify each SHA-256 there")
     if not st.get("api_key"):
         acts.append(f"create the API key file {paths.key} (0600, made on the host)")
-    acts.append(f"unpack release {rid} into {paths.release(rid)}")
+    rid_text = rid or "<id>"
+    acts.append(f"unpack release {rid_text} into {paths.dir}/releases/{rid_text}, its model -> the shards")
+    rid = rid_text
     if st.get("current"):
         acts.append(f"stop the service of release {st['current']} (recorded PIDs, via the supervisor)")
     acts.append(f"start release {rid} under supervisord on 127.0.0.1:{settings.port} ({settings.device}), "
@@ -108,16 +138,24 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, files, digest, rid, setti
 
 def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path, files: dict, digest: str,
                   say: Say, has_rsync: bool) -> None:
-    """Model files the host lacks (or holds with another SHA-256): rsync over ssh when both ends have
-    rsync, SFTP otherwise; both resume a broken upload. Then every file's SHA-256 is checked there."""
+    """Shard files (shard.json, rank0/, rank1/) the host lacks (or holds with another SHA-256): rsync over
+    ssh when both ends have rsync, SFTP otherwise; both resume a broken upload. Then every file's SHA-256
+    is checked there, and only then is the directory marked verified."""
     mdir = paths.model(digest)
     subdirs = sorted({str(Path(f).parent) for f in files if str(Path(f).parent) != "."})
     agent(remote, target.remote, "mkdirs", {"paths": [mdir, *(f"{mdir}/{s}" for s in subdirs)]})
-    have = agent(remote, target.remote, "sha256", {"dir": mdir})["files"]
+    held = agent(remote, target.remote, "sha256", {"dir": mdir})
+    have = held["files"]
     todo = [f for f in files if have.get(f) != files[f]["sha256"]]
+    # A file as long as ours (or longer) with another SHA-256 is damaged, not half-sent: resuming would
+    # skip or append to it, so it goes first. A shorter one is where a broken upload stopped.
+    damaged = [f for f in todo if f in have and held.get("bytes", {}).get(f, 0) >= files[f]["bytes"]]
+    if damaged:
+        say(f"removing {len(damaged)} damaged file(s) on the host to send them anew: {', '.join(damaged)}")
+        agent(remote, target.remote, "unlink", {"dir": mdir, "files": damaged})
     total = sum(files[f]["bytes"] for f in todo)
     use_rsync = bool(todo) and has_rsync and remote.rsync_command() is not None
-    say(f"uploading {len(todo)} model file(s), {total / 1e6:.1f} MB "
+    say(f"uploading {len(todo)} shard file(s), {total / 1e6:.1f} MB "
         f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
     if use_rsync:
         remote.rsync(model_dir, mdir, todo)
@@ -127,8 +165,8 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
     got = agent(remote, target.remote, "sha256", {"dir": mdir})["files"]
     bad = [f for f in files if got.get(f) != files[f]["sha256"]]
     if bad:
-        raise EnvironmentProblem(f"{remote.label}: model file(s) {', '.join(bad)} do not match their SHA-256 "
-                                 "after upload", hint="run the deploy again (it resumes and re-checks)")
+        raise EnvironmentProblem(f"{remote.label}: shard file(s) {', '.join(bad)} in {mdir} do not match their "
+                                 "SHA-256 after upload", hint="run the deploy again (it resumes and re-checks)")
     agent(remote, target.remote, "verified", {"dir": mdir})
 
 

@@ -1,7 +1,8 @@
 """What a release is: the manifest that pins it, and the engine settings it runs with.
 
 The release id is the first 16 hex digits of the SHA-256 of the manifest: the bundle's
-SHA-256, the venv's dependency set, the engine settings and every model file's SHA-256.
+SHA-256, the venv's dependency set, the engine settings, how the model was split and every
+uploaded model file's SHA-256 (shard.json and each rank's files).
 Any change to any of them is a new release; nothing changed is the same id.
 """
 
@@ -115,6 +116,11 @@ def model_files(model_dir: str | Path) -> dict[str, dict[str, Any]]:
     if not (d / "config.json").is_file():
         raise BadInput(f"--model {str(d)!r}: no config.json there (expected a Hugging Face model directory)",
                        hint="give the model's directory, or --demo-model for the small generated one")
+    return hash_files(d)
+
+
+def hash_files(d: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {sha256, bytes}} of every file under ``d`` (hidden ones aside)."""
     out = {}
     for p in sorted(d.rglob("*")):
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(d).parts):
@@ -132,10 +138,14 @@ def model_digest(files: dict[str, dict[str, Any]]) -> str:
 
 
 def manifest(bundle_sha256: str, venv_id: str, requirements: list[str], settings: EngineSettings,
-             files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+             files: dict[str, dict[str, Any]], sharding: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``files``: what is uploaded (the shard directory's files when ``sharding`` says how the model was
+    split: {"tp": 2, "source": the unsplit files' digest}), so a different split is a different release."""
+    model = {"digest": model_digest(files), "files": {k: v["sha256"] for k, v in sorted(files.items())}}
+    if sharding is not None:
+        model["sharding"] = dict(sharding)
     return {"bundle_sha256": bundle_sha256, "venv_id": venv_id, "requirements": sorted(requirements),
-            "engine": settings.pinned(), "model": {"digest": model_digest(files),
-                                                   "files": {k: v["sha256"] for k, v in sorted(files.items())}}}
+            "engine": settings.pinned(), "model": model}
 
 
 def release_id(man: dict[str, Any]) -> str:
