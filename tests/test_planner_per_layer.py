@@ -148,3 +148,14 @@ def test_gptfast_70b_tensor_parallel_rows_fall_inside_the_allreduce_range():
     assert len(rows70) == 4
     for pid in rows70:
         assert high[pid].predicted_tok_s <= low[pid].published_tok_s <= low[pid].predicted_tok_s, pid
+
+
+def test_the_catalogue_gives_a_separate_draft_model_its_own_layer_count():
+    """A draft model loaded through the catalogue carries its layers, so its steps pay its own per-layer overhead."""
+    engine = _gptfast()
+    m = catalogue.load_model(str(CONFIGS / "llama-2-70b.config.json"), "int8", None, engine,
+                             str(CONFIGS / "llama-2-7b.config.json"), 4)[0]
+    assert m.draft_kind == "model" and m.draft_layers == 32 and m.layers == 80
+    hw = hardware_from_doc(catalogue.get("hardware", "a100-80gb"), 8, 1)
+    p = plan(hw, m, engine, Target(128, 8, acceptance=0.8, draft_tokens=4))
+    assert not any("draft model's layer count is not known" in n for n in p.notes)

@@ -127,7 +127,7 @@ def load_model(spec: str, weights: str | None, kv_cache_dtype: str | None, engin
     if draft_model:
         ddoc, _ = model_document(draft_model, weights, kv)
         d = model_from_doc(ddoc)
-        m = replace(m, draft_kind="model", draft_read_gb=d.decode_read_gb, max_draft_tokens=max(draft_tokens or 0, 1),
+        m = replace(m, draft_kind="model", draft_read_gb=d.decode_read_gb, draft_layers=d.layers, max_draft_tokens=max(draft_tokens or 0, 1),
                     weights_total_gb=m.weights_total_gb + d.weights_total_gb,
                     weights_replicated_gb=m.weights_replicated_gb + d.weights_total_gb,
                     assumptions=m.assumptions + (f"draft model {d.id}: {d.decode_read_gb:.2f} GB read per draft step, "
