@@ -73,7 +73,8 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
-        """Push the engine and a model to HOST, start it under its supervisor, health-check, switch.
+        """Push the engine and a model (split here into its two tensor-parallel shards) to HOST, start it
+        under its supervisor, health-check, switch.
 
         `current` moves to the new release only after /health and a smoke completion pass;
         otherwise the previous release is started again (exit 1, with the reason).
