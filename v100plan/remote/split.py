@@ -24,6 +24,7 @@ from v100plan.errors import BadInput
 from v100plan.remote import release as rel
 
 TP = 2  # the bundled engine serves two tensor-parallel ranks
+RECORD = ".v100plan-sha256.json"  # in the cached split: its files' SHA-256 as written (hidden: not uploaded)
 
 
 def home() -> Path:
@@ -55,12 +56,18 @@ class Split:
 
 
 def cached(source_files: dict[str, dict[str, Any]], tp: int = TP) -> Split | None:
-    """The cached split of these model files, or None (read-only: what --dry-run uses)."""
+    """The cached split of these model files, or None when there is none or its files are no longer
+    what the split wrote (read-only: what --dry-run uses)."""
     digest = rel.model_digest(source_files)
     d = cache_dir(digest, tp)
     if not (d / "shard.json").is_file():
         return None
-    return _described(d, digest, tp, cached=True, seconds=0.0)
+    found = _described(d, digest, tp, cached=True, seconds=0.0)
+    try:
+        recorded = json.loads((d / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if recorded == found.files else None
 
 
 def split(model_dir: str | Path, source_files: dict[str, dict[str, Any]], tp: int = TP) -> Split:
@@ -71,6 +78,8 @@ def split(model_dir: str | Path, source_files: dict[str, dict[str, Any]], tp: in
     digest = rel.model_digest(source_files)
     d = cache_dir(digest, tp)
     d.parent.mkdir(parents=True, exist_ok=True)
+    if d.exists():  # a split whose files changed since (or one that never finished): made again
+        shutil.rmtree(d)
     tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=d.parent))
     t0 = time.perf_counter()
     try:
@@ -88,6 +97,7 @@ def split(model_dir: str | Path, source_files: dict[str, dict[str, Any]], tp: in
         (out / "shard.json").write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
         for p in out.rglob("*"):  # the upload keeps no local permission quirks (save_file writes 0600)
             p.chmod(0o755 if p.is_dir() else 0o644)
+        (out / RECORD).write_text(json.dumps(rel.hash_files(out), indent=1, sort_keys=True) + "\n")
         try:
             os.rename(out, d)
         except OSError:  # another deploy split the same model meanwhile: theirs is the same bytes
