@@ -196,7 +196,7 @@ def register(app: typer.Typer) -> None:
         draft_tokens: Annotated[Optional[int], typer.Option("--draft-tokens", help="Draft tokens k per round (the model's MTP head, or --draft-model).")] = None,
         draft_model: Annotated[Optional[str], typer.Option("--draft-model", help="A separate draft model: catalogue id, config.json or directory.")] = None,
         nodes: Annotated[int, typer.Option("--nodes", help="Boxes of --gpus cards each (more than one: TP within a box, pipeline across).")] = 1,
-        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Per-draft-token acceptance A: tokens/round = 1 + k x A (default: the engine profile's).")] = None,
+        acceptance: Annotated[Optional[float], typer.Option("--acceptance", help="Draft acceptance A, as the engine profile defines it: per token, tokens/round = (1 - A^(k+1)) / (1 - A); or the share of drafts accepted, 1 + k x A (default: the profile's).")] = None,
         concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences decoded together by each engine instance.")] = 1,
         objective: Annotated[str, typer.Option("--objective", help="Recommend by one-stream decode speed (latency) or by aggregate tok/s of all streams (throughput).")] = "latency",
         json_out: JsonOpt = False,
