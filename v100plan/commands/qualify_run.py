@@ -82,8 +82,8 @@ def _dtype(devices: str, probe: dict | None, plan: dict | None, demo: bool = Fal
     return "bfloat16" if caps and all(c and float(c) >= 8.0 for c in caps) else "float16"
 
 
-def served_allreduce(plan: dict | None, notes: list[str]) -> str:
-    """The allreduce path qualify serves with: always `auto` (the engine's own self-test and race).
+def note_plan_allreduce(plan: dict | None, notes: list[str]) -> None:
+    """qualify serves with allreduce `auto` (the engine's own self-test and race); note what the plan said.
 
     The engine under test is two ranks (tp2) whatever the plan recommends, so a plan's launch path can name
     a strategy that is not served (replicas: 'none'); and where the plan's tp2 row names a path, the race
@@ -95,7 +95,6 @@ def served_allreduce(plan: dict | None, notes: list[str]) -> str:
         if tp2 is not None:
             said += f"; its tp2 row names {tp2.get('allreduce_path')}"
         notes.append(f"served as tp2 with allreduce auto (the engine's start-up race); {said}")
-    return "auto"
 
 
 def _plan(phases: _Phases, probe: dict | None, model_dir: Path, out_dir: Path) -> dict | None:
@@ -149,6 +148,7 @@ class LocalRun:
 
         devices = _devices(self.device, probe)
         dtype = _dtype(devices, probe, plan, demo=self.demo)
+        note_plan_allreduce(plan, notes)
         if self.demo and devices != "cpu":
             notes.append("the demo model is served in float32 on the GPUs too, so its answers can be compared "
                          "token for token with a TP1 run; speeds are not a half-precision model's")
@@ -157,7 +157,7 @@ class LocalRun:
                          "a GPU's and no plan applies")
         notes.append("watchdog limits shortened so the run ends in minutes: " + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
         self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype,
-                                      allreduce=served_allreduce(plan, notes),
+                                      allreduce="auto",
                                       serve_flags=QUALIFY_SERVE_FLAGS)
         self.secrets.append(svc.api_key)
         self.endpoint = svc.endpoint
