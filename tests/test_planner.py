@@ -249,10 +249,10 @@ def test_tp2_fractions_apply_to_tp2_only_and_fall_back_per_field():
     doc["efficiency"]["tp2_weight_bw_fraction"] = {"value": 0.2, "source": "test"}
     both = plan(hw, m, engine_from_doc(doc), t)
     b, h, w = (p.strategy("tp2").breakdown["decode"] for p in (base, half, both))
-    assert (b["weight_bw_fraction"], b["kv_bw_fraction"]) == (0.33, 0.427)  # groupwise-int's by-format figure
+    assert (b["weight_bw_fraction"], b["kv_bw_fraction"]) == (0.33, 0.403)  # groupwise-int's by-format figure
     assert (h["weight_bw_fraction"], h["kv_bw_fraction"]) == (0.33, 0.3)
     assert (w["weight_bw_fraction"], w["kv_bw_fraction"]) == (0.2, 0.3) and w["fractions_source"]["weight"] == "test"
-    assert h["kv_ms"] == pytest.approx(b["kv_ms"] * 0.427 / 0.3, rel=1e-3)
+    assert h["kv_ms"] == pytest.approx(b["kv_ms"] * 0.403 / 0.3, rel=1e-3)
     assert w["weights_ms"] == pytest.approx(b["weights_ms"] * 0.33 / 0.2, rel=1e-3)
     assert both.strategy("single").breakdown["decode"] == base.strategy("single").breakdown["decode"]
     assert any("no tp2_weight_bw_fraction" in n for n in half.notes)
