@@ -1,6 +1,7 @@
 """Where a remote probe's time goes: one warm host and a fleet, against loopback sshd instances.
 
     python docs/remote_probe_cost.py [--hosts 32] [--rounds 3] [--no-shell-init]
+        [--setenv NAME=VALUE ...] [--remote-python PY] [--remote-root DIR] [--probe-args ARGS] [--json FILE]
 
 Starts --hosts sshd instances (tests/sshd.py) sharing one remote root under a temporary directory,
 makes the probe bundle and venv there once, then times the library calls `probe_host` and
@@ -9,15 +10,22 @@ Counts SSH connections and channels (paramiko's Transport.start_client / open_ch
 (getrusage of this process, every thread) and host CPU (each sshd listener's /proc stat: its own
 time plus that of its reaped sessions, i.e. sshd, the login shell and everything under it).
 --no-shell-init gives the sessions SHLVL=1 (sshd_config SetEnv), so bash skips ~/.bashrc as it
-does for a shell that is not top-level: a host whose shell init is empty. docs/deploy.md has the
-figures and what they mean.
+does for a shell that is not top-level: a host whose shell init is empty. --setenv gives the
+sessions more environment (sshd_config SetEnv: a pip config, NCCL settings), --remote-python names
+the host's interpreter, --remote-root the hosts' shared root (default: under the temporary directory),
+--probe-args what `python -m probes` gets (default --quick; on a host whose
+GPUs the sessions can see, "--quick --only inventory" loads no GPU), --json writes every measurement, with each fleet host's start and end, to
+FILE (tests/fixtures/remote/record-device-fleet.py records with it). docs/deploy.md has the figures
+and what they mean.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import shlex
 import shutil
 import statistics
 import sys
@@ -66,15 +74,28 @@ def client_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+RECORD: list[dict] = []  # every measurement, for --json
+
+
 def measure(label: str, fn, servers, hosts: int = 1) -> float:  # noqa: ANN001
     COUNT.update(connections=0, channels=0)
     h0, c0, t0 = host_cpu(servers), client_cpu(), time.monotonic()
-    fn()
+    result = fn()
     wall = time.monotonic() - t0
+    client = (client_cpu() - c0) / hosts
     time.sleep(0.3)  # let each sshd reap its sessions, so their CPU is counted
+    host = (host_cpu(servers) - h0) / hosts
     print(f"{label:<40} {COUNT['connections']:>3} conn {COUNT['channels']:>3} chan  wall {wall:6.2f} s  "
-          f"client CPU {(client_cpu() - c0) / hosts:5.3f} s/host  host CPU {(host_cpu(servers) - h0) / hosts:5.3f} s/host",
-          flush=True)
+          f"client CPU {client:5.3f} s/host  host CPU {host:5.3f} s/host", flush=True)
+    entry = {"what": label, "hosts": hosts, "connections": COUNT["connections"], "channels": COUNT["channels"],
+             "wall_s": round(wall, 4), "client_cpu_s_per_host": round(client, 4),
+             "host_cpu_s_per_host": round(host, 4), "t0": t0}
+    if isinstance(result, list):  # probe_fleet's HostResults: each host's interval, relative to t0
+        entry["per_host"] = [{"host": r.host, "ok": r.report is not None, "error": r.error,
+                              "overall": (r.report or {}).get("overall"),
+                              "start_s": round(r.started_s - t0, 4), "end_s": round(r.ended_s - t0, 4),
+                              "wall_s": round(r.wall_s, 4)} for r in result]
+    RECORD.append(entry)
     return wall
 
 
@@ -83,20 +104,32 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-shell-init", action="store_true")
+    ap.add_argument("--setenv", action="append", default=[], metavar="NAME=VALUE",
+                    help="more environment for the sessions (sshd_config SetEnv)")
+    ap.add_argument("--remote-python", help="the host's Python (default: this run's base Python)")
+    ap.add_argument("--remote-root", help="the hosts' remote root (default: a temporary one)")
+    ap.add_argument("--probe-args", default="--quick", help="what python -m probes gets (one string)")
+    ap.add_argument("--json", metavar="FILE", help="write every measurement here")
     args = ap.parse_args()
+    setenv = (["SHLVL=1"] if args.no_shell_init else []) + args.setenv
+    pargs = shlex.split(args.probe_args)
     base = Path(tempfile.mkdtemp(prefix="v1p-cost-"))
     servers = []
     try:
         for i in range(args.hosts):
             s = sshd_mod.make_sshd(base / f"h{i:02d}", user_key=servers[0].user_key if servers else None)
-            s.extra_config = "SetEnv SHLVL=1\n" if args.no_shell_init else ""
+            s.extra_config = f"SetEnv {' '.join(setenv)}\n" if setenv else ""
             servers.append(s.start())
         known = base / "known_hosts"
         known.write_text("".join(s.known_hosts_line() for s in servers))
         ssh = SshOptions(known_hosts=str(known), identity=str(servers[0].user_key))
-        rs = RemoteSettings(root=str(base / "remote-root"), python=sshd_mod.remote_python())
+        rs = RemoteSettings(root=args.remote_root or str(base / "remote-root"), python=args.remote_python or sshd_mod.remote_python())
         specs = [parse_host(s.host_spec) for s in servers]
-        probe_host(specs[0], ssh, rs, ["--quick"])  # cold: bundle uploaded, venv built; the rest is warm
+        t0 = time.monotonic()
+        first = probe_host(specs[0], ssh, rs, pargs)  # cold: bundle uploaded, venv built; the rest is warm
+        cold_s = time.monotonic() - t0
+        print(f"cold probe_host {args.probe_args} {cold_s:.2f} s; its cases: "
+              + ", ".join(f"{c['key']} {c['status']}" for c in first["cases"]), flush=True)
         time.sleep(1)  # its sessions reaped before the first measurement
 
         def run(argv):  # noqa: ANN001, ANN202
@@ -113,13 +146,22 @@ def main() -> None:
             measure("connect + authenticate, no command", run(None), servers)
             measure("connect + `true`", run(["true"]), servers)
             measure("connect + python3 -c pass", run([rs.python, "-c", "pass"]), servers)
-            one.append(measure("one host: probe_host --quick", lambda: probe_host(specs[0], ssh, rs, ["--quick"]),
-                               servers))
+            one.append(measure(f"one host: probe_host {args.probe_args}",
+                               lambda: probe_host(specs[0], ssh, rs, pargs), servers))
         for _ in range(args.rounds):
-            fleet.append(measure(f"{args.hosts} hosts: probe_fleet --quick",
-                                 lambda: probe_fleet(specs, ssh, rs, ["--quick"]), servers, args.hosts))
+            fleet.append(measure(f"{args.hosts} hosts: probe_fleet {args.probe_args}",
+                                 lambda: probe_fleet(specs, ssh, rs, pargs), servers, args.hosts))
         print(f"one host median {statistics.median(one):.2f} s, fleet median {statistics.median(fleet):.2f} s, "
               f"ratio {statistics.median(fleet) / statistics.median(one):.1f}")
+        if args.json:
+            doc = {"hosts": args.hosts, "rounds": args.rounds, "setenv": setenv, "probe_args": pargs,
+                   "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
+                   "cold_probe_s": round(cold_s, 3),
+                   "cold_probe_cases": {c["key"]: c["status"] for c in first["cases"]},
+                   "one_host_median_s": round(statistics.median(one), 4),
+                   "fleet_median_s": round(statistics.median(fleet), 4),
+                   "measurements": [{k: v for k, v in e.items() if k != "t0"} for e in RECORD]}
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     finally:
         for s in servers:
             s.stop()

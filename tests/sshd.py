@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SSHD = "/usr/sbin/sshd"
-SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+# Another sshd/ssh-keygen (a carried copy run through its own loader on a machine without OpenSSH:
+# tests/fixtures/remote/record-device-fleet.py) can be named by these variables; CI uses the system's.
+SSHD = os.environ.get("V100PLAN_TEST_SSHD") or "/usr/sbin/sshd"
+SSH_KEYGEN = os.environ.get("V100PLAN_TEST_SSH_KEYGEN") or shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 
 
 def available() -> str | None:
