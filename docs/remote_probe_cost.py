@@ -2,6 +2,7 @@
 
     python docs/remote_probe_cost.py [--hosts 32] [--rounds 3] [--no-shell-init]
         [--setenv NAME=VALUE ...] [--remote-python PY] [--remote-root DIR] [--probe-args ARGS] [--json FILE]
+        [--fleet-references]
 
 Starts --hosts sshd instances (tests/sshd.py) sharing one remote root under a temporary directory,
 makes the probe bundle and venv there once, then times the library calls `probe_host` and
@@ -15,7 +16,9 @@ sessions more environment (sshd_config SetEnv: a pip config, NCCL settings), --r
 the host's interpreter, --remote-root the hosts' shared root (default: under the temporary directory),
 --probe-args what `python -m probes` gets (default --quick; on a host whose
 GPUs the sessions can see, "--quick --only inventory" loads no GPU), --json writes every measurement, with each fleet host's start and end, to
-FILE (tests/fixtures/remote/record-device-fleet.py records with it). docs/deploy.md has the figures
+FILE (tests/fixtures/remote/record-device-fleet.py records with it). --fleet-references also runs
+the reference commands (`true`, `python3 -c pass`, an NVML read in the probe venv) on one host and
+on every host at once, to find what a fleet waits on. docs/deploy.md has the figures
 and what they mean.
 """
 
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,10 +44,11 @@ sys.path.insert(0, str(REPO))
 import paramiko  # noqa: E402
 
 from tests import sshd as sshd_mod  # noqa: E402
+from v100plan.remote import venv as venv_mod  # noqa: E402
 from v100plan.remote.connect import Remote, SshOptions  # noqa: E402
 from v100plan.remote.host import RemoteSettings  # noqa: E402
 from v100plan.remote.hosts import parse_host  # noqa: E402
-from v100plan.remote.probe import probe_fleet, probe_host  # noqa: E402
+from v100plan.remote.probe import HostResult, probe_fleet, probe_host  # noqa: E402
 
 COUNT = {"connections": 0, "channels": 0}
 _LOCK = threading.Lock()
@@ -110,6 +115,8 @@ def main() -> None:
     ap.add_argument("--remote-root", help="the hosts' remote root (default: a temporary one)")
     ap.add_argument("--probe-args", default="--quick", help="what python -m probes gets (one string)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement here")
+    ap.add_argument("--fleet-references", action="store_true",
+                    help="also run the reference commands on one host and on every host at once")
     args = ap.parse_args()
     setenv = (["SHLVL=1"] if args.no_shell_init else []) + args.setenv
     pargs = shlex.split(args.probe_args)
@@ -136,7 +143,7 @@ def main() -> None:
             def once() -> None:
                 with Remote(specs[0], ssh) as r:
                     if argv:
-                        r.run(argv)
+                        r.run(argv, check=False)
             return once
 
         print(f"{args.hosts} loopback sshd, {len(os.sched_getaffinity(0))} cores, "
@@ -153,6 +160,34 @@ def main() -> None:
                                  lambda: probe_fleet(specs, ssh, rs, pargs), servers, args.hosts))
         print(f"one host median {statistics.median(one):.2f} s, fleet median {statistics.median(fleet):.2f} s, "
               f"ratio {statistics.median(fleet) / statistics.median(one):.1f}")
+        if args.fleet_references:
+            vid = venv_mod.venv_id(rs.python, venv_mod.probe_requirements(), rs.index_url)
+            nvml = [f"{rs.root}/venvs/{vid}/bin/python", "-c", "import pynvml as n; n.nvmlInit(); "
+                    "[n.nvmlDeviceGetName(n.nvmlDeviceGetHandleByIndex(i)) for i in range(n.nvmlDeviceGetCount())]"]
+
+            def on_every_host(argv):  # noqa: ANN001, ANN202
+                def one_host(spec) -> HostResult:  # noqa: ANN001
+                    res = HostResult(host=spec.label, started_s=time.monotonic())
+                    try:
+                        with Remote(spec, ssh) as r:
+                            code = r.run(argv, check=False).exit_code
+                        res.report = {"overall": f"exit {code}"}
+                    except Exception as e:  # noqa: BLE001 - recorded, never stops the others
+                        res.error = f"{type(e).__name__}: {e}"
+                    res.ended_s = time.monotonic()
+                    res.wall_s = res.ended_s - res.started_s
+                    return res
+
+                def all_hosts() -> list[HostResult]:
+                    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+                        return list(pool.map(one_host, specs))
+                return all_hosts
+
+            for _ in range(min(args.rounds, 3)):
+                for label, argv in (("`true`", ["true"]), ("python3 -c pass", [rs.python, "-c", "pass"]),
+                                    ("NVML read (probe venv)", nvml)):
+                    measure(f"connect + {label}", run(argv), servers)
+                    measure(f"{args.hosts} hosts: connect + {label}", on_every_host(argv), servers, args.hosts)
         if args.json:
             doc = {"hosts": args.hosts, "rounds": args.rounds, "setenv": setenv, "probe_args": pargs,
                    "cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
