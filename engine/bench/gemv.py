@@ -23,12 +23,172 @@ SHAPES = {  # name -> {product: (N, K)}, bf16 weights, per rank
 }
 
 
+# The fused kernels (kernel choice "fused", engine.core.attention) per rank of Qwen3-8B: heads, kv heads, head dim
+ATTN = {"qwen3-8b-tp1": (32, 8, 128), "qwen3-8b-tp2": (16, 4, 128)}
+FUSED_CONFIGS = [(2, 1024, 4), (4, 512, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8)]
+ATTN_CONFIGS = [  # (positions per tile, programs per kv head or None = splits_for, combine, num_warps)
+    (32, None, "last", 4), (32, None, "kernel", 4), (16, None, "last", 4), (64, None, "last", 4),
+    (64, None, "last", 8), (32, 16, "last", 4), (32, 8, "last", 4), (128, None, "last", 8)]
+
+
+def _us(fn, layers: int) -> float:
+    from engine.core import timing
+
+    graph = timing.capture(fn)
+    ms = timing.time_graph_ms(graph, n=20)
+    del graph
+    return ms * 1e3 / layers
+
+
+def fused(args, doc: dict) -> None:
+    """--fused: the GEMVs with a norm / SiLU prologue against the plain GEMV of the same shape, and the
+    one-kernel attention against the torch ops it replaces, each checked against float32 first."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.core import attention, gemv
+    from engine.core.model import rms_norm, rotate_half
+
+    dev = torch.device("cuda:0")
+    g = torch.Generator(device=dev).manual_seed(0)
+    bf = dict(device=dev, dtype=torch.bfloat16)
+    L, eps, window = args.layers, 1e-6, args.window
+    doc["fused"] = {}
+
+    def rel(y, ref):
+        return float((y.float().reshape(-1) - ref.reshape(-1)).norm() / ref.norm())
+
+    for shape_set in args.shapes.split(","):
+        prods = SHAPES[shape_set]
+        out: dict = {"products": {}, "attention": {}}
+        doc["fused"][shape_set] = out
+        d = prods["qkv"][1]
+        x = torch.randn(1, 1, d, **bf, generator=g)
+        delta = torch.randn(1, 1, d, **bf, generator=g)
+        nw = (1 + 0.1 * torch.randn(d, **bf, generator=g))
+        for prod, prologue in (("qkv", gemv.PROLOGUE_NORM), ("gate_up", gemv.PROLOGUE_NORM),
+                               ("down", gemv.PROLOGUE_SILU)):
+            n, k = prods[prod]
+            ws = [torch.empty(n, k, **bf).normal_(0, 0.02, generator=g) for _ in range(L)]
+            outs = [torch.empty(n, **bf) for _ in range(L)]
+            xo = torch.empty(k, **bf)
+            if prologue == gemv.PROLOGUE_NORM:
+                h32 = (x.float() + delta.float())
+                h32 = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps) * nw.float()
+                eager = F.linear(rms_norm(x + delta, nw, eps), ws[0])
+                xin = x.reshape(-1)
+
+                def run(c, w=ws, o=outs):
+                    return [gemv.launch_prologue(prologue, xin, wi, None, oi, delta.reshape(-1), nw, eps, xo, c)
+                            for wi, oi in zip(w, o)]
+            else:
+                gu = torch.randn(2 * k, **bf, generator=g)
+                gt, up = gu.float().chunk(2)
+                h32 = F.silu(gt) * up
+                eager = F.linear((F.silu(gu[:k]) * gu[k:]).view(1, -1), ws[0])
+
+                def run(c, w=ws, o=outs, gu=gu):
+                    return [gemv.launch_prologue(prologue, gu, wi, None, oi, blocks=c) for wi, oi in zip(w, o)]
+            ref = ws[0].float() @ h32.reshape(-1)
+            e_eager = rel(eager, ref)
+            tol = max(1.5 * e_eager, 1e-3)
+            nbytes = n * k * 2
+            row = {"n": n, "k": k, "prologue": ("plain", "norm", "silu")[prologue], "eager_rel_err": round(e_eager, 6)}
+            hin = torch.randn(k, **bf, generator=g)
+            us = _us(lambda: [gemv.launch(hin, wi, None, oi) for wi, oi in zip(ws, outs)], L)
+            row["plain_gemv"] = {"us": round(us, 3), "gbps": round(nbytes / (us * 1e-6) / 1e9, 1),
+                                 "blocks": list(gemv.BLOCKS.get((n, k), gemv.DEFAULT_BLOCKS))}
+            row["configs"] = {}
+            for cfg in FUSED_CONFIGS:
+                name = "x".join(map(str, cfg))
+                try:
+                    e = rel(run(cfg)[0], ref)
+                    if not e <= tol:
+                        row["configs"][name] = {"rel_err": round(e, 6), "status": f"error {e:.3g} > {tol:.3g}"}
+                        continue
+                    us = _us(lambda c=cfg: run(c), L)
+                    row["configs"][name] = {"rel_err": round(e, 6), "us": round(us, 3),
+                                            "gbps": round(nbytes / (us * 1e-6) / 1e9, 1)}
+                except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
+                    row["configs"][name] = {"status": f"{type(ex).__name__}: {str(ex)[:200]}"}
+            timed = {c: v for c, v in row["configs"].items() if "us" in v}
+            if timed:
+                row["best"] = min(timed, key=lambda c: timed[c]["us"])
+                row["extra_us_vs_plain"] = round(timed[row["best"]]["us"] - row["plain_gemv"]["us"], 3)
+            out["products"][prod] = row
+            print(f"fused {shape_set} {prod}: {json.dumps(row)}", file=sys.stderr, flush=True)
+            ws.clear()
+            outs.clear()
+            torch.cuda.empty_cache()
+        # the attention: L layers' caches, the window full (pos = window - 1)
+        nh, nkv, hd = ATTN[shape_set]
+        qkv = torch.randn((nh + 2 * nkv) * hd, **bf, generator=g)
+        qn, kn = (1 + 0.1 * torch.randn(hd, **bf, generator=g)), (1 + 0.1 * torch.randn(hd, **bf, generator=g))
+        kcs = [torch.randn(1, nkv, window, hd, **bf, generator=g) for _ in range(L)]
+        vcs = [torch.randn(1, nkv, window, hd, **bf, generator=g) for _ in range(L)]
+        pos = torch.tensor([window - 1], device=dev)
+        inv = 1.0 / (1e6 ** (torch.arange(0, hd, 2, device=dev).float() / hd))
+        emb = torch.cat([(window - 1) * inv] * 2)
+        cos, sin = emb.cos().to(torch.bfloat16)[None], emb.sin().to(torch.bfloat16)[None]
+        mask = torch.zeros(1, 1, 1, window, device=dev)
+
+        def torch_attn(kc, vc, dt=torch.bfloat16):
+            q, k, v = qkv.to(dt).split([nh * hd, nkv * hd, nkv * hd])
+            q, k = rms_norm(q.view(1, nh, hd), qn.to(dt), eps), rms_norm(k.view(1, nkv, hd), kn.to(dt), eps)
+            c, s_ = cos.to(dt), sin.to(dt)
+            q, k = q * c + rotate_half(q) * s_, k * c + rotate_half(k) * s_
+            kc.index_copy_(2, pos, k.view(1, nkv, 1, hd))
+            vc.index_copy_(2, pos, v.view(1, nkv, 1, hd))
+            s = torch.matmul(q.view(1, nkv, nh // nkv, hd), kc.transpose(-1, -2)).float() / hd ** 0.5 + mask
+            return torch.matmul(torch.softmax(s, -1).to(dt), vc).reshape(-1)
+
+        ref = torch_attn(kcs[0].float(), vcs[0].float(), torch.float32)
+        e_eager = rel(torch_attn(kcs[0].clone(), vcs[0].clone()), ref)
+        tol = max(1.5 * e_eager, 1e-3)
+        kv_bytes = 2 * nkv * window * hd * 2
+        us = _us(lambda: [torch_attn(kc, vc) for kc, vc in zip(kcs, vcs)], L)
+        out["attention"] = {"heads": nh, "kv_heads": nkv, "head_dim": hd, "window": window, "kv_bytes": kv_bytes,
+                            "eager_rel_err": round(e_eager, 6),
+                            "torch_ops": {"us": round(us, 3), "gbps": round(kv_bytes / (us * 1e-6) / 1e9, 1)},
+                            "configs": {}}
+        for bs, splits, comb, warps in ATTN_CONFIGS:
+            name = f"{bs}x{splits or 'auto'}x{comb}x{warps}"
+            kw = dict(n_heads=nh, n_kv=nkv, hd=hd, eps=eps, window=window, combine=comb, splits=splits, block_s=bs,
+                      num_warps=warps)
+            try:
+                o = attention.decode_attention(qkv, cos, sin, pos, qn, kn, kcs[0], vcs[0], **kw)
+                e = rel(o, ref)
+                again = attention.decode_attention(qkv, cos, sin, pos, qn, kn, kcs[0], vcs[0], **kw)
+                row = {"rel_err": round(e, 6), "bit_identical_rerun": bool(torch.equal(o, again))}
+                if not e <= tol:
+                    out["attention"]["configs"][name] = {**row, "status": f"error {e:.3g} > {tol:.3g}"}
+                    continue
+                us = _us(lambda kw=kw: [attention.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, **kw)
+                                        for kc, vc in zip(kcs, vcs)], L)
+                out["attention"]["configs"][name] = {**row, "us": round(us, 3),
+                                                     "gbps": round(kv_bytes / (us * 1e-6) / 1e9, 1)}
+            except Exception as ex:  # noqa: BLE001
+                out["attention"]["configs"][name] = {"status": f"{type(ex).__name__}: {str(ex)[:200]}"}
+        timed = {c: v for c, v in out["attention"]["configs"].items() if "us" in v}
+        if timed:
+            out["attention"]["best"] = min(timed, key=lambda c: timed[c]["us"])
+        print(f"fused {shape_set} attention: {json.dumps(out['attention'])}", file=sys.stderr, flush=True)
+        kcs.clear()
+        vcs.clear()
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.gemv", description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=36)
-    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--shapes", default=None, help=f"comma-separated, of {', '.join(SHAPES)} (default: all; "
+                                                  f"--fused: {', '.join(ATTN)})")
+    p.add_argument("--fused", action="store_true",
+                   help="time the fused kernels (norm / SiLU prologue GEMVs, the one-kernel attention) instead")
+    p.add_argument("--window", type=int, default=1024, help="--fused: the attention's window (full: pos = window - 1)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    args.shapes = args.shapes or ",".join(ATTN if args.fused else SHAPES)
 
     import torch
     import torch.nn.functional as F
@@ -43,6 +203,17 @@ def main(argv: list[str]) -> int:
                  "torch": torch.__version__, "layers": args.layers, "dtype": "bfloat16", "method": __doc__.strip(),
                  "read_bw_gbps": round(timing.read_bandwidth_gbps(dev), 1), "shapes": {}, "best": {}}
     t0 = time.perf_counter()
+    if args.fused:
+        doc["kind"] = "engine_bench_fused"
+        fused(args, doc)
+        doc["wall_s"] = round(time.perf_counter() - t0, 1)
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(doc, fh, indent=1)
+        print(json.dumps({k: {"attention": v["attention"].get("best"),
+                              **{p: r.get("best") for p, r in v["products"].items()}}
+                          for k, v in doc["fused"].items()}))
+        return 0
     g = torch.Generator(device=dev).manual_seed(0)
     for shape_set in args.shapes.split(","):
         doc["shapes"][shape_set] = {}

@@ -55,6 +55,11 @@ VARIANTS = [
      "the service's step (kernels=gemv): layer_fused with the one-row products through engine.core.gemv (a Triton GEMV, whole rows per program, "
      "no split-K reduce): QKV, o_proj and down read at gate/up's ~4090 GB/s instead of 2700-3350 would save "
      "~0.25 ms of the 8B step at 512 context"),
+    ("fused_kernels", {"kind": "fused"}, 60, 3.85,
+     "kernels=fused (engine.core.attention): five Triton kernels per layer instead of ~15 (norm + residual "
+     "in the QKV and gate/up GEMVs' prologues, SiLU * up in down's, one kernel for q/k norm, RoPE, cache "
+     "write and the split-window attention): layer_fused_gemv's 4.415 ms less ~10 kernels x 32 layers x "
+     "~2.5 us, plus ~1 us a norm prologue; on CPU without Triton's interpreter the plain blocks"),
 ]
 
 
@@ -93,7 +98,7 @@ def float32_reference(model, tok, pos, window: int):
 
     from engine.core.model import Model
 
-    ref = Model(model.cfg, dtype=torch.float32, device=model.device)
+    ref = Model(model.cfg, world=model.world, rank=model.rank, dtype=torch.float32, device=model.device)
     ref.setup_cache(model.max_context)
     for name in ("embed", "head", "norm"):
         getattr(ref, name).copy_(getattr(model, name))
@@ -128,6 +133,11 @@ def build_step(model, spec: dict, backend: str = "inductor"):
     options = (spec.get("options") or None) if backend == "inductor" else None
     if spec["kind"] == "eager":
         return model.decode_step
+    if spec["kind"] == "fused":
+        from engine.core.runner import fused_blocks
+
+        blocks = fused_blocks()
+        return lambda tok, pos, window: model.decode_step(tok, pos, window, blocks)
     if spec["kind"] == "whole":
         return torch.compile(model.decode_step, fullgraph=True, dynamic=False, backend=backend, options=options)
     # the decode step itself, with its two blocks compiled: what engine.core.runner.Decoder runs
@@ -200,6 +210,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"))
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--tp", type=int, default=1,
+                   help="time one rank of this tensor-parallel degree: its 1/tp of the heads, MLP and vocabulary "
+                        "(rank 0's matrices, no allreduce: a TP step minus its exchanges)")
     p.add_argument("--device", default="cuda", help="cuda or cpu (cpu: a correctness dry run, timed without graphs)")
     p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"))
     p.add_argument("--only", default=None, help="comma-separated variant names (default: all, in order)")
@@ -249,7 +262,7 @@ def main(argv: list[str]) -> int:
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
         "compute_capability": f"{major}.{minor}" if cuda else None, "torch": torch.__version__,
         "cuda": torch.version.cuda, "dtype": dtype, "config": Path(args.config).name, "num_layers": cfg.num_layers,
-        "backend": args.backend, "context": args.context, "window": -(-args.context // 256) * 256,
+        "backend": args.backend, "tp": args.tp, "context": args.context, "window": -(-args.context // 256) * 256,
         "method": ("CUDA events; median of 5 batches of 50 replays of one CUDA graph per variant; random weights "
                    "and a random K/V cache made on the GPU; logits checked against the eager step in float32 first")
         if cuda else "CPU dry run: perf_counter median of 3 calls, no graphs (not a speed measurement)",
@@ -259,7 +272,7 @@ def main(argv: list[str]) -> int:
         bench.emit_json(doc, args.out)
 
     doc["read_bw_gbps"] = round(bench.read_bandwidth_gbps(dev), 1) if cuda else None
-    model = Model(cfg, dtype=getattr(torch, dtype), device=dev)
+    model = Model(cfg, world=args.tp, rank=0, dtype=getattr(torch, dtype), device=dev)
     weights.init_random(model)
     model.setup_cache(doc["window"] + 256)
     g = torch.Generator(device=dev).manual_seed(1)

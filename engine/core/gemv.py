@@ -87,6 +87,127 @@ def _kernel():
     return gemv_kernel
 
 
+# The same GEMV with its input made in the prologue (kernel choice "fused", engine.core.attention): each
+# program computes the input row itself from rows in L2 instead of a separate kernel writing it.
+#   PROLOGUE_NORM: h = RMSNorm(x + delta) * norm_weight (Hugging Face's rounding: x + delta rounded to the
+#                  dtype, statistics in float32, the normalised row rounded before the weight multiply and the
+#                  product rounded); program 0 also writes x + delta, the new residual.
+#   PROLOGUE_SILU: h = SiLU(gate) * up from the gate/up product's row [gate | up] (each rounded, as eager).
+# Block sizes per (N, K): PROLOGUE_BLOCKS (bench: python -m engine.bench.gemv --fused), else BLOCKS.
+PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU = 0, 1, 2
+PROLOGUE_BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+
+
+def interpreting() -> bool:
+    """Triton's CPU interpreter (TRITON_INTERPRET=1: the tests): it rounds float32 -> bf16 by truncation,
+    so the kernels round to nearest-even themselves there (ROUND_EMU), as the GPU does."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _prologue_kernel():
+    # Triton resolves triton.language and the functions a kernel calls through the module's globals
+    global tl, rnd
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rnd(x, dt: tl.constexpr, EMU: tl.constexpr):
+        """float32 -> dt, round to nearest even (EMU: by hand for bf16, for the interpreter)."""
+        if EMU:
+            b = x.to(tl.uint32, bitcast=True)
+            b = b + 0x7FFF + ((b >> 16) & 1)
+            x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
+        return x.to(dt)
+
+    @triton.jit
+    def gemv_prologue_kernel(w_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, stride_w, eps,
+                             PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EMU: tl.constexpr):
+        pid = tl.program_id(0)
+        dt = x_ptr.dtype.element_ty
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        cols0 = tl.arange(0, BLOCK_K)
+        rstd = 0.0
+        if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order
+            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                cmask = (k0 + cols0) < K
+                xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                r = rnd(xv + dv, dt, EMU)
+                if pid == 0:
+                    tl.store(xo_ptr + k0 + cols0, r, mask=cmask)
+                r = r.to(tl.float32)
+                ss += r * r
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        wp = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols0[None, :]
+        for k0 in range(0, K, BLOCK_K):
+            cmask = (k0 + cols0) < K
+            if EVEN_K:
+                w = tl.load(wp + k0, mask=rmask[:, None], other=0.0, eviction_policy="evict_first")
+            else:
+                w = tl.load(wp + k0, mask=rmask[:, None] & cmask[None, :], other=0.0, eviction_policy="evict_first")
+            if PROLOGUE == 1:
+                xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                r = rnd(xv + dv, dt, EMU).to(tl.float32)
+                h = rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU).to(tl.float32)
+            elif PROLOGUE == 2:
+                g = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                u = tl.load(x_ptr + K + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                sg = rnd(g / (1.0 + tl.exp(-g)), dt, EMU).to(tl.float32)
+                h = rnd(sg * u, dt, EMU).to(tl.float32)
+            else:
+                h = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * h[None, :]
+        y = tl.sum(acc, axis=1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rows, rnd(y, y_ptr.dtype.element_ty, EMU), mask=rmask)
+
+    return gemv_prologue_kernel
+
+
+def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
+                    delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                    x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """out [N] = w [N, K] @ h (+ b), h made from x by the prologue (x: [K]; [2K] = [gate | up] for SiLU);
+    PROLOGUE_NORM writes x + delta into x_out [K]."""
+    n, k = w.shape
+    name = ("plain", "norm", "silu")[prologue]
+    bn, bk, warps = blocks or PROLOGUE_BLOCKS.get((name, n, k)) or BLOCKS.get((n, k), DEFAULT_BLOCKS)
+    if interpreting() and blocks is None:
+        bn = 32  # the interpreter runs programs one after another: fewer, wider ones
+    _prologue_kernel()[(-(-n // bn),)](
+        w, x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
+        b if b is not None else w, out, x_out if x_out is not None else out, n, k, w.stride(0), float(eps),
+        PROLOGUE=prologue, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
+        EMU=interpreting() and x.dtype == torch.bfloat16, num_warps=warps)
+    return out
+
+
+def linear_norm(x: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
+                b: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel."""
+    k = w.shape[1]
+    out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
+    x_out = torch.empty(k, dtype=x.dtype, device=x.device)
+    launch_prologue(PROLOGUE_NORM, x.reshape(-1).contiguous(), w, b, out, delta.reshape(-1).contiguous(),
+                    norm_weight, eps, x_out)
+    return out.view(*x.shape[:-1], w.shape[0]), x_out.view(x.shape)
+
+
+def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """(SiLU(gate) * up) @ w^T + b for one row gu [1, 1, 2K] = [gate | up]: one kernel."""
+    out = torch.empty(w.shape[0], dtype=gu.dtype, device=gu.device)
+    launch_prologue(PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out)
+    return out.view(*gu.shape[:-1], w.shape[0])
+
+
 def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
            blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
     """out [N] = w [N, K] @ x [K] (+ b): the raw launch (x, w contiguous; out preallocated)."""

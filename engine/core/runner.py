@@ -7,7 +7,10 @@ path allow, and says which and why (``Decoder.info``):
   graphs   CUDA: one graph per context bucket (window = 256, 512, 1024, ... up to the context limit),
            captured at start-up over the static K/V cache, with the allreduce inside when the path can
            be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
-  kernels  "gemv": attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
+  kernels  "fused": five Triton kernels per layer (engine.core.attention: norm + QKV GEMV, one kernel for
+           q/k norm, RoPE, the cache write and the attention, o_proj GEMV, norm + gate/up GEMV, SiLU + down
+           GEMV), where FUSED_DEFAULT says an H200 measured it faster, or by request;
+           "gemv": attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
            block shape reused by every layer, their one-row products through the Triton GEMV
            (engine.core.gemv); "compiled": the same with cuBLAS products (by request). Only where Triton
            targets the card (compute capability 8.0+): the V100 (7.0, fp16) and CPUs run the plain blocks.
@@ -29,8 +32,11 @@ from engine.core.sampling import Sampler
 StepHook = Callable[[str, int, list[int], int], bool]
 
 FIRST_BUCKET = 256
-KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv: overrides the automatic choice (benches, tests)
-KERNELS = ("eager", "compiled", "gemv")
+KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv | fused: overrides the automatic choice
+KERNELS = ("eager", "compiled", "gemv", "fused")
+# "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton only
+# where an H200 measured it faster than "gemv" (docs/engine-speed.md).
+FUSED_DEFAULT = False
 TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
 
 
@@ -58,6 +64,10 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
         return "eager", "Triton is not installed: eager blocks"
     if requested == "compiled":
         return "compiled", "requested: torch.compile'd blocks, cuBLAS for the one-row products"
+    if requested == "fused" or (requested is None and FUSED_DEFAULT):
+        return "fused", ("requested: " if requested == "fused" else "") + (
+            "five Triton kernels per layer (engine.core.attention): the norm and SiLU in the GEMVs' prologues, "
+            "one kernel for q/k norm, RoPE, the cache write and the one-query attention")
     return "gemv", ("requested: " if requested == "gemv" else "") + (
         "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, one-query attention) "
         "with the Triton GEMV for the one-row products (1.02-1.42x cuBLAS on an H200, docs/engine-speed.md)")
@@ -99,6 +109,13 @@ def compiled_blocks(gemv: bool = False) -> tuple:
             torch.compile(mlp, fullgraph=True, dynamic=False))
 
 
+def fused_blocks() -> tuple:
+    """attn_block and mlp_block as five Triton kernels per layer (engine.core.attention), not compiled."""
+    from engine.core.attention import attn_block_fused, mlp_block_fused
+
+    return attn_block_fused, mlp_block_fused
+
+
 class Decoder:
     """The decode step as everything serves it. ``logits(tok, pos)`` -> float32 logits [V] of the
     token ``tok`` at position ``pos`` (its K/V written into the cache)."""
@@ -127,7 +144,7 @@ class Decoder:
         self.kernels, kernels_why = kernel_choice(dev.type, cap, _triton_ok(),
                                                   kernels or os.environ.get(KERNELS_ENV) or None)
         self.blocks = (compiled_blocks(self.kernels == "gemv") if self.kernels in ("compiled", "gemv")
-                       else (attn_block, mlp_block))
+                       else fused_blocks() if self.kernels == "fused" else (attn_block, mlp_block))
         self.windows = bucket_list or buckets(model.max_context)
         self.info = {"mode": "graphs" if graphs else "eager", "why": graphs_why, "kernels": self.kernels,
                      "kernels_why": kernels_why, "windows": self.windows if graphs else None,

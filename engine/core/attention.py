@@ -1,0 +1,313 @@
+"""The decode step in five kernels per layer (kernel choice ``fused``): one Triton kernel for the whole
+one-query attention, and the residual add + RMSNorm and SiLU(gate) * up folded into the next GEMV.
+
+Per layer, ``attn_block_fused`` and ``mlp_block_fused`` (the signatures of engine.core.model's
+attn_block and mlp_block, so Model.decode_step runs them unchanged):
+
+  1. GEMV with a norm prologue (engine.core.gemv.linear_norm): h = RMSNorm(x + delta), qkv = h @ Wqkv^T (+ b);
+     program 0 also writes x + delta, the new residual.
+  2. ``decode_attention``: from the qkv row, per kv head: q/k RMSNorm (Qwen3), RoPE at ``pos``, K/V written
+     into the cache at ``pos``, and the attention of the g query heads of that kv head over cache positions
+     [0, window) with positions past ``pos`` masked; the window is split over programs (flash-decoding:
+     partial max / sum / accumulator in float32), and the last program of a kv head to finish combines the
+     partials in a fixed order (one kernel; ``combine="kernel"`` runs the combine as a second kernel).
+  3. o_proj GEMV (engine.core.gemv.linear).
+  4. GEMV with a norm prologue for gate/up (as 1).
+  5. GEMV with a SiLU(gate) * up prologue for down (engine.core.gemv.linear_silu).
+
+The earlier blocks (torch.compile'd, ``gemv``) ran ~15 kernels per layer; the ~1 ms a step those small
+kernels cost does not shrink when tensor parallelism halves the matrices (docs/engine-speed.md).
+
+Rounding follows Hugging Face's (engine.core.model.rms_norm, rotate_half): norm statistics in float32,
+the normalised row rounded to the model's dtype before the weight multiply and that product rounded; the
+RoPE products and their sum rounded; K and V stored in the dtype. The attention itself keeps the scores,
+the softmax and the value sums in float32 (more exact than the two bf16 products the plain blocks run).
+Every reduction has a fixed order: the same answer on every rank and every replay.
+
+pos is a device tensor: no shape and no Python value depends on it, so one CUDA graph per window serves
+every position below the window. Positions past pos are neither read nor computed (a program whose part
+of the window starts past pos only writes an empty partial). The new K/V of position pos are used from
+registers, never read back from the cache (no read-after-write between programs).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+BLOCK_S = 32  # cache positions per tile
+TARGET_PROGRAMS = 264  # about two programs per SM of an H200 (132 SMs): sets how the window is split
+
+
+@functools.cache
+def _kernels():
+    # Triton resolves triton.language and the functions a kernel calls through the module's globals
+    global tl, rnd, _rope_half, _combine
+    import triton
+    import triton.language as tl
+
+    from engine.core import gemv
+
+    gemv._prologue_kernel()
+    rnd = gemv.rnd  # float32 -> dtype, round to nearest even (by hand under the interpreter)
+
+    @triton.jit
+    def _rope_half(x1, x2, c1, c2, s1, s2, dt: tl.constexpr, EMU: tl.constexpr):
+        # q * cos + rotate_half(q) * sin with each product and the sum rounded to the dtype, as eager torch
+        a1 = rnd(x1 * c1, dt, EMU).to(tl.float32)
+        b1 = rnd(-x2 * s1, dt, EMU).to(tl.float32)
+        a2 = rnd(x2 * c2, dt, EMU).to(tl.float32)
+        b2 = rnd(x1 * s2, dt, EMU).to(tl.float32)
+        return rnd(a1 + b1, dt, EMU), rnd(a2 + b2, dt, EMU)
+
+    @triton.jit
+    def _combine(kvh, part_acc, part_ml, out_ptr, SPLITS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                 HD: tl.constexpr, EMU: tl.constexpr):
+        # the partials of kv head kvh, in split order: m = max, l = sum of exp(s - m), acc = sum of p v
+        gs = tl.arange(0, G_PAD)
+        ds = tl.arange(0, HD)
+        gmask = gs < G
+        base = kvh * SPLITS
+        m_all = tl.full((G_PAD,), -1.0e30, tl.float32)
+        for sp in range(SPLITS):
+            m_s = tl.load(part_ml + ((base + sp) * 2) * G_PAD + gs, cache_modifier=".cg")
+            m_all = tl.maximum(m_all, m_s)
+        l_all = tl.zeros((G_PAD,), tl.float32)
+        acc = tl.zeros((G_PAD, HD), tl.float32)
+        for sp in range(SPLITS):
+            m_s = tl.load(part_ml + ((base + sp) * 2) * G_PAD + gs, cache_modifier=".cg")
+            l_s = tl.load(part_ml + ((base + sp) * 2 + 1) * G_PAD + gs, cache_modifier=".cg")
+            a_s = tl.load(part_acc + ((base + sp) * G_PAD + gs[:, None]) * HD + ds[None, :], mask=gmask[:, None],
+                          other=0.0, cache_modifier=".cg")
+            wgt = tl.exp(m_s - m_all)
+            l_all += wgt * l_s
+            acc += wgt[:, None] * a_s
+        o = acc / l_all[:, None]
+        optr = out_ptr + (kvh * G + gs[:, None]) * HD + ds[None, :]
+        tl.store(optr, rnd(o, out_ptr.dtype.element_ty, EMU), mask=gmask[:, None])
+
+    @triton.jit
+    def attention_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, out_ptr,
+                         part_acc, part_ml, count_ptr, eps, scale, stride_kh, stride_ks, stride_vh, stride_vs,
+                         N_HEADS: tl.constexpr, N_KV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                         HD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
+                         QK_NORM: tl.constexpr, DOT_F32: tl.constexpr, ONE_KERNEL: tl.constexpr,
+                         EMU: tl.constexpr):
+        kvh = tl.program_id(0)
+        sp = tl.program_id(1)
+        dt = qkv_ptr.dtype.element_ty
+        HALF: tl.constexpr = HD // 2
+        pos = tl.load(pos_ptr).to(tl.int32)
+        hs = tl.arange(0, HALF)
+        gs = tl.arange(0, G_PAD)
+        gmask = gs < G
+        # this kv head's q rows [G_PAD, HALF] x 2 halves, its k and v rows [HALF] x 2 / [HD]
+        qrow = (kvh * G + gs[:, None]) * HD
+        q1 = tl.load(qkv_ptr + qrow + hs[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        q2 = tl.load(qkv_ptr + qrow + HALF + hs[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        krow = N_HEADS * HD + kvh * HD
+        k1 = tl.load(qkv_ptr + krow + hs).to(tl.float32)
+        k2 = tl.load(qkv_ptr + krow + HALF + hs).to(tl.float32)
+        vrow = (N_HEADS + N_KV) * HD + kvh * HD
+        ds = tl.arange(0, HD)
+        v_new = tl.load(qkv_ptr + vrow + ds)
+        if QK_NORM:
+            qw1 = tl.load(qn_ptr + hs).to(tl.float32)
+            qw2 = tl.load(qn_ptr + HALF + hs).to(tl.float32)
+            kw1 = tl.load(kn_ptr + hs).to(tl.float32)
+            kw2 = tl.load(kn_ptr + HALF + hs).to(tl.float32)
+            rq = 1.0 / tl.sqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / HD + eps)  # [G_PAD]
+            q1 = rnd(rnd(q1 * rq[:, None], dt, EMU).to(tl.float32) * qw1[None, :], dt, EMU).to(tl.float32)
+            q2 = rnd(rnd(q2 * rq[:, None], dt, EMU).to(tl.float32) * qw2[None, :], dt, EMU).to(tl.float32)
+            rk = 1.0 / tl.sqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / HD + eps)
+            k1 = rnd(rnd(k1 * rk, dt, EMU).to(tl.float32) * kw1, dt, EMU).to(tl.float32)
+            k2 = rnd(rnd(k2 * rk, dt, EMU).to(tl.float32) * kw2, dt, EMU).to(tl.float32)
+        c1 = tl.load(cos_ptr + hs).to(tl.float32)
+        c2 = tl.load(cos_ptr + HALF + hs).to(tl.float32)
+        s1 = tl.load(sin_ptr + hs).to(tl.float32)
+        s2 = tl.load(sin_ptr + HALF + hs).to(tl.float32)
+        q1, q2 = _rope_half(q1, q2, c1[None, :], c2[None, :], s1[None, :], s2[None, :], dt, EMU)  # dtype
+        k1, k2 = _rope_half(k1, k2, c1, c2, s1, s2, dt, EMU)  # dtype
+        if sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
+            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + hs, k1)
+            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + HALF + hs, k2)
+            tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, v_new)
+
+        m_i = tl.full((G_PAD,), -1.0e30, tl.float32)
+        l_i = tl.zeros((G_PAD,), tl.float32)
+        acc = tl.zeros((G_PAD, HD), tl.float32)
+        lo = sp * CHUNK
+        for t in range(0, CHUNK, BLOCK_S):
+            s0 = lo + t
+            if s0 <= pos:
+                offs = s0 + tl.arange(0, BLOCK_S)
+                old = offs < pos  # positions written by earlier steps; pos itself comes from registers
+                kp = kc_ptr + kvh * stride_kh + offs[:, None] * stride_ks
+                kt1 = tl.load(kp + hs[None, :], mask=old[:, None], other=0.0)
+                kt2 = tl.load(kp + HALF + hs[None, :], mask=old[:, None], other=0.0)
+                vt = tl.load(vc_ptr + kvh * stride_vh + offs[:, None] * stride_vs + ds[None, :], mask=old[:, None],
+                             other=0.0)
+                here = (offs == pos)[:, None]
+                kt1 = tl.where(here, k1[None, :], kt1)
+                kt2 = tl.where(here, k2[None, :], kt2)
+                vt = tl.where(here, v_new[None, :], vt)
+                if DOT_F32:  # float32 operands (the dtype's values), exact products
+                    s = tl.dot(q1.to(tl.float32), tl.trans(kt1.to(tl.float32)), input_precision="ieee")
+                    s += tl.dot(q2.to(tl.float32), tl.trans(kt2.to(tl.float32)), input_precision="ieee")
+                else:
+                    s = tl.dot(q1, tl.trans(kt1))
+                    s += tl.dot(q2, tl.trans(kt2))
+                s = s * scale  # [G_PAD, BLOCK_S], float32
+                s = tl.where((offs <= pos)[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                if DOT_F32:
+                    acc = acc * alpha[:, None] + tl.dot(rnd(p, dt, EMU).to(tl.float32), vt.to(tl.float32),
+                                                        input_precision="ieee")
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(dt), vt)
+                m_i = m_new
+        # this program's partial
+        pidx = kvh * SPLITS + sp
+        tl.store(part_acc + (pidx * G_PAD + gs[:, None]) * HD + ds[None, :], acc, mask=gmask[:, None])
+        tl.store(part_ml + (pidx * 2) * G_PAD + gs, m_i)
+        tl.store(part_ml + (pidx * 2 + 1) * G_PAD + gs, l_i)
+        if ONE_KERNEL:
+            # the last of this kv head's programs to arrive combines (the counter goes back to 0 for the next call)
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
+            if done == SPLITS - 1:
+                tl.debug_barrier()
+                _combine(kvh, part_acc, part_ml, out_ptr, SPLITS, G, G_PAD, HD, EMU)
+                tl.atomic_xchg(count_ptr + kvh, 0)
+
+    @triton.jit
+    def combine_kernel(part_acc, part_ml, out_ptr, SPLITS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                       HD: tl.constexpr, EMU: tl.constexpr):
+        _combine(tl.program_id(0), part_acc, part_ml, out_ptr, SPLITS, G, G_PAD, HD, EMU)
+
+    return attention_kernel, combine_kernel
+
+
+def _interpreting() -> bool:
+    # Triton's CPU interpreter multiplies 16-bit float tiles as raw integers (tl.dot gets float32 there) and
+    # rounds to bf16 by truncation (the kernels round by hand there: engine.core.gemv.rnd)
+    from engine.core.gemv import interpreting
+
+    return interpreting()
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counter(k_cache: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """One arrival counter per kv head of this cache (zero between calls: the combining program resets it).
+    Made on the first call, which every caller runs before capturing a graph."""
+    key = (k_cache.device, k_cache.data_ptr(), n_kv)
+    c = _COUNTERS.get(key)
+    if c is None:
+        if k_cache.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("decode_attention: call it once before capturing a CUDA graph")
+        c = _COUNTERS[key] = torch.zeros(n_kv, dtype=torch.int32, device=k_cache.device)
+    return c
+
+
+def splits_for(window: int, n_kv: int, block_s: int = BLOCK_S) -> tuple[int, int]:
+    """(programs per kv head, cache positions per program) for a window: about TARGET_PROGRAMS programs in
+    all, each over a whole number of tiles."""
+    tiles = -(-window // block_s)
+    want = max(1, min(tiles, -(-TARGET_PROGRAMS // n_kv)))
+    chunk = -(-tiles // want) * block_s
+    return -(-window // chunk), chunk
+
+
+def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                     q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int,
+                     combine: str = "last", splits: int | None = None, block_s: int | None = None,
+                     num_warps: int = 4) -> torch.Tensor:
+    """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
+    attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
+    ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
+    ``splits``: programs per kv head (default: splits_for); ``block_s``: positions per tile (BLOCK_S)."""
+    attn_k, comb_k = _kernels()
+    g = n_heads // n_kv
+    g_pad = max(16, 1 << (g - 1).bit_length())
+    bs = block_s or BLOCK_S
+    if splits is None:
+        n_split, chunk = splits_for(window, n_kv, bs)
+    else:
+        tiles = -(-window // bs)
+        chunk = -(-tiles // splits) * bs
+        n_split = -(-window // chunk)
+    dev = qkv.device
+    out = torch.empty(n_heads * hd, dtype=qkv.dtype, device=dev)
+    part_acc = torch.empty(n_kv * n_split * g_pad * hd, dtype=torch.float32, device=dev)
+    part_ml = torch.empty(n_kv * n_split * 2 * g_pad, dtype=torch.float32, device=dev)
+    one = combine == "last"
+    count = _counter(k_cache, n_kv) if one else part_ml
+    qk = q_norm is not None
+    emu = _interpreting() and qkv.dtype == torch.bfloat16
+    attn_k[(n_kv, n_split)](
+        qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
+        k_cache, v_cache, out, part_acc, part_ml, count, float(eps), 1.0 / math.sqrt(hd),
+        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        N_HEADS=n_heads, N_KV=n_kv, G=g, G_PAD=g_pad, HD=hd, CHUNK=chunk, BLOCK_S=bs, SPLITS=n_split,
+        QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu, num_warps=num_warps)
+    if not one:
+        comb_k[(n_kv,)](part_acc, part_ml, out, SPLITS=n_split, G=g, G_PAD=g_pad, HD=hd, EMU=emu, num_warps=4)
+    return out.view(1, 1, n_heads * hd)
+
+
+CPU_KERNELS = False  # the tests set it (with TRITON_INTERPRET=1): the fused blocks run their kernels on CPU
+
+
+def runs_here(device: torch.device) -> bool:
+    """The kernels run on CUDA devices (and on CPU tensors in the tests, under Triton's interpreter);
+    elsewhere the fused blocks are the plain blocks (the CPU dry run of the variants bench)."""
+    return device.type == "cuda" or (CPU_KERNELS and _interpreting())
+
+
+def supported(hd: int, n_heads: int, n_kv: int) -> bool:
+    """Shapes decode_attention handles: a power-of-two head dimension of 32 or more (Llama, Qwen: 64, 128)
+    and whole groups of query heads per kv head. Others run the plain attention (with the Triton GEMVs)."""
+    return hd >= 32 and hd & (hd - 1) == 0 and n_heads % n_kv == 0
+
+
+def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache,
+                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int):
+    """engine.core.model.attn_block in three kernels: norm + QKV GEMV, decode_attention, o_proj GEMV.
+    ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself."""
+    from engine.core import gemv
+
+    if not runs_here(x.device):
+        from engine.core.model import attn_block
+
+        return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
+                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window)
+    if not supported(hd, n_heads, n_kv):
+        from engine.core.model import attn_block
+
+        return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
+                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window,
+                          linear=gemv.linear)
+    qkv, x = gemv.linear_norm(x, delta, input_norm, eps, wqkv, bqkv)
+    a = decode_attention(qkv, cos, sin, pos, q_norm, k_norm, k_cache, v_cache, n_heads=n_heads, n_kv=n_kv, hd=hd,
+                         eps=eps, window=window)
+    return x, gemv.linear(a, wo, bo)
+
+
+def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float):
+    """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV."""
+    from engine.core import gemv
+
+    if not runs_here(x.device):
+        from engine.core.model import mlp_block
+
+        return mlp_block(x, delta, post_norm, w13, b13, w2, b2, eps=eps)
+    gu, x = gemv.linear_norm(x, delta, post_norm, eps, w13, b13)
+    return x, gemv.linear_silu(gu, w2, b2)
