@@ -47,6 +47,16 @@ def test_accept_passes_a_healthy_engine_and_keeps_secrets_out(svc, key_file, tmp
         sc = scenario(doc, key)
         assert sc["status"] == "waived" and "supervisor" in sc["reason"]
     assert scenario(doc, "kill_rank0")["status"] == "waived" and "--skip" in scenario(doc, "kill_rank0")["reason"]
+    # The fault request is sized from the measured pace (at least 200 tokens, at most half the context),
+    # and the client left gone_in_prefill's request inside the time the same prompt takes with one token.
+    sized = [n for n in doc["target"]["notes"] if n.startswith("the fault scenarios' in-flight request: ")]
+    assert len(sized) == 1, doc["target"]["notes"]
+    tokens = int(sized[0].split(": ")[1].split()[0])
+    assert tokens >= 200
+    if (doc["target"]["engine"] or {}).get("max_context"):
+        assert tokens <= doc["target"]["engine"]["max_context"] // 2
+    gone = scenario(doc, "gone_in_prefill")["metrics"]
+    assert 0 < gone["client_left_after_s"] <= min(0.15, gone["prefill_with_one_token_s"])
     rep = scenario(doc, "corrupt_hash")["repetitions"][0]
     assert rep["time_to_detect_s"] is not None and rep["time_to_recover_s"] > rep["time_to_detect_s"]
     load = doc["load"]

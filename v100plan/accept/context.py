@@ -155,6 +155,7 @@ class Context:
         self.ignore_eos = True             # the server takes vLLM's ignore_eos extension (known lengths)
         self.refs = References(self)
         self.shared: dict[str, Any] = {}   # figures one case leaves for another (e.g. stream gaps)
+        self.fault_tokens = 200            # the fault scenarios' in-flight request (faults.size_fault_request)
 
     # ----- discovery -------------------------------------------------------------------------
     def discover(self) -> list[str]:

@@ -20,7 +20,27 @@ from v100plan.accept.context import PROMPTS, REF_TOKENS, Context
 from v100plan.accept.http import Stream
 
 G = "fault"
-FAULT_TOKENS = 200      # the in-flight request: long enough to still be running when the fault lands
+FAULT_TOKENS = 200      # the in-flight request's least length: still running when the fault lands
+FAULT_STREAM_S = 1.0    # ... and at least this long at the service's measured pace (a fast card's 200
+                        # tokens end within ~50 ms, before an injection through the busy proxy lands)
+
+
+def size_fault_request(ctx: Context) -> str:
+    """Measure the service's pace on one short stream and size the fault scenarios' in-flight request
+    (``ctx.fault_tokens``) to last FAULT_STREAM_S at that pace, at least FAULT_TOKENS tokens and within
+    half the context limit. Returns a note for the report."""
+    s = ctx.client.stream("/v1/completions", ctx.payload(PROMPTS["story"], 32), timeout_s=120)
+    times = [t for t, _ev in s.token_events()]
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    if s.errors or len(gaps) < 4:
+        ctx.fault_tokens = FAULT_TOKENS
+        return f"the fault scenarios' in-flight request: {FAULT_TOKENS} tokens (the pace could not be measured)"
+    per_token = max(gaps[len(gaps) // 2], 1e-5)
+    cap = (ctx.max_context or 4 * FAULT_TOKENS) // 2
+    ctx.fault_tokens = max(FAULT_TOKENS, min(cap, int(FAULT_STREAM_S / per_token) + 1))
+    return (f"the fault scenarios' in-flight request: {ctx.fault_tokens} tokens (the service streams a token "
+            f"every {per_token * 1e3:.2f} ms; sized to last {FAULT_STREAM_S:g} s, at least {FAULT_TOKENS}, "
+            f"at most half the context)")
 
 
 def _needs_control(ctx: Context) -> str | None:
@@ -65,13 +85,13 @@ def _repetition(ctx: Context, index: int, inject, proxy_dies: bool, log_check) -
         rep.status, rep.detail = "error", "the service was not healthy before the injection"
         return rep
     gen0 = before.get("generation")
-    ref = ctx.refs.get(PROMPTS["story"], FAULT_TOKENS)
+    ref = ctx.refs.get(PROMPTS["story"], ctx.fault_tokens)
     log_mark = _last_line(ctx.target.read_service_log()) if ctx.target.read_service_log else None
     started = threading.Event()
     box: dict[str, Stream] = {}
 
     def request() -> None:
-        box["s"] = ctx.client.stream("/v1/completions", ctx.payload(PROMPTS["story"], FAULT_TOKENS),
+        box["s"] = ctx.client.stream("/v1/completions", ctx.payload(PROMPTS["story"], ctx.fault_tokens),
                                      on_event=lambda n, _ev: started.set() if n >= 2 else None, timeout_s=120)
         started.set()
 

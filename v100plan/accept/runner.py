@@ -13,7 +13,7 @@ from typing import Any
 from profiles.document import SCHEMA_VERSIONS, provenance
 from v100plan.accept.cases import Case, Outcome, registry, spread
 from v100plan.accept.context import PROMPTS, REF_TOKENS, AcceptOptions, Context, Target
-from v100plan.accept.faults import FAULT_TOKENS
+from v100plan.accept.faults import size_fault_request
 
 GROUP_ORDER = ("functional", "fault", "load")
 Progress = Callable[[str, dict[str, Any]], None]   # (event, fields): "case_start" / "case_end" / "note"
@@ -76,7 +76,7 @@ def _reference_keys(ctx: Context, cases: list[Case]) -> list[tuple]:
     if ctx.refs.exact:
         keys.append((PROMPTS["once"], REF_TOKENS, 0.9, 4242))
     if any(c.group == "fault" for c in cases):
-        keys.append((PROMPTS["story"], FAULT_TOKENS))
+        keys.append((PROMPTS["story"], ctx.fault_tokens))
     return sorted({(k + (0.0, None))[:4] for k in keys}, key=str)
 
 
@@ -97,6 +97,8 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
             why = _selected(c, options) or c.applicable(ctx)
             plan_to_run.append((c, why))
         runnable = [c for c, why in plan_to_run if why is None]
+        if any(c.group == "fault" for c in runnable):
+            notes.append(size_fault_request(ctx))
         if any(c.group != "functional" or c.key in ("completion", "tp2_equals_tp1") for c in runnable):
             say("note", {"text": f"computing reference answers ({'engine TP1 runs' if ctx.refs.exact else 'service baseline'})"})
             try:
