@@ -106,3 +106,25 @@ def test_bench_planner_prints_the_table_at_either_end_of_a_ranged_figure(cli):
             assert low["predicted_tok_s"] == high["predicted_tok_s"], pid
     bad = cli("bench", "planner", "--allreduce-range", "middle")
     assert bad.exit_code == 2 and "low, high" in bad.stderr
+
+
+def test_the_documented_table_is_the_one_the_planner_prints(rows):
+    """docs/planner-accuracy.md's table ("## The table") lists every point with the prediction and error that
+    `v100plan bench planner` gives now: a profile change that moves a row must move the page with it."""
+    text = (REPO / "docs" / "planner-accuracy.md").read_text()
+    section = text.split("## The table", 1)[1].split("\n## ", 1)[0]
+    documented = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 11 and cells[1] in ("calibration", "held_out"):
+            documented[cells[0]] = cells
+    assert set(documented) == {r.id for r in rows}
+    for r in rows:
+        cells = documented[r.id]
+        assert cells[1] == r.role, r.id
+        assert float(cells[7]) == pytest.approx(r.published_tok_s, abs=0.005), r.id
+        assert cells[8] == f"{r.predicted_tok_s:.2f}", r.id
+        assert cells[10] == f"{r.error:+.1%}", r.id
+    s = accuracy.summary(rows)
+    assert (f"median |error| {s['held_out_median_abs_error']:.1%}, worst {s['held_out_worst_abs_error']:.1%}"
+            in section)
