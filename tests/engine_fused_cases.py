@@ -46,8 +46,9 @@ def _t(*shape, dtype, g, scale=1.0, mean=0.0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bias", [False, True])
-def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, bias):
+@pytest.mark.parametrize("bias,one_pass", [(False, False), (True, False), (True, True)])
+def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, bias, one_pass):
+    """Two passes (Hugging Face's rounding) or one (statistics beside the product, 1/rms applied to the sums)."""
     from engine.core import gemv
 
     g = torch.Generator().manual_seed(1)
@@ -56,7 +57,7 @@ def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, b
     nw = _t(D, dtype=dtype, g=g, scale=0.1, mean=1.0)
     w = _t(n, D, dtype=dtype, g=g, scale=0.05)
     b = _t(n, dtype=dtype, g=g, scale=0.1) if bias else None
-    y, x_new = gemv.linear_norm(x, d, nw, EPS, w, b)
+    y, x_new = gemv.linear_norm(x, d, nw, EPS, w, b, one_pass=one_pass)
     assert y.shape == (1, 1, n) and x_new.shape == x.shape and y.dtype == dtype
     want = F.linear(rms_norm(x + d, nw, EPS), w, b)
     ref = F.linear(rms_norm(x.float() + d.float(), nw.float(), EPS), w.float(), None if b is None else b.float())
@@ -67,7 +68,7 @@ def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, b
         assert (x_new.float() - (x + d).float()).abs().max() <= (x + d).float().abs().max() * 2 ** -7
         assert rel(y, ref) <= max(1.5 * rel(want, ref), 1e-3)
     # a K that is not a multiple of the block: the masked tail
-    y2, _ = gemv.linear_norm(x[..., :200], d[..., :200], nw[:200], EPS, w[:, :200].contiguous(), b)
+    y2, _ = gemv.linear_norm(x[..., :200], d[..., :200], nw[:200], EPS, w[:, :200].contiguous(), b, one_pass=one_pass)
     want2 = F.linear(rms_norm((x + d)[..., :200], nw[:200], EPS), w[:, :200], b)
     assert rel(y2, want2) < (1e-6 if dtype is torch.float32 else 2e-2)
 
@@ -117,18 +118,19 @@ def _torch_attention(qkv, qn, kn, kc, vc, cos, sin, p):
     return torch.matmul(torch.softmax(s, dim=-1).to(vc.dtype), vc[:, :, :W]).reshape(1, 1, H * HD)
 
 
-@pytest.mark.parametrize("dtype,qk_norm,p,combine,splits", [
-    (torch.float32, False, 0, "last", None),
-    (torch.float32, True, 0, "kernel", None),
-    (torch.float32, False, 20, "kernel", 1),  # one program walks two tiles
-    (torch.float32, True, 20, "last", None),
-    (torch.float32, True, W - 1, "last", 1),
-    (torch.float32, False, W - 1, "kernel", None),
-    (torch.bfloat16, True, 0, "last", None),
-    (torch.bfloat16, True, 33, "last", None),
-    (torch.bfloat16, False, W - 1, "kernel", 1),
+@pytest.mark.parametrize("dtype,qk_norm,p,combine,splits,block_s", [
+    (torch.float32, False, 0, "last", None, 16),  # three programs per kv head, two of them past pos
+    (torch.float32, True, 0, "kernel", None, 32),
+    (torch.float32, False, 20, "kernel", 1, 16),  # one program walks three tiles
+    (torch.float32, True, 20, "last", None, 16),
+    (torch.float32, True, W - 1, "last", 1, 32),
+    (torch.float32, False, W - 1, "kernel", None, 16),
+    (torch.float32, True, 30, "last", None, 128),  # the whole window in one tile
+    (torch.bfloat16, True, 0, "last", None, 16),
+    (torch.bfloat16, True, 33, "last", None, 16),
+    (torch.bfloat16, False, W - 1, "kernel", 1, 16),
 ])
-def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, combine, splits):
+def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, combine, splits, block_s):
     """q/k norm, RoPE, the K/V write at pos and the masked one-query attention; the kernel never reads
     cache positions at or past pos (they hold NaN here: one read would poison the answer)."""
     from engine.core import attention
@@ -138,7 +140,8 @@ def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, com
     kc_ref, vc_ref = kc.clone(), vc.clone()
     kc[:, :, p:], vc[:, :, p:] = float("nan"), float("nan")
     out = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
-                                     eps=EPS, window=W, combine=combine, splits=splits)
+                                     eps=EPS, window=W, combine=combine, splits=splits,
+                                     block_s=block_s)
     want = _torch_attention(qkv, qn, kn, kc_ref, vc_ref, cos, sin, p)
     assert out.shape == (1, 1, H * HD) and out.dtype == dtype and torch.isfinite(out).all()
     # the cache: position p written (K after norm and RoPE, V as is), the rest untouched
@@ -153,7 +156,7 @@ def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, com
         assert (kc[:, :, p].float() - kc_ref[:, :, p].float()).abs().max() <= 2 ** -6 * kc_ref.float().abs().max()
         assert rel(out, ref) <= max(1.5 * rel(want, ref), 1e-3)
     again = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
-                                       eps=EPS, window=W, combine=combine, splits=splits)
+                                       eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s)
     assert torch.equal(out, again)  # fixed reduction order
 
 
@@ -176,13 +179,17 @@ def _model(name: str, **override):
     return model
 
 
-@pytest.mark.parametrize("name,override", [
-    ("llama-3.1-8b", {}),  # llama3 RoPE scaling, no biases, head dim 32
-    ("qwen3-8b", {"head_dim": 64}),  # q/k norm
-    ("qwen2.5-0.5b", {}),  # QKV bias
-    ("qwen3-8b", {}),  # head dim 48: the attention falls back to the plain one, the GEMVs stay fused
+@pytest.mark.parametrize("name,override,one_pass", [
+    ("llama-3.1-8b", {}, False),  # llama3 RoPE scaling, no biases, head dim 32
+    ("llama-3.1-8b", {}, True),  # the norm prologue in one pass
+    ("qwen3-8b", {"head_dim": 64}, False),  # q/k norm
+    ("qwen2.5-0.5b", {}, False),  # QKV bias
+    ("qwen3-8b", {}, False),  # head dim 48: the attention falls back to the plain one, the GEMVs stay fused
 ])
-def test_fused_blocks_give_the_plain_decode_step(name, override):
+def test_fused_blocks_give_the_plain_decode_step(name, override, one_pass, monkeypatch):
+    from engine.core import gemv
+
+    monkeypatch.setattr(gemv, "NORM_ONE_PASS", one_pass)
     model = _model(name, **override)
     caches = [(lay.k_cache.clone(), lay.v_cache.clone()) for lay in model.layers]
     tok, pos = torch.tensor([5]), torch.tensor([40])

@@ -35,12 +35,13 @@ def test_every_fused_kernel_matches_the_plain_blocks_under_the_triton_interprete
 
 
 def test_window_is_split_into_whole_tiles_for_about_two_programs_per_sm():
-    assert attention.splits_for(1024, 8) == (32, 32)  # Qwen3-8B TP1: 256 programs of one tile
-    assert attention.splits_for(1024, 4) == (32, 32)  # TP2
+    assert attention.splits_for(1024, 8, 32) == (32, 32)  # Qwen3-8B TP1: 256 programs of one tile
+    assert attention.splits_for(1024, 4, 32) == (32, 32)  # TP2
+    assert attention.splits_for(1024, 8, 128) == (8, 128)  # the tiles limit the programs
     n, chunk = attention.splits_for(32768, 8)
     assert n * chunk >= 32768 and chunk % attention.BLOCK_S == 0 and n * 8 <= attention.TARGET_PROGRAMS
-    assert attention.splits_for(48, 2) == (2, 32)
-    assert attention.splits_for(10, 2) == (1, 32)
+    assert attention.splits_for(48, 2, 32) == (2, 32)
+    assert attention.splits_for(10, 2, 32) == (1, 32)
     assert attention.supported(128, 32, 8) and attention.supported(64, 14, 2)
     assert not attention.supported(48, 4, 2)  # a head dimension that is not a power of two: plain attention
 

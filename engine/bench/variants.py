@@ -55,11 +55,15 @@ VARIANTS = [
      "the service's step (kernels=gemv): layer_fused with the one-row products through engine.core.gemv (a Triton GEMV, whole rows per program, "
      "no split-K reduce): QKV, o_proj and down read at gate/up's ~4090 GB/s instead of 2700-3350 would save "
      "~0.25 ms of the 8B step at 512 context"),
-    ("fused_kernels", {"kind": "fused"}, 60, 3.85,
+    ("fused_kernels", {"kind": "fused", "one_pass": False}, 60, 3.85,
      "kernels=fused (engine.core.attention): five Triton kernels per layer instead of ~15 (norm + residual "
-     "in the QKV and gate/up GEMVs' prologues, SiLU * up in down's, one kernel for q/k norm, RoPE, cache "
-     "write and the split-window attention): layer_fused_gemv's 4.415 ms less ~10 kernels x 32 layers x "
-     "~2.5 us, plus ~1 us a norm prologue; on CPU without Triton's interpreter the plain blocks"),
+     "in the QKV and gate/up GEMVs' prologues, Hugging Face's rounding, two passes over x; SiLU * up in down's; "
+     "one kernel for q/k norm, RoPE, cache write and the split-window attention): layer_fused_gemv's 4.415 ms "
+     "less ~10 kernels x 32 layers x ~2.5 us, plus ~1 us a norm prologue; on CPU without Triton's interpreter "
+     "the plain blocks"),
+    ("fused_kernels_one_pass", {"kind": "fused", "one_pass": True}, 60, 3.80,
+     "fused_kernels with the norm prologue in one pass (the sum of squares beside the product, 1/rms applied to "
+     "the sums): the first H200 run measured the two-pass prologue at +1.5-4.4 us a product"),
 ]
 
 
@@ -134,7 +138,10 @@ def build_step(model, spec: dict, backend: str = "inductor"):
     if spec["kind"] == "eager":
         return model.decode_step
     if spec["kind"] == "fused":
+        from engine.core import gemv
         from engine.core.runner import fused_blocks
+
+        gemv.NORM_ONE_PASS = bool(spec.get("one_pass"))  # read by each call: the graph captured next keeps it
 
         blocks = fused_blocks()
         return lambda tok, pos, window: model.decode_step(tok, pos, window, blocks)

@@ -37,14 +37,15 @@ import math
 
 import torch
 
-BLOCK_S = 32  # cache positions per tile
+BLOCK_S = 128  # cache positions per tile (H200, 2026-11-30: 128 x 8 warps fastest of 8 configurations)
+NUM_WARPS = 8
 TARGET_PROGRAMS = 264  # about two programs per SM of an H200 (132 SMs): sets how the window is split
 
 
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _rope_half, _combine
+    global tl, rnd, _rope_half, _combine, _load_tile, _attend
     import triton
     import triton.language as tl
 
@@ -61,6 +62,46 @@ def _kernels():
         a2 = rnd(x2 * c2, dt, EMU).to(tl.float32)
         b2 = rnd(x1 * s2, dt, EMU).to(tl.float32)
         return rnd(a1 + b1, dt, EMU), rnd(a2 + b2, dt, EMU)
+
+    @triton.jit
+    def _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF: tl.constexpr,
+                   HD: tl.constexpr):
+        # K (two halves) and V of cache positions offs, only those written by earlier steps (< pos)
+        old = (offs < pos)[:, None]
+        hs = tl.arange(0, HALF)
+        kp = kc_ptr + kvh * stride_kh + offs[:, None] * stride_ks
+        kt1 = tl.load(kp + hs[None, :], mask=old, other=0.0)
+        kt2 = tl.load(kp + HALF + hs[None, :], mask=old, other=0.0)
+        vt = tl.load(vc_ptr + kvh * stride_vh + offs[:, None] * stride_vs + tl.arange(0, HD)[None, :], mask=old,
+                     other=0.0)
+        return kt1, kt2, vt
+
+    @triton.jit
+    def _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt: tl.constexpr,
+                DOT_F32: tl.constexpr, EMU: tl.constexpr):
+        # one tile of the online softmax; position pos's K/V come from registers
+        here = (offs == pos)[:, None]
+        kt1 = tl.where(here, k1[None, :], kt1)
+        kt2 = tl.where(here, k2[None, :], kt2)
+        vt = tl.where(here, v_new[None, :], vt)
+        if DOT_F32:  # float32 operands (the dtype's values), exact products
+            s = tl.dot(q1.to(tl.float32), tl.trans(kt1.to(tl.float32)), input_precision="ieee")
+            s += tl.dot(q2.to(tl.float32), tl.trans(kt2.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q1, tl.trans(kt1))
+            s += tl.dot(q2, tl.trans(kt2))
+        s = s * scale  # [G_PAD, BLOCK_S], float32
+        s = tl.where((offs <= pos)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT_F32:
+            acc = acc * alpha[:, None] + tl.dot(rnd(p, dt, EMU).to(tl.float32), vt.to(tl.float32),
+                                                input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(dt), vt)
+        return m_new, l_i, acc
 
     @triton.jit
     def _combine(kvh, part_acc, part_ml, out_ptr, SPLITS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
@@ -100,6 +141,11 @@ def _kernels():
         dt = qkv_ptr.dtype.element_ty
         HALF: tl.constexpr = HD // 2
         pos = tl.load(pos_ptr).to(tl.int32)
+        # this program's first tile of the cache first: its loads are in flight during the q/k work below
+        lo = sp * CHUNK
+        offs = lo + tl.arange(0, BLOCK_S)
+        kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF,
+                                  HD)
         hs = tl.arange(0, HALF)
         gs = tl.arange(0, G_PAD)
         gmask = gs < G
@@ -138,39 +184,17 @@ def _kernels():
         m_i = tl.full((G_PAD,), -1.0e30, tl.float32)
         l_i = tl.zeros((G_PAD,), tl.float32)
         acc = tl.zeros((G_PAD, HD), tl.float32)
-        lo = sp * CHUNK
-        for t in range(0, CHUNK, BLOCK_S):
+        if lo <= pos:
+            m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt, DOT_F32,
+                                    EMU)
+        for t in range(BLOCK_S, CHUNK, BLOCK_S):
             s0 = lo + t
             if s0 <= pos:
                 offs = s0 + tl.arange(0, BLOCK_S)
-                old = offs < pos  # positions written by earlier steps; pos itself comes from registers
-                kp = kc_ptr + kvh * stride_kh + offs[:, None] * stride_ks
-                kt1 = tl.load(kp + hs[None, :], mask=old[:, None], other=0.0)
-                kt2 = tl.load(kp + HALF + hs[None, :], mask=old[:, None], other=0.0)
-                vt = tl.load(vc_ptr + kvh * stride_vh + offs[:, None] * stride_vs + ds[None, :], mask=old[:, None],
-                             other=0.0)
-                here = (offs == pos)[:, None]
-                kt1 = tl.where(here, k1[None, :], kt1)
-                kt2 = tl.where(here, k2[None, :], kt2)
-                vt = tl.where(here, v_new[None, :], vt)
-                if DOT_F32:  # float32 operands (the dtype's values), exact products
-                    s = tl.dot(q1.to(tl.float32), tl.trans(kt1.to(tl.float32)), input_precision="ieee")
-                    s += tl.dot(q2.to(tl.float32), tl.trans(kt2.to(tl.float32)), input_precision="ieee")
-                else:
-                    s = tl.dot(q1, tl.trans(kt1))
-                    s += tl.dot(q2, tl.trans(kt2))
-                s = s * scale  # [G_PAD, BLOCK_S], float32
-                s = tl.where((offs <= pos)[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                if DOT_F32:
-                    acc = acc * alpha[:, None] + tl.dot(rnd(p, dt, EMU).to(tl.float32), vt.to(tl.float32),
-                                                        input_precision="ieee")
-                else:
-                    acc = acc * alpha[:, None] + tl.dot(p.to(dt), vt)
-                m_i = m_new
+                kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
+                                          HALF, HD)
+                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                        DOT_F32, EMU)
         # this program's partial
         pidx = kvh * SPLITS + sp
         tl.store(part_acc + (pidx * G_PAD + gs[:, None]) * HD + ds[None, :], acc, mask=gmask[:, None])
@@ -229,15 +253,21 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
                      q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int,
                      combine: str = "last", splits: int | None = None, block_s: int | None = None,
-                     num_warps: int = 4) -> torch.Tensor:
+                     num_warps: int | None = None) -> torch.Tensor:
     """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
     attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
     ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
-    ``splits``: programs per kv head (default: splits_for); ``block_s``: positions per tile (BLOCK_S)."""
+    ``splits``: programs per kv head (default: splits_for); ``block_s``: positions per tile; defaults from
+    engine.core.gemv.ATTENTION_CONFIG (a measured table) or BLOCK_S, NUM_WARPS."""
+    from engine.core import gemv
+
     attn_k, comb_k = _kernels()
+    cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (BLOCK_S, NUM_WARPS, 0)
+    block_s, num_warps = block_s or cfg_bs, num_warps or cfg_warps
+    splits = splits or cfg_splits or None
     g = n_heads // n_kv
     g_pad = max(16, 1 << (g - 1).bit_length())
-    bs = block_s or BLOCK_S
+    bs = block_s
     if splits is None:
         n_split, chunk = splits_for(window, n_kv, bs)
     else:

@@ -55,6 +55,7 @@ def _load_blocks() -> None:
 _load_blocks()
 
 
+
 @functools.cache
 def _kernel():
     import triton
@@ -94,8 +95,40 @@ def _kernel():
 #                  product rounded); program 0 also writes x + delta, the new residual.
 #   PROLOGUE_SILU: h = SiLU(gate) * up from the gate/up product's row [gate | up] (each rounded, as eager).
 # Block sizes per (N, K): PROLOGUE_BLOCKS (bench: python -m engine.bench.gemv --fused), else BLOCKS.
-PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU = 0, 1, 2
+#   PROLOGUE_NORM_ONE_PASS: the same norm in one pass over K: the sum of squares beside the product, the row's
+#                  1/rms applied to each output's float32 sum (no rounding of the normalised row: closer to float32
+#                  than Hugging Face's rounding, not equal to it); chosen by NORM_ONE_PASS where it measured faster.
+PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU, PROLOGUE_NORM_ONE_PASS = 0, 1, 2, 3
+PROLOGUE_NAMES = ("plain", "norm", "silu", "norm1")
+NORM_ONE_PASS = False
 PROLOGUE_BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+# a JSON file {"norm:NxK": [BLOCK_N, BLOCK_K, num_warps], ..., "attention": [...], "norm_one_pass": bool}
+# (python -m engine.bench.gemv --fused writes one: its "fused_best")
+FUSED_ENV = "V100PLAN_ENGINE_FUSED_BLOCKS"
+# engine.core.attention's (positions per tile, num_warps, programs per kv head or 0 = its splits_for); None = its own
+ATTENTION_CONFIG: tuple[int, int, int] | None = None
+
+
+def _load_fused() -> None:
+    global NORM_ONE_PASS, ATTENTION_CONFIG
+    path = os.environ.get(FUSED_ENV)
+    if not path:
+        return
+    with open(path) as fh:
+        raw = json.load(fh)
+    raw = raw.get("fused_best", raw)
+    for key, val in raw.items():
+        if ":" in key:
+            name, shape = key.split(":")
+            n, k = (int(v) for v in shape.split("x"))
+            PROLOGUE_BLOCKS[(name, n, k)] = tuple(int(v) for v in val)
+    if "norm_one_pass" in raw:
+        NORM_ONE_PASS = bool(raw["norm_one_pass"])
+    if raw.get("attention"):
+        ATTENTION_CONFIG = tuple(raw["attention"])
+
+
+_load_fused()
 
 
 def interpreting() -> bool:
@@ -123,25 +156,29 @@ def _prologue_kernel():
     @triton.jit
     def gemv_prologue_kernel(w_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, stride_w, eps,
                              PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EMU: tl.constexpr):
+                             BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EMU: tl.constexpr,
+                             STATS_BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
         cols0 = tl.arange(0, BLOCK_K)
         rstd = 0.0
-        if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order
-            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                cmask = (k0 + cols0) < K
-                xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+        if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
+            scols = tl.arange(0, STATS_BLOCK)
+            ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
+            for k0 in range(0, K, STATS_BLOCK):
+                smask = (k0 + scols) < K
+                xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
+                dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
                 r = rnd(xv + dv, dt, EMU)
                 if pid == 0:
-                    tl.store(xo_ptr + k0 + cols0, r, mask=cmask)
+                    tl.store(xo_ptr + k0 + scols, r, mask=smask)
                 r = r.to(tl.float32)
                 ss += r * r
             rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        if PROLOGUE == 3:
+            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         wp = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols0[None, :]
         for k0 in range(0, K, BLOCK_K):
@@ -156,6 +193,16 @@ def _prologue_kernel():
                 nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 r = rnd(xv + dv, dt, EMU).to(tl.float32)
                 h = rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU).to(tl.float32)
+            elif PROLOGUE == 3:  # one pass: sum of squares beside the product, rstd applied to the sums
+                xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                r = rnd(xv + dv, dt, EMU)
+                if pid == 0:
+                    tl.store(xo_ptr + k0 + cols0, r, mask=cmask)
+                r = r.to(tl.float32)
+                ss += r * r
+                h = r * nw
             elif PROLOGUE == 2:
                 g = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 u = tl.load(x_ptr + K + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
@@ -165,6 +212,8 @@ def _prologue_kernel():
                 h = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
             acc += w.to(tl.float32) * h[None, :]
         y = tl.sum(acc, axis=1)
+        if PROLOGUE == 3:
+            y = y * (1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps))
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows, rnd(y, y_ptr.dtype.element_ty, EMU), mask=rmask)
@@ -178,7 +227,7 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
     """out [N] = w [N, K] @ h (+ b), h made from x by the prologue (x: [K]; [2K] = [gate | up] for SiLU);
     PROLOGUE_NORM writes x + delta into x_out [K]."""
     n, k = w.shape
-    name = ("plain", "norm", "silu")[prologue]
+    name = PROLOGUE_NAMES[prologue]
     bn, bk, warps = blocks or PROLOGUE_BLOCKS.get((name, n, k)) or BLOCKS.get((n, k), DEFAULT_BLOCKS)
     if interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
@@ -186,18 +235,21 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
         w, x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
         b if b is not None else w, out, x_out if x_out is not None else out, n, k, w.stride(0), float(eps),
         PROLOGUE=prologue, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
-        EMU=interpreting() and x.dtype == torch.bfloat16, num_warps=warps)
+        EMU=interpreting() and x.dtype == torch.bfloat16, STATS_BLOCK=min(8192, 1 << (k - 1).bit_length()),
+        num_warps=warps)
     return out
 
 
 def linear_norm(x: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
-                b: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel."""
+                b: torch.Tensor | None = None, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel.
+    ``one_pass``: PROLOGUE_NORM_ONE_PASS instead of PROLOGUE_NORM (default NORM_ONE_PASS)."""
     k = w.shape[1]
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     x_out = torch.empty(k, dtype=x.dtype, device=x.device)
-    launch_prologue(PROLOGUE_NORM, x.reshape(-1).contiguous(), w, b, out, delta.reshape(-1).contiguous(),
-                    norm_weight, eps, x_out)
+    one = NORM_ONE_PASS if one_pass is None else one_pass
+    launch_prologue(PROLOGUE_NORM_ONE_PASS if one else PROLOGUE_NORM, x.reshape(-1).contiguous(), w, b, out,
+                    delta.reshape(-1).contiguous(), norm_weight, eps, x_out)
     return out.view(*x.shape[:-1], w.shape[0]), x_out.view(x.shape)
 
 
