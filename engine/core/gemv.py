@@ -94,14 +94,29 @@ def _kernel():
 #                  dtype, statistics in float32, the normalised row rounded before the weight multiply and the
 #                  product rounded); program 0 also writes x + delta, the new residual.
 #   PROLOGUE_SILU: h = SiLU(gate) * up from the gate/up product's row [gate | up] (each rounded, as eager).
-# Block sizes per (N, K): PROLOGUE_BLOCKS (bench: python -m engine.bench.gemv --fused), else BLOCKS.
 #   PROLOGUE_NORM_ONE_PASS: the same norm in one pass over K: the sum of squares beside the product, the row's
 #                  1/rms applied to each output's float32 sum (no rounding of the normalised row: closer to float32
-#                  than Hugging Face's rounding, not equal to it); chosen by NORM_ONE_PASS where it measured faster.
+#                  than Hugging Face's rounding, not equal to it); used where NORM_ONE_PASS says so. On the H200 it
+#                  was the slower of the two (2026-11-30: 107 vs 100 us over the four norm products): off.
+# Block sizes per (N, K): PROLOGUE_BLOCKS (bench: python -m engine.bench.gemv --fused), else BLOCKS.
 PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU, PROLOGUE_NORM_ONE_PASS = 0, 1, 2, 3
 PROLOGUE_NAMES = ("plain", "norm", "silu", "norm1")
 NORM_ONE_PASS = False
-PROLOGUE_BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+# (prologue, N, K) -> blocks: the fastest of engine.bench.gemv.FUSED_CONFIGS per Qwen3-8B shape at TP1 and TP2,
+# measured on an H200 on 2026-11-30 (tests/fixtures/engine/h200-fused-2026-11-30.json, its "fused_best";
+# judged by tests/test_engine_fused_recording.py)
+PROLOGUE_BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {
+    ("norm", 6144, 4096): (8, 512, 4),
+    ("norm1", 6144, 4096): (4, 512, 4),
+    ("norm", 24576, 4096): (32, 256, 8),
+    ("norm1", 24576, 4096): (8, 512, 4),
+    ("silu", 4096, 12288): (8, 512, 4),
+    ("norm", 3072, 4096): (8, 1024, 8),
+    ("norm1", 3072, 4096): (4, 512, 4),
+    ("norm", 12288, 4096): (32, 256, 8),
+    ("norm1", 12288, 4096): (4, 512, 4),
+    ("silu", 4096, 6144): (8, 512, 4),
+}
 # a JSON file {"norm:NxK": [BLOCK_N, BLOCK_K, num_warps], ..., "attention": [...], "norm_one_pass": bool}
 # (python -m engine.bench.gemv --fused writes one: its "fused_best")
 FUSED_ENV = "V100PLAN_ENGINE_FUSED_BLOCKS"
@@ -221,6 +236,16 @@ def _prologue_kernel():
     return gemv_prologue_kernel
 
 
+def _prologue_default(name: str, n: int) -> tuple[int, int, int]:
+    """Blocks for a shape PROLOGUE_BLOCKS does not list (e.g. Llama-3.1-8B's gate/up and down): the recorded
+    winners of the same prologue at a similar N (not measured on those shapes themselves)."""
+    if name == "norm":
+        return (32, 256, 8) if n >= 8192 else (8, 512, 4)
+    if name in ("silu", "norm1"):
+        return (8, 512, 4) if name == "silu" else (4, 512, 4)
+    return DEFAULT_BLOCKS
+
+
 def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
                     delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                     x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
@@ -228,7 +253,7 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
     PROLOGUE_NORM writes x + delta into x_out [K]."""
     n, k = w.shape
     name = PROLOGUE_NAMES[prologue]
-    bn, bk, warps = blocks or PROLOGUE_BLOCKS.get((name, n, k)) or BLOCKS.get((n, k), DEFAULT_BLOCKS)
+    bn, bk, warps = blocks or PROLOGUE_BLOCKS.get((name, n, k)) or _prologue_default(name, n)
     if interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
     _prologue_kernel()[(-(-n // bn),)](

@@ -9,8 +9,8 @@ path allow, and says which and why (``Decoder.info``):
            be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
   kernels  "fused": five Triton kernels per layer (engine.core.attention: norm + QKV GEMV, one kernel for
            q/k norm, RoPE, the cache write and the attention, o_proj GEMV, norm + gate/up GEMV, SiLU + down
-           GEMV), where FUSED_DEFAULT says an H200 measured it faster, or by request;
-           "gemv": attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
+           GEMV): the default where Triton targets the card (FUSED_DEFAULT: an H200 measured it faster);
+           "gemv" (by request): attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
            block shape reused by every layer, their one-row products through the Triton GEMV
            (engine.core.gemv); "compiled": the same with cuBLAS products (by request). Only where Triton
            targets the card (compute capability 8.0+): the V100 (7.0, fp16) and CPUs run the plain blocks.
@@ -34,9 +34,11 @@ StepHook = Callable[[str, int, list[int], int], bool]
 FIRST_BUCKET = 256
 KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv | fused: overrides the automatic choice
 KERNELS = ("eager", "compiled", "gemv", "fused")
-# "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton only
-# where an H200 measured it faster than "gemv" (docs/engine-speed.md).
-FUSED_DEFAULT = False
+# "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton: an H200
+# measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against "gemv"
+# (docs/engine-speed.md; tests/fixtures/engine/h200-variants-fused-tp*-2026-11-30.json, judged by
+# tests/test_engine_fused_recording.py).
+FUSED_DEFAULT = True
 TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
 
 
@@ -67,7 +69,8 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
     if requested == "fused" or (requested is None and FUSED_DEFAULT):
         return "fused", ("requested: " if requested == "fused" else "") + (
             "five Triton kernels per layer (engine.core.attention): the norm and SiLU in the GEMVs' prologues, "
-            "one kernel for q/k norm, RoPE, the cache write and the one-query attention")
+            "one kernel for q/k norm, RoPE, the cache write and the one-query attention (0.93x the step of the "
+            "Triton GEMV with compiled blocks at TP1, 0.87x at TP2 on an H200, docs/engine-speed.md)")
     return "gemv", ("requested: " if requested == "gemv" else "") + (
         "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, one-query attention) "
         "with the Triton GEMV for the one-row products (1.02-1.42x cuBLAS on an H200, docs/engine-speed.md)")
