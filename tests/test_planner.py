@@ -126,8 +126,18 @@ def test_objective_throughput_prefers_aggregate():
 
 
 def test_placeholder_engine_gives_fit_but_no_speeds():
-    p = plan_ids("v100-pg500-216", 2, "qwen3.8-27b-nvfp4", 32 * K, engine="sglang")
+    """An engine profile with no efficiencies and no stand-in engine (SGLang's profile without its 'stand_in_engine'):
+    fit and the ceiling, no speeds, and the plan document says what is missing."""
+    import copy
+
+    doc = copy.deepcopy(catalogue.get("engine", "sglang"))
+    del doc["stand_in_engine"]
+    hw = hardware_from_doc(catalogue.get("hardware", "v100-pg500-216"), 2)
+    p = plan(hw, model_from_doc(catalogue.get("model", "qwen3.8-27b-nvfp4")), engine_from_doc(doc),
+             Target(context_tokens=32 * K, gpus=2))
     assert p.recommended is None and all(s.decode_tok_s is None for s in p.strategies)
+    assert p.speeds["calibrated"] is False and p.speeds["stand_in"] is None
+    assert p.speeds["missing"] == ["weight_bw_fraction", "kv_bw_fraction", "round_overhead_ms"]
     assert all("v100plan bench engine" in s.reason for s in p.strategies if s.fits)
     # bytes and bandwidth are known, so the ceiling is shown even without speeds
     assert all(s.decode_ceiling_tok_s for s in p.strategies if s.fits)

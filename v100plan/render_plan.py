@@ -71,14 +71,22 @@ def plan_renderables(doc: dict[str, Any]) -> list[Any]:
     return out
 
 
+STAND_IN_MARK = "~"  # beside a speed whose engine x generation x format has no calibration of its own
+
+
 def compare_renderables(doc: dict[str, Any]) -> list[Any]:
     rows = []
+    stand_ins = []
     for r in doc["rows"]:
+        speed = _speed(r["decode_tok_s"], r["decode_ceiling_tok_s"])
+        if speed and r.get("speeds_calibrated") is False:
+            speed = STAND_IN_MARK + speed
+            stand_ins.append(f"{STAND_IN_MARK} {r['gpus']} x {r['hardware']}: {r['speeds_stand_in']}")
         price = None if r["price_total"] is None else f"{r['price_total']:,.0f} {r['currency']}"
         per = None if r["price_per_decode_tok_s"] is None else f"{r['price_per_decode_tok_s']:,.0f}"
         rows.append([
             f"{r['gpus']} x {r['hardware']}", r["best_strategy"] or "nothing fits",
-            _speed(r["decode_tok_s"], r["decode_ceiling_tok_s"]), _num(r["aggregate_tok_s"]),
+            speed, _num(r["aggregate_tok_s"]),
             _num(r["prefill_s"], "{:.0f}"), _ctx(r["max_context"]), price, per,
         ])
     i = doc["inputs"]
@@ -87,9 +95,10 @@ def compare_renderables(doc: dict[str, Any]) -> list[Any]:
         ["hardware", "best strategy", ("decode tok/s / ceiling", "right"), ("aggregate", "right"), ("prefill s", "right"),
          ("max ctx", "right"), ("price", "right"), ("price per tok/s", "right")],
         rows,
-        caption="price per tok/s = price of the cards / one-stream decode tok/s (only where prices are known)",
+        caption="price per tok/s = price of the cards / one-stream decode tok/s (only where prices are known)"
+        + (f"; {STAND_IN_MARK}: not calibrated for this engine, card generation and format (below)" if stand_ins else ""),
     )
-    return [table]
+    return [table] + stand_ins
 
 
 def print_all(renderables: list[Any], to_stderr: bool = False) -> None:

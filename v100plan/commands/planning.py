@@ -17,6 +17,7 @@ from v100plan import catalogue, documents, output, render_plan
 from v100plan.errors import BadInput, DocumentError, UnknownId
 from v100plan.options import JsonOpt, OutOpt
 from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
+from v100plan.planner.calibration import stand_in_line
 from v100plan.planner.from_probe import hardware_from_probe
 from v100plan.profile_checks import catalogue_problems
 from v100plan.units import parse_tokens
@@ -166,6 +167,9 @@ def compare_document(specs: list[str], model: str, engine: str, context: str, ac
             "price_total": total, "currency": price[1] if price else None,
             "price_per_decode_tok_s": round(total / best["decode_tok_s"], 1) if (total and best and best["decode_tok_s"]) else None,
             "reason": best["reason"] if best else "; ".join(f"{s['name']}: {s['reason']}" for s in doc["strategies"]),
+            # Marked in the table: speeds from a calibration that stood in (v100plan/planner/calibration.py).
+            "speeds_calibrated": doc["speeds"]["calibrated"] if (best and doc.get("speeds")) else None,
+            "speeds_stand_in": stand_in_line(doc["speeds"]) if (best and doc.get("speeds")) else None,
         })
     inputs = {"hardware": specs, "model": model, "engine": engine, "context_tokens": tokens, "acceptance": acceptance,
               "objective": objective}

@@ -190,6 +190,10 @@ class Engine:
     # Overhead per layer of the model, per round (each layer launches the same small kernels whatever its width,
     # so it is neither divided by tensor parallel nor by pipeline stages); added to round_overhead_ms. None: none.
     round_overhead_per_layer_ms: Sourced = Sourced(None, "not in the engine profile")
+    # Another engine of the same kind whose figures stand in where this one has no calibration that gives speeds
+    # (the profile's 'stand_in_engine'; the chain in calibration.py), and why it is a fair stand-in.
+    stand_in_engine: Engine | None = None
+    stand_in_engine_source: str = ""
 
     def generation_entry(self, generation: str) -> dict[str, Any] | None:
         return self.by_generation.get(generation)
@@ -413,8 +417,19 @@ def _attention_fraction(eff: dict[str, Any], missing: str) -> Sourced:
     return Sourced(matrix.value, "prefill_compute_fraction stands in (no attention-kernel figure): " + matrix.source)
 
 
-def engine_from_doc(doc: dict[str, Any]) -> Engine:
+def _stand_in_engine(doc: dict[str, Any], seen: tuple[str, ...]) -> tuple[Engine | None, str]:
+    """The catalogue engine the profile names as its stand-in (``stand_in_engine``), read once (no cycles)."""
+    entry = doc.get("stand_in_engine")
+    if not entry or entry["id"] in seen:
+        return None, ""
+    from v100plan import catalogue
+
+    return engine_from_doc(catalogue.get("engine", entry["id"]), seen + (doc["id"],)), entry.get("source", "")
+
+
+def engine_from_doc(doc: dict[str, Any], _seen: tuple[str, ...] = ()) -> Engine:
     eff = doc.get("efficiency", {})
+    stand_in, stand_in_source = _stand_in_engine(doc, _seen + (doc["id"],))
     spec = doc.get("speculative") or {}
     missing = f"not in engine profile {doc['id']}"
     return Engine(
@@ -444,6 +459,7 @@ def engine_from_doc(doc: dict[str, Any]) -> Engine:
         allreduce_path=(doc.get("allreduce_path") or {}).get("value", "nccl"),
         allreduce_path_source=(doc.get("allreduce_path") or {}).get("source", "default: NCCL"),
         round_overhead_per_layer_ms=_sourced(eff.get("round_overhead_per_layer_ms"), missing),
+        stand_in_engine=stand_in, stand_in_engine_source=stand_in_source,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
-from v100plan.planner import nearest
+from v100plan.planner import calibration, nearest
 from v100plan.planner.decode import Round, decode_round, read_ms, round_overhead_ms, tokens_per_round
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
@@ -87,7 +87,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     if name == "layer_split":
         reason += "; cards take turns, no faster than one card"
     fmt = weight_format(model.format)
-    fw, fk, oh, _ = engine.fractions(model.format, fmt.family if fmt else "", card.architecture, lay.tp)
+    speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", card.architecture, lay.tp)
+    fw, fk, oh = speeds.weight, speeds.kv, speeds.overhead
     kv_read_gb = C * (model.kv_bytes_per_token * target.context_tokens + model.state_bytes_per_sequence) * lay.kv_read_share / 1e9
     weights_gb = lay.weights_read_gb
     ceiling_ms = read_ms(weights_gb + kv_read_gb, card.read_bw.value)
@@ -116,7 +117,7 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     if lay.pp > 1:
         net = hw.network
         hop_us = (net.latency_us + model.allreduce_bytes_per_token * verified_tokens * C / (net.bw_gbps * 1e3)) if net else 0.0
-    per_layer = engine.per_layer_overhead(card.architecture).value
+    per_layer = speeds.per_layer.value
     overhead_ms = round_overhead_ms(oh.value, per_layer, model.layers)
     draft_ms = _draft_ms(model, engine, card.read_bw.value, fw.value, oh.value, per_layer, verified_tokens - 1)
     verify_ms = _verify_compute_ms(model, engine, hw, verified_tokens * C, lay.tp)
@@ -129,6 +130,7 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         "bandwidth_gbps": card.read_bw.value, "weights_read_gb": round(weights_gb, 3), "kv_read_gb": round(kv_read_gb, 3),
         "weight_bw_fraction": fw.value, "kv_bw_fraction": fk.value,
         "fractions_source": {"weight": fw.source, "kv": fk.source},
+        "speeds_engine": speeds.engine.id, "speeds_calibrated": speeds.stand_in is None,
         "weights_ms": round(rnd.weights_ms, 3), "kv_ms": round(rnd.kv_ms, 3), "overhead_ms": round(rnd.overhead_ms, 3),
         "allreduce_ms": round(rnd.allreduce_ms, 3), "hops_ms": round(rnd.hops_ms, 3),
         "allreduces_per_round": model.allreduces_per_round if lay.tp >= 2 else 0,
@@ -251,13 +253,15 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
 def _overhead_line(d: dict, engine: Engine) -> str:
     """The round's overhead as the arithmetic: fixed, or per layer x every layer (not divided by tp or stages)."""
     stretch = f", stretched by clock ratio {d['clock_ratio']:g}" if d["clock_ratio"] < 1 else ""
+    who = d.get("speeds_engine", engine.id)
+    who = who if who == engine.id else f"{who}, standing in for {engine.id}"
     if "overhead_per_layer_ms" not in d:
-        return f"fixed per-round overhead {d['overhead_ms']:.2f} ms (engine {engine.id}{stretch})"
+        return f"fixed per-round overhead {d['overhead_ms']:.2f} ms (engine {who}{stretch})"
     const = f" + {d['overhead_constant_ms']:g} ms" if d["overhead_constant_ms"] else ""
     unstretched = d["overhead_constant_ms"] + d["overhead_per_layer_ms"] * d["layers"]
     total = f"{unstretched:.2f} ms" + (f", {d['overhead_ms']:.2f} ms" if stretch else "")
     return (f"per-round overhead {d['overhead_per_layer_ms']:g} ms x {d['layers']} layers{const} = {total} "
-            f"(engine {engine.id}, per layer: every rank and every stage runs all of them{stretch})")
+            f"(engine {who}, per layer: every rank and every stage runs all of them{stretch})")
 
 
 def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alternatives: tuple[Model, ...] = ()) -> Plan:
@@ -286,14 +290,15 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
     else:
         acceptance = engine.default_acceptance if k else 0.0
     tpr = tokens_per_round(k, acceptance, engine.acceptance_definition)
+    fmt = weight_format(model.format)
+    speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", hardware.card.architecture, 1)
+    speeds_record = speeds.record(engine.id, hardware.card.architecture, model.format)
     if (k and model.draft_kind == "model" and not model.draft_layers
-            and engine.per_layer_overhead(hardware.card.architecture).value is not None):
+            and speeds.per_layer.value is not None):
         notes.append(f"engine {engine.id} pays its overhead per layer: the draft model's layer count is not known, "
                      f"so each draft step is priced at {model.id}'s {model.layers} layers (an upper bound)")
     # A draft head without a byte count (the catalogue 27B's MTP layer) is inside the engine's calibrated reads.
-    fmt = weight_format(model.format)
-    _, _, _, fraction_notes = engine.fractions(model.format, fmt.family if fmt else "", hardware.card.architecture, 1)
-    notes += fraction_notes
+    notes += speeds.notes
     if engine.runtime_reserve_gb.value is None:
         reserve = 0.0
         notes.append(f"runtime reserve unknown for engine {engine.id}: memory per GPU excludes it")
@@ -319,9 +324,8 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
             notes += [f"allreduce {why}" for why in choice.rejected]
             if choice.prefill_path != choice.path:
                 notes.append(f"prefill chunks use {choice.prefill_path} ({choice.prefill_us:.0f} us per chunk-sized allreduce)")
-    tp2_note = engine.tp2_fallback_note()
-    if target.gpus >= 2 and tp2_note and not engine.missing_for_decode(model.format, fmt.family if fmt else "",
-                                                                         hardware.card.architecture):
+    tp2_note = speeds.engine.tp2_fallback_note()
+    if target.gpus >= 2 and tp2_note and speeds.complete:
         notes.append(tp2_note)
     if model.moe_experts and (k + 1) * target.concurrency > 1:
         notes.append(f"MoE: {(k + 1) * target.concurrency} tokens per round touch more experts than one "
@@ -369,6 +373,8 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
     if rec:
         r = next(x for x in results if x.name == rec)
         why = _why(r, hardware, model, engine, target, choice, acceptance, k)
+        if line := calibration.stand_in_line(speeds_record):
+            why = [line] + why
         lay = layout(rec, model, target.gpus, (k + 1) * target.concurrency)
         launch = {
             "engine": engine.id, "strategy": rec, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
@@ -385,4 +391,5 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         "context_tokens": target.context_tokens, "acceptance": acceptance, "draft_tokens": k,
         "concurrency": target.concurrency, "objective": target.objective,
     }
-    return Plan(inputs=inputs, strategies=tuple(results), recommended=rec, why=tuple(why), notes=tuple(notes), launch=launch)
+    return Plan(inputs=inputs, strategies=tuple(results), recommended=rec, why=tuple(why), notes=tuple(notes), launch=launch,
+                speeds=speeds_record)

@@ -33,6 +33,9 @@ class Plan:
     notes: tuple[str, ...]
     launch: dict[str, Any] | None
     nearest_fit: dict[str, Any] | None = None
+    # Where the speeds' efficiencies come from (calibration.Speeds.record): the engine, generation and format asked
+    # for, whether that combination is calibrated, and what stood in where it is not.
+    speeds: dict[str, Any] | None = None
 
     def strategy(self, name: str) -> StrategyResult:
         return next(s for s in self.strategies if s.name == name)
@@ -46,4 +49,5 @@ class Plan:
             "notes": list(self.notes),
             "launch": self.launch,
             "nearest_fit": self.nearest_fit,
+            "speeds": self.speeds,
         }
