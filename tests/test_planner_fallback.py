@@ -180,8 +180,8 @@ def test_the_stand_in_points_are_held_out_and_not_in_any_profile():
     from v100plan.planner import accuracy
 
     pts = {p["id"]: p for p in accuracy.load_points()["points"]}
-    for pid in ("vllm-h100-l31-8b-bf16", "sglang-h100-l2-7b-fp16"):
+    for pid in ("vllm-h100-l31-8b-bf16", "sglang-h100-l2-7b-fp16", "gptfast-4090-l2-7b-bf16"):
         assert pts[pid]["role"] == "held_out"
-        for eid in ("vllm", "sglang"):
+        for eid in ("vllm", "sglang", "gpt-fast"):
             text = json.dumps(catalogue.get("engine", eid))
             assert f"{pts[pid]['decode_tok_s']:g} tok" not in text and f" {pts[pid]['decode_tok_s']:g} " not in text
