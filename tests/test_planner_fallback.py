@@ -185,3 +185,19 @@ def test_the_stand_in_points_are_held_out_and_not_in_any_profile():
         for eid in ("vllm", "sglang", "gpt-fast"):
             text = json.dumps(catalogue.get("engine", eid))
             assert f"{pts[pid]['decode_tok_s']:g} tok" not in text and f" {pts[pid]['decode_tok_s']:g} " not in text
+
+
+def test_bench_planner_reports_the_stand_in_points_apart():
+    """The held-out points a stand-in predicted are summed up on their own: the chain is judged, not averaged away."""
+    from pathlib import Path
+
+    from v100plan.planner import accuracy
+
+    rows = accuracy.evaluate(Path(__file__).resolve().parent.parent)
+    st = accuracy.summary(rows)["held_out_stand_in"]
+    assert {"vllm-h100-l31-8b-bf16", "sglang-h100-l2-7b-fp16", "gptfast-4090-l2-7b-bf16", "lcpp-a100-l3-8b-f16"} <= set(st["ids"])
+    by_id = {r.id: r for r in rows}
+    assert "vllm's volta default figures stand in" in by_id["sglang-h100-l2-7b-fp16"].speeds_stand_in
+    assert by_id["gptfast-a100-l2-7b-bf16"].speeds_stand_in is None      # calibrated where it was calibrated
+    errs = [abs(by_id[i].error) for i in st["ids"]]
+    assert st["points"] == len(errs) and st["worst_abs_error"] == max(errs)

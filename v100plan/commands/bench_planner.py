@@ -48,7 +48,8 @@ def register(bench_app: typer.Typer) -> None:
                                         "strategy": r.strategy, "model": r.model, "weights": r.weights,
                                         "context_tokens": r.context_tokens, "published_tok_s": r.published_tok_s,
                                         "predicted_tok_s": r.predicted_tok_s, "ceiling_tok_s": r.ceiling_tok_s,
-                                        "error": r.error, "source": r.source, "figure": r.figure} for r in rows]})
+                                        "error": r.error, "source": r.source, "figure": r.figure,
+                                        "speeds_stand_in": r.speeds_stand_in} for r in rows]})
         else:
             table = output.table(
                 "planner vs published batch-1 decode (profiles/published/decode-batch1.json)",
@@ -65,6 +66,11 @@ def register(bench_app: typer.Typer) -> None:
             output.render(f"held out: {s['held_out_predicted']} of {s['held_out']} points planned; median |error| "
                           f"{_pct(med)}, worst {_pct(worst)}; goal (median <= 10 %, worst <= 25 %) "
                           f"{'met' if goal_met else 'NOT met'}", to_stderr=False)
+            st = s["held_out_stand_in"]
+            if st["points"]:
+                output.render(f"of which predicted by a stand-in calibration (no calibration of their own for that engine, "
+                              f"card generation and format): {st['points']}; median |error| {_pct(st['median_abs_error'])}, "
+                              f"worst {_pct(st['worst_abs_error'])} ({', '.join(st['ids'])})", to_stderr=False)
             output.render("every published figure under the planner's ceiling: "
                           + ("yes" if not s["over_ceiling"] and not s["no_ceiling"] else
                              f"no (over: {', '.join(s['over_ceiling']) or 'none'}; no ceiling: {', '.join(s['no_ceiling']) or 'none'})"),

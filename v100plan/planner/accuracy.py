@@ -44,6 +44,9 @@ class Row:
     source: str
     figure: str
     notes: tuple[str, ...]
+    # The plan's line saying which calibration stood in (calibration.stand_in_line); None: calibrated for this
+    # engine, card generation and format.
+    speeds_stand_in: str | None = None
 
     @property
     def error(self) -> float | None:
@@ -95,11 +98,14 @@ def predict(point: dict[str, Any], repo_root: Path, range_end: str | None = None
                     draft_tokens=point.get("draft_tokens"))
     p = plan(hw, m, engine, target, alternatives=alts)
     s = p.strategy(point["strategy"])
+    from v100plan.planner.calibration import stand_in_line
+
     return Row(id=point["id"], role=point["role"], engine=point["engine"], hardware=point["hardware"], gpus=point["gpus"],
                strategy=point["strategy"], model=point["model"], weights=point.get("weights"),
                context_tokens=int(point["context_tokens"]), published_tok_s=float(point["decode_tok_s"]),
                predicted_tok_s=s.decode_tok_s if s.fits else None, ceiling_tok_s=s.decode_ceiling_tok_s,
-               source=point["source"], figure=point["figure"], notes=tuple(p.notes) + ((s.reason,) if not s.fits else ()))
+               source=point["source"], figure=point["figure"], notes=tuple(p.notes) + ((s.reason,) if not s.fits else ()),
+               speeds_stand_in=stand_in_line(p.speeds) if p.speeds else None)
 
 
 def evaluate(repo_root: Path, path: Path = PUBLISHED, range_end: str | None = None) -> list[Row]:
@@ -107,9 +113,15 @@ def evaluate(repo_root: Path, path: Path = PUBLISHED, range_end: str | None = No
 
 
 def summary(rows: list[Row]) -> dict[str, Any]:
+    """Median and worst |error| over the held-out points, and the same over those a stand-in calibration predicted
+    (calibration.py: no calibration of their own for that engine, card generation and format)."""
     held = [r for r in rows if r.role == "held_out" and r.error is not None]
     errs = [abs(r.error) for r in held]
+    stood = [abs(r.error) for r in held if r.speeds_stand_in]
     return {
+        "held_out_stand_in": {"points": len(stood), "median_abs_error": statistics.median(stood) if stood else None,
+                              "worst_abs_error": max(stood) if stood else None,
+                              "ids": [r.id for r in held if r.speeds_stand_in]},
         "points": len(rows), "held_out": len([r for r in rows if r.role == "held_out"]),
         "held_out_predicted": len(held),
         "held_out_median_abs_error": statistics.median(errs) if errs else None,
