@@ -201,3 +201,13 @@ def test_bench_planner_reports_the_stand_in_points_apart():
     assert by_id["gptfast-a100-l2-7b-bf16"].speeds_stand_in is None      # calibrated where it was calibrated
     errs = [abs(by_id[i].error) for i in st["ids"]]
     assert st["points"] == len(errs) and st["worst_abs_error"] == max(errs)
+
+
+def test_a_stand_in_that_is_not_in_the_catalogue_is_bad_input(cli, tmp_path):
+    doc = copy.deepcopy(catalogue.get("engine", "sglang"))
+    doc["stand_in_engine"]["id"] = "tensorrt-llm"
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(doc))
+    r = cli("plan", "--engine", str(path), "--hardware", "h100-sxm", "--gpus", "1", "--model", LLAMA8)
+    assert r.exit_code == 2 and "$.stand_in_engine.id" in r.stderr and "tensorrt-llm" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -423,7 +423,12 @@ def _stand_in_engine(doc: dict[str, Any], seen: tuple[str, ...]) -> tuple[Engine
     if not entry or entry["id"] in seen:
         return None, ""
     from v100plan import catalogue
+    from v100plan.errors import DocumentError
 
+    if entry["id"] not in catalogue.ids("engine"):
+        raise DocumentError(f"engine profile {doc['id']}", f"stand_in_engine {entry['id']!r} is not a catalogue engine",
+                            json_path="$.stand_in_engine.id",
+                            hint=f"name one of {', '.join(catalogue.ids('engine'))}, or remove stand_in_engine")
     return engine_from_doc(catalogue.get("engine", entry["id"]), seen + (doc["id"],)), entry.get("source", "")
 
 
