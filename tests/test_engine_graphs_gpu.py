@@ -39,7 +39,7 @@ def _generate(model, *extra):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kernels", ["eager", "compiled", "gemv"])
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "gemv", "fused"])
 def test_graph_replays_equal_eager_steps(demo_dir, kernels):
     import torch
 

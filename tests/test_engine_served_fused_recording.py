@@ -1,0 +1,106 @@
+"""The two-H200 recording with the fused decode kernels (2026-11-30, `python -m engine.bench.served`, one run,
+tests/fixtures/multigpu/record-h200x2-run4.sh): issue 10's served targets, judged on CPU. Every ratio is
+recomputed from the figures beside it; what was met and what was missed is asserted as recorded
+(docs/engine-speed.md, "Two H200s with the fused kernels")."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from tests.conftest import FIXTURES
+
+MULTI = FIXTURES / "multigpu"
+SERVED = MULTI / "h200x2-served-qwen3-fused-2026-11-30.json"
+BENCH = MULTI / "h200x2-bench-tp2-qwen3-fused-2026-11-30.json"  # the bench-tp2 run inside SERVED's run
+GEMV_SERVED = MULTI / "h200x2-served-qwen3-gemv-2026-11-30.json"  # the same command before the fused kernels
+GPU_TESTS = MULTI / "h200x2-gpu-tests-fused-2026-11-30.txt"
+
+
+@pytest.fixture(scope="module")
+def served():
+    return json.loads(SERVED.read_text())
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return json.loads(BENCH.read_text())
+
+
+def test_two_h200s_serving_the_qwen3_8b_shape_with_the_fused_kernels(served, bench):
+    assert served["kind"] == "engine_bench_served" and served["devices"] == "cuda:0,cuda:1"
+    assert served["dtype"] == bench["dtype"] == "bfloat16" and served["config"] == bench["config"] == "qwen3-8b.config.json"
+    assert [c["device"] for c in bench["cards"]] == ["NVIDIA H200", "NVIDIA H200"]
+    assert bench["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert served["bench_summary"] == bench["summary"]
+    assert bench["summary"]["tp1"]["kernels"] == "fused"
+    for r in ("0", "1"):
+        dec = served["health"]["decode"][r]
+        assert dec["mode"] == "graphs" and dec["kernels"] == "fused" and dec["allreduce"] == "device_mailbox_graph"
+    lines = [ln for ln in served["rank_log"] if ln.startswith("[rank 1] decode graphs (")]  # the log's tail: rank 1
+    assert lines and "kernels fused (five Triton kernels per layer" in lines[-1]
+
+
+def test_tp1_step_reads_at_80_percent_of_the_measured_bandwidth(bench):
+    from engine.bench.tp2 import summary
+
+    assert summary(bench, "1024") == bench["summary"]
+    tp1 = bench["summary"]["tp1"]
+    w = bench["tp1"]["rank0"]["weight_bytes"]
+    assert tp1["floor_ms"] == pytest.approx(w / (bench["read_bw_gbps"][0] * 1e9) * 1e3, abs=1e-3)
+    assert tp1["read_bw_fraction"] == pytest.approx(tp1["floor_ms"] / tp1["step_ms"], abs=1e-4)
+    assert tp1["read_bw_fraction"] >= 0.80  # issue 10's target, met: 80.7 %
+
+
+def test_served_within_10_percent_of_the_bench_step(served, bench):
+    s = served["served"]
+    ms = (statistics.median(s["long_s"]) - statistics.median(s["short_s"])) * 1e3 / (served["long"] - served["short"])
+    assert s["ms_per_token"] == pytest.approx(ms, abs=1e-3)
+    r = served["ratios"]
+    step = bench["summary"]["device_mailbox_graph"]["step_ms"]
+    assert r["bench_tp2_step_ms"] == step
+    assert r["served_vs_bench"] == pytest.approx(step / s["ms_per_token"], abs=1e-3)
+    assert r["served_vs_bench"] >= 0.90  # met: 2.97 ms served vs 2.83 ms bench
+
+
+def test_tp2_over_tp1_recorded_short_of_the_target(bench, served):
+    s = bench["summary"]
+    gm = s["device_mailbox_graph"]
+    assert gm["tp2_vs_tp1_bench"] == pytest.approx(s["tp1"]["step_ms"] / gm["step_ms"], abs=1e-4)
+    assert gm["step_ms"] < s["nccl"]["step_ms"]
+    # Recorded as missed (docs/engine-speed.md says where the rest is): 1.54x against the target 1.6x;
+    # more than the cuBLAS/compiled run's 1.42x and the Triton GEMV run's 1.47x.
+    assert 1.5 < gm["tp2_vs_tp1_bench"] < 1.6
+    before = json.loads(GEMV_SERVED.read_text())["ratios"]
+    assert gm["tp2_vs_tp1_bench"] > before["tp2_vs_tp1_bench"]
+    assert served["ratios"]["served_ms_per_token"] < before["served_ms_per_token"]
+
+
+def test_race_picked_the_fastest_captured_path(bench):
+    race = bench["race"]
+    assert race["picked"] == "device_mailbox_graph" and all(v == "passed" for v in race["selftest"].values())
+    best = min(race["race_us"], key=lambda k: race["race_us"][k]["8k_us"] + race["race_us"][k]["40k_us"])
+    assert best == race["picked"] and race["race_us"][best]["mode"] == "graph"
+    assert race["judged"]["8k"]["picked_is_fastest"] and race["judged"]["40k"]["picked_is_fastest"]
+
+
+def test_one_sse_event_per_token_at_the_step_rate(served):
+    st = served["stream"]
+    arrivals = st["arrivals_ms"]
+    assert st["events"] == len(arrivals) >= served["long"]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])][: served["long"] - 1]
+    assert statistics.median(gaps) == pytest.approx(st["gap_ms_median"], abs=0.05)
+    assert st["gap_ms_median"] == pytest.approx(served["served"]["ms_per_token"], rel=0.15)
+    assert max(gaps) < 2 * st["gap_ms_median"]
+
+
+def test_the_gpu_tests_with_the_fused_kernels_passed_on_the_two_h200s():
+    text = GPU_TESTS.read_text()
+    assert "9 passed" in text and "failed" not in text and "error" not in text.lower().replace("warnings", "")
+    for name in ("test_graph_replays_equal_eager_steps[fused]",
+                 "test_ranks_capture_the_step_with_the_allreduce_inside_and_match_tp1",
+                 "test_lockstep_in_the_graph_on_two_gpus", "test_auto_on_two_gpus_trusts_the_race",
+                 "test_on_the_gpu_fused_steps_match_the_plain_step_in_bf16_and_in_a_graph"):
+        assert name in text
