@@ -32,6 +32,10 @@ RemoteRootOpt = Annotated[str, typer.Option(
 RemotePythonOpt = Annotated[str, typer.Option(
     "--remote-python", envvar="V100PLAN_REMOTE_PYTHON",
     help="The host's Python (3.10+) that builds venvs and runs the helper.")]
+SitePackagesOpt = Annotated[bool, typer.Option(
+    "--remote-site-packages", envvar="V100PLAN_REMOTE_SITE_PACKAGES",
+    help="Make the host's venvs see --remote-python's site packages (venv --system-site-packages): a torch "
+         "the host already has (NGC image, conda, a system venv) is used, not installed again.")]
 ConnectTimeoutOpt = Annotated[float, typer.Option(
     "--connect-timeout", metavar="S", help="Seconds to wait for the SSH handshake.")]
 CommandTimeoutOpt = Annotated[float, typer.Option(
@@ -63,6 +67,7 @@ class RemoteArgs:
     identity: str | None
     connect_timeout: float
     command_timeout: float
+    remote_site_packages: bool = False
 
     @property
     def ssh(self):  # noqa: ANN201 - v100plan.remote.connect.SshOptions (fabric stays unimported until used)
@@ -80,7 +85,8 @@ class RemoteArgs:
         """The host-side settings (v100plan.remote.host.RemoteSettings)."""
         from v100plan.remote.host import RemoteSettings
 
-        return RemoteSettings(root=self.remote_root, python=self.remote_python, index_url=index_url, torch=torch)
+        return RemoteSettings(root=self.remote_root, python=self.remote_python, index_url=index_url, torch=torch,
+                              site_packages=self.remote_site_packages)
 
     def target(self, host: str, index_url: str | None = None, torch: str | None = None):  # noqa: ANN201
         """The deployment on ``host`` (v100plan.remote.supervisor.Target)."""
@@ -125,6 +131,7 @@ def remote_options(*, command_timeout: float = 120.0, deployment: str | None = "
     options: dict[str, tuple[Any, Any]] = {
         "deployment": (deployment_opt(deployment_help), deployment),
         "remote_root": (RemoteRootOpt, DEFAULT_ROOT), "remote_python": (RemotePythonOpt, "python3"),
+        "remote_site_packages": (SitePackagesOpt, False),
         "known_hosts": (KnownHostsOpt, None), "accept_new_host_key": (AcceptNewOpt, False),
         "identity": (IdentityOpt, None), "connect_timeout": (ConnectTimeoutOpt, 10.0),
         "command_timeout": (CommandTimeoutOpt, command_timeout),

@@ -9,7 +9,9 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -55,6 +57,9 @@ def state(a):
         out["bundle_tar"] = os.path.isfile(os.path.join(root, "bundles", a["bundle"] + ".tar.gz"))
     if a.get("venv"):
         out["venv"] = os.path.isfile(os.path.join(root, "venvs", a["venv"], ".v100plan-complete"))
+        if out["venv"]:  # what a venv that sees the host's site took from there when it was built
+            out["venv_from_site"] = _read_json(os.path.join(root, "venvs", a["venv"], ".v100plan-deps.json"),
+                                               {}).get("from_site")
     if a.get("dep"):
         d = os.path.join(root, a["dep"])
         rel = os.path.join(d, "releases")
@@ -99,8 +104,103 @@ def extract(a):
     _out({"extracted": True})
 
 
+# Run by a given interpreter (the host's, or a venv's): which distribution each name resolves to there,
+# the one `import` would find first. Stdlib only.
+_SEEN = r"""
+import json, sys
+from importlib import metadata
+out = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        d = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        out[name] = None
+    else:
+        out[name] = {"version": d.version, "path": str(d.locate_file("")).rstrip("/")}
+print(json.dumps(out))
+"""
+
+
+def _req_name(req):
+    """``(name, specifier)`` of a requirement line such as ``torch==2.5.1`` or ``numpy``."""
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)$", req)
+    return (m.group(1), m.group(2).strip()) if m else (req, "")
+
+
+def _satisfies(version, spec):
+    """Does an installed ``version`` meet ``spec``: none (any version will do) or one exact ``==`` pin (a
+    local label such as +cu126 is ignored unless the pin names one). Any other specifier: pip decides."""
+    if not spec:
+        return True
+    if spec.startswith("==") and not any(c in spec for c in ",*;"):
+        want = spec[2:].strip()
+        return version == want or ("+" not in want and version.split("+")[0] == want)
+    return False
+
+
+def _seen(python, names):
+    r = subprocess.run([python, "-B", "-c", _SEEN, json.dumps(names)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=300)
+    if r.returncode != 0:
+        raise SystemExit("%s could not read its packages' metadata: %s" % (python, r.stderr.strip()[-500:]))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _from_site(python, requirements):
+    """Which ``requirements`` the site of ``python`` already satisfies ([{requirement, name, version, path}])
+    and which are left to install."""
+    names = [_req_name(r)[0] for r in requirements]
+    seen = _seen(python, names)
+    taken, todo = [], []
+    for req, name in zip(requirements, names):
+        d = seen.get(name)
+        if d and _satisfies(d["version"], _req_name(req)[1]):
+            taken.append({"requirement": req, "name": name, "version": d["version"], "path": d["path"]})
+        else:
+            todo.append({"requirement": req, "name": name, "site_version": d and d["version"]})
+    return taken, todo
+
+
+def _site_dirs():
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    user = site.getusersitepackages()
+    if site.ENABLE_USER_SITE and os.path.isdir(user):
+        dirs.append(user)
+    return dirs
+
+
+def site_check(a):
+    """What the site of this interpreter holds of ``requirements``: what a venv made with
+    --system-site-packages would take from there, and what pip would have to install. Read-only."""
+    taken, todo = _from_site(sys.executable, a["requirements"])
+    _out({"python": sys.executable, "site_dirs": _site_dirs(), "from_site": taken,
+          "to_install": [t["requirement"] for t in todo], "site_has": {t["name"]: t["site_version"] for t in todo}})
+
+
+def _link_site(d):
+    """A venv made by an interpreter that is itself a venv (a host's /opt/torch/.venv/bin/python) sees the
+    base installation's site, not that venv's: a .pth file adds the interpreter's own site directories,
+    after the new venv's (so what pip installs into the new venv comes first)."""
+    if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
+        return None
+    py = os.path.join(d, "bin", "python")
+    r = subprocess.run([py, "-B", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    purelib = r.stdout.strip()
+    if r.returncode != 0 or not os.path.isdir(purelib):
+        raise SystemExit("the new venv %s has no site-packages directory: %s" % (d, r.stderr.strip()[-300:]))
+    pth = os.path.join(purelib, "_v100plan_site.pth")
+    with open(pth, "w") as fh:
+        fh.write("".join(p + "\n" for p in site.getsitepackages() if os.path.isdir(p)))
+    return pth
+
+
 def venv(a):
-    """Create the venv ``dir`` with ``requirements`` unless a complete one is there (one creator at a time)."""
+    """Create the venv ``dir`` with ``requirements`` unless a complete one is there (one creator at a time).
+
+    ``system_site_packages``: the venv sees this interpreter's site (``venv --system-site-packages``, plus a
+    .pth file when the interpreter is itself a venv); a requirement the site already satisfies is not
+    installed again, and what was taken from there (name, version, path) is recorded and reported."""
     d = os.path.expanduser(a["dir"])
     os.makedirs(os.path.dirname(d), mode=0o700, exist_ok=True)
     marker = os.path.join(d, ".v100plan-complete")
@@ -112,24 +212,54 @@ def venv(a):
         if os.path.isdir(d):
             shutil.rmtree(d)  # a half-built venv from a run that broke off
         t0 = time.monotonic()
-        made = subprocess.run([sys.executable, "-m", "venv", d], stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        use_site = bool(a.get("system_site_packages"))
+        taken, missing = _from_site(sys.executable, a["requirements"]) if use_site else ([], [])
+        todo = [t["requirement"] for t in missing] if use_site else a["requirements"]
+        # of what must be installed, the versions the site does have (None: not there at all)
+        site_has = {t["name"]: t["site_version"] for t in missing}
+        cmd = [sys.executable, "-m", "venv", d]
+        if use_site:
+            # nothing left to install: no pip in the venv either (no ensurepip needed, none of pip's time)
+            cmd[3:3] = ["--system-site-packages"] + ([] if todo else ["--without-pip"])
+        made = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         if made.returncode != 0:
             shutil.rmtree(d, ignore_errors=True)
             _out({"created": False, "error": "`%s -m venv` failed (on Debian/Ubuntu: apt-get install python3-venv): %s"
                   % (sys.executable, made.stderr.strip()[-800:])})
             sys.exit(3)
-        cmd = [os.path.join(d, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        if a.get("index_url"):
-            cmd += ["--extra-index-url", a["index_url"]]
-        proc = subprocess.run(cmd + a["requirements"], stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            shutil.rmtree(d, ignore_errors=True)
-            _out({"created": False, "error": proc.stderr.strip()[-1500:]})
-            sys.exit(3)
-        _write_json(os.path.join(d, ".v100plan-deps.json"), {"requirements": a["requirements"],
-                                                               "index_url": a.get("index_url")})
+        site_link = _link_site(d) if use_site else None
+        if todo:
+            pip = [os.path.join(d, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+            if a.get("index_url"):
+                pip += ["--extra-index-url", a["index_url"]]
+            proc = subprocess.run(pip + todo, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+            if proc.returncode != 0:
+                shutil.rmtree(d, ignore_errors=True)
+                _out({"created": False, "error": proc.stderr.strip()[-1500:], "from_site": taken, "to_install": todo,
+                      "site_has": site_has})
+                sys.exit(3)
+        deps = {"requirements": a["requirements"], "index_url": a.get("index_url")}
+        if use_site:
+            # what the finished venv resolves each requirement to: outside the venv means the host's site
+            names = [_req_name(r)[0] for r in a["requirements"]]
+            seen = _seen(os.path.join(d, "bin", "python"), names)
+            lost = [t["name"] for t in taken if not seen.get(t["name"])]
+            if lost:
+                shutil.rmtree(d, ignore_errors=True)
+                _out({"created": False, "lost": lost, "error": "a venv made with --system-site-packages does not "
+                      "see %s of %s's site" % (", ".join(lost), sys.executable), "from_site": taken,
+                      "to_install": todo})
+                sys.exit(3)
+            inside = os.path.realpath(d) + os.sep
+            deps.update({"system_site_packages": True, "site_dirs": _site_dirs(), "site_link": site_link,
+                         "installed": todo, "from_site": [
+                             {"requirement": r, "name": n, "version": seen[n]["version"], "path": seen[n]["path"]}
+                             for r, n in zip(a["requirements"], names)
+                             if seen.get(n) and not os.path.realpath(seen[n]["path"]).startswith(inside)]})
+        _write_json(os.path.join(d, ".v100plan-deps.json"), deps)
         open(marker, "w").close()
-        _out({"created": True, "dir": d, "seconds": round(time.monotonic() - t0, 1)})
+        _out({"created": True, "dir": d, "seconds": round(time.monotonic() - t0, 1),
+              "from_site": deps.get("from_site"), "installed": todo})
 
 
 def sha256(a):
@@ -319,7 +449,7 @@ def rotate_logs(a):
     _out({"moved": moved, "to": prev})
 
 
-ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, sha256, unlink, verified, lock, switch, discard,
+ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha256, unlink, verified, lock, switch, discard,
                                    keygen, smoke, health, logs, rotate_logs)}
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from v100plan.remote import release as rel
 from v100plan.remote import split as split_mod
 from v100plan.remote import venv as venv_mod
 from v100plan.remote.connect import Remote
-from v100plan.remote.host import agent, prepare
+from v100plan.remote.host import agent, prepare, site_sentence
 from v100plan.remote.manage import follow_logs, logs, rollback, status, stop  # noqa: F401 - one entry point
 from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, held_lock: one entry point
     DeployBusy,
@@ -56,8 +56,9 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
     out = Outcome(host=target.spec.label, deployment=target.deployment, action="deploy", chose=chose,
                   dry_run=dry_run)
     b = bundle_mod.build()
-    reqs = venv_mod.engine_requirements(target.remote.torch)
-    vid = venv_mod.venv_id(target.remote.python, reqs, target.remote.index_url)
+    rs = target.remote
+    reqs = venv_mod.engine_requirements(rs.torch, rs.site_packages)
+    vid = venv_mod.venv_id(rs.python, reqs, rs.index_url, rs.site_packages)
     source = rel.model_files(model_dir)
     # Split here, before anything goes over: the host gets each rank's own files. A dry run splits
     # nothing; it uses a split made before, if there is one, and otherwise says what it would split.
@@ -77,6 +78,8 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
             raise BadInput(f"{remote.label}: deployment {target.deployment!r} was made by `v100plan deploy`; "
                            f"{purpose} deploys under a name of its own and stops it afterwards",
                            hint=f"give {purpose} another --deployment name (its default is {purpose!r})")
+        if rs.site_packages and st.get("venv"):
+            _site_report(out, rs, st.get("venv_from_site"), say if not dry_run else None)
         if dry_run:
             _plan_actions(remote, target.remote, paths, st, b, vid, reqs, Path(model_dir), source, sp, digest,
                           out.release, settings, out)
@@ -110,8 +113,20 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
         return
     acts.append(f"reuse bundle {b.id}" if st["bundle_tar"] else
                 f"upload the bundle ({b.size / 1e3:.0f} kB) to {paths.root}/bundles/{b.id}.tar.gz")
-    acts.append(f"reuse venv {vid}" if st["venv"] else
-                f"build venv {paths.root}/venvs/{vid} with {' '.join(reqs)}")
+    if not rs.site_packages:
+        acts.append(f"reuse venv {vid}" if st["venv"] else
+                    f"build venv {paths.root}/venvs/{vid} with {' '.join(reqs)}")
+    elif st["venv"]:
+        acts.append(f"reuse venv {vid}, which sees {rs.python}'s site packages; from there: "
+                    f"{site_sentence(st.get('venv_from_site'))}")
+    else:
+        chk = agent(remote, rs, "site_check", {"requirements": reqs})  # read-only
+        _site_report(out, rs, chk["from_site"], None, to_install=chk["to_install"])
+        todo = chk["to_install"]
+        acts.append(f"build venv {paths.root}/venvs/{vid} with `{rs.python} -m venv --system-site-packages`: it "
+                    f"sees the packages of {chk['python']}'s site ({', '.join(chk['site_dirs']) or 'none found'}); "
+                    f"from there: {site_sentence(chk['from_site'])}; "
+                    + (f"pip installs {' '.join(todo)}" if todo else "nothing to install (no package index needed)"))
     if sp is None:
         acts.append(f"upload the shards (shard.json, rank0/, rank1/) to {paths.dir}/models/<their digest> unless the "
                     "host holds them, and verify each file's SHA-256 there")
@@ -192,6 +207,8 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
                                hint=f"`v100plan logs {remote.label}` shows the service's logs")
         return
     prep = prepare(remote, target.remote, reqs, stage=say, bundle=b, unpack=False)
+    if target.remote.site_packages and "site_packages" not in out.extra:  # the venv is new (or just made)
+        _site_report(out, target.remote, prep.from_site, None if prep.created_venv else say)
     if not st.get("model"):
         _upload_model(remote, target, paths, Path(model_dir), files,
                       man["model"]["digest"], say, has_rsync=bool(st.get("rsync")))
@@ -201,7 +218,7 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         "tar": prep.bundle_tar, "dest": paths.release(rid), "manifest": man,
         "links": {"model": f"../../models/{man['model']['digest']}", "venv": prep.venv_dir}})
     if settings.device != "cpu":
-        _check_stack(remote, paths, rid)
+        _check_stack(remote, paths, rid, out.extra.get("site_packages"))
     out.changed = True
     if current:
         say(f"stopping release {current}")
@@ -234,28 +251,50 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
                        f"{why}", hint=f"`v100plan logs {remote.label}` shows the failed start")
 
 
-def torch_gap(report: dict[str, Any], host: str) -> EnvironmentProblem | None:
+def _site_report(out: Outcome, rs, from_site: list[dict] | None, say: Say | None,
+                 to_install: list[str] | None = None) -> None:
+    """The deploy's record (JSON ``site_packages``) of what its venv takes from the host's site."""
+    out.extra["site_packages"] = {"python": rs.python, "from_site": from_site or []}
+    if to_install is not None:
+        out.extra["site_packages"]["to_install"] = to_install
+    if say is not None:
+        say(f"the venv sees {rs.python}'s site packages; taken from there: {site_sentence(from_site)}")
+
+
+def torch_gap(report: dict[str, Any], host: str, site: dict[str, Any] | None = None) -> EnvironmentProblem | None:
     """The error to stop a deploy with when the venv's torch has no kernels for a card (the probe's
-    software_stack verdict, per card), else None."""
+    software_stack verdict, per card), else None. ``site``: the deploy's ``site_packages`` record, when
+    the venv sees the host's site; a torch taken from there is named with its path, and the fix differs."""
     bad = [c for c in report.get("cards") or [] if c.get("torch_supported") is False]
     if not bad:
         return None
     info = report.get("host") or {}
     ccs = sorted({c.get("compute_capability") for c in bad if c.get("compute_capability")})
     sms = ", ".join("sm_" + cc.replace(".", "") for cc in ccs)
+    archs = ", ".join(info.get("torch_arch_list") or [])
+    fix = ("--index-url https://download.pytorch.org/whl/cu126 --torch 'torch==<a version built for cu126>'")
+    site_torch = next((p for p in (site or {}).get("from_site") or [] if p.get("name") == "torch"), None)
+    if site_torch is not None:
+        return EnvironmentProblem(
+            f"{host}: torch {info.get('torch_version')} from the host's site ({site_torch['path']}, seen through "
+            f"--remote-site-packages from {site.get('python')}) has no kernels for {sms} (its arch list: {archs}); "
+            "the new release was not started",
+            hint="the host's own torch does not cover this card; a V100 (sm_70) needs a CUDA 12.x build (CUDA 13 "
+                 f"builds dropped sm_70): deploy with {fix} (pip installs it into the venv, in front of the site's; "
+                 "the host must reach that index), or name an interpreter whose torch covers the card with "
+                 "--remote-python")
     return EnvironmentProblem(
         f"{host}: torch {info.get('torch_version')} in the host's venv has no kernels for {sms} "
-        f"(its arch list: {', '.join(info.get('torch_arch_list') or [])}); the new release was not started",
-        hint="a V100 (sm_70) needs a CUDA 12.x torch build (CUDA 13 builds dropped sm_70): deploy with "
-             "--index-url https://download.pytorch.org/whl/cu126 --torch 'torch==<a version built for cu126>'")
+        f"(its arch list: {archs}); the new release was not started",
+        hint=f"a V100 (sm_70) needs a CUDA 12.x torch build (CUDA 13 builds dropped sm_70): deploy with {fix}")
 
 
-def _check_stack(remote: Remote, paths: Paths, rid: str) -> None:
-    """On GPUs: the probe's software_stack verdict, run with the release's own torch, decides."""
+def _check_stack(remote: Remote, paths: Paths, rid: str, site: dict[str, Any] | None = None) -> None:
+    """On GPUs: the probe's software_stack verdict, run with the release's own venv (and so with the
+    host's site torch when the venv sees the site), decides."""
     rdir = paths.release(rid)
     r = remote.run([f"{rdir}/venv/bin/python", "-m", "probes", "--only", "inventory,software_stack"],
                    cwd=rdir, check=False, what="python -m probes --only software_stack")
-    problem = torch_gap(parse_json(r.stdout), remote.label)
+    problem = torch_gap(parse_json(r.stdout), remote.label, site)
     if problem is not None:
         raise problem
-

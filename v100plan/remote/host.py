@@ -32,6 +32,13 @@ class RemoteSettings:
     python: str = "python3"           # the host's interpreter that builds venvs and runs the agent
     index_url: str | None = None      # an extra package index for the venv (a CUDA 12.x torch build)
     torch: str | None = None          # the torch requirement (default: the version this machine runs)
+    site_packages: bool = False       # venvs see the interpreter's site (--remote-site-packages): a torch
+                                      # the host already has is used, not installed again
+
+
+def site_sentence(from_site: list[dict] | None) -> str:
+    """``torch 2.5.1 (/usr/lib/python3/dist-packages), numpy 1.26.4 (...)``, or ``nothing``."""
+    return ", ".join(f"{p['name']} {p['version']} ({p['path']})" for p in from_site or []) or "nothing"
 
 
 def sh_path(path: str) -> str:
@@ -72,6 +79,7 @@ class Prepared:
     venv_dir: str
     uploaded_bytes: int
     created_venv: bool
+    from_site: list[dict] | None = None   # site mode: what the venv takes from the host's site
 
 
 def prepare(remote: Remote, settings: RemoteSettings, requirements: list[str],
@@ -79,7 +87,7 @@ def prepare(remote: Remote, settings: RemoteSettings, requirements: list[str],
             unpack: bool = True) -> Prepared:
     """Make sure the host holds the bundle (uploaded only if absent) and a venv with ``requirements``."""
     b = bundle or bundle_mod.build()
-    vid = venv_mod.venv_id(settings.python, requirements, settings.index_url)
+    vid = venv_mod.venv_id(settings.python, requirements, settings.index_url, settings.site_packages)
     st = agent(remote, settings, "state", {"root": settings.root, "bundle": b.id, "venv": vid})
     root = st["root"]
     sent = 0
@@ -98,18 +106,41 @@ def prepare(remote: Remote, settings: RemoteSettings, requirements: list[str],
     if unpack and not st["bundle"]:
         agent(remote, settings, "extract", {"tar": tar, "dest": f"{root}/bundles/{b.id}"})
     created = False
+    from_site = st.get("venv_from_site")
     if not st["venv"]:
-        stage("building the venv (" + ", ".join(r.split("==")[0] for r in requirements) + ")")
+        names = ", ".join(r.split("==")[0] for r in requirements)
+        stage(f"building the venv ({names})" if not settings.site_packages else
+              f"building the venv with {settings.python}'s site packages ({names}: what the site has is not "
+              "installed again)")
         v = agent(remote, settings, "venv", {"dir": f"{root}/venvs/{vid}", "requirements": requirements,
-                                             "index_url": settings.index_url},
+                                             "index_url": settings.index_url,
+                                             "system_site_packages": settings.site_packages},
                   timeout_s=max(VENV_TIMEOUT_S, remote.options.command_timeout_s), check=False)
         if v.get("error", "").startswith("`"):
             raise RemoteFailed(f"{remote.label}: {v['error']}", hint="install the venv module there, or name "
                                "another interpreter with --remote-python")
+        if v.get("lost"):
+            raise RemoteFailed(f"{remote.label}: {v['error']}", hint="check the interpreter's site with "
+                               f"`{settings.python} -m site` there, or name another one with --remote-python")
+        if v.get("error") and settings.site_packages:
+            has = ", ".join(f"{n} {ver}" if ver else f"no {n}" for n, ver in (v.get("site_has") or {}).items())
+            raise RemoteFailed(
+                f"{remote.label}: the site of {settings.python} does not hold {', '.join(v.get('to_install') or [])}"
+                f" (it has {has or 'none of them'}) and pip could not install "
+                f"{'it' if len(v.get('to_install') or []) == 1 else 'them'}: {v['error']}",
+                hint="with --remote-site-packages, what the host's site lacks comes from a package index: install "
+                     "it into that site, name the interpreter that has it with --remote-python, give the host an "
+                     "index (pip config there, or --index-url), or --torch 'torch' to take any torch the site has")
         if v.get("error"):
             raise RemoteFailed(f"{remote.label}: pip could not install {', '.join(requirements)}: {v['error']}",
                                hint="the host needs a package index it can reach (pip config there), "
-                                    "or --index-url for a CUDA 12.x torch build")
+                                    "or --index-url for a CUDA 12.x torch build (or --remote-site-packages "
+                                    "when the host's python already has torch)")
         created = bool(v.get("created"))
+        from_site = v.get("from_site")
+        if settings.site_packages:
+            stage(f"taken from the host's site: {site_sentence(from_site)}; installed into the venv: "
+                  f"{', '.join(v.get('installed') or []) or 'nothing'}")
     return Prepared(root=root, bundle_id=b.id, bundle_dir=f"{root}/bundles/{b.id}", bundle_tar=tar,
-                    venv_dir=f"{root}/venvs/{vid}", uploaded_bytes=sent, created_venv=created)
+                    venv_dir=f"{root}/venvs/{vid}", uploaded_bytes=sent, created_venv=created,
+                    from_site=from_site if settings.site_packages else None)

@@ -65,7 +65,7 @@ def probe_host(spec: HostSpec, ssh: SshOptions, settings: RemoteSettings, args: 
     never upload or build anything (NotPrepared when the host lacks the bundle or the venv)."""
     b = bundle or bundle_mod.build()
     reqs = venv_mod.probe_requirements()
-    vid = venv_mod.venv_id(settings.python, reqs, settings.index_url)
+    vid = venv_mod.venv_id(settings.python, reqs, settings.index_url, settings.site_packages)
     with Remote(spec, ssh) as remote:
         stage("connected")
         cmd = _probe_command(f"{settings.root}/bundles/{b.id}", f"{settings.root}/venvs/{vid}", args)

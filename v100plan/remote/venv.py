@@ -1,9 +1,12 @@
 """The Python environments v100plan builds on a host, named by their dependency set.
 
 A venv lives in ``<remote-root>/venvs/<id>``, the id a hash of the interpreter command,
-the pinned requirements and the package index. A deploy whose dependency set did not
-change reuses the venv as it is; a changed set gets a new one (the old stays until removed).
-Versions are pinned to what the control machine runs, so the host runs what was tested here.
+the pinned requirements, the package index and whether it sees the interpreter's site
+(``--remote-site-packages``). A deploy whose dependency set did not change reuses the venv
+as it is; a changed set gets a new one (the old stays until removed). Versions are pinned to
+what the control machine runs, so the host runs what was tested here; with the host's site
+packages, torch is the exception unless --torch pins it: the host's own build (any version)
+is the point of using its site.
 """
 
 from __future__ import annotations
@@ -36,11 +39,17 @@ def probe_requirements() -> list[str]:
     return [pinned(p) for p in PROBE_PACKAGES]
 
 
-def engine_requirements(torch_spec: str | None = None) -> list[str]:
-    return [torch_spec or local_torch(), *(pinned(p) for p in ENGINE_PACKAGES)]
+def engine_requirements(torch_spec: str | None = None, site_packages: bool = False) -> list[str]:
+    """The engine venv's requirements. ``site_packages`` (the venv sees the host interpreter's site):
+    without --torch, any torch the site holds will do (``torch``, unpinned)."""
+    torch = torch_spec or ("torch" if site_packages else local_torch())
+    return [torch, *(pinned(p) for p in ENGINE_PACKAGES)]
 
 
-def venv_id(python: str, requirements: list[str], index_url: str | None) -> str:
-    doc = json.dumps({"python": python, "requirements": sorted(requirements), "index_url": index_url},
-                     sort_keys=True)
-    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+def venv_id(python: str, requirements: list[str], index_url: str | None, site_packages: bool = False) -> str:
+    """An isolated venv and one that sees the host's site never share an id (the key is added only when
+    set, so isolated venvs keep the ids they had before the option existed)."""
+    doc = {"python": python, "requirements": sorted(requirements), "index_url": index_url}
+    if site_packages:
+        doc["system_site_packages"] = True
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
