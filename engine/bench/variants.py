@@ -141,10 +141,18 @@ def build_step(model, spec: dict, backend: str = "inductor"):
         from engine.core import gemv
         from engine.core.runner import fused_blocks
 
-        gemv.NORM_ONE_PASS = bool(spec.get("one_pass"))  # read by each call: the graph captured next keeps it
+        blocks, one_pass = fused_blocks(), bool(spec.get("one_pass"))
 
-        blocks = fused_blocks()
-        return lambda tok, pos, window: model.decode_step(tok, pos, window, blocks)
+        def step(tok, pos, window):
+            # The norm prologue's form is read at each call (a graph captured in here keeps it); set only for
+            # this variant's calls, so neither the next variant nor the engine sees it.
+            before, gemv.NORM_ONE_PASS = gemv.NORM_ONE_PASS, one_pass
+            try:
+                return model.decode_step(tok, pos, window, blocks)
+            finally:
+                gemv.NORM_ONE_PASS = before
+
+        return step
     if spec["kind"] == "whole":
         return torch.compile(model.decode_step, fullgraph=True, dynamic=False, backend=backend, options=options)
     # the decode step itself, with its two blocks compiled: what engine.core.runner.Decoder runs
