@@ -37,8 +37,12 @@ class RemoteSettings:
 
 
 def site_sentence(from_site: list[dict] | None) -> str:
-    """``torch 2.5.1 (/usr/lib/python3/dist-packages), numpy 1.26.4 (...)``, or ``nothing``."""
-    return ", ".join(f"{p['name']} {p['version']} ({p['path']})" for p in from_site or []) or "nothing"
+    """``torch 2.5.1, numpy 1.26.4 (in /usr/lib/python3/dist-packages)``, grouped by site directory
+    (``; `` between directories), or ``nothing``."""
+    by_path: dict[str, list[str]] = {}
+    for p in from_site or []:
+        by_path.setdefault(p["path"], []).append(f"{p['name']} {p['version']}")
+    return "; ".join(f"{', '.join(names)} (in {path})" for path, names in by_path.items()) or "nothing"
 
 
 def sh_path(path: str) -> str:
