@@ -179,9 +179,18 @@ def test_deploy_takes_torch_from_the_site_and_installs_nothing(runs, env, cli, s
 
     st = cli.json("status", server.host_spec, "--deployment", DEP, "--remote-site-packages")
     assert st["state"] == "healthy" and st["release"] == doc["release"]
-    # redeploy: nothing changed, and the report still names what the venv takes from the site
-    again = cli("deploy", server.host_spec, "--demo-model", "--deployment", DEP, "--port",
-                str(man["engine"]["port"]), "--json", "--remote-site-packages")
+    # redeploy: nothing changed, and the report names what the venv takes from the site now, read from
+    # the venv itself (not the record of its build, made stale here on purpose)
+    deps_file = v / ".v100plan-deps.json"
+    recorded = deps_file.read_text()
+    stale = json.loads(recorded)
+    stale["from_site"] = [{**p, "version": "0.0-stale"} for p in stale["from_site"]]
+    deps_file.write_text(json.dumps(stale))
+    try:
+        again = cli("deploy", server.host_spec, "--demo-model", "--deployment", DEP, "--port",
+                    str(man["engine"]["port"]), "--json", "--remote-site-packages")
+    finally:
+        deps_file.write_text(recorded)
     assert again.exit_code == 0, again.stderr
     doc2 = json.loads(again.stdout)
     assert doc2["changed"] is False and doc2["uploaded_bytes"] == 0

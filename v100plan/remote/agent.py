@@ -57,9 +57,8 @@ def state(a):
         out["bundle_tar"] = os.path.isfile(os.path.join(root, "bundles", a["bundle"] + ".tar.gz"))
     if a.get("venv"):
         out["venv"] = os.path.isfile(os.path.join(root, "venvs", a["venv"], ".v100plan-complete"))
-        if out["venv"]:  # what a venv that sees the host's site took from there when it was built
-            out["venv_from_site"] = _read_json(os.path.join(root, "venvs", a["venv"], ".v100plan-deps.json"),
-                                               {}).get("from_site")
+        if out["venv"]:
+            out["venv_from_site"] = _site_now(os.path.join(root, "venvs", a["venv"]))
     if a.get("dep"):
         d = os.path.join(root, a["dep"])
         rel = os.path.join(d, "releases")
@@ -73,6 +72,18 @@ def state(a):
         if out["current"]:
             out["current_manifest"] = _read_json(os.path.join(rel, out["current"], "manifest.json"), None)
     _out(out)
+
+
+def _site_now(d):
+    """For a venv that sees the host's site: what it takes from there now (the site may have changed since
+    the venv was built; the record of the build stands in if the venv cannot be asked). Else None."""
+    deps = _read_json(os.path.join(d, ".v100plan-deps.json"), {})
+    if not deps.get("system_site_packages"):
+        return None
+    try:
+        return _venv_view(d, deps["requirements"])[1]
+    except (SystemExit, OSError, ValueError, subprocess.SubprocessError):
+        return deps.get("from_site")
 
 
 def mkdirs(a):
@@ -195,6 +206,17 @@ def _link_site(d):
     return pth
 
 
+def _venv_view(d, requirements):
+    """What the venv ``d`` resolves each requirement to, and of those the ones outside the venv: taken from
+    the host's site ([{requirement, name, version, path}])."""
+    names = [_req_name(r)[0] for r in requirements]
+    seen = _seen(os.path.join(d, "bin", "python"), names)
+    inside = os.path.realpath(d) + os.sep
+    return seen, [{"requirement": r, "name": n, "version": seen[n]["version"], "path": seen[n]["path"]}
+                  for r, n in zip(requirements, names)
+                  if seen.get(n) and not os.path.realpath(seen[n]["path"]).startswith(inside)]
+
+
 def venv(a):
     """Create the venv ``dir`` with ``requirements`` unless a complete one is there (one creator at a time).
 
@@ -240,9 +262,7 @@ def venv(a):
                 sys.exit(3)
         deps = {"requirements": a["requirements"], "index_url": a.get("index_url")}
         if use_site:
-            # what the finished venv resolves each requirement to: outside the venv means the host's site
-            names = [_req_name(r)[0] for r in a["requirements"]]
-            seen = _seen(os.path.join(d, "bin", "python"), names)
+            seen, from_site = _venv_view(d, a["requirements"])
             lost = [t["name"] for t in taken if not seen.get(t["name"])]
             if lost:
                 shutil.rmtree(d, ignore_errors=True)
@@ -250,12 +270,8 @@ def venv(a):
                       "see %s of %s's site" % (", ".join(lost), sys.executable), "from_site": taken,
                       "to_install": todo})
                 sys.exit(3)
-            inside = os.path.realpath(d) + os.sep
             deps.update({"system_site_packages": True, "site_dirs": _site_dirs(), "site_link": site_link,
-                         "installed": todo, "from_site": [
-                             {"requirement": r, "name": n, "version": seen[n]["version"], "path": seen[n]["path"]}
-                             for r, n in zip(a["requirements"], names)
-                             if seen.get(n) and not os.path.realpath(seen[n]["path"]).startswith(inside)]})
+                         "installed": todo, "from_site": from_site})
         _write_json(os.path.join(d, ".v100plan-deps.json"), deps)
         open(marker, "w").close()
         _out({"created": True, "dir": d, "seconds": round(time.monotonic() - t0, 1),
