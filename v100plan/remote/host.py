@@ -11,6 +11,7 @@ Layout under the remote root (default ~/.v100plan; docs/deploy.md draws it whole
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,8 +134,10 @@ def prepare(remote: Remote, settings: RemoteSettings, requirements: list[str],
                 f" (it has {has or 'none of them'}) and pip could not install "
                 f"{'it' if len(v.get('to_install') or []) == 1 else 'them'}: {v['error']}",
                 hint="with --remote-site-packages, what the host's site lacks comes from a package index: install "
-                     "it into that site, name the interpreter that has it with --remote-python, give the host an "
-                     "index (pip config there, or --index-url), or --torch 'torch' to take any torch the site has")
+                     "it into that site, name the interpreter that has it with --remote-python, or give the host an "
+                     "index (pip config there, or --index-url)"
+                     + ("; without --torch any torch the site has will do" if settings.torch and any(
+                         re.split(r"[<>=!~;\[ ]", r)[0] == "torch" for r in v.get("to_install") or []) else ""))
         if v.get("error"):
             raise RemoteFailed(f"{remote.label}: pip could not install {', '.join(requirements)}: {v['error']}",
                                hint="the host needs a package index it can reach (pip config there), "
