@@ -198,6 +198,12 @@ def test_deploy_takes_torch_from_the_site_and_installs_nothing(runs, env, cli, s
     doc2 = json.loads(again.stdout)
     assert doc2["changed"] is False and doc2["uploaded_bytes"] == 0
     assert doc2["site_packages"]["from_site"] == doc["site_packages"]["from_site"]
+    # the table a user reads says it too
+    table = cli("deploy", server.host_spec, "--demo-model", "--deployment", DEP, "--port",
+                str(man["engine"]["port"]), "--remote-site-packages")
+    assert table.exit_code == 0, table.stderr
+    row = [ln for ln in table.stdout.splitlines() if "from the host's site" in ln]
+    assert row and f"torch {_torch_version()}" in row[0], table.stdout
 
 
 def test_bad_combinations_are_errors_with_a_hint(env, cli, server):

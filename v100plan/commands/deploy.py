@@ -126,6 +126,10 @@ def register(app: typer.Typer) -> None:
         if sp:
             rows.insert(4, ("split", f"{sp['tp']} shards, {' + '.join(f'{b / 1e6:.1f}' for b in sp['bytes_per_rank'])}"
                                      f" MB" + (" (cached here)" if sp["cached"] else f" (split now, {sp['seconds']} s)")))
+        site = out.extra.get("site_packages")
+        if site is not None:
+            taken = ", ".join(f"{p['name']} {p['version']}" for p in site.get("from_site") or []) or "nothing"
+            rows.append(("from the host's site", f"{taken} ({site['python']})"))
         if dry_run:
             rows.append(("actions", len(out.actions)))
         elif out.reason:
