@@ -209,3 +209,72 @@ def test_commands_on_a_host_with_nothing_deployed(cli, env, server, tmp_path, mo
     assert r.exit_code == 1
     assert "no previous release of 'engine' to roll back to" in sshd_mod.flat(r.stderr)
     assert not root.exists()
+
+
+def test_the_port_forward_survives_clients_that_leave_mid_answer(server):
+    """Clients that hang up while the host is still sending (a stream cut, a client leaving during prefill)
+    close only their own channel: the SSH connection under the forward keeps working. (The forward once
+    watched channels with select() on Channel.fileno(), whose notification pipe the transport thread could
+    write to after a close: a write on a reused descriptor broke the whole connection.)"""
+    import socket
+    import threading
+
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.hosts import parse_host
+    from v100plan.remote.service import _Forward
+
+    body = os.urandom(256 * 1024)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    stop = threading.Event()
+
+    def answer(conn):  # reads the request line, then sends the body in small pieces, as a stream does
+        try:
+            conn.recv(1024)
+            for i in range(0, len(body), 2048):
+                conn.sendall(body[i:i + 2048])
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    with Remote(parse_host(server.host_spec), SshOptions(known_hosts=str(server.known_hosts),
+                                                         identity=str(server.user_key))) as r:
+        fwd = _Forward(r.open().transport, listener.getsockname()[1])
+        try:
+            def leave_early(n):
+                for _ in range(n):
+                    with socket.create_connection(("127.0.0.1", fwd.port), timeout=10) as c:
+                        c.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                        c.recv(4096)  # part of the answer, then gone while the rest is on its way
+
+            threads = [threading.Thread(target=leave_early, args=(40,)) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert r.open().transport.is_active()
+            with socket.create_connection(("127.0.0.1", fwd.port), timeout=10) as c:  # a whole answer still
+                c.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                got = b""
+                while len(got) < len(body):
+                    piece = c.recv(65536)
+                    if not piece:
+                        break
+                    got += piece
+            assert got == body
+            assert r.run(["echo", "still-here"]).stdout.strip() == "still-here"  # the same SSH connection
+        finally:
+            fwd.close()
+            stop.set()
+            listener.close()

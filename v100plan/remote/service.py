@@ -176,29 +176,50 @@ class _Forward:
             threading.Thread(target=self._pump, args=(client, addr), daemon=True).start()
 
     def _pump(self, client: socket.socket, addr) -> None:  # noqa: ANN001 - (host, port)
-        import select
-
+        """Copy both ways with blocking reads (a thread each way), never select() on the channel:
+        Channel.fileno() gives paramiko a notification pipe that the transport thread may still write to
+        while this thread closes the channel, and a write landing on a closed, reused descriptor
+        corrupted the SSH connection itself (a client leaving while the answer arrives)."""
         try:
             chan = self.transport.open_channel("direct-tcpip", self.remote, addr, timeout=15)
         except Exception:  # noqa: BLE001 - refused, or the transport is closing: this connection only
             client.close()
             return
-        try:
-            while not self.stopped.is_set():
-                readable, _, _ = select.select([client, chan], [], [], 0.5)
-                if client in readable:
-                    data = client.recv(65536)
+        chan.settimeout(0.2)
+        client.settimeout(0.2)
+        done = threading.Event()
+
+        def upstream() -> None:  # client -> host
+            try:
+                while not (done.is_set() or self.stopped.is_set()):
+                    try:
+                        data = client.recv(65536)
+                    except socket.timeout:
+                        continue
                     if not data:
-                        break
+                        break  # the client left: the host sees its connection close, as it would locally
                     chan.sendall(data)
-                if chan in readable:
+            except (OSError, EOFError):
+                pass
+            done.set()
+            chan.close()  # at once: the host must see the client leave now (a cancel), not at the next timeout
+
+        up = threading.Thread(target=upstream, name="ssh-forward-up", daemon=True)
+        up.start()
+        try:
+            while not (done.is_set() or self.stopped.is_set()):
+                try:
                     data = chan.recv(65536)
-                    if not data:
-                        break
-                    client.sendall(data)
-        except OSError:
+                except socket.timeout:
+                    continue
+                if not data:
+                    break
+                client.sendall(data)
+        except (OSError, EOFError):
             pass
         finally:
+            done.set()
+            up.join(1.0)
             chan.close()
             client.close()
 
