@@ -224,6 +224,7 @@ def test_the_port_forward_survives_clients_that_leave_mid_answer(server):
     from v100plan.remote.service import _Forward
 
     body = os.urandom(256 * 1024)
+    big = os.urandom(24 * 1024 * 1024)  # more than the socket buffers and the channel's window hold
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -231,9 +232,9 @@ def test_the_port_forward_survives_clients_that_leave_mid_answer(server):
 
     def answer(conn):  # reads the request line, then sends the body in small pieces, as a stream does
         try:
-            conn.recv(1024)
-            for i in range(0, len(body), 2048):
-                conn.sendall(body[i:i + 2048])
+            data = big if conn.recv(1024).startswith(b"BIG") else body
+            for i in range(0, len(data), 2048):
+                conn.sendall(data[i:i + 2048])
         except OSError:
             pass
         finally:
@@ -273,6 +274,20 @@ def test_the_port_forward_survives_clients_that_leave_mid_answer(server):
                         break
                     got += piece
             assert got == body
+            with socket.socket() as c:  # a client slow to read, with a small receive buffer
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+                c.settimeout(10)
+                c.connect(("127.0.0.1", fwd.port))
+                c.sendall(b"BIG / HTTP/1.1\r\n\r\n")
+                time.sleep(1.5)  # the forward's writes to it block meanwhile: they must wait, not give up
+                parts, n = [], 0
+                while n < len(big):
+                    piece = c.recv(1 << 20)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    n += len(piece)
+            assert b"".join(parts) == big
             assert r.run(["echo", "still-here"]).stdout.strip() == "still-here"  # the same SSH connection
         finally:
             fwd.close()

@@ -185,20 +185,28 @@ class _Forward:
         except Exception:  # noqa: BLE001 - refused, or the transport is closing: this connection only
             client.close()
             return
-        chan.settimeout(0.2)
-        client.settimeout(0.2)
+        chan.settimeout(0.2)  # the channel's reads wake up to see a stop; the client socket blocks
         done = threading.Event()
+
+        def to_host(data: bytes) -> None:
+            while data:
+                try:
+                    sent = chan.send(data)
+                except socket.timeout:  # the host's window is full: wait on, unless the forward stops
+                    if done.is_set() or self.stopped.is_set():
+                        raise EOFError from None
+                    continue
+                if sent == 0:  # the channel closed (paramiko answers 0 then)
+                    raise EOFError
+                data = data[sent:]
 
         def upstream() -> None:  # client -> host
             try:
-                while not (done.is_set() or self.stopped.is_set()):
-                    try:
-                        data = client.recv(65536)
-                    except socket.timeout:
-                        continue
+                while True:
+                    data = client.recv(65536)
                     if not data:
                         break  # the client left: the host sees its connection close, as it would locally
-                    chan.sendall(data)
+                    to_host(data)
             except (OSError, EOFError):
                 pass
             done.set()
@@ -219,6 +227,10 @@ class _Forward:
             pass
         finally:
             done.set()
+            try:
+                client.shutdown(socket.SHUT_RDWR)  # wakes the upstream thread's read
+            except OSError:
+                pass
             up.join(1.0)
             chan.close()
             client.close()
