@@ -182,6 +182,7 @@ def test_deploy_takes_torch_from_the_site_and_installs_nothing(runs, env, cli, s
 
     st = cli.json("status", server.host_spec, "--deployment", DEP, "--remote-site-packages")
     assert st["state"] == "healthy" and st["release"] == doc["release"]
+    assert st["site_packages"] == doc["site_packages"]["from_site"]  # status says what the venv takes from there
     # redeploy: nothing changed, and the report names what the venv takes from the site now, read from
     # the venv itself (not the record of its build, made stale here on purpose)
     deps_file = v / ".v100plan-deps.json"

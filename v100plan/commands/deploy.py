@@ -158,8 +158,12 @@ def register(app: typer.Typer) -> None:
         from v100plan.remote import deploy as dp
 
         doc = dp.status(target)
-        return doc, [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
-                                               "allreduce", "generation", "uptime_s", "port", "releases")]
+        rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
+                                          "allreduce", "generation", "uptime_s", "port", "releases")]
+        if doc.get("site_packages") is not None:
+            rows.append(("from the host's site",
+                         ", ".join(f"{p['name']} {p['version']}" for p in doc["site_packages"]) or "nothing"))
+        return doc, rows
 
     def stop(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001
         from v100plan.remote import deploy as dp

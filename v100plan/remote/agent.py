@@ -71,6 +71,9 @@ def state(a):
             out["model"] = os.path.isfile(os.path.join(d, "models", a["model"], ".v100plan-verified"))
         if out["current"]:
             out["current_manifest"] = _read_json(os.path.join(rel, out["current"], "manifest.json"), None)
+            vid = (out["current_manifest"] or {}).get("venv_id")
+            if a.get("site") and vid:  # status: what the current release's venv takes from the host's site
+                out["current_venv_from_site"] = _site_now(os.path.join(root, "venvs", vid))
     _out(out)
 
 

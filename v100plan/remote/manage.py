@@ -44,7 +44,7 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
 
 
 def status(target: Target) -> dict[str, Any]:
-    with session(target) as (remote, st, paths):
+    with session(target, site="1") as (remote, st, paths):
         current = st.get("current")
         doc: dict[str, Any] = {"host": target.spec.label, "deployment": target.deployment, "root": paths.dir,
                                "release": current, "releases": st.get("releases", []),
@@ -70,6 +70,8 @@ def status(target: Target) -> dict[str, Any]:
             "allreduce": health.get("allreduce"), "generation": sup.get("generation"),
             "uptime_s": uptime, "supervisord_pid": sup.get("supervisord_pid"), "proxy_pid": sup.get("proxy_pid"),
             "engine": man.get("engine"), "port": (man.get("engine") or {}).get("port"),
+            # None: an isolated venv; else what the venv takes from the host's site (--remote-site-packages)
+            "site_packages": st.get("current_venv_from_site"),
         })
         return doc
 
