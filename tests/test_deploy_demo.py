@@ -494,17 +494,11 @@ def test_a_torch_without_v100_kernels_stops_the_deploy():
     """Two recordings combined: the torch build measured on the lent H200 (2.11.0+cu130, whose arch
     list starts at sm_75) judged, with the probe's own rule, against the V100 pair of the field
     recording (compute capability 7.0). The deploy must stop and name the CUDA 12.x fix."""
-    from probes import fatbin
+    from tests.remote_support import v100_pair_with_h200_torch
     from v100plan.remote.deploy import torch_gap
     from v100plan.remote.release import settings_from_probe
 
-    fixtures = Path(__file__).resolve().parent / "fixtures" / "probes"
-    v100 = json.loads((fixtures / "facts-sxm2-pair-nvlink-hot-card1.json").read_text())
-    h200 = json.loads((fixtures / "h200-probe-quick.json").read_text())
-    for k in ("torch_version", "torch_cuda_version", "torch_arch_list"):
-        v100["host"][k] = h200["host"][k]
-    for card in v100["cards"]:
-        card["torch_supported"], _ = fatbin.covers(v100["host"]["torch_arch_list"], card["compute_capability"])
+    v100, h200 = v100_pair_with_h200_torch()
     problem = torch_gap(v100, "ops@v100-box")
     assert problem is not None and problem.exit_code == 4
     assert "torch 2.11.0+cu130" in problem.message and "sm_70" in problem.message

@@ -240,16 +240,10 @@ def test_a_site_torch_without_kernels_for_the_card_stops_the_deploy():
     """The recorded H200 host's torch (2.11.0+cu130, arch list from sm_75, in /opt/torch/.venv) seen
     through --remote-site-packages on the V100 pair of the field recording: the deploy names the site's
     torch and its path, and the fix (a CUDA 12.x build by --torch with an index)."""
-    from probes import fatbin
+    from tests.remote_support import v100_pair_with_h200_torch
     from v100plan.remote.deploy import torch_gap
 
-    fixtures = Path(__file__).resolve().parent / "fixtures" / "probes"
-    v100 = json.loads((fixtures / "facts-sxm2-pair-nvlink-hot-card1.json").read_text())
-    h200 = json.loads((fixtures / "h200-probe-quick.json").read_text())
-    for k in ("torch_version", "torch_cuda_version", "torch_arch_list"):
-        v100["host"][k] = h200["host"][k]
-    for card in v100["cards"]:
-        card["torch_supported"], _ = fatbin.covers(v100["host"]["torch_arch_list"], card["compute_capability"])
+    v100, h200 = v100_pair_with_h200_torch()
     site_path = "/opt/torch/.venv/lib/python3.12/site-packages"
     site = {"python": "/opt/torch/.venv/bin/python3",
             "from_site": [{"requirement": "torch", "name": "torch", "version": h200["host"]["torch_version"],
