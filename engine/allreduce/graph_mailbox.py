@@ -123,6 +123,7 @@ extern "C" __global__ void mbox_allreduce(const unsigned int* __restrict__ src, 
 }
 """
 
+EPILOGUE_WORDS = 8192
 DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 _KERNELS: dict[int, tuple] = {}
@@ -162,6 +163,12 @@ class GraphMailbox(Path):
         self.ctr = torch.zeros(1, dtype=torch.int32, device=device)
         self.failed = torch.zeros(1, dtype=torch.int32, device=device)
         self.timeout_ns = int(timeout_s * 1e9)
+        # The decode step's exchange inside the GEMVs (engine.allreduce.epilogue): two slots of 8192 words,
+        # a row of up to 16384 16-bit values (8192 float32), 128 KB.
+        self.xs_inbox = _Buffer(EPILOGUE_WORDS, device)
+        self.xs_peer_inbox = exchange_inboxes(self.xs_inbox, f"device_mailbox_graph/g{generation}/x", rank, device,
+                                              store, barrier)
+        self._xs = None
         self.done = torch.zeros(1, dtype=torch.int32, device=device)
         self.send, self.recv, self.bump, self.fused = _kernels(device.index)
 
@@ -221,6 +228,18 @@ class GraphMailbox(Path):
                                                np.int32(self.slot_words), np.int32(self.rank), np.int32(code),
                                                p(self.timeout_ns), p(self.failed.data_ptr())))
         return out.view(torch.uint8)[:n].view(x.dtype).view(x.shape)
+
+    def epilogue(self):
+        """This rank's side of the exchange inside the decode step's GEMVs (shares ``failed`` with the
+        mailbox, so check() reports its timeouts too)."""
+        from engine.allreduce.epilogue import EpilogueExchange
+
+        if self._xs is None:
+            words = EPILOGUE_WORDS
+            self._xs = EpilogueExchange(inbox=self.xs_inbox.tensor.view(torch.int64).view(2, words),
+                                        peer_inbox=self.xs_peer_inbox.view(torch.int64).view(2, words),
+                                        rank=self.rank, timeout_ns=self.timeout_ns, failed=self.failed)
+        return self._xs
 
     def check(self) -> None:
         """Raise if any wait since the start timed out (call outside graph capture)."""

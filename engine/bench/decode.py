@@ -94,6 +94,8 @@ def decode(model, contexts: list[int], kernels: str = "eager") -> dict:
                          "weight_gbps": round(x_bytes_over_ms(w, ms), 1),
                          "total_gbps": round(x_bytes_over_ms(w + kv, ms), 1), "kv_bytes": kv,
                          "kernels": dec.kernels}
+        if dec.info.get("exchange"):
+            out[str(ctx)]["exchange"] = dec.info["exchange"]
     if hasattr(getattr(model.comm, "path", None), "check"):
         model.comm.path.check()
     del dec

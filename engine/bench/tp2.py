@@ -212,6 +212,21 @@ def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
         if device.type == "cuda" and p.name in GRAPH_PATHS:
             dec = bench.decode(model, contexts, KERNELS[0])
             out["decode_graph"] = dec  # K/V bytes: this rank's half of the KV heads
+            if hasattr(p, "epilogue") and KERNELS[0] == "fused":
+                # the same step with each other exchange mode, in the same run (A/B)
+                from engine.allreduce import epilogue
+
+                chosen = dec[str(contexts[0])].get("exchange")
+                before = os.environ.get(epilogue.ENV)
+                try:
+                    for mode in epilogue.MODES:
+                        if mode != chosen:
+                            os.environ[epilogue.ENV] = mode
+                            out[f"decode_graph_exchange_{mode}"] = bench.decode(model, contexts, KERNELS[0])
+                finally:
+                    os.environ.pop(epilogue.ENV, None)
+                    if before:
+                        os.environ[epilogue.ENV] = before
         if device.type == "cuda" and SERVED[0] and p.name in GRAPH_PATHS:
             out["served"] = served_loop(model, SERVED[0], Lockstep(p, device, rank))
         out["decode_eager"] = decode_eager(model, contexts, steps)
@@ -436,6 +451,13 @@ def summary(doc: dict, ctx: str = "1024") -> dict:
              "tp2_vs_tp1_bench": round(tp1_step / step, 4) if tp1_step and step else None,
              "tp2_vs_tp1_served": round(tp1_served / served, 4) if tp1_served and served else None,
              "allreduce_graph_us_8k": get(doc, "allreduce", name, "graph_us", "8k")}
+        if get(row, "decode_graph", ctx, "exchange"):
+            r["exchange"] = get(row, "decode_graph", ctx, "exchange")
+        for mode in ("kernel", "gemv", "send"):  # the A/B of the same run: the other exchange modes
+            ak = get(row, f"decode_graph_exchange_{mode}", ctx, "ms")
+            if ak:
+                r[f"step_ms_exchange_{mode}"] = ak
+                r[f"tp2_vs_tp1_bench_exchange_{mode}"] = round(tp1_step / ak, 4) if tp1_step else None
         out[name] = r
     race = doc.get("race") or {}
     out["race_picked"] = race.get("picked")

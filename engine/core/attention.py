@@ -308,10 +308,19 @@ def supported(hd: int, n_heads: int, n_kv: int) -> bool:
     return hd >= 32 and hd & (hd - 1) == 0 and n_heads % n_kv == 0
 
 
+def sends_here(model) -> bool:
+    """Whether model's fused blocks can carry the TP2 exchange inside their GEMVs (engine.allreduce.epilogue):
+    the kernels run here and every layer's attention is decode_attention (the plain fallback adds the
+    reduced delta itself, so it needs it materialised)."""
+    return runs_here(model.device) and all(supported(layer.hd, layer.n_heads, layer.n_kv) for layer in model.layers)
+
+
 def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache,
-                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int):
+                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, send=None):
     """engine.core.model.attn_block in three kernels: norm + QKV GEMV, decode_attention, o_proj GEMV.
-    ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself."""
+    ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself. ``send`` (an
+    engine.allreduce.epilogue.Ticket): o_proj's rows also go to the peer (the part returned is a Sent), and
+    ``delta`` may be the previous block's Sent, received by the norm prologue."""
     from engine.core import gemv
 
     if not runs_here(x.device):
@@ -328,11 +337,13 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
     qkv, x = gemv.linear_norm(x, delta, input_norm, eps, wqkv, bqkv)
     a = decode_attention(qkv, cos, sin, pos, q_norm, k_norm, k_cache, v_cache, n_heads=n_heads, n_kv=n_kv, hd=hd,
                          eps=eps, window=window)
-    return x, gemv.linear(a, wo, bo)
+    # o_proj through the prologue kernel with or without the send: the two exchanges give the same bits
+    return x, gemv.linear_send(a, wo, bo, send)
 
 
-def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float):
-    """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV."""
+def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None):
+    """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV
+    (``send``: as attn_block_fused's)."""
     from engine.core import gemv
 
     if not runs_here(x.device):
@@ -340,4 +351,9 @@ def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float):
 
         return mlp_block(x, delta, post_norm, w13, b13, w2, b2, eps=eps)
     gu, x = gemv.linear_norm(x, delta, post_norm, eps, w13, b13)
-    return x, gemv.linear_silu(gu, w2, b2)
+    return x, gemv.linear_silu(gu, w2, b2, send=send)
+
+
+# Model.decode_step passes ``send`` tickets to blocks that say they take them
+attn_block_fused.sends = True
+mlp_block_fused.sends = True

@@ -155,7 +155,7 @@ def interpreting() -> bool:
 @functools.cache
 def _prologue_kernel():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd
+    global tl, rnd, _xs_tag, _xs_wait, _xs_values
     import triton
     import triton.language as tl
 
@@ -168,18 +168,87 @@ def _prologue_kernel():
             x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
         return x.to(dt)
 
+    # The exchange inside the GEMVs (engine.allreduce.epilogue): tagged 8-byte words, EPW values per word.
+    @triton.jit
+    def _xs_tag(ser_ptr, e):
+        s = tl.load(ser_ptr).to(tl.int64)
+        return (((s & 0x3FFFFF) + 1) << 8) + e
+
+    @triton.jit
+    def _xs_wait(ptrs, mask, tag, failed_ptr, timeout_ns, INTERP: tl.constexpr):
+        """The words at ptrs once all carry ``tag`` (volatile loads), or whatever is there when the deadline
+        passed (then ``failed`` is set; after another wait's timeout, give up after 100 us)."""
+        v = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        missing = tl.sum(tl.where(mask & ((v >> 32) != tag), 1, 0), axis=0)
+        if INTERP:
+            spins = 0
+        else:
+            t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                           pack=1)
+        while missing > 0:
+            v = tl.load(ptrs, mask=mask, other=0, volatile=True)
+            missing = tl.sum(tl.where(mask & ((v >> 32) != tag), 1, 0), axis=0)
+            if INTERP:  # the interpreter has no clock: one microsecond per spin
+                spins += 1
+                waited = spins * 1000
+            else:
+                waited = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                                   is_pure=False, pack=1) - t0
+            if missing > 0:
+                if (waited > timeout_ns) | ((waited > 100000) & (tl.load(failed_ptr, volatile=True) != 0)):
+                    tl.atomic_xchg(failed_ptr, 1)
+                    missing = 0
+        return v
+
+    @triton.jit
+    def _xs_values(words, idx, EPW: tl.constexpr, dt: tl.constexpr):
+        """float32 values of elements idx from their tagged words."""
+        data = words & 0xFFFFFFFF
+        if EPW == 2:
+            h = (data >> ((idx % 2) * 16).to(tl.int64)) & 0xFFFF
+            return h.to(tl.uint16).to(dt, bitcast=True).to(tl.float32)
+        else:
+            return data.to(tl.uint32).to(tl.float32, bitcast=True)
+
     @triton.jit
     def gemv_prologue_kernel(w_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, stride_w, eps,
+                             xs_peer, xs_inbox, xs_ser, xs_failed, xs_slot, xs_e, xs_timeout, xs_ready, h_ptr,
                              PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EMU: tl.constexpr,
-                             STATS_BLOCK: tl.constexpr):
+                             STATS_BLOCK: tl.constexpr, SEND: tl.constexpr = False, RECV: tl.constexpr = False,
+                             EPW: tl.constexpr = 2, INTERP: tl.constexpr = False):
         pid = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
         cols0 = tl.arange(0, BLOCK_K)
         rstd = 0.0
-        if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
+        if RECV:
+            # Program 0 alone receives: it waits for the peer's words, makes x + delta (the new residual) and the
+            # normalised row h (Hugging Face's rounding), writes both and raises the ready flag; the others wait
+            # for the flag and read h from L2. Every program reading the peer's words and re-making the row
+            # itself read ~4x the bytes of a plain norm prologue from L2 (H200, 2026-12-01: 4.8 us per exchange
+            # slower than the allreduce kernel).
+            tag = _xs_tag(xs_ser, xs_e)
+            if pid == 0:
+                scols = tl.arange(0, STATS_BLOCK)
+                smask = scols < K
+                xv = tl.load(x_ptr + scols, mask=smask, other=0.0).to(tl.float32)
+                dv = tl.load(d_ptr + scols, mask=smask, other=0.0).to(tl.float32)
+                pw = _xs_wait(xs_inbox + xs_slot + scols // EPW, smask, tag, xs_failed, xs_timeout, INTERP)
+                dv = rnd(dv + _xs_values(pw, scols, EPW, dt), dt, EMU).to(tl.float32)
+                r = rnd(xv + dv, dt, EMU)
+                tl.store(xo_ptr + scols, r, mask=smask)
+                rf = r.to(tl.float32)
+                rs = 1.0 / tl.sqrt(tl.sum(rf * rf, axis=0) / K + eps)
+                nwv = tl.load(nw_ptr + scols, mask=smask, other=0.0).to(tl.float32)
+                tl.store(h_ptr + scols, rnd(rnd(rf * rs, dt, EMU).to(tl.float32) * nwv, dt, EMU), mask=smask)
+                tl.debug_barrier()
+                tl.atomic_xchg(xs_ready, tag << 32, sem="release", scope="gpu")
+            fo = tl.arange(0, 2)
+            _xs_wait(xs_ready + fo, fo < 1, tag, xs_failed, xs_timeout, INTERP)
+            tl.atomic_add(xs_ready, 0, sem="acquire", scope="gpu")
+        elif PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
             scols = tl.arange(0, STATS_BLOCK)
             ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
             for k0 in range(0, K, STATS_BLOCK):
@@ -202,7 +271,9 @@ def _prologue_kernel():
                 w = tl.load(wp + k0, mask=rmask[:, None], other=0.0, eviction_policy="evict_first")
             else:
                 w = tl.load(wp + k0, mask=rmask[:, None] & cmask[None, :], other=0.0, eviction_policy="evict_first")
-            if PROLOGUE == 1:
+            if RECV:  # program 0's row, from L2 (not a stale L1 line)
+                h = tl.load(h_ptr + k0 + cols0, mask=cmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            elif PROLOGUE == 1:
                 xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
@@ -231,9 +302,41 @@ def _prologue_kernel():
             y = y * (1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps))
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows, rnd(y, y_ptr.dtype.element_ty, EMU), mask=rmask)
+        yd = rnd(y, y_ptr.dtype.element_ty, EMU)
+        tl.store(y_ptr + rows, yd, mask=rmask)
+        if SEND:  # the same rows, tagged, into the peer's inbox: one 64-bit store per word
+            stag = _xs_tag(xs_ser, xs_e)
+            if EPW == 2:
+                u = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
+                lo, hi = tl.split(u)
+                words = lo | (hi << 16)
+                widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+                wmask = widx < N // 2
+            else:
+                words = yd.to(tl.uint32, bitcast=True).to(tl.int64)
+                widx = rows
+                wmask = rmask
+            tl.store(xs_peer + xs_slot + widx, (stag << 32) | words, mask=wmask)
 
-    return gemv_prologue_kernel
+    @triton.jit
+    def exchange_finish_kernel(own_ptr, out_ptr, xs_inbox, xs_ser, xs_failed, xs_slot, xs_e, xs_timeout, N,
+                               BLOCK: tl.constexpr, EPW: tl.constexpr, EMU: tl.constexpr, INTERP: tl.constexpr,
+                               BUMP: tl.constexpr):
+        # this rank's partial + the peer's (sent by its GEMV's epilogue), BLOCK values per program; BUMP (one
+        # program: the step's last exchange) then bumps the step serial
+        dt = own_ptr.dtype.element_ty
+        tag = _xs_tag(xs_ser, xs_e)
+        offs = tl.arange(0, BLOCK)
+        for k0 in range(tl.program_id(0) * BLOCK, N, BLOCK * tl.num_programs(0)):
+            m = (k0 + offs) < N
+            pw = _xs_wait(xs_inbox + xs_slot + (k0 + offs) // EPW, m, tag, xs_failed, xs_timeout, INTERP)
+            ov = tl.load(own_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(out_ptr + k0 + offs, rnd(ov + _xs_values(pw, k0 + offs, EPW, dt), dt, EMU), mask=m)
+        if BUMP:
+            s = tl.load(xs_ser)
+            tl.store(xs_ser, s + 1)
+
+    return gemv_prologue_kernel, exchange_finish_kernel
 
 
 def _prologue_default(name: str, n: int) -> tuple[int, int, int]:
@@ -246,43 +349,117 @@ def _prologue_default(name: str, n: int) -> tuple[int, int, int]:
     return DEFAULT_BLOCKS
 
 
+def _xs_args(ticket, timeout_dummy: torch.Tensor) -> tuple:
+    """(peer inbox, own inbox, serial, failed, slot offset, e, timeout_ns, ready flag) of a ticket, or dummies."""
+    if ticket is None:
+        t = timeout_dummy
+        return t, t, t, t, 0, 0, 0, t
+    xs = ticket.xs
+    return (xs.peer_inbox, xs.inbox, xs.serial, xs.failed, ticket.slot * xs.slot_words, ticket.e, xs.timeout_ns,
+            xs.ready)
+
+
+def _epw(dtype: torch.dtype) -> int:
+    return 4 // torch.empty((), dtype=dtype).element_size()
+
+
 def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
                     delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                    x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
+                    x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None,
+                    send=None, recv=None) -> torch.Tensor:
     """out [N] = w [N, K] @ h (+ b), h made from x by the prologue (x: [K]; [2K] = [gate | up] for SiLU);
-    PROLOGUE_NORM writes x + delta into x_out [K]."""
+    PROLOGUE_NORM writes x + delta into x_out [K].
+    ``send`` (engine.allreduce.epilogue.Ticket): out's rows also go, tagged, into the peer's inbox.
+    ``recv`` (a Ticket, PROLOGUE_NORM only): delta is this rank's partial; the peer's arrives under the ticket."""
     n, k = w.shape
     name = PROLOGUE_NAMES[prologue]
-    bn, bk, warps = blocks or PROLOGUE_BLOCKS.get((name, n, k)) or _prologue_default(name, n)
+    if prologue == PROLOGUE_PLAIN:
+        bn, bk, warps = blocks or BLOCKS.get((n, k), DEFAULT_BLOCKS)
+    else:
+        bn, bk, warps = blocks or PROLOGUE_BLOCKS.get((name, n, k)) or _prologue_default(name, n)
     if interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
-    _prologue_kernel()[(-(-n // bn),)](
+    if recv is not None and prologue != PROLOGUE_NORM:
+        raise ValueError("the exchange is received by the two-pass norm prologue only")
+    if send is not None and recv is not None and send.xs is not recv.xs:
+        raise ValueError("send and receive through different exchanges")
+    ticket = send if send is not None else recv
+    peer, inbox, ser, failed, slot, e, timeout, ready = _xs_args(ticket, out)
+    stats_block = min(8192, 1 << (k - 1).bit_length())
+    h_row = out
+    if recv is not None:
+        if k > stats_block:
+            raise ValueError(f"the exchange inside the GEMVs takes rows of up to 8192 values, not {k}")
+        h_row = torch.empty(k, dtype=x.dtype, device=x.device)  # program 0's normalised row
+    _prologue_kernel()[0][(-(-n // bn),)](
         w, x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
         b if b is not None else w, out, x_out if x_out is not None else out, n, k, w.stride(0), float(eps),
+        peer, inbox, ser, failed, slot, e, timeout, ready, h_row,
         PROLOGUE=prologue, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
-        EMU=interpreting() and x.dtype == torch.bfloat16, STATS_BLOCK=min(8192, 1 << (k - 1).bit_length()),
+        EMU=interpreting() and x.dtype == torch.bfloat16, STATS_BLOCK=stats_block,
+        SEND=send is not None, RECV=recv is not None, EPW=_epw(out.dtype), INTERP=interpreting(),
         num_warps=warps)
     return out
 
 
-def linear_norm(x: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
+def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
                 b: torch.Tensor | None = None, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel.
-    ``one_pass``: PROLOGUE_NORM_ONE_PASS instead of PROLOGUE_NORM (default NORM_ONE_PASS)."""
+    ``delta`` may be an engine.allreduce.epilogue.Sent (this rank's partial, sent): the kernel waits for the
+    peer's and adds them (two-pass norm). ``one_pass``: PROLOGUE_NORM_ONE_PASS instead (default NORM_ONE_PASS)."""
     k = w.shape[1]
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     x_out = torch.empty(k, dtype=x.dtype, device=x.device)
+    recv = None
+    if not isinstance(delta, torch.Tensor):  # a Sent
+        recv, delta = delta.ticket, delta.part
+        one_pass = False
     one = NORM_ONE_PASS if one_pass is None else one_pass
     launch_prologue(PROLOGUE_NORM_ONE_PASS if one else PROLOGUE_NORM, x.reshape(-1).contiguous(), w, b, out,
-                    delta.reshape(-1).contiguous(), norm_weight, eps, x_out)
+                    delta.reshape(-1).contiguous(), norm_weight, eps, x_out, recv=recv)
     return out.view(*x.shape[:-1], w.shape[0]), x_out.view(x.shape)
 
 
-def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """(SiLU(gate) * up) @ w^T + b for one row gu [1, 1, 2K] = [gate | up]: one kernel."""
+def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, send=None):
+    """(SiLU(gate) * up) @ w^T + b for one row gu [1, 1, 2K] = [gate | up]: one kernel. With ``send`` (a
+    Ticket) the rows also go to the peer and the result is an engine.allreduce.epilogue.Sent."""
     out = torch.empty(w.shape[0], dtype=gu.dtype, device=gu.device)
-    launch_prologue(PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out)
-    return out.view(*gu.shape[:-1], w.shape[0])
+    launch_prologue(PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out, send=send)
+    return _sent(out.view(*gu.shape[:-1], w.shape[0]), send)
+
+
+def linear_send(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, send=None):
+    """x [1, 1, K] @ w^T + b (the prologue kernel, plain); with ``send`` (a Ticket) its rows also go to the peer
+    and the result is an engine.allreduce.epilogue.Sent."""
+    out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
+    launch_prologue(PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out, send=send)
+    return _sent(out.view(*x.shape[:-1], w.shape[0]), send)
+
+
+def _sent(part: torch.Tensor, send):
+    if send is None:
+        return part
+    from engine.allreduce.epilogue import Sent
+
+    return Sent(part, send)
+
+
+def exchange_finish(sent, bump: bool = True) -> torch.Tensor:
+    """This rank's partial + the peer's, in a kernel of its own -> [1, 1, D] in the partial's dtype.
+    ``bump``: the step's last exchange (one program waits for the words, then bumps the step serial); else
+    the receive of exchange mode "send" (programs of 512 values each)."""
+    part, ticket = sent.part, sent.ticket
+    xs = ticket.xs
+    own = part.reshape(-1).contiguous()
+    out = torch.empty_like(own)
+    n = own.numel()
+    block = min(4096, 1 << (n - 1).bit_length()) if bump else min(512, 1 << (n - 1).bit_length())
+    grid = 1 if bump else -(-n // block)
+    _prologue_kernel()[1][(grid,)](own, out, xs.inbox, xs.serial, xs.failed, ticket.slot * xs.slot_words, ticket.e,
+                                   xs.timeout_ns, n, BLOCK=block, EPW=_epw(own.dtype),
+                                   EMU=interpreting() and own.dtype == torch.bfloat16, INTERP=interpreting(),
+                                   BUMP=bump, num_warps=8 if bump else 4)
+    return out.view(part.shape)
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,

@@ -261,14 +261,39 @@ class Model:
         mask_bias = torch.where(torch.arange(window, device=self.device) <= pos, zero, float("-inf"))
         mask_bias = mask_bias.view(1, 1, 1, window)  # [1, 1, 1, W]
         delta = torch.zeros_like(x)
-        for layer in self.layers:
+        xs = self.epilogue_exchange(blocks)
+        if xs is not None:
+            from engine.allreduce import epilogue
+
+            recv = xs.receive if epilogue.requested() == "send" else (lambda sent: sent)  # gemv: the GEMV receives
+        for i, layer in enumerate(self.layers):
+            kw = {} if xs is None else {"send": xs.ticket(2 * i, cfg.hidden_size, self.dtype)}
             x, part = attn(x, delta, cos, sin, pos, mask_bias, *layer.attn_tensors(self.rank), n_heads=layer.n_heads,
-                           n_kv=layer.n_kv, hd=layer.hd, eps=cfg.rms_norm_eps, window=window)
-            delta = self._reduce(part)
-            x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps)
-            delta = self._reduce(part)
+                           n_kv=layer.n_kv, hd=layer.hd, eps=cfg.rms_norm_eps, window=window, **kw)
+            delta = recv(part) if xs is not None else self._reduce(part)
+            kw = {} if xs is None else {"send": xs.ticket(2 * i + 1, cfg.hidden_size, self.dtype)}
+            x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **kw)
+            last = i + 1 == len(self.layers)  # the last exchange is summed by xs.finish (it bumps the serial)
+            delta = self._reduce(part) if xs is None else part if last else recv(part)
+        if xs is not None:
+            delta = xs.finish(delta)
         x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
+
+    def epilogue_exchange(self, blocks: tuple | None):
+        """The exchange sent from the GEMVs (engine.allreduce.epilogue) when these blocks take it, the path offers
+        it and the exchange mode (V100PLAN_ENGINE_EXCHANGE, else its DEFAULT) is not "kernel"; else None."""
+        if self.comm is None or not blocks or not getattr(blocks[0], "sends", False):
+            return None
+        make = getattr(getattr(self.comm, "path", None), "epilogue", None)
+        if make is None:
+            return None
+        from engine.allreduce import epilogue
+        from engine.core import attention
+
+        if epilogue.requested() == "kernel" or not attention.sends_here(self) or self.cfg.hidden_size > 8192:
+            return None
+        return make()
 
     def weight_bytes(self) -> int:
         """Bytes this rank reads per decode step from weights (embedding: one row, not the table)."""

@@ -152,6 +152,13 @@ class Decoder:
         self.info = {"mode": "graphs" if graphs else "eager", "why": graphs_why, "kernels": self.kernels,
                      "kernels_why": kernels_why, "windows": self.windows if graphs else None,
                      "allreduce": path.name if path is not None else None, "capture_s": None}
+        if path is not None:  # where the layers' partial outputs meet (engine.allreduce.epilogue)
+            from engine.allreduce import epilogue
+
+            mode = epilogue.requested() if model.epilogue_exchange(self.blocks) is not None else "kernel"
+            self.info["exchange"] = mode
+            self.info["exchange_why"] = (epilogue.describe(mode) if mode != "kernel" else
+                                         f"an allreduce ({path.name}) between the GEMVs")
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._step_ms: list[float] = []  # device ms per step (graph replays), the most recent ones
         self._token_ms: list[float] = []  # wall ms per token in run(), sampling and lockstep included
@@ -336,6 +343,8 @@ class Decoder:
 def describe(info: dict) -> str:
     """One log line: how the decode step runs here and why."""
     s = f"decode {info['mode']} ({info['why']}); kernels {info['kernels']} ({info['kernels_why']})"
+    if info.get("exchange"):
+        s += f"; exchange {info['exchange']} ({info['exchange_why']})"
     if info.get("windows"):
         s += f"; windows {info['windows']}; captured in {info['capture_s']} s"
     if info.get("lockstep"):

@@ -18,8 +18,8 @@ GAUGES = (("v100plan_decode_ms_per_token", "token_ms"), ("v100plan_decode_step_m
           ("v100plan_decode_achieved_gbps", "achieved_gbps"),
           ("v100plan_decode_read_bw_fraction", "read_bw_fraction"))
 LOG_EVERY_S = 60.0  # a decode_stats log line after the first request of a pair, then at most this often
-FIELDS = ("mode", "why", "kernels", "kernels_why", "allreduce", "lockstep", "windows", "capture_s", "read_bw_gbps",
-          "read_bw_source", "weight_bytes", "steps", "step_ms", "token_ms", "achieved_gbps", "read_bw_fraction",
+FIELDS = ("mode", "why", "kernels", "kernels_why", "allreduce", "exchange", "exchange_why", "lockstep", "windows",
+          "capture_s", "read_bw_gbps", "read_bw_source", "weight_bytes", "steps", "step_ms", "token_ms", "achieved_gbps", "read_bw_fraction",
           "host_ms")
 
 
@@ -76,7 +76,7 @@ class DecodeReport:
 
     @staticmethod
     def _brief(d: dict, stats: bool = True) -> dict:
-        keys = ("mode", "why", "kernels", "kernels_why", "read_bw_gbps", "read_bw_source")
+        keys = ("mode", "why", "kernels", "kernels_why", "exchange", "read_bw_gbps", "read_bw_source")
         if stats:
             keys += ("steps", "step_ms", "token_ms", "achieved_gbps", "read_bw_fraction")
         return {k: d.get(k) for k in keys}

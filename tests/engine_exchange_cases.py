@@ -1,0 +1,284 @@
+"""Cases run by tests/test_engine_exchange.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
+before triton is first imported; the file name keeps the main run from collecting it).
+
+The TP2 exchange inside the decode step's GEMVs (engine/allreduce/epilogue.py, the SEND / RECV parts of
+engine/core/gemv.py's prologue kernel and its finish kernel) on CPU tensors:
+  - kernel by kernel, the two ranks' inboxes cross-wired in one process: what a norm GEMV receives is bit for
+    bit what it computes from torch's ``part0 + part1``; the finish kernel gives the sum and bumps the serial;
+    a receive whose peer has not sent this step's words (stale words of an earlier step in the slot) does not
+    take them: it waits, times out and sets the failed flag;
+  - whole decode steps of two ranks in two processes (the interpreter is one per process) spinning on shared
+    memory as the GPUs spin on their inboxes: the step with the exchange in the GEMVs equals, bit for bit,
+    the same ranks' step with a separate allreduce, and TP1's logits to rounding.
+On two GPUs: tests/test_multigpu_gpu.py (the served bench and `generate --tp 2` run the same code)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from engine.allreduce.epilogue import EpilogueExchange
+from engine.core import runner
+from tests.engine_helpers import small_config
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run by tests/test_engine_exchange.py with TRITON_INTERPRET=1", allow_module_level=True)
+
+EPS = 1e-6
+WORDS = 512
+PATIENT = 10 ** 12  # ns (the interpreter counts one microsecond per spin): never gives up in these tests
+
+
+@pytest.fixture(autouse=True)
+def kernels_on_cpu(monkeypatch):
+    from engine.core import attention
+
+    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+
+
+def _pair(timeout_ns: int = PATIENT, shared: bool = False) -> list[EpilogueExchange]:
+    boxes = [torch.zeros(2, WORDS, dtype=torch.int64) for _ in range(2)]
+    failed = [torch.zeros(1, dtype=torch.int32) for _ in range(2)]
+    serial = [torch.zeros(1, dtype=torch.int32) for _ in range(2)]
+    if shared:
+        for t in boxes + failed + serial:
+            t.share_memory_()
+    return [EpilogueExchange(inbox=boxes[r], peer_inbox=boxes[1 - r], rank=r, timeout_ns=timeout_ns,
+                             failed=failed[r], serial=serial[r]) for r in (0, 1)]
+
+
+def _t(*shape, dtype, g, scale=1.0, mean=0.0):
+    return (mean + scale * torch.randn(*shape, generator=g)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
+    from engine.core import gemv
+
+    g = torch.Generator().manual_seed(3)
+    d, k_heads, ff = 128, 96, 80
+    xs = _pair()
+    # o_proj of each rank's heads, sent (exchange 0 of the step)
+    a = [_t(1, 1, k_heads, dtype=dtype, g=g) for _ in range(2)]
+    wo = [_t(d, k_heads, dtype=dtype, g=g, scale=0.1) for _ in range(2)]
+    sent = [gemv.linear_send(a[r], wo[r], None, xs[r].ticket(0, d, dtype)) for r in (0, 1)]
+    for r in (0, 1):
+        plain = gemv.launch_prologue(gemv.PROLOGUE_PLAIN, a[r].reshape(-1), wo[r], None,
+                                     torch.empty(d, dtype=dtype))
+        assert torch.equal(sent[r].part.reshape(-1), plain)  # the local rows are the plain GEMV's
+        assert float((sent[r].part.float() - F.linear(a[r].float(), wo[r].float())).norm()) < 0.05 * float(
+            sent[r].part.float().norm())
+    # each rank's norm + gate/up GEMV receives the peer's rows
+    x = _t(1, 1, d, dtype=dtype, g=g)
+    nw = _t(d, dtype=dtype, g=g, scale=0.1, mean=1.0)
+    w13 = _t(2 * ff, d, dtype=dtype, g=g, scale=0.1)
+    delta = sent[0].part + sent[1].part  # what the allreduce gives both ranks
+    want_y, want_x = gemv.linear_norm(x, delta, nw, EPS, w13)
+    for r in (0, 1):
+        y, x_new = gemv.linear_norm(x, sent[r], nw, EPS, w13)
+        assert torch.equal(y, want_y) and torch.equal(x_new, want_x)
+    assert int(xs[0].failed) == 0 and int(xs[1].failed) == 0
+    # SiLU + down, sent (exchange 1), received by the finish kernel: the sum, and the serial bumped
+    gu = [_t(1, 1, 2 * ff, dtype=dtype, g=g) for _ in range(2)]
+    w2 = [_t(d, ff, dtype=dtype, g=g, scale=0.1) for _ in range(2)]
+    sent = [gemv.linear_silu(gu[r], w2[r], None, send=xs[r].ticket(1, d, dtype)) for r in (0, 1)]
+    for r in (0, 1):
+        assert torch.equal(sent[r].part, gemv.linear_silu(gu[r], w2[r]))
+    want = sent[0].part + sent[1].part
+    for r in (0, 1):
+        got = xs[r].finish(sent[r])
+        assert got.shape == want.shape and torch.equal(got, want)
+        assert int(xs[r].serial) == 1
+
+
+def test_a_receive_never_takes_an_earlier_steps_words_it_waits_and_fails():
+    from engine.core import gemv
+
+    g = torch.Generator().manual_seed(4)
+    dtype, d = torch.bfloat16, 64
+    xs = _pair()
+    x, nw, w = _t(1, 1, d, dtype=dtype, g=g), _t(d, dtype=dtype, g=g, mean=1.0), _t(32, d, dtype=dtype, g=g)
+    parts = [_t(1, 1, 16, dtype=dtype, g=g) for _ in range(2)]
+    wo = [_t(d, 16, dtype=dtype, g=g) for _ in range(2)]
+    step0 = [gemv.linear_send(parts[r], wo[r], None, xs[r].ticket(0, d, dtype)) for r in (0, 1)]
+    for r in (0, 1):
+        gemv.linear_norm(x, step0[r], nw, EPS, w)
+        xs[r].serial.add_(1)  # the next step (the finish kernel's bump)
+    assert xs[0].failed.item() == 0
+    # step 1: rank 1 has not sent yet; slot 0 still holds its step-0 words
+    xs[0].timeout_ns = 50_000  # 50 spins
+    mine = gemv.linear_send(parts[0], wo[0], None, xs[0].ticket(0, d, dtype))
+    gemv.linear_norm(x, mine, nw, EPS, w)
+    assert xs[0].failed.item() == 1  # waited, gave up, told the host
+    # the finish kernel gives up the same way
+    xs[0].failed.zero_()
+    out = xs[0].finish(gemv.linear_send(parts[0], wo[0], None, xs[0].ticket(1, d, dtype)))
+    assert xs[0].failed.item() == 1 and out.shape == (1, 1, d)
+
+
+# ---- whole decode steps, two ranks in two processes -------------------------------------------------------
+
+def _model(name: str, dtype, **override):
+    from engine.core import config as ecfg
+    from engine.core.model import Model
+    from engine.core.weights import expected_tensors
+
+    raw = small_config(name)
+    raw.update(override)
+    model = Model(ecfg.from_dict(raw), dtype=torch.float32, device="cpu")
+    g = torch.Generator().manual_seed(7)
+    with torch.inference_mode():
+        for label, t in expected_tensors(model):
+            t.normal_(1.0 if "norm" in label else 0.0, 0.1 if t.dim() == 1 else 0.05, generator=g)
+        model.setup_cache(96)
+        for layer in model.layers:
+            layer.k_cache.normal_(generator=g)
+            layer.v_cache.normal_(generator=g)
+    if dtype != torch.float32:
+        model = _cast(model, dtype)
+    return model
+
+
+def _cast(model, dtype):
+    from engine.core.model import Model
+
+    out = Model(model.cfg, dtype=dtype, device="cpu")
+    out.setup_cache(model.max_context)
+    with torch.inference_mode():
+        for dst, src in ((out.embed, model.embed), (out.head, model.head), (out.norm, model.norm)):
+            dst.copy_(src)
+        for lo, li in zip(out.layers, model.layers):
+            for k, t in li.tensors().items():
+                if t is not None:
+                    getattr(lo, k).copy_(t)
+    return out
+
+
+def _rank_model(full, rank: int, comm):
+    """Rank ``rank`` of two: the tensors split as engine.core.tp's rules split a checkpoint."""
+    from engine.core.model import Model
+
+    cfg = full.cfg
+    m = Model(cfg, world=2, rank=rank, dtype=full.dtype, device="cpu", comm=comm)
+    m.setup_cache(full.max_context)
+
+    def half(t, dim):
+        n = t.shape[dim] // 2
+        return t.narrow(dim, rank * n, n)
+
+    with torch.inference_mode():
+        m.embed.copy_(full.embed)
+        m.norm.copy_(full.norm)
+        m.head.copy_(half(full.head, 0))
+        for lo, li in zip(m.layers, full.layers):
+            hd = li.hd
+            q, k, v = li.wqkv.split([li.n_heads * hd, li.n_kv * hd, li.n_kv * hd])
+            lo.wqkv.copy_(torch.cat([half(q, 0), half(k, 0), half(v, 0)]))
+            if li.bqkv is not None:
+                bq, bk, bv = li.bqkv.split([li.n_heads * hd, li.n_kv * hd, li.n_kv * hd])
+                lo.bqkv.copy_(torch.cat([half(bq, 0), half(bk, 0), half(bv, 0)]))
+            gate, up = li.w13.chunk(2)
+            lo.w13.copy_(torch.cat([half(gate, 0), half(up, 0)]))
+            if li.b13 is not None:
+                bg, bu = li.b13.chunk(2)
+                lo.b13.copy_(torch.cat([half(bg, 0), half(bu, 0)]))
+            lo.wo.copy_(half(li.wo, 1))
+            lo.w2.copy_(half(li.w2, 1))
+            for name in ("input_norm", "post_norm", "q_norm", "k_norm", "bo", "b2"):
+                if getattr(li, name) is not None:
+                    getattr(lo, name).copy_(getattr(li, name))
+            lo.k_cache.copy_(half(li.k_cache, 1))
+            lo.v_cache.copy_(half(li.v_cache, 1))
+    return m
+
+
+class _Path:
+    name = "device_mailbox_graph"
+
+    def __init__(self, xs):
+        self.xs = xs
+
+    def epilogue(self):
+        return self.xs
+
+
+class _ProcComm:
+    """Two processes' all_gather through shared memory and a barrier; the exchange inside the GEMVs via
+    ``path.epilogue()``."""
+
+    def __init__(self, rank, xs, slots, barrier):
+        self.rank, self.slots, self.barrier = rank, slots, barrier
+        self.path = _Path(xs)
+
+    def _gather(self, x):
+        flat = x.reshape(-1)
+        self.slots[self.rank, :flat.numel()].copy_(flat.to(self.slots.dtype))
+        self.barrier.wait()
+        a = self.slots[0, :flat.numel()].to(x.dtype).view(x.shape).clone()
+        b = self.slots[1, :flat.numel()].to(x.dtype).view(x.shape).clone()
+        self.barrier.wait()
+        return a, b
+
+    def allreduce_sum(self, x):
+        a, b = self._gather(x)
+        return a + b
+
+    def gather_last(self, x):
+        a, b = self._gather(x)
+        return torch.cat((a, b), dim=-1)
+
+
+def _rank_main(rank, name, dtype, override, xs, slots, barrier, results):
+    from engine.core import attention
+
+    attention.CPU_KERNELS = True
+    full = _model(name, dtype, **override)
+    model = _rank_model(full, rank, _ProcComm(rank, xs, slots, barrier))
+    tok, pos = torch.tensor([5]), torch.tensor([40])
+    with torch.inference_mode():
+        os.environ["V100PLAN_ENGINE_EXCHANGE"] = "gemv"  # received by the next norm GEMV
+        assert model.epilogue_exchange(runner.fused_blocks()) is xs
+        results[rank, 0].copy_(model.decode_step(tok, pos, 64, runner.fused_blocks()))
+        results[rank, 2, 0] = float(xs.serial.item())
+        os.environ["V100PLAN_ENGINE_EXCHANGE"] = "send"  # sent by the GEMVs, received by a kernel of its own
+        results[rank, 3].copy_(model.decode_step(tok, pos, 64, runner.fused_blocks()))
+        results[rank, 2, 1] = float(xs.serial.item())
+        os.environ["V100PLAN_ENGINE_EXCHANGE"] = "kernel"  # the same ranks with a separate allreduce
+        assert model.epilogue_exchange(runner.fused_blocks()) is None
+        results[rank, 1].copy_(model.decode_step(tok, pos, 64, runner.fused_blocks()))
+
+
+@pytest.mark.parametrize("name,override,dtype", [
+    ("qwen3-8b", {"head_dim": 64}, torch.float32),  # q/k norm
+    ("llama-3.1-8b", {}, torch.bfloat16),  # head dim 32, bf16 words carry two values
+])
+def test_two_ranks_decode_with_the_exchange_inside_the_gemvs(name, override, dtype):
+    full = _model(name, dtype, **override)
+    vocab = full.cfg.vocab_size
+    xs = _pair(shared=True)
+    slots = torch.zeros(2, vocab, dtype=torch.float32).share_memory_()
+    results = torch.zeros(2, 4, vocab, dtype=torch.float32).share_memory_()
+    ctx = mp.get_context("spawn")  # a fork would inherit the parent's OpenMP pool mid-use and hang
+    barrier = ctx.Barrier(2, timeout=600)
+    procs = [ctx.Process(target=_rank_main, args=(r, name, dtype, override, xs[r], slots, barrier, results))
+             for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(900)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert xs[0].failed.item() == 0 and xs[1].failed.item() == 0
+    assert results[0, 2, 0] == 1 and results[1, 2, 0] == 1  # one step: the serial bumped once
+    assert results[0, 2, 1] == 2 and results[1, 2, 1] == 2
+    epi0, ar0, epi1, ar1 = results[0, 0], results[0, 1], results[1, 0], results[1, 1]
+    assert torch.equal(epi0, epi1) and torch.equal(epi0, ar0) and torch.equal(ar0, ar1)
+    assert torch.equal(results[0, 3], ar0) and torch.equal(results[1, 3], ar0)
+    with torch.inference_mode():
+        tp1 = full.decode_step(torch.tensor([5]), torch.tensor([40]), 64, runner.fused_blocks())
+    err = float((epi0 - tp1).norm() / tp1.norm())
+    assert err < (1e-5 if dtype == torch.float32 else 2e-2), err
+    assert int(epi0.argmax()) == int(tp1.argmax())
