@@ -36,32 +36,38 @@ __device__ __forceinline__ bool gave_up(unsigned long long start, unsigned long 
     return waited > timeout_ns || (waited > 100000ull && *((volatile int*)failed) != 0);
 }
 
-extern "C" __global__ void mbox_send(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
-                                     const unsigned int* ctr, int words, int slot_words) {
+// The whole all_gather in ONE kernel: each thread sends its words to the peer, waits for the peer's same
+// words, and writes both into out as [rank 0's words | rank 1's words]; the last block to finish bumps the
+// step counter (every block read it at its start, so none can see the new value).
+extern "C" __global__ void mbox_gather(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
+                                       const unsigned long long* inbox, unsigned int* __restrict__ out,
+                                       unsigned int* ctr, unsigned int* done, int words, int slot_words,
+                                       int rank, unsigned long long timeout_ns, int* failed) {
     unsigned int step = ctr[0] + 1u;
     volatile unsigned long long* dst = peer_inbox + (size_t)(step & 1u) * slot_words;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x) {
-        dst[i] = ((unsigned long long)step << 32) | (unsigned long long)src[i];
-    }
-}
-
-extern "C" __global__ void mbox_recv(const unsigned long long* inbox, unsigned int* __restrict__ out,
-                                     const unsigned int* ctr, int words, int slot_words,
-                                     unsigned long long timeout_ns, int* failed) {
-    unsigned int step = ctr[0] + 1u;
-    const volatile unsigned long long* src = inbox + (size_t)(step & 1u) * slot_words;
+    const volatile unsigned long long* box = inbox + (size_t)(step & 1u) * slot_words;
+    int stride = gridDim.x * blockDim.x;
+    int first = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int i = first; i < words; i += stride) dst[i] = ((unsigned long long)step << 32) | (unsigned long long)src[i];
     unsigned long long start = now_ns();
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x) {
-        unsigned long long v = src[i];
+    bool ok = true;
+    for (int i = first; ok && i < words; i += stride) {
+        unsigned long long v = box[i];
         while ((unsigned int)(v >> 32) != step) {
-            if (gave_up(start, timeout_ns, failed)) { atomicExch(failed, 1); return; }
-            v = src[i];
+            if (gave_up(start, timeout_ns, failed)) { atomicExch(failed, 1); ok = false; break; }
+            v = box[i];
         }
-        out[i] = (unsigned int)(v & 0xffffffffull);
+        if (ok) {
+            out[(size_t)rank * words + i] = src[i];
+            out[(size_t)(1 - rank) * words + i] = (unsigned int)(v & 0xffffffffull);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(done, 1u) == gridDim.x - 1) { done[0] = 0u; ctr[0] = step; __threadfence(); }
     }
 }
-
-extern "C" __global__ void mbox_bump(unsigned int* ctr) { ctr[0] += 1u; }
 
 // 16-bit floats inside a 32-bit word, summed as torch sums them: in float32, rounded to nearest even.
 __device__ __forceinline__ float bf16_to_f(unsigned int h) { return __uint_as_float(h << 16); }
@@ -135,8 +141,7 @@ def _kernels(device_index: int):
     if device_index not in _KERNELS:
         with cp.cuda.Device(device_index):
             mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
-            _KERNELS[device_index] = tuple(mod.get_function(n) for n in ("mbox_send", "mbox_recv", "mbox_bump",
-                                                                         "mbox_allreduce"))
+            _KERNELS[device_index] = tuple(mod.get_function(n) for n in ("mbox_gather", "mbox_allreduce"))
     return _KERNELS[device_index]
 
 
@@ -170,7 +175,7 @@ class GraphMailbox(Path):
                                               store, barrier)
         self._xs = None
         self.done = torch.zeros(1, dtype=torch.int32, device=device)
-        self.send, self.recv, self.bump, self.fused = _kernels(device.index)
+        self.gather, self.fused = _kernels(device.index)
 
     def _launch(self, fn, grid: int, block: int, args) -> None:
         import cupy as cp
@@ -179,7 +184,8 @@ class GraphMailbox(Path):
         with stream:
             fn((grid,), (block,), args)
 
-    def all_gather(self, x):
+    def _gather_words(self, x) -> tuple[torch.Tensor, int]:
+        """[rank 0's bytes | rank 1's bytes] of x (one kernel: send, wait, copy, step bump), and x's byte count."""
         import numpy as np
 
         raw = x.detach().contiguous().view(-1).view(torch.uint8)  # [nbytes]
@@ -190,19 +196,30 @@ class GraphMailbox(Path):
         if w > self.slot_words:
             raise PathError(f"message of {n} bytes exceeds the mailbox's {self.slot_words * 4}")
         words = raw.view(torch.int32)  # [w]
-        out = torch.empty(w, dtype=torch.int32, device=self.device)
+        out = torch.empty(2 * w, dtype=torch.int32, device=self.device)
         block = 256
-        grid = max(1, min(-(-w // block), 264))
+        grid = max(1, min(-(-w // block), 264))  # grid-stride; a block sends before it waits: no deadlock
         p = np.uint64
-        self._launch(self.send, grid, block, (p(words.data_ptr()), p(self.peer_inbox.data_ptr()),
-                                              p(self.ctr.data_ptr()), np.int32(w), np.int32(self.slot_words)))
-        self._launch(self.recv, grid, block, (p(self.inbox.tensor.data_ptr()), p(out.data_ptr()),
-                                              p(self.ctr.data_ptr()), np.int32(w), np.int32(self.slot_words),
-                                              p(self.timeout_ns), p(self.failed.data_ptr())))
-        self._launch(self.bump, 1, 1, (p(self.ctr.data_ptr()),))
-        peer = out.view(torch.uint8)[:n].view(x.dtype).view(x.shape)
-        mine = x.detach()
-        return (mine, peer) if self.rank == 0 else (peer, mine)
+        self._launch(self.gather, grid, block, (p(words.data_ptr()), p(self.peer_inbox.data_ptr()),
+                                                p(self.inbox.tensor.data_ptr()), p(out.data_ptr()),
+                                                p(self.ctr.data_ptr()), p(self.done.data_ptr()), np.int32(w),
+                                                np.int32(self.slot_words), np.int32(self.rank),
+                                                p(self.timeout_ns), p(self.failed.data_ptr())))
+        return out.view(torch.uint8), n
+
+    def all_gather(self, x):
+        both, n = self._gather_words(x)
+        a = both[:n].view(x.dtype).view(x.shape)
+        b = both[n:].view(x.dtype).view(x.shape)
+        return a, b
+
+    def gather_last(self, x):
+        """[rank 0's x | rank 1's x] along the last dimension; for one row (the decode step's logits) the kernel's
+        output is that concatenation already (no copy)."""
+        if x.numel() != x.shape[-1]:
+            return super().gather_last(x)
+        both, _ = self._gather_words(x)
+        return both.view(x.dtype).view(*x.shape[:-1], 2 * x.shape[-1])
 
     def allreduce_sum(self, x):
         """rank 0's x + rank 1's x in one kernel (send, wait, add, step bump) for float32 / bf16 / fp16;

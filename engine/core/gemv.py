@@ -321,9 +321,10 @@ def _prologue_kernel():
     @triton.jit
     def exchange_finish_kernel(own_ptr, out_ptr, xs_inbox, xs_ser, xs_failed, xs_slot, xs_e, xs_timeout, N,
                                BLOCK: tl.constexpr, EPW: tl.constexpr, EMU: tl.constexpr, INTERP: tl.constexpr,
-                               BUMP: tl.constexpr):
+                               BUMP: tl.constexpr, x_ptr=None, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False):
         # this rank's partial + the peer's (sent by its GEMV's epilogue), BLOCK values per program; BUMP (one
-        # program: the step's last exchange) then bumps the step serial
+        # program: the step's last exchange) then bumps the step serial. NORM (one program, the whole row in one
+        # block): out = RMSNorm(x + the sum) * nw instead, the model's final norm (Hugging Face's rounding)
         dt = own_ptr.dtype.element_ty
         tag = _xs_tag(xs_ser, xs_e)
         offs = tl.arange(0, BLOCK)
@@ -331,7 +332,14 @@ def _prologue_kernel():
             m = (k0 + offs) < N
             pw = _xs_wait(xs_inbox + xs_slot + (k0 + offs) // EPW, m, tag, xs_failed, xs_timeout, INTERP)
             ov = tl.load(own_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
-            tl.store(out_ptr + k0 + offs, rnd(ov + _xs_values(pw, k0 + offs, EPW, dt), dt, EMU), mask=m)
+            d = rnd(ov + _xs_values(pw, k0 + offs, EPW, dt), dt, EMU)
+            if NORM:
+                xv = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                r = rnd(xv + d.to(tl.float32), dt, EMU).to(tl.float32)
+                rs = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / N + eps)
+                nw = tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                d = rnd(rnd(r * rs, dt, EMU).to(tl.float32) * nw, dt, EMU)
+            tl.store(out_ptr + k0 + offs, d, mask=m)
         if BUMP:
             s = tl.load(xs_ser)
             tl.store(xs_ser, s + 1)
@@ -444,21 +452,29 @@ def _sent(part: torch.Tensor, send):
     return Sent(part, send)
 
 
-def exchange_finish(sent, bump: bool = True) -> torch.Tensor:
+def exchange_finish(sent, bump: bool = True, x: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                    eps: float = 0.0) -> torch.Tensor:
     """This rank's partial + the peer's, in a kernel of its own -> [1, 1, D] in the partial's dtype.
     ``bump``: the step's last exchange (one program waits for the words, then bumps the step serial); else
-    the receive of exchange mode "send" (programs of 512 values each)."""
+    the receive of exchange mode "send" (programs of 512 values each). With ``x`` and ``norm_weight`` (bump
+    only): RMSNorm(x + the sum) * norm_weight instead of the sum (rows of up to 8192)."""
     part, ticket = sent.part, sent.ticket
     xs = ticket.xs
     own = part.reshape(-1).contiguous()
     out = torch.empty_like(own)
     n = own.numel()
-    block = min(4096, 1 << (n - 1).bit_length()) if bump else min(512, 1 << (n - 1).bit_length())
+    norm = x is not None
+    if norm and (not bump or n > 8192):
+        raise ValueError("the final norm is fused into the step's last exchange only, for rows of up to 8192")
+    whole = 1 << (n - 1).bit_length()
+    block = (whole if norm else min(4096, whole)) if bump else min(512, whole)
     grid = 1 if bump else -(-n // block)
     _prologue_kernel()[1][(grid,)](own, out, xs.inbox, xs.serial, xs.failed, ticket.slot * xs.slot_words, ticket.e,
                                    xs.timeout_ns, n, BLOCK=block, EPW=_epw(own.dtype),
                                    EMU=interpreting() and own.dtype == torch.bfloat16, INTERP=interpreting(),
-                                   BUMP=bump, num_warps=8 if bump else 4)
+                                   BUMP=bump, x_ptr=x.reshape(-1).contiguous() if norm else own,
+                                   nw_ptr=norm_weight if norm else own, eps=float(eps), NORM=norm,
+                                   num_warps=8 if bump else 4)
     return out.view(part.shape)
 
 

@@ -275,9 +275,10 @@ class Model:
             x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **kw)
             last = i + 1 == len(self.layers)  # the last exchange is summed by xs.finish (it bumps the serial)
             delta = self._reduce(part) if xs is None else part if last else recv(part)
-        if xs is not None:
-            delta = xs.finish(delta)
-        x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps)
+        if xs is not None:  # the final norm in the last exchange's kernel (rows of up to 8192: epilogue_exchange)
+            x = xs.finish(delta, x, self.norm, cfg.rms_norm_eps)
+        else:
+            x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
 
     def epilogue_exchange(self, blocks: tuple | None):

@@ -1,0 +1,116 @@
+"""The two-H200 recording with the exchange sent from the GEMVs (2026-12-01, `python -m engine.bench.served`, one
+run, tests/fixtures/multigpu/record-h200x2-run6.sh): issue 10's served targets, judged on CPU. Every ratio is
+recomputed from the figures beside it (docs/engine-speed.md, "2026-12-01")."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from engine.allreduce import epilogue
+from tests.conftest import FIXTURES
+
+MULTI = FIXTURES / "multigpu"
+SERVED = MULTI / "h200x2-served-qwen3-send-2026-12-01.json"
+BENCH = MULTI / "h200x2-bench-tp2-qwen3-send-2026-12-01.json"  # the bench-tp2 run inside SERVED's run
+BEFORE = MULTI / "h200x2-served-qwen3-fused-2026-11-30.json"  # the same command with the allreduce kernels
+GPU_TESTS = MULTI / "h200x2-send-gpu-tests-2026-12-01.txt"
+
+
+@pytest.fixture(scope="module")
+def served():
+    return json.loads(SERVED.read_text())
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return json.loads(BENCH.read_text())
+
+
+def test_two_h200s_serving_the_qwen3_8b_shape_with_the_exchange_sent_from_the_gemvs(served, bench):
+    assert served["kind"] == "engine_bench_served" and served["devices"] == "cuda:0,cuda:1"
+    assert served["created_utc"].startswith("2026-12-01") and bench["created_utc"].startswith("2026-12-01")
+    assert served["dtype"] == bench["dtype"] == "bfloat16" and served["config"] == bench["config"] == "qwen3-8b.config.json"
+    assert [c["device"] for c in bench["cards"]] == ["NVIDIA H200", "NVIDIA H200"]
+    assert bench["cards"][0]["uuid"] != bench["cards"][1]["uuid"]
+    assert bench["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert served["bench_summary"] == bench["summary"]
+    for r in ("0", "1"):
+        dec = served["health"]["decode"][r]
+        assert dec["mode"] == "graphs" and dec["kernels"] == "fused" and dec["allreduce"] == "device_mailbox_graph"
+        assert dec["exchange"] == "send" == epilogue.DEFAULT and dec["exchange_why"] == epilogue.describe("send")
+    assert bench["tp2"]["device_mailbox_graph"]["decode_graph"]["1024"]["exchange"] == "send"
+
+
+def test_tp1_step_reads_at_80_percent_of_the_measured_bandwidth(bench):
+    from engine.bench.tp2 import summary
+
+    assert summary(bench, "1024") == bench["summary"]
+    tp1 = bench["summary"]["tp1"]
+    w = bench["tp1"]["rank0"]["weight_bytes"]
+    assert tp1["floor_ms"] == pytest.approx(w / (bench["read_bw_gbps"][0] * 1e9) * 1e3, abs=1e-3)
+    assert tp1["read_bw_fraction"] == pytest.approx(tp1["floor_ms"] / tp1["step_ms"], abs=1e-4)
+    assert tp1["read_bw_fraction"] >= 0.80  # 81.2 %
+
+
+def test_tp2_is_1_6x_tp1_in_the_bench_and_over_http(bench, served):
+    s = bench["summary"]
+    gm = s["device_mailbox_graph"]
+    assert gm["step_ms"] == 2.7017 and s["tp1"]["step_ms"] == 4.3587
+    assert gm["tp2_vs_tp1_bench"] == pytest.approx(s["tp1"]["step_ms"] / gm["step_ms"], abs=1e-4)
+    assert gm["tp2_vs_tp1_bench"] >= 1.6  # 1.613x (one run; the target, met narrowly)
+    r = served["ratios"]
+    assert r["tp2_vs_tp1_served"] == pytest.approx(r["tp1_served_ms_per_token"] / r["served_ms_per_token"], abs=1e-3)
+    assert r["tp2_vs_tp1_served"] >= 1.6  # 4.50 ms (TP1's served loop) / 2.77 ms over HTTP
+    # the A/B of the same run: the allreduce kernel and the receive inside the norm GEMV were slower
+    assert gm["step_ms"] < gm["step_ms_exchange_kernel"] < gm["step_ms_exchange_gemv"]
+    assert gm["tp2_vs_tp1_bench_exchange_kernel"] < 1.6
+    before = json.loads(BEFORE.read_text())["ratios"]
+    assert before["tp2_vs_tp1_bench"] < 1.6 <= gm["tp2_vs_tp1_bench"]
+    assert served["ratios"]["served_ms_per_token"] < before["served_ms_per_token"]
+
+
+def test_served_within_10_percent_of_the_bench_step(served, bench):
+    s = served["served"]
+    ms = (statistics.median(s["long_s"]) - statistics.median(s["short_s"])) * 1e3 / (served["long"] - served["short"])
+    assert s["ms_per_token"] == pytest.approx(ms, abs=1e-3)
+    r = served["ratios"]
+    step = bench["summary"]["device_mailbox_graph"]["step_ms"]
+    assert r["bench_tp2_step_ms"] == step
+    assert r["served_vs_bench"] == pytest.approx(step / s["ms_per_token"], abs=1e-3)
+    assert r["served_vs_bench"] >= 0.90  # 97.4 %
+
+
+def test_race_picked_the_fastest_captured_path(bench):
+    race = bench["race"]
+    assert race["picked"] == "device_mailbox_graph" and all(v == "passed" for v in race["selftest"].values())
+    best = min(race["race_us"], key=lambda k: race["race_us"][k]["8k_us"] + race["race_us"][k]["40k_us"])
+    assert best == race["picked"] and race["race_us"][best]["mode"] == "graph"
+    assert race["judged"]["8k"]["picked_is_fastest"] and race["judged"]["40k"]["picked_is_fastest"]
+
+
+def test_one_sse_event_per_token_at_the_step_rate(served):
+    st = served["stream"]
+    arrivals = st["arrivals_ms"]
+    assert st["events"] == len(arrivals) >= served["long"]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])][1: served["long"] - 1]  # after the first token
+    assert statistics.median(gaps) == pytest.approx(st["gap_ms_median"], abs=0.05)
+    assert st["gap_ms_median"] == pytest.approx(served["served"]["ms_per_token"], rel=0.15)
+    assert max(gaps) < 2 * st["gap_ms_median"]
+
+
+def test_the_service_reported_its_step_and_no_failures(served):
+    m = "\n".join(served["metrics"])
+    for name in ("v100plan_lockstep_failures_total 0", "v100plan_rank_failures_total 0",
+                 "v100plan_request_errors_total 0"):
+        assert name in m
+    line = [ln for ln in served["rank_log"] if ln.startswith("[rank 1] decode graphs/fused: step ")][-1]
+    step = float(line.split("step ")[1].split(" ms")[0])
+    assert step == pytest.approx(served["ratios"]["bench_tp2_step_ms"], rel=0.05)
+
+
+def test_the_gpu_tests_passed_on_the_two_h200s():
+    text = GPU_TESTS.read_text()
+    assert "3 passed" in text and "failed" not in text and "tests rc=0" in text
