@@ -312,3 +312,22 @@ def test_the_two_h200_full_run_passes_every_scenario_but_the_waived_openai_clien
     for text in (raw, console):
         assert not re.search(r"(?<![\w-])[\w-]{32}(?![\w-])", text)
         assert "Bearer" not in text and "Authorization" not in text and "api_key" not in text
+
+
+def test_the_openai_waiver_names_a_missing_dependency_of_the_client(monkeypatch, tmp_path):
+    # the two-H200 runs of 2026-12-01 waived openai_client as "not installed" while openai was there and its
+    # dependency httpx2 was not: the reason now says which module is missing
+    import sys
+
+    pkg = tmp_path / "openai"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import v100plan_test_absent_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "openai", raising=False)
+    why = functional._needs_openai(None)
+    assert why and "needs 'v100plan_test_absent_dependency'" in why and "cannot be imported" in why
+    monkeypatch.delitem(sys.modules, "openai", raising=False)
+    (pkg / "__init__.py").unlink()
+    pkg.rmdir()
+    monkeypatch.setitem(sys.modules, "openai", None)  # import openai raises ImportError(name="openai")
+    assert functional._needs_openai(None) == "the openai package is not installed (pip install 'v100plan[accept]')"

@@ -308,7 +308,11 @@ def auth(ctx: Context) -> Outcome:
 def _needs_openai(ctx: Context) -> str | None:
     try:
         import openai  # noqa: F401
-    except ImportError:
+    except ImportError as e:
+        missing = getattr(e, "name", None)
+        if missing and missing != "openai":  # installed, but something it imports is not
+            return (f"the openai package cannot be imported: it needs {missing!r}, which is not installed "
+                    "(pip install 'v100plan[accept]')")
         return "the openai package is not installed (pip install 'v100plan[accept]')"
     return None
 
