@@ -331,3 +331,23 @@ def test_the_openai_waiver_names_a_missing_dependency_of_the_client(monkeypatch,
     pkg.rmdir()
     monkeypatch.setitem(sys.modules, "openai", None)  # import openai raises ImportError(name="openai")
     assert functional._needs_openai(None) == "the openai package is not installed (pip install 'v100plan[accept]')"
+
+
+def test_the_openai_client_scenario_passed_on_a_gpu_host_with_its_dependencies_carried():
+    # qualify-h200-openai-2026-12-01.json (+ .txt): `qualify --only openai_client,tp2_equals_tp1` on one H200
+    # (nvidia-h200; the two-GPU kind was not lent at that moment), with openai 3.57 and httpx2 carried: the
+    # scenario the two-H200 runs had to waive passed (the two ranks on one GPU, device_mailbox).
+    from tests.conftest import FIXTURES
+
+    acc = FIXTURES / "acceptance"
+    rec = json.loads((acc / "qualify-h200-openai-2026-12-01.json").read_text())
+    console = (acc / "qualify-h200-openai-2026-12-01.txt").read_text()
+    assert [(c["name"], c["compute_capability"]) for c in rec["probe"]["cards"]] == [("NVIDIA H200", "9.0")]
+    assert rec["target"]["engine"]["devices"] == ["cuda:0", "cuda:0"] and rec["target"]["engine"]["tp"] == 2
+    by = {s["key"]: s for s in rec["scenarios"]}
+    ran = {k for k, s in by.items() if s["status"] != "waived"}
+    assert ran == {"openai_client", "tp2_equals_tp1"}
+    assert by["openai_client"]["status"] == "passed" and by["openai_client"]["metrics"]["stream_chunks"] > 1
+    assert by["tp2_equals_tp1"]["status"] == "passed"
+    assert all(s["reason"].startswith("not selected") for k, s in by.items() if k not in ran)
+    assert "verdict: PASSED: all 2 scenarios that ran passed; 20 waived" in console and "qualify rc=0" in console
