@@ -56,3 +56,23 @@ def demo_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("demo") / "v100plan-demo"
     demo.make(d)
     return d
+
+
+def run_interpreter_cases(path: str, at_least: int, env_drop: tuple[str, ...] = ()) -> None:
+    """Run a cases file (tests/engine_*_cases.py) in a child pytest under Triton's interpreter: TRITON_INTERPRET=1
+    must be set before triton is first imported, and torch.compile in other tests imports it. Asserts it
+    passed with at least ``at_least`` tests and none skipped."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    for k in env_drop:
+        env.pop(k, None)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", path], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=900)
+    tail = res.stdout[-3000:] + res.stderr[-2000:]
+    assert res.returncode == 0, tail
+    m = re.search(r"(\d+) passed", res.stdout)
+    assert m and int(m.group(1)) >= at_least and "skipped" not in res.stdout.splitlines()[-1], tail

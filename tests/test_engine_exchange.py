@@ -5,11 +5,6 @@ two ranks in two processes decoding equal to the allreduce path and to TP1), and
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,22 +12,13 @@ import torch
 from engine.allreduce import epilogue
 from engine.core import runner
 from engine.core.model import Model
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.engine_helpers import run_interpreter_cases
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
 def test_the_exchange_kernels_under_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop(epilogue.ENV, None)
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                          "tests/engine_exchange_cases.py"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=900)
-    tail = res.stdout[-3000:] + res.stderr[-2000:]
-    assert res.returncode == 0, tail
-    m = re.search(r"(\d+) passed", res.stdout)
-    assert m and int(m.group(1)) >= 5 and "skipped" not in res.stdout.splitlines()[-1], tail
+    run_interpreter_cases("tests/engine_exchange_cases.py", 6, env_drop=(epilogue.ENV,))
 
 
 class _Path:

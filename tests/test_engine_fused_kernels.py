@@ -7,31 +7,18 @@ The same kernels on a GPU, bf16 and in a CUDA graph: tests/test_engine_fused_gpu
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from engine.core import attention, runner
 from engine.core.model import attn_block, mlp_block
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.engine_helpers import run_interpreter_cases
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
 def test_every_fused_kernel_matches_the_plain_blocks_under_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                          "tests/engine_fused_cases.py"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=900)
-    tail = res.stdout[-3000:] + res.stderr[-2000:]
-    assert res.returncode == 0, tail
-    m = re.search(r"(\d+) passed", res.stdout)
-    assert m and int(m.group(1)) >= 19 and "skipped" not in res.stdout.splitlines()[-1], tail
+    run_interpreter_cases("tests/engine_fused_cases.py", 19)
 
 
 def test_window_is_split_into_whole_tiles_for_about_two_programs_per_sm():

@@ -1,0 +1,53 @@
+"""Checks shared by the recordings of `python -m engine.bench.served` on two H200s
+(tests/test_engine_served_*_recording.py): each recomputes a ratio from the figures beside it and returns it."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+
+def tp1_read_bw_fraction(bench: dict) -> float:
+    """The TP1 step against the floor at the read bandwidth measured in the same run."""
+    from engine.bench.tp2 import summary
+
+    assert summary(bench, "1024") == bench["summary"]
+    tp1 = bench["summary"]["tp1"]
+    w = bench["tp1"]["rank0"]["weight_bytes"]
+    assert tp1["floor_ms"] == pytest.approx(w / (bench["read_bw_gbps"][0] * 1e9) * 1e3, abs=1e-3)
+    assert tp1["read_bw_fraction"] == pytest.approx(tp1["floor_ms"] / tp1["step_ms"], abs=1e-4)
+    return tp1["read_bw_fraction"]
+
+
+def served_vs_bench(served: dict, bench: dict) -> float:
+    """Served ms/token from the short and long requests' medians, against the bench's TP2 graph step."""
+    s = served["served"]
+    ms = (statistics.median(s["long_s"]) - statistics.median(s["short_s"])) * 1e3 / (served["long"] - served["short"])
+    assert s["ms_per_token"] == pytest.approx(ms, abs=1e-3)
+    r = served["ratios"]
+    step = bench["summary"]["device_mailbox_graph"]["step_ms"]
+    assert r["bench_tp2_step_ms"] == step
+    assert r["served_vs_bench"] == pytest.approx(step / s["ms_per_token"], abs=1e-3)
+    return r["served_vs_bench"]
+
+
+def race_picked_fastest(bench: dict) -> str:
+    """The start-up race's pick is the path with the least 8 KB + 40 KB time, captured in a graph."""
+    race = bench["race"]
+    assert all(v == "passed" for v in race["selftest"].values())
+    best = min(race["race_us"], key=lambda k: race["race_us"][k]["8k_us"] + race["race_us"][k]["40k_us"])
+    assert best == race["picked"] and race["race_us"][best]["mode"] == "graph"
+    assert race["judged"]["8k"]["picked_is_fastest"] and race["judged"]["40k"]["picked_is_fastest"]
+    return race["picked"]
+
+
+def sse_one_event_per_token(served: dict, skip_first: int = 0) -> None:
+    """One SSE event per generated token, at the served step rate, no gap over twice the median."""
+    st = served["stream"]
+    arrivals = st["arrivals_ms"]
+    assert st["events"] == len(arrivals) >= served["long"]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])][skip_first: served["long"] - 1]
+    assert statistics.median(gaps) == pytest.approx(st["gap_ms_median"], abs=0.05)
+    assert st["gap_ms_median"] == pytest.approx(served["served"]["ms_per_token"], rel=0.15)
+    assert max(gaps) < 2 * st["gap_ms_median"]
