@@ -40,6 +40,10 @@ def test_accept_passes_a_healthy_engine_and_keeps_secrets_out(svc, key_file, tmp
     doc = report(out)
     assert doc["verdict"] == "passed" and doc["target"]["server"] == "v100plan engine"
     assert doc["target"]["fault_control"] is True
+    # the report says what code served: each rank's decode mode from the keyed /health (CPU: eager steps)
+    dec = doc["target"]["decode"]
+    assert set(dec) == {"0", "1"} and all(d["mode"] == "eager" and d["kernels"] == "eager" for d in dec.values())
+    assert dec["0"]["allreduce"] and dec["0"]["allreduce"] == dec["1"]["allreduce"]
     for key in ("completion", "stream", "stream_cancel", "gone_in_prefill", "auth", "tp2_equals_tp1",
                 "rank_logs_agree", "kill_rank1", "corrupt_hash", "load"):
         assert scenario(doc, key)["status"] == "passed", scenario(doc, key)

@@ -139,6 +139,10 @@ class References:
                          (a.body.get("usage") or {}).get("completion_tokens"))
 
 
+# what the report keeps of each rank's /health "decode" (no figures: those belong to the load and speed runs)
+DECODE_FIELDS = ("mode", "kernels", "allreduce", "exchange", "lockstep", "windows")
+
+
 class Context:
     def __init__(self, target: Target, options: AcceptOptions, plan: dict | None = None,
                  probe: dict | None = None):
@@ -152,6 +156,7 @@ class Context:
         self.is_engine = False             # the bundled engine answers (its v100plan extension)
         self.fault_control = False         # its /control routes answer
         self.server: str | None = None
+        self.decode: dict | None = None    # the engine's ranks: how they decode (its keyed /health)
         self.ignore_eos = True             # the server takes vLLM's ignore_eos extension (known lengths)
         self.refs = References(self)
         self.shared: dict[str, Any] = {}   # figures one case leaves for another (e.g. stream gaps)
@@ -185,6 +190,12 @@ class Context:
                 notes.append(f"the server refuses vLLM's ignore_eos extension ({probe.status}): requests go "
                              "without it, so an answer may end early at an end-of-sequence token and length "
                              "checks are judged against the server's own first answer")
+        if self.is_engine:  # what code served: the keyed /health names each rank's decode mode, kernels, exchange
+            h = self.client.get("/health", timeout_s=10)
+            dec = h.body.get("decode") if h.ok and isinstance(h.body, dict) else None
+            if isinstance(dec, dict):
+                self.decode = {r: {k: d.get(k) for k in DECODE_FIELDS if k in d}
+                               for r, d in dec.items() if isinstance(d, dict)} or None
         t = self.client.get("/control/targets", timeout_s=10)
         self.fault_control = t.status == 200 and isinstance(t.body, dict) and "actions" in t.body
         if self.is_engine and not self.fault_control:
