@@ -3,9 +3,32 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
+
+
+def recording_fixtures(served_path, bench_path):
+    """Module-scoped fixtures ``served`` and ``bench`` loading a served-bench run and the bench-tp2 run inside it."""
+    @pytest.fixture(scope="module")
+    def served():
+        return json.loads(served_path.read_text())
+
+    @pytest.fixture(scope="module")
+    def bench():
+        return json.loads(bench_path.read_text())
+
+    return served, bench
+
+
+def two_h200s_on_the_qwen3_8b_shape(served: dict, bench: dict) -> None:
+    """The recording is the served bench on two distinct H200s, bf16, the Qwen3-8B shape, multicast off."""
+    assert served["kind"] == "engine_bench_served" and served["devices"] == "cuda:0,cuda:1"
+    assert served["dtype"] == bench["dtype"] == "bfloat16" and served["config"] == bench["config"] == "qwen3-8b.config.json"
+    assert [c["device"] for c in bench["cards"]] == ["NVIDIA H200", "NVIDIA H200"]
+    assert bench["cards"][0]["uuid"] != bench["cards"][1]["uuid"]
+    assert bench["env"]["NCCL_NVLS_ENABLE"] == "0"  # multicast off, as the lent machines require
 
 
 def tp1_read_bw_fraction(bench: dict) -> float:

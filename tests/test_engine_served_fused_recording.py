@@ -18,22 +18,11 @@ BENCH = MULTI / "h200x2-bench-tp2-qwen3-fused-2026-11-30.json"  # the bench-tp2 
 GEMV_SERVED = MULTI / "h200x2-served-qwen3-gemv-2026-11-30.json"  # the same command before the fused kernels
 GPU_TESTS = MULTI / "h200x2-gpu-tests-fused-2026-11-30.txt"
 
-
-@pytest.fixture(scope="module")
-def served():
-    return json.loads(SERVED.read_text())
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return json.loads(BENCH.read_text())
+served, bench = served_checks.recording_fixtures(SERVED, BENCH)
 
 
 def test_two_h200s_serving_the_qwen3_8b_shape_with_the_fused_kernels(served, bench):
-    assert served["kind"] == "engine_bench_served" and served["devices"] == "cuda:0,cuda:1"
-    assert served["dtype"] == bench["dtype"] == "bfloat16" and served["config"] == bench["config"] == "qwen3-8b.config.json"
-    assert [c["device"] for c in bench["cards"]] == ["NVIDIA H200", "NVIDIA H200"]
-    assert bench["env"]["NCCL_NVLS_ENABLE"] == "0"
+    served_checks.two_h200s_on_the_qwen3_8b_shape(served, bench)
     assert served["bench_summary"] == bench["summary"]
     assert bench["summary"]["tp1"]["kernels"] == "fused"
     for r in ("0", "1"):

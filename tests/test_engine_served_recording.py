@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from tests import served_checks
 from tests.conftest import FIXTURES
 
 MULTI = FIXTURES / "multigpu"
@@ -17,23 +18,12 @@ BENCH = MULTI / "h200x2-bench-tp2-qwen3-2026-11-30.json"  # the bench-tp2 run in
 FIRST = MULTI / "h200x2-bench-tp2-qwen3-2026-11-30-first.json"  # before one host thread per rank
 BEFORE_LOOKAHEAD = MULTI / "h200x2-served-qwen3-2026-11-30-before-lookahead.json"
 
-
-@pytest.fixture(scope="module")
-def served():
-    return json.loads(SERVED.read_text())
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return json.loads(BENCH.read_text())
+served, bench = served_checks.recording_fixtures(SERVED, BENCH)
 
 
 def test_recording_is_two_h200s_serving_the_qwen3_8b_shape(served, bench):
-    assert served["kind"] == "engine_bench_served" and served["devices"] == "cuda:0,cuda:1"
-    assert served["dtype"] == bench["dtype"] == "bfloat16" and served["config"] == bench["config"] == "qwen3-8b.config.json"
-    assert [c["device"] for c in bench["cards"]] == ["NVIDIA H200", "NVIDIA H200"]
-    assert bench["cards"][0]["uuid"] != bench["cards"][1]["uuid"] and bench["race"]["race_trusted"]
-    assert bench["env"]["NCCL_NVLS_ENABLE"] == "0"  # multicast off, as the lent machines require
+    served_checks.two_h200s_on_the_qwen3_8b_shape(served, bench)
+    assert bench["race"]["race_trusted"]
     assert served["checkpoint"]["bytes"] > 16e9 and served["bench_summary"] == bench["summary"]
 
 

@@ -18,24 +18,12 @@ BENCH = MULTI / "h200x2-bench-tp2-qwen3-send-2026-12-01.json"  # the bench-tp2 r
 BEFORE = MULTI / "h200x2-served-qwen3-fused-2026-11-30.json"  # the same command with the allreduce kernels
 GPU_TESTS = MULTI / "h200x2-send-gpu-tests-2026-12-01.txt"
 
-
-@pytest.fixture(scope="module")
-def served():
-    return json.loads(SERVED.read_text())
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return json.loads(BENCH.read_text())
+served, bench = served_checks.recording_fixtures(SERVED, BENCH)
 
 
 def test_two_h200s_serving_the_qwen3_8b_shape_with_the_exchange_sent_from_the_gemvs(served, bench):
-    assert served["kind"] == "engine_bench_served" and served["devices"] == "cuda:0,cuda:1"
+    served_checks.two_h200s_on_the_qwen3_8b_shape(served, bench)
     assert served["created_utc"].startswith("2026-12-01") and bench["created_utc"].startswith("2026-12-01")
-    assert served["dtype"] == bench["dtype"] == "bfloat16" and served["config"] == bench["config"] == "qwen3-8b.config.json"
-    assert [c["device"] for c in bench["cards"]] == ["NVIDIA H200", "NVIDIA H200"]
-    assert bench["cards"][0]["uuid"] != bench["cards"][1]["uuid"]
-    assert bench["env"]["NCCL_NVLS_ENABLE"] == "0"
     assert served["bench_summary"] == bench["summary"]
     for r in ("0", "1"):
         dec = served["health"]["decode"][r]

@@ -124,10 +124,6 @@ class Sent:
     part: torch.Tensor
     ticket: Ticket
 
-    @property
-    def shape(self):
-        return self.part.shape
-
 
 def describe(mode: str | None = None) -> str:
     return MODES[mode or requested()]
