@@ -36,6 +36,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 BLOCK_S = 128  # cache positions per tile (H200, 2026-11-30: 128 x 8 warps fastest of 8 configurations)
 NUM_WARPS = 8
@@ -312,11 +313,12 @@ def sends_here(model) -> bool:
     """Whether model's fused blocks can carry the TP2 exchange inside their GEMVs (engine.allreduce.epilogue):
     the kernels run here and every layer's attention is decode_attention (the plain fallback adds the
     reduced delta itself, so it needs it materialised)."""
-    return runs_here(model.device) and all(supported(layer.hd, layer.n_heads, layer.n_kv) for layer in model.layers)
+    return runs_here(model.device) and all(supported(la.hd, la.n_heads, la.n_kv) for la in model.attention_layers)
 
 
 def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache,
-                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, send=None):
+                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, send=None,
+                     gated: bool = False, zc: bool = False):
     """engine.core.model.attn_block in three kernels: norm + QKV GEMV, decode_attention, o_proj GEMV.
     ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself. ``send`` (an
     engine.allreduce.epilogue.Ticket): o_proj's rows also go to the peer (the part returned is a Sent), and
@@ -327,13 +329,14 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
         from engine.core.model import attn_block
 
         return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
-                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window)
-    if not supported(hd, n_heads, n_kv):
+                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window, gated=gated,
+                          zc=zc)
+    if not supported(hd, n_heads, n_kv) or gated or zc or cos.shape[-1] != hd:
         from engine.core.model import attn_block
 
         return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
                           v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window,
-                          linear=gemv.linear)
+                          linear=gemv.linear, gated=gated, zc=zc)
     qkv, x = gemv.linear_norm(x, delta, input_norm, eps, wqkv, bqkv)
     a = decode_attention(qkv, cos, sin, pos, q_norm, k_norm, k_cache, v_cache, n_heads=n_heads, n_kv=n_kv, hd=hd,
                          eps=eps, window=window)
@@ -341,15 +344,16 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
     return x, gemv.linear_send(a, wo, bo, send)
 
 
-def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None):
+def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None, zc: bool = False):
     """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV
     (``send``: as attn_block_fused's)."""
     from engine.core import gemv
 
-    if not runs_here(x.device):
+    if not runs_here(x.device) or zc:
         from engine.core.model import mlp_block
 
-        return mlp_block(x, delta, post_norm, w13, b13, w2, b2, eps=eps)
+        return mlp_block(x, delta, post_norm, w13, b13, w2, b2, eps=eps, zc=zc,
+                         linear=gemv.linear if runs_here(x.device) else F.linear)
     gu, x = gemv.linear_norm(x, delta, post_norm, eps, w13, b13)
     return x, gemv.linear_silu(gu, w2, b2, send=send)
 
