@@ -240,4 +240,13 @@ def load(model_dir: str | Path) -> ModelConfig:
     path = files_dir(model_dir) / "config.json"
     if not path.exists():
         raise ConfigError(f"{path} not found: a model directory holds config.json and *.safetensors")
-    return from_dict(json.loads(path.read_text()))
+    return load_file(path)
+
+
+def load_file(path: str | Path) -> ModelConfig:
+    """A config.json file itself (e.g. engine/data/*.config.json, the shapes the benches build)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+    return from_dict(raw)
