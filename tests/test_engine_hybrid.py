@@ -3,6 +3,7 @@ judged against transformers 5.24's Qwen3_5ForCausalLM on the same random weights
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from engine.core import config as ecfg
 from engine.core import gdn, runner, shard, tp, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO
+from tests.engine_helpers import REPO, run_interpreter_cases
 
 # The 27B shape's ratios, shrunk: every 4th layer full attention, 6:1... here 2:1 GQA, head dim 64 with a
 # quarter rotary, each linear-attention key head serving 3 value heads (as 16 key / 48 value heads do).
@@ -228,3 +229,9 @@ def test_tp2_greedy_tokens_equal_transformers_through_generate(hybrid):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["token_ids"] == ref
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
+def test_fused_hybrid_kernels_match_the_plain_blocks_under_the_triton_interpreter():
+    run_interpreter_cases("tests/engine_hybrid_cases.py", 5)

@@ -93,22 +93,24 @@ def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = Tr
     return text + ("<|assistant|>" if add_generation_prompt else "")
 
 
-def _hybrid_tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
-    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    hd, nh, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
-    kd, vd = nk * cfg["linear_key_head_dim"], nv * cfg["linear_value_head_dim"]
+def hybrid_tensors(cfg) -> list[tuple[str, tuple[int, ...], str]]:
+    """Every tensor of a Qwen3.5 (qwen3_5_text) checkpoint of this engine.core.config.ModelConfig: (name, shape,
+    family); families: norm (zero-centred, 0 = unit), one, alog (log decay rates), conv, lin, attn, mlp, down,
+    embed, head. The demo and the benches' random checkpoints both write these."""
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    nv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
     out = [("model.embed_tokens.weight", (v, d), "embed")]
-    for i, kind in enumerate(cfg["layer_types"]):
+    for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
         out.append((p + "input_layernorm.weight", (d,), "norm"))  # zero-centred: applied as 1 + w
         if kind == "linear_attention":
             a = p + "linear_attn."
             out += [(a + "in_proj_qkv.weight", (2 * kd + vd, d), "lin"), (a + "in_proj_z.weight", (vd, d), "lin"),
                     (a + "in_proj_b.weight", (nv, d), "lin"), (a + "in_proj_a.weight", (nv, d), "lin"),
-                    (a + "conv1d.weight", (2 * kd + vd, 1, cfg["linear_conv_kernel_dim"]), "conv"),
+                    (a + "conv1d.weight", (2 * kd + vd, 1, cfg.linear_conv_kernel_dim), "conv"),
                     (a + "A_log", (nv,), "alog"), (a + "dt_bias", (nv,), "one"),
-                    (a + "norm.weight", (cfg["linear_value_head_dim"],), "one"),
+                    (a + "norm.weight", (cfg.linear_value_head_dim,), "one"),
                     (a + "out_proj.weight", (d, vd), "attn")]
         else:
             a = p + "self_attn."
@@ -118,13 +120,17 @@ def _hybrid_tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
         out += [(p + "post_attention_layernorm.weight", (d,), "norm"),
                 (p + "mlp.gate_proj.weight", (f, d), "mlp"), (p + "mlp.up_proj.weight", (f, d), "mlp"),
                 (p + "mlp.down_proj.weight", (d, f), "down")]
-    out += [("model.norm.weight", (d,), "norm"), ("lm_head.weight", (v, d), "head")]
+    out += [("model.norm.weight", (d,), "norm")]
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head.weight", (v, d), "head"))
     return out
 
 
 def _tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     if cfg["model_type"] == "qwen3_5_text":
-        return _hybrid_tensor_names(cfg)
+        from engine.core import config as ecfg
+
+        return hybrid_tensors(ecfg.from_dict(cfg))
     d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     q = cfg["num_attention_heads"] * cfg["head_dim"]
     kv = cfg["num_key_value_heads"] * cfg["head_dim"]

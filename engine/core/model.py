@@ -346,11 +346,11 @@ class Model:
         layer.k_cache[:, :, pos0:end] = k
         layer.v_cache[:, :, pos0:end] = v
         keys, values = layer.k_cache[:, :, :end], layer.v_cache[:, :, :end]  # [1, kv, end, hd]
-        g = layer.n_heads // layer.n_kv
-        if g > 1:
-            keys = keys.repeat_interleave(g, dim=1)  # query head i reads kv head i // g
-            values = values.repeat_interleave(g, dim=1)
-        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [1, h, T, hd]
+        # query head i reads kv head i // g (enable_gqa: no copy of the prefix's K/V per query head); a chunk
+        # from position 0 is plainly causal, so the kernel needs no mask (and may take its fused path)
+        causal = pos0 == 0 and t > 1
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if causal else mask, is_causal=causal,
+                                           enable_gqa=layer.n_heads != layer.n_kv)  # [1, h, T, hd]
         a = a.transpose(1, 2).reshape(1, t, layer.n_heads * layer.hd)
         if gate is not None:
             a = a * torch.sigmoid(gate)
@@ -454,7 +454,7 @@ class Model:
             last = i + 1 == len(self.layers)  # the last exchange is summed by xs.finish (it bumps the serial)
             delta = self._reduce(part) if xs is None else part if last else recv(part)
         if xs is not None:  # the final norm in the last exchange's kernel (rows of up to 8192: epilogue_exchange)
-            x = xs.finish(delta, x, self.norm, cfg.rms_norm_eps)
+            x = xs.finish(delta, x, self.norm, cfg.rms_norm_eps, **zc)
         else:
             x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps, self.zc)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
@@ -464,7 +464,7 @@ class Model:
         it and the exchange mode (V100PLAN_ENGINE_EXCHANGE, else its DEFAULT) is not "kernel"; else None."""
         if self.comm is None or not blocks or not getattr(blocks[0], "sends", False):
             return None
-        if self.cfg.hybrid or self.zc:  # the hybrid's blocks do not carry the exchange in their GEMVs (yet)
+        if self.cfg.hybrid and not (len(blocks) > 2 and getattr(blocks[2], "sends", False)):
             return None
         make = getattr(getattr(self.comm, "path", None), "epilogue", None)
         if make is None:

@@ -50,7 +50,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=60.0)
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt tokens per prefill step (default: 2048 on a GPU, as the field's engine, 256 on CPU)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0,
                    help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
@@ -190,6 +191,11 @@ class Rank:
         gbps = timing.read_bandwidth_gbps(device, nbytes, iters=10 if device.type == "cuda" else 3)
         return {"read_bw_gbps": round(gbps, 1), "read_bw_source": "measured"}
 
+    def prefill_chunk(self) -> int:
+        if self.args.prefill_chunk:
+            return self.args.prefill_chunk
+        return 2048 if self.model.device.type == "cuda" else 256
+
     def decode_stats(self) -> dict:
         """Decoder.stats against this card's read bandwidth, with where that figure came from."""
         return {**self.model.decoder.stats(self.read_bw["read_bw_gbps"]), **self.read_bw}
@@ -308,7 +314,7 @@ class Rank:
             reply = None
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
-                                         set(req.get("stop_token_ids") or []), self.args.prefill_chunk, hook,
+                                         set(req.get("stop_token_ids") or []), self.prefill_chunk(), hook,
                                          flags=flags)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both
