@@ -235,3 +235,27 @@ def test_tp2_greedy_tokens_equal_transformers_through_generate(hybrid):
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
 def test_fused_hybrid_kernels_match_the_plain_blocks_under_the_triton_interpreter():
     run_interpreter_cases("tests/engine_hybrid_cases.py", 5)
+
+
+def test_the_served_tp2_answer_equals_transformers_and_images_are_refused(hybrid):
+    from tests.test_service_support import ServiceProcess
+
+    hf, _, d = hybrid
+    prompt = [1, 17, 300, 42, 5, 99, 7, 250, 11]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=48, min_new_tokens=48, do_sample=False,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    svc = ServiceProcess(model=str(d))
+    try:
+        svc.wait_healthy()
+        model_id = svc.client.get("/v1/models").json()["data"][0]["id"]
+        r = svc.client.post("/v1/completions", json={"model": model_id, "prompt": prompt, "max_tokens": 48,
+                                                     "temperature": 0.0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["v100plan"]["token_ids"] == ref
+        img = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+        r = svc.client.post("/v1/chat/completions", json={"model": model_id, "max_tokens": 4, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is this?"}, img]}]})
+        assert r.status_code == 400 and "image_url input is not served" in r.json()["error"]["message"]
+    finally:
+        svc.stop()
