@@ -40,6 +40,7 @@ import torch
 BLOCK_S = 128  # cache positions per tile (H200, 2026-11-30: 128 x 8 warps fastest of 8 configurations)
 NUM_WARPS = 8
 TARGET_PROGRAMS = 264  # about two programs per SM of an H200 (132 SMs): sets how the window is split
+STAGES = 0  # tiles in flight per program (tl.range num_stages); 0: a plain loop
 
 
 @functools.cache
@@ -78,15 +79,24 @@ def _kernels():
 
     @triton.jit
     def _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF: tl.constexpr,
-                   HD: tl.constexpr, ROT: tl.constexpr):
-        # K (two halves) and V of cache positions offs, only those written by earlier steps (< pos)
+                   HD: tl.constexpr, ROT: tl.constexpr, ksc_ptr, vsc_ptr, stride_sh, INT8: tl.constexpr,
+                   dt: tl.constexpr):
+        # K (two halves) and V of cache positions offs, only those written by earlier steps (< pos); an int8
+        # cache is dequantised in registers (one float32 scale per position and kv head)
         old = (offs < pos)[:, None]
         i1, i2 = _half_idx(HALF, ROT)
         kp = kc_ptr + kvh * stride_kh + offs[:, None] * stride_ks
-        kt1 = tl.load(kp + i1[None, :], mask=old, other=0.0)
-        kt2 = tl.load(kp + i2[None, :], mask=old, other=0.0)
+        kt1 = tl.load(kp + i1[None, :], mask=old, other=0)
+        kt2 = tl.load(kp + i2[None, :], mask=old, other=0)
         vt = tl.load(vc_ptr + kvh * stride_vh + offs[:, None] * stride_vs + tl.arange(0, HD)[None, :], mask=old,
-                     other=0.0)
+                     other=0)
+        if INT8:
+            omask = offs < pos
+            ksc = tl.load(ksc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)[:, None]
+            vsc = tl.load(vsc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)[:, None]
+            kt1 = (kt1.to(tl.float32) * ksc).to(dt)
+            kt2 = (kt2.to(tl.float32) * ksc).to(dt)
+            vt = (vt.to(tl.float32) * vsc).to(dt)
         return kt1, kt2, vt
 
     @triton.jit
@@ -156,7 +166,8 @@ def _kernels():
                          HD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
                          QK_NORM: tl.constexpr, DOT_F32: tl.constexpr, ONE_KERNEL: tl.constexpr,
                          EMU: tl.constexpr, ROT: tl.constexpr = 0, GATED: tl.constexpr = False,
-                         ZC: tl.constexpr = False):
+                         ZC: tl.constexpr = False, ksc_ptr=None, vsc_ptr=None, stride_sh=0,
+                         INT8: tl.constexpr = False, STAGES: tl.constexpr = 0):
         kvh = tl.program_id(0)
         sp = tl.program_id(1)
         dt = qkv_ptr.dtype.element_ty
@@ -168,7 +179,7 @@ def _kernels():
         RT: tl.constexpr = HD if ROT == 0 else ROT  # the rotary part of each head
         QS: tl.constexpr = 2 * HD if GATED else HD  # q_proj's rows per head ([query | gate] when gated)
         kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF,
-                                  HD, RT)
+                                  HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
         hs = tl.arange(0, HALF)
         i1, i2 = _half_idx(HALF, RT)
         gs = tl.arange(0, G_PAD)
@@ -203,7 +214,24 @@ def _kernels():
         s2 = tl.load(sin_ptr + RH + hs, mask=rmask, other=0.0).to(tl.float32)
         q1, q2 = _rope_half(q1, q2, c1[None, :], c2[None, :], s1[None, :], s2[None, :], dt, EMU)  # dtype
         k1, k2 = _rope_half(k1, k2, c1, c2, s1, s2, dt, EMU)  # dtype
-        if sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
+        if INT8:  # quantised per position and kv head: scale = max |x| / 127, x / scale rounded half up
+            kf1, kf2, vf = k1.to(tl.float32), k2.to(tl.float32), v_new.to(tl.float32)
+            ksc = tl.maximum(tl.maximum(tl.max(tl.abs(kf1), axis=0), tl.max(tl.abs(kf2), axis=0)), 1e-30) / 127.0
+            vsc = tl.maximum(tl.max(tl.abs(vf), axis=0), 1e-30) / 127.0
+            kq1 = tl.minimum(tl.maximum(tl.floor(kf1 / ksc + 0.5), -127.0), 127.0)
+            kq2 = tl.minimum(tl.maximum(tl.floor(kf2 / ksc + 0.5), -127.0), 127.0)
+            vq = tl.minimum(tl.maximum(tl.floor(vf / vsc + 0.5), -127.0), 127.0)
+            if sp == 0:
+                tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i1, kq1.to(tl.int8))
+                tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i2, kq2.to(tl.int8))
+                tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, vq.to(tl.int8))
+                tl.store(ksc_ptr + kvh * stride_sh + pos, ksc)
+                tl.store(vsc_ptr + kvh * stride_sh + pos, vsc)
+            # this position attends to its own K/V as the cache will hold them (as the plain blocks do)
+            k1 = (kq1 * ksc).to(dt)
+            k2 = (kq2 * ksc).to(dt)
+            v_new = (vq * vsc).to(dt)
+        elif sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
             tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i1, k1)
             tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i2, k2)
             tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, v_new)
@@ -214,12 +242,21 @@ def _kernels():
         if lo <= pos:
             m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt, DOT_F32,
                                     EMU)
-        for t in range(BLOCK_S, CHUNK, BLOCK_S):
-            s0 = lo + t
-            if s0 <= pos:
-                offs = s0 + tl.arange(0, BLOCK_S)
+        # the rest of this program's part of the window, up to pos (a loop bound, no branch inside, so the
+        # compiler can keep STAGES tiles' loads in flight)
+        n_t = tl.minimum(CHUNK, pos - lo + 1)
+        if STAGES > 0:
+            for t in tl.range(BLOCK_S, n_t, BLOCK_S, num_stages=STAGES):
+                offs = lo + t + tl.arange(0, BLOCK_S)
                 kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
-                                          HALF, HD, RT)
+                                          HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
+                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                        DOT_F32, EMU)
+        else:
+            for t in range(BLOCK_S, n_t, BLOCK_S):
+                offs = lo + t + tl.arange(0, BLOCK_S)
+                kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
+                                          HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
                 m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
                                         DOT_F32, EMU)
         # this program's partial
@@ -280,14 +317,18 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
                      q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int,
                      combine: str = "last", splits: int | None = None, block_s: int | None = None,
-                     num_warps: int | None = None, gated: bool = False, zc: bool = False) -> torch.Tensor:
+                     num_warps: int | None = None, gated: bool = False, zc: bool = False,
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                     stages: int | None = None) -> torch.Tensor:
     """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
     attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
     ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
     ``splits``: programs per kv head (default: splits_for); ``block_s``: positions per tile; defaults from
     engine.core.gemv.ATTENTION_CONFIG (a measured table) or BLOCK_S, NUM_WARPS. Qwen3.5: ``gated`` (q rows
     [query | gate] per head, the output scaled by sigmoid(gate)), ``zc`` (zero-centred q/k norms) and a partial
-    rotary (cos / sin narrower than the head: RoPE on its first cos.shape[-1] dimensions)."""
+    rotary (cos / sin narrower than the head: RoPE on its first cos.shape[-1] dimensions). An int8 cache comes
+    with ``k_scale`` / ``v_scale`` [1, kv, S] float32 (engine.core.kvquant). ``stages``: tiles whose loads the
+    loop keeps in flight (0: a plain loop; default STAGES)."""
     from engine.core import gemv
 
     attn_k, comb_k = _kernels()
@@ -311,13 +352,18 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     count = _counter(k_cache, n_kv) if one else part_ml
     qk = q_norm is not None
     emu = _interpreting() and qkv.dtype == torch.bfloat16
+    int8 = k_scale is not None
+    stages = STAGES if stages is None else stages
     attn_k[(n_kv, n_split)](
         qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
         k_cache, v_cache, out, part_acc, part_ml, count, float(eps), 1.0 / math.sqrt(hd),
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         N_HEADS=n_heads, N_KV=n_kv, G=g, G_PAD=g_pad, HD=hd, CHUNK=chunk, BLOCK_S=bs, SPLITS=n_split,
         QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu,
-        ROT=0 if cos.shape[-1] == hd else cos.shape[-1], GATED=gated, ZC=zc, num_warps=num_warps)
+        ROT=0 if cos.shape[-1] == hd else cos.shape[-1], GATED=gated, ZC=zc,
+        ksc_ptr=k_scale if int8 else part_ml, vsc_ptr=v_scale if int8 else part_ml,
+        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, STAGES=0 if _interpreting() else stages,
+        num_warps=num_warps)
     if not one:
         comb_k[(n_kv,)](part_acc, part_ml, out, qkv.reshape(-1), SPLITS=n_split, G=g, G_PAD=g_pad, HD=hd, EMU=emu,
                         GATED=gated, num_warps=4)
@@ -358,7 +404,7 @@ def sends_here(model) -> bool:
 
 def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache,
                      wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, send=None,
-                     gated: bool = False, zc: bool = False):
+                     gated: bool = False, zc: bool = False, k_scale=None, v_scale=None):
     """engine.core.model.attn_block in three kernels: norm + QKV GEMV, decode_attention, o_proj GEMV.
     ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself. ``send`` (an
     engine.allreduce.epilogue.Ticket): o_proj's rows also go to the peer (the part returned is a Sent), and
@@ -370,16 +416,16 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
 
         return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
                           v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window, gated=gated,
-                          zc=zc)
+                          zc=zc, k_scale=k_scale, v_scale=v_scale)
     if not supported(hd, n_heads, n_kv) or not rotary_supported(cos.shape[-1], hd):
         from engine.core.model import attn_block
 
         return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
                           v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window,
-                          linear=gemv.linear, gated=gated, zc=zc)
+                          linear=gemv.linear, gated=gated, zc=zc, k_scale=k_scale, v_scale=v_scale)
     qkv, x = gemv.linear_norm(x, delta, input_norm, eps, wqkv, bqkv, zc=zc)
     a = decode_attention(qkv, cos, sin, pos, q_norm, k_norm, k_cache, v_cache, n_heads=n_heads, n_kv=n_kv, hd=hd,
-                         eps=eps, window=window, gated=gated, zc=zc)
+                         eps=eps, window=window, gated=gated, zc=zc, k_scale=k_scale, v_scale=v_scale)
     # o_proj through the prologue kernel with or without the send: the two exchanges give the same bits
     return x, gemv.linear_send(a, wo, bo, send)
 

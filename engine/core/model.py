@@ -63,7 +63,7 @@ LAYER_KINDS = {
         "kernels": "gdn_block (torch: engine.core.gdn) or engine.core.gdn_fused's decode kernel",
     },
 }
-STATE_KEYS = ("k_cache", "v_cache", "conv_ring", "rec_state")  # per-sequence buffers, not weights
+STATE_KEYS = ("k_cache", "v_cache", "k_scale", "v_scale", "conv_ring", "rec_state")  # per-sequence, not weights
 
 
 def inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -105,7 +105,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache, wo,
                bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=F.linear,
-               gated: bool = False, zc: bool = False):
+               gated: bool = False, zc: bool = False, k_scale=None, v_scale=None):
     """The decode step's first half-layer. x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]).
 
     Writes this position's K/V into the cache at ``pos`` and attends over cache positions [0, window):
@@ -114,7 +114,8 @@ def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_nor
     over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench 2026-11-29).
     ``linear``: the one-row product (F.linear, or engine.core.gemv.linear where Triton targets the card).
     ``gated`` (Qwen3.5): q_proj's rows are [query | gate] per head and the output is scaled by sigmoid(gate)
-    before o_proj; ``zc``: zero-centred norms; cos/sin may cover only the first part of the head."""
+    before o_proj; ``zc``: zero-centred norms; cos/sin may cover only the first part of the head.
+    ``k_scale``/``v_scale``: the cache is int8 with these scales (engine.core.kvquant)."""
     x = x + delta  # the previous block's reduced output
     h = rms_norm(x, input_norm, eps, zc)
     qkv = linear(h, wqkv, bqkv)  # [1, 1, (h [x 2 gated] + 2 kv) * hd]
@@ -131,10 +132,18 @@ def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_nor
         k = rms_norm(k, k_norm, eps, zc)
     q = rope(q, cos, sin)  # [1, h, hd]
     k = rope(k, cos, sin)  # [1, kv, hd]
-    k_cache.index_copy_(2, pos, k.view(1, n_kv, 1, hd))
-    v_cache.index_copy_(2, pos, v.view(1, n_kv, 1, hd))
+    if k_scale is None:
+        k_cache.index_copy_(2, pos, k.view(1, n_kv, 1, hd))
+        v_cache.index_copy_(2, pos, v.view(1, n_kv, 1, hd))
+        keys, values = k_cache[:, :, :window], v_cache[:, :, :window]  # [1, kv, W, hd]
+    else:
+        from engine.core import kvquant
+
+        kvquant.write(k_cache, k_scale, k.view(1, n_kv, 1, hd), pos=pos)
+        kvquant.write(v_cache, v_scale, v.reshape(1, n_kv, 1, hd), pos=pos)
+        keys = kvquant.dequantize(k_cache[:, :, :window], k_scale[:, :, :window], q.dtype)
+        values = kvquant.dequantize(v_cache[:, :, :window], v_scale[:, :, :window], q.dtype)
     qg = q.view(1, n_kv, n_heads // n_kv, hd)  # [1, kv, g, hd]
-    keys, values = k_cache[:, :, :window], v_cache[:, :, :window]  # [1, kv, W, hd]
     s = torch.matmul(qg, keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(hd)) + mask_bias  # [1, kv, g, W]
     p = torch.softmax(s, dim=-1).to(values.dtype)
     a = torch.matmul(p, values).reshape(1, 1, n_heads * hd)  # [1, 1, h * hd]
@@ -217,8 +226,10 @@ class Layer:
         self.bo = torch.empty(d, **e) if cfg.o_bias else None
         self.q_norm = torch.empty(self.hd, **e) if cfg.qk_norm else None
         self.k_norm = torch.empty(self.hd, **e) if cfg.qk_norm else None
-        self.k_cache: torch.Tensor | None = None  # [1, n_kv, max_ctx, hd]
+        self.k_cache: torch.Tensor | None = None  # [1, n_kv, max_ctx, hd] (int8 with --kv-cache-dtype int8)
         self.v_cache: torch.Tensor | None = None
+        self.k_scale: torch.Tensor | None = None  # [1, n_kv, max_ctx] float32 (int8 cache only)
+        self.v_scale: torch.Tensor | None = None
 
     def _init_linear(self, cfg: ModelConfig, world: int, e: dict) -> None:
         d = cfg.hidden_size
@@ -278,8 +289,13 @@ class Layer:
 
 class Model:
     def __init__(self, cfg: ModelConfig, *, world: int = 1, rank: int = 0, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", comm: Comm | None = None):
+                 device: str | torch.device = "cpu", comm: Comm | None = None, kv_dtype: str = "auto"):
+        from engine.core.kvquant import KV_DTYPES
+
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv cache dtype {kv_dtype!r} is not supported; choose one of {', '.join(KV_DTYPES)}")
         self.cfg, self.world, self.rank, self.dtype = cfg, world, rank, dtype
+        self.kv_int8 = kv_dtype == "int8"
         self.device = torch.device(device)
         self.comm = comm
         self.zc = cfg.zero_centred_norm
@@ -304,8 +320,12 @@ class Model:
         for layer in self.layers:
             if layer.kind == "full_attention":
                 shape = (1, layer.n_kv, max_context, layer.hd)
-                layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                dt = torch.int8 if self.kv_int8 else self.dtype
+                layer.k_cache = torch.zeros(shape, dtype=dt, device=self.device)
+                layer.v_cache = torch.zeros(shape, dtype=dt, device=self.device)
+                if self.kv_int8:
+                    layer.k_scale = torch.zeros(shape[:3], dtype=torch.float32, device=self.device)
+                    layer.v_scale = torch.zeros(shape[:3], dtype=torch.float32, device=self.device)
             else:
                 layer.conv_ring = torch.zeros(layer.conv_channels, layer.kernel, dtype=self.dtype, device=self.device)
                 layer.rec_state = torch.zeros(layer.nv, layer.dk, layer.dv, dtype=torch.float32, device=self.device)
@@ -317,8 +337,8 @@ class Model:
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of per-sequence state this rank holds: K/V (for the allocated context) and linear attention."""
-        kv = sum(t.numel() * t.element_size() for la in self.attention_layers for t in (la.k_cache, la.v_cache)
-                 if t is not None)
+        kv = sum(t.numel() * t.element_size() for la in self.attention_layers
+                 for t in (la.k_cache, la.v_cache, la.k_scale, la.v_scale) if t is not None)
         lin = sum(t.numel() * t.element_size() for la in self.layers if la.kind == "linear_attention"
                   for t in (la.conv_ring, la.rec_state) if t is not None)
         return {"kv_cache": kv, "linear_state": lin}
@@ -343,9 +363,17 @@ class Model:
         t = h.shape[1]
         end = pos0 + t
         q, k, v, gate = layer.qkv(h, cos, sin, self.cfg.rms_norm_eps)
-        layer.k_cache[:, :, pos0:end] = k
-        layer.v_cache[:, :, pos0:end] = v
-        keys, values = layer.k_cache[:, :, :end], layer.v_cache[:, :, :end]  # [1, kv, end, hd]
+        if layer.k_scale is None:
+            layer.k_cache[:, :, pos0:end] = k
+            layer.v_cache[:, :, pos0:end] = v
+            keys, values = layer.k_cache[:, :, :end], layer.v_cache[:, :, :end]  # [1, kv, end, hd]
+        else:  # int8: the chunk attends to its own K/V as the cache holds them, as every later step will
+            from engine.core import kvquant
+
+            kvquant.write(layer.k_cache, layer.k_scale, k, pos0)
+            kvquant.write(layer.v_cache, layer.v_scale, v, pos0)
+            keys = kvquant.dequantize(layer.k_cache[:, :, :end], layer.k_scale[:, :, :end], q.dtype)
+            values = kvquant.dequantize(layer.v_cache[:, :, :end], layer.v_scale[:, :, :end], q.dtype)
         # query head i reads kv head i // g (enable_gqa: no copy of the prefix's K/V per query head); a chunk
         # from position 0 is plainly causal, so the kernel needs no mask (and may take its fused path)
         causal = pos0 == 0 and t > 1
@@ -442,6 +470,8 @@ class Model:
             if layer.kind == "full_attention":
                 if layer.gated:
                     kw["gated"] = True
+                if layer.k_scale is not None:
+                    kw.update(k_scale=layer.k_scale, v_scale=layer.v_scale)
                 x, part = attn(x, delta, cos, sin, pos, mask_bias, *layer.attn_tensors(self.rank),
                                n_heads=layer.n_heads, n_kv=layer.n_kv, hd=layer.hd, eps=cfg.rms_norm_eps,
                                window=window, **zc, **kw)

@@ -47,6 +47,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES)
     p.add_argument("--max-context", type=int, default=2048)
+    p.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
+                   help="auto: the model's dtype; int8: engine.core.kvquant (default: auto)")
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=60.0)
@@ -160,7 +162,8 @@ class Rank:
             self._time_waits(self.path)
             marks.append(("allreduce_choice", time.monotonic()))
         self.comm = Comm(self.path) if self.path else None
-        self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm)
+        self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm,
+                           kv_dtype=a.kv_cache_dtype)
         weights.load_into(self.model, a.model)
         self.model.setup_cache(a.max_context)
         marks.append(("weights", time.monotonic()))
