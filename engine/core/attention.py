@@ -40,7 +40,9 @@ import torch
 BLOCK_S = 128  # cache positions per tile (H200, 2026-11-30: 128 x 8 warps fastest of 8 configurations)
 NUM_WARPS = 8
 TARGET_PROGRAMS = 264  # about two programs per SM of an H200 (132 SMs): sets how the window is split
-STAGES = 0  # tiles in flight per program (tl.range num_stages); 0: a plain loop
+# tiles whose loads a program keeps in flight (the launch's num_stages): 1 = none. Triton's default (3) needs
+# 3 x 128 KB of shared memory at head dim 256 and 128-position tiles: more than an H200 has (227 KB).
+STAGES = 1
 
 
 @functools.cache
@@ -167,7 +169,7 @@ def _kernels():
                          QK_NORM: tl.constexpr, DOT_F32: tl.constexpr, ONE_KERNEL: tl.constexpr,
                          EMU: tl.constexpr, ROT: tl.constexpr = 0, GATED: tl.constexpr = False,
                          ZC: tl.constexpr = False, ksc_ptr=None, vsc_ptr=None, stride_sh=0,
-                         INT8: tl.constexpr = False, STAGES: tl.constexpr = 0):
+                         INT8: tl.constexpr = False):
         kvh = tl.program_id(0)
         sp = tl.program_id(1)
         dt = qkv_ptr.dtype.element_ty
@@ -242,23 +244,15 @@ def _kernels():
         if lo <= pos:
             m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt, DOT_F32,
                                     EMU)
-        # the rest of this program's part of the window, up to pos (a loop bound, no branch inside, so the
-        # compiler can keep STAGES tiles' loads in flight)
+        # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
+        # compiler pipelines the tile loads (the launch's num_stages: STAGES)
         n_t = tl.minimum(CHUNK, pos - lo + 1)
-        if STAGES > 0:
-            for t in tl.range(BLOCK_S, n_t, BLOCK_S, num_stages=STAGES):
-                offs = lo + t + tl.arange(0, BLOCK_S)
-                kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
-                                          HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
-                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU)
-        else:
-            for t in range(BLOCK_S, n_t, BLOCK_S):
-                offs = lo + t + tl.arange(0, BLOCK_S)
-                kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
-                                          HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
-                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU)
+        for t in range(BLOCK_S, n_t, BLOCK_S):
+            offs = lo + t + tl.arange(0, BLOCK_S)
+            kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
+                                      HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
+            m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                    DOT_F32, EMU)
         # this program's partial
         pidx = kvh * SPLITS + sp
         tl.store(part_acc + (pidx * G_PAD + gs[:, None]) * HD + ds[None, :], acc, mask=gmask[:, None])
@@ -328,7 +322,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     [query | gate] per head, the output scaled by sigmoid(gate)), ``zc`` (zero-centred q/k norms) and a partial
     rotary (cos / sin narrower than the head: RoPE on its first cos.shape[-1] dimensions). An int8 cache comes
     with ``k_scale`` / ``v_scale`` [1, kv, S] float32 (engine.core.kvquant). ``stages``: tiles whose loads the
-    loop keeps in flight (0: a plain loop; default STAGES)."""
+    loop keeps in flight (1: none; default STAGES)."""
     from engine.core import gemv
 
     attn_k, comb_k = _kernels()
@@ -362,8 +356,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
         QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu,
         ROT=0 if cos.shape[-1] == hd else cos.shape[-1], GATED=gated, ZC=zc,
         ksc_ptr=k_scale if int8 else part_ml, vsc_ptr=v_scale if int8 else part_ml,
-        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, STAGES=0 if _interpreting() else stages,
-        num_warps=num_warps)
+        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, num_stages=stages, num_warps=num_warps)
     if not one:
         comb_k[(n_kv,)](part_acc, part_ml, out, qkv.reshape(-1), SPLITS=n_split, G=g, G_PAD=g_pad, HD=hd, EMU=emu,
                         GATED=gated, num_warps=4)

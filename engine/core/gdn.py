@@ -85,10 +85,12 @@ def chunked(q, k, v, g, beta, state, chunk: int = 64):
     last = cum[..., -1].exp()  # [H, N]
     s = state.float().clone()
     out = torch.empty(h, n, chunk, dv, dtype=torch.float32, device=q.device)
+    kdt = kd.transpose(-1, -2).contiguous()  # [H, N, dk, C]
+    # one sequential step per chunk, three fused multiply-adds (few launches: on a GPU this loop is host-bound)
     for i in range(n):
-        vn = u[:, i] - w[:, i] @ s  # the chunk's corrected values
-        out[:, i] = qd[:, i] @ s + attn[:, i] @ vn
-        s = s * last[:, i, None, None] + kd[:, i].transpose(-1, -2) @ vn
+        vn = torch.baddbmm(u[:, i], w[:, i], s, alpha=-1.0)  # the chunk's corrected values: u - w s
+        torch.baddbmm(torch.bmm(attn[:, i], vn), qd[:, i], s, out=out[:, i])  # q s + (q k^T) vn
+        s = torch.baddbmm(s * last[:, i, None, None], kdt[:, i], vn)
     out = out.reshape(h, n * chunk, dv)[:, :t]
     return out.transpose(0, 1), s
 
