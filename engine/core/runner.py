@@ -32,6 +32,7 @@ from engine.core.sampling import Sampler
 StepHook = Callable[[str, int, list[int], int], bool]
 
 FIRST_BUCKET = 256
+SNAPSHOT_EVERY = 8192  # prefill positions between the prefix cache's snapshots of a long prompt
 KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv | fused: overrides the automatic choice
 KERNELS = ("eager", "compiled", "gemv", "fused")
 # "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton: an H200
@@ -205,6 +206,8 @@ class Decoder:
         prefill writes again before reading."""
         if not self.graphs:
             return self.info
+        if getattr(self.model, "prefix", None) is not None:
+            self.model.prefix.forget()  # the warm-up steps below write position 0
         t0 = time.perf_counter()
         pool = None
         zero = torch.zeros(1, dtype=torch.long, device=self.model.device)
@@ -353,8 +356,13 @@ def describe(info: dict) -> str:
     return s
 
 
-def prepare(model: Model, **kw) -> Decoder:
-    """Build the model's decoder (and capture its graphs); run() uses it from then on."""
+def prepare(model: Model, prefix_cache_bytes: int | None = None, **kw) -> Decoder:
+    """Build the model's decoder (and capture its graphs); run() uses it from then on. ``prefix_cache_bytes``:
+    the budget of engine.core.prefix's snapshots (None: its default; 0: no prefix reuse at all)."""
+    from engine.core.prefix import DEFAULT_BUDGET_BYTES, PrefixCache
+
+    budget = DEFAULT_BUDGET_BYTES if prefix_cache_bytes is None else prefix_cache_bytes
+    model.prefix = PrefixCache(model, budget) if budget > 0 else None
     model.decoder = Decoder(model, **kw)
     model.decoder.capture()
     return model.decoder
@@ -362,8 +370,10 @@ def prepare(model: Model, **kw) -> Decoder:
 
 def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, stop_ids: set[int],
         chunk: int, hook: StepHook | None = None, on_token: Callable[[int, int], None] | None = None,
-        flags: Callable[[int], tuple[int, int]] | None = None) -> tuple[list[int], str]:
-    """Returns (generated ids, finish_reason in length | stop | cancelled).
+        flags: Callable[[int], tuple[int, int]] | None = None, info: dict | None = None) -> tuple[list[int], str]:
+    """Returns (generated ids, finish_reason in length | stop | cancelled). With ``model.prefix`` (an
+    engine.core.prefix.PrefixCache) the prompt's positions the model already holds are not prefilled again;
+    ``info["cached_tokens"]`` says how many (the first prefill chunk then starts there).
 
     On a guarded decoder (two ranks on graphs, greedy), the step that produces token k carries
     ``flags(k)`` = (cancel, corrupt) into its in-graph lockstep, and ``decoder.checked`` holds token k's
@@ -375,11 +385,25 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {model.max_context}")
     decoder = getattr(model, "decoder", None) or prepare(model)
     max_tokens = min(max_tokens, model.max_context - len(prompt_ids))
+    prefix = getattr(model, "prefix", None)
+    first = prefix.plan(prompt_ids) if prefix is not None else 0
+    if info is not None:
+        info["cached_tokens"] = first
     logits = None
-    for ci, start in enumerate(range(0, len(prompt_ids), chunk)):
-        piece = prompt_ids[start:start + chunk]
+    n = len(prompt_ids)
+    # chunks from the first position to prefill; with a prefix cache the last prompt token is a step of its own,
+    # so the state one token before the end can be kept (the same prompt again reuses all but that token)
+    bounds = list(range(first, n, chunk)) + [n]
+    if prefix is not None and prefix.linear and n - 1 > first and n - 1 not in bounds:
+        bounds.insert(-1, n - 1)
+    for ci, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        piece = prompt_ids[start:end]
         logits = model.forward(torch.tensor([piece], device=model.device), start)  # [V]
-        if hook and hook("prefill", ci, piece, start + len(piece)):
+        if prefix is not None:
+            prefix.fed(piece, start)
+            if end == n - 1 or (end < n and end // SNAPSHOT_EVERY > start // SNAPSHOT_EVERY):
+                prefix.snapshot(end)
+        if hook and hook("prefill", ci, piece, end):
             return [], "cancelled"
     out: list[int] = []
     pos = len(prompt_ids)
@@ -397,6 +421,8 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         ahead = None
         if more and decoder.graphs:
             ahead = decoder.logits(tok, pos, flags(k + 1) if flags and decoder.guards(sampler) else None)
+            if prefix is not None:
+                prefix.fed([tok], pos)  # the step in flight has written position pos
         if hook and hook("decode", k, [tok], pos + 1):
             return out, "cancelled"
         out.append(tok)
@@ -409,7 +435,12 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         if tok in stop_ids:
             return out, "stop"
         if more:
-            logits = ahead if ahead is not None else decoder.logits(tok, pos)
+            if ahead is None:
+                logits = decoder.logits(tok, pos)
+                if prefix is not None:
+                    prefix.fed([tok], pos)
+            else:
+                logits = ahead
             pos += 1
         decoder.note_host_ms((t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3)
     return out, "length"

@@ -1,0 +1,101 @@
+"""Prefix reuse across requests: a new prompt that starts with what the model last processed prefills only the
+rest. The engine holds one sequence at a time, so:
+
+  - K/V of positions [0, L) are still in the cache when the new prompt shares its first L tokens with the
+    sequence the cache last held (``live``): nothing to copy for full attention;
+  - a linear-attention layer's state is the state AT one position: it can continue the live sequence from
+    its end, or restart from a snapshot (conv ring + recurrent state, copied) taken at an earlier position of
+    the same tokens. Snapshots are taken where a prompt's prefill ends (one token before its last, so the same
+    prompt sent again has a state to start its last token from) and at chunk boundaries of long prompts,
+    within a byte budget, least recently used first out.
+
+Both ranks of TP2 see the same requests in the same order and decide the same reuse; the lockstep records
+carry each prefill step's position, so a rank that reused a different prefix fails the check on its first
+chunk. Everything here is host bookkeeping plus device copies; no shape depends on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+
+DEFAULT_BUDGET_BYTES = 2 << 30
+SNAPSHOT_EVERY = 8192  # positions between snapshots inside a long prompt (at chunk boundaries)
+
+
+def _key(tokens) -> str:
+    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    def __init__(self, model, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+        self.model = model
+        self.budget = budget_bytes
+        self.live: list[int] = []  # tokens whose K/V (and states) the model holds, in position order
+        self.snaps: collections.OrderedDict[int, tuple[str, list]] = collections.OrderedDict()  # pos -> (key, copies)
+        self.linear = [la for la in model.layers if la.kind == "linear_attention"]
+        self.hits = 0
+        self.reused_tokens = 0
+
+    # ---- what the model holds ----------------------------------------------------------------------
+    def forget(self) -> None:
+        """The cache holds nothing reusable (e.g. after warm-up steps that wrote position 0)."""
+        self.live = []
+        self.snaps.clear()
+
+    def fed(self, tokens: list[int], start: int) -> None:
+        """Tokens now processed at positions start.. (prefill chunks and decode steps)."""
+        del self.live[start:]
+        self.live.extend(tokens)
+
+    def _state_bytes(self) -> int:
+        return sum(la.conv_ring.numel() * la.conv_ring.element_size() + la.rec_state.numel() * 4
+                   for la in self.linear)
+
+    def snapshot(self, pos: int) -> None:
+        """Copy the linear-attention states at position ``pos`` (== len(live)); nothing for dense models."""
+        if not self.linear or pos != len(self.live) or pos in self.snaps:
+            return
+        size = self._state_bytes()
+        if size > self.budget:
+            return
+        while self.snaps and (len(self.snaps) + 1) * size > self.budget:
+            self.snaps.popitem(last=False)
+        copies = [t.clone() for la in self.linear for t in (la.conv_ring, la.rec_state)]
+        self.snaps[pos] = (_key(self.live[:pos]), copies)
+
+    # ---- a new request -------------------------------------------------------------------------------
+    def plan(self, prompt: list[int]) -> int:
+        """Positions of ``prompt`` whose state can be reused (0: prefill all), and the model set up to continue
+        from there: at least the last prompt token is always prefilled (its logits start decoding)."""
+        n = min(common_prefix(prompt, self.live), len(prompt) - 1)
+        if n <= 0:
+            return 0
+        if self.linear:
+            if n == len(self.live):
+                pass  # the live states are at exactly n
+            else:
+                usable = [p for p in self.snaps if p <= n and self.snaps[p][0] == _key(prompt[:p])]
+                if not usable:
+                    return 0
+                n = max(usable)
+                self.snaps.move_to_end(n)
+                it = iter(self.snaps[n][1])
+                for la in self.linear:
+                    la.conv_ring.copy_(next(it))
+                    la.rec_state.copy_(next(it))
+        del self.live[n:]
+        # snapshots past n belong to a sequence the new prompt is about to overwrite
+        for p in [p for p in self.snaps if p > n]:
+            del self.snaps[p]
+        self.hits += 1
+        self.reused_tokens += n
+        return n
