@@ -167,7 +167,7 @@ def test_every_plan_document_is_schema_valid(monkeypatch):
     """Every hardware x model x engine in the catalogue gives a Plan document the schema accepts."""
     import profiles.document
     from v100plan import catalogue
-    from v100plan.commands.planning import plan_document
+    from v100plan.planning import plan_document
 
     monkeypatch.setattr(profiles.document, "git_revision", lambda: None)  # one git call per plan is slow here
     for hw in catalogue.ids("hardware"):

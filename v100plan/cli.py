@@ -98,9 +98,10 @@ def _register() -> None:
 
     planning.register(app)
     probe.register(app)
-    from v100plan.commands import accept
+    from v100plan.commands import accept, qualify
 
     accept.register(app)
+    qualify.register(app)
     from v100plan.commands import deploy
 
     deploy.register(app)
