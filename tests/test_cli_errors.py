@@ -179,3 +179,18 @@ def test_generate_ctrl_c_is_quiet(demo_dir):
     out, err = p.communicate(timeout=60)
     assert p.returncode == EXIT_INTERRUPTED, err
     assert err.strip() == "Error: interrupted", err
+
+
+# The deploy extra hidden from the interpreter, as after the quick start's install (no fabric/paramiko).
+_NO_DEPLOY_EXTRA = ("import sys\nfor m in ('paramiko', 'fabric', 'invoke'): sys.modules[m] = None\n"
+                    "from v100plan.cli import main\nsys.argv = ['v100plan', *sys.argv[1:]]\nmain()")
+
+
+@pytest.mark.parametrize("argv", [["deploy", "user@127.0.0.1", "--demo-model", "--dry-run"],
+                                  ["status", "user@127.0.0.1"], ["probe", "--host", "user@127.0.0.1"]])
+def test_a_missing_deploy_extra_names_the_pip_command_not_a_bug(argv):
+    r = subprocess.run([sys.executable, "-c", _NO_DEPLOY_EXTRA, *argv], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "V100PLAN_DEBUG": ""})
+    assert r.returncode == EXIT_ENVIRONMENT, r.stderr
+    assert "pip install 'v100plan[deploy]'" in r.stderr and "is not installed here" in r.stderr
+    assert "this is a bug" not in r.stderr and "down" not in r.stderr and "Traceback" not in r.stderr

@@ -103,6 +103,9 @@ def register(app: typer.Typer) -> None:
         measured (no NVIDIA driver, or every case waived).
         """
         if hosts or inventory:  # over SSH, in parallel: v100plan.commands.probe_remote
+            from v100plan.extras import require
+
+            require("deploy", "`v100plan probe --host`")  # a package missing HERE is not the host being down
             from v100plan.commands import probe_remote
 
             if from_file is not None:
