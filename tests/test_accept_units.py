@@ -352,3 +352,18 @@ def test_the_openai_client_scenario_passed_on_a_gpu_host_with_its_dependencies_c
     assert by["tp2_equals_tp1"]["status"] == "passed"
     assert all(s["reason"].startswith("not selected") for k, s in by.items() if k not in ran)
     assert "verdict: PASSED: all 2 scenarios that ran passed; 20 waived" in console and "qualify rc=0" in console
+
+
+def test_waivers_name_the_accept_option_that_is_missing():
+    """A waived scenario says which accept option would run it (--state-dir, --model-dir, --supervised)."""
+    from types import SimpleNamespace
+
+    from v100plan.accept import faults, functional
+
+    ctx = SimpleNamespace(is_engine=True, fault_control=True, server="v100plan engine",
+                          refs=SimpleNamespace(half_precision=None, exact=False),
+                          target=SimpleNamespace(read_rank_logs=None, supervised=False, engine={"tp": 2}))
+    assert "accept --state-dir DIR" in functional._needs_rank_logs(ctx)
+    assert "accept --model-dir DIR" in functional._needs_tp2_reference(ctx)
+    assert "--supervised" in faults._needs_supervisor(ctx)
+    assert "--host or run qualify" not in functional._needs_rank_logs(ctx)
