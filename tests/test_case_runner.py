@@ -92,3 +92,4 @@ def test_an_acceptance_case_whose_applicability_check_raises_is_an_error_and_the
     assert "nvml lost the card" in by_key["broken_check"]["reason"]
     assert by_key["after_it"]["status"] == "passed"
     assert accept_runner.verdict(result["scenarios"], None)[0] == "failed"
+

@@ -7,11 +7,11 @@ Golden files live in tests/golden/; refresh them on purpose with
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from tests import golden_files
 from v100plan import documents
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -37,11 +37,7 @@ GOLDEN_CASES = {
 def test_golden_rendering(cli, name):
     r = cli(*GOLDEN_CASES[name])
     assert r.exit_code == (1 if "nothing-fits" in name else 0), r.stderr  # 1: no strategy fits
-    path = GOLDEN / f"{name}.txt"
-    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
-        path.write_text(r.stdout)
-    assert path.exists(), f"missing {path}: run with V100PLAN_UPDATE_GOLDEN=1 once"
-    assert r.stdout == path.read_text(), f"{name} changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+    golden_files.check(GOLDEN / f"{name}.txt", r.stdout)
 
 
 def test_plan_with_no_arguments_is_the_bundled_default(cli):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import golden_files
 from tests.conftest import FIXTURES
 from v100plan.errors import BadInput, DocumentError
 from v100plan.report import render_html, render_junit, write_reports
@@ -384,13 +385,8 @@ def test_probe_without_cards_gives_the_probes_reason():
 
 
 def _golden(name: str, text: str) -> None:
-    """Compare with tests/fixtures/acceptance/golden/NAME; V100PLAN_UPDATE_GOLDEN=1 rewrites it (review the diff)."""
-    path = GOLDEN / name
-    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
-        GOLDEN.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}: run with V100PLAN_UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{name} changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+    """Compare with tests/fixtures/acceptance/golden/NAME (tests/golden_files.py)."""
+    golden_files.check(GOLDEN / name, text)
 
 
 def test_golden_junit():
