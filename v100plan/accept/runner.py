@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probes.case_runner import STATUSES, Ran, run_contained, waiver
-from profiles.document import SCHEMA_VERSIONS, provenance
+from profiles.document import SCHEMA_VERSIONS, provenance, utc_now
 from v100plan.accept.cases import Case, Outcome, registry, spread
 from v100plan.accept.context import PROMPTS, REF_TOKENS, AcceptOptions, Context, Target
 from v100plan.accept.faults import size_fault_request
@@ -31,9 +31,11 @@ def _selected(c: Case, opts: AcceptOptions) -> str | None:
     return None
 
 
-def _scenario(c: Case, status: str, outcome: Outcome | None, reason: str | None, duration: float | None) -> dict:
+def _scenario(c: Case, status: str, outcome: Outcome | None, reason: str | None, duration: float | None,
+              started_utc: str | None = None) -> dict:
     doc: dict[str, Any] = {"key": c.key, "description": c.description, "group": c.group, "status": status,
                            "reason": reason, "duration_s": None if duration is None else round(duration, 3),
+                           "started_utc": started_utc or utc_now(),
                            "evidence": outcome.evidence if outcome else []}
     if outcome is not None:
         if outcome.repetitions:
@@ -86,12 +88,13 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
                 say("case_end", scenarios[-1])
                 continue
             say("case_start", {"key": c.key, "description": c.description, "group": c.group})
+            started = utc_now()
             try:
                 ran = run_contained(c, ctx)
             except KeyboardInterrupt:
                 partial_reason = f"interrupted (Ctrl-C) during {c.key}"
                 break
-            scenarios.append(_scenario(c, ran.status, ran.outcome, ran.reason, ran.duration_s))
+            scenarios.append(_scenario(c, ran.status, ran.outcome, ran.reason, ran.duration_s, started))
             say("case_end", scenarios[-1])
     except Interrupted as exc:
         partial_reason = str(exc)
