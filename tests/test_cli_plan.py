@@ -234,3 +234,16 @@ def test_an_invalid_engine_profile_file_names_its_json_path(cli, tmp_path):
     assert r.exit_code == 2
     assert "$.efficiency.tp2_kv_bw_fraction" in r.stderr.replace("\n", "")
     _no_traceback(r)
+
+
+def test_memory_is_shown_in_gib_as_cards_are_sold_prefill_keeps_its_tenth_and_prices_their_currency(cli):
+    """An H200 is a "141 GB" card (nvidia-smi: 143771 MiB): the plan says 140.4 GiB, never "150.8 GB"."""
+    r = cli("plan", "--hardware", "h200", "--gpus", "2", "--model", "llama3.1-8b-fp16", "--context", "32K")
+    text = " ".join(r.stdout.split())
+    assert "of 140.4 GiB per GPU" in text and "150.8" not in text and "GiB/GPU" in text
+    tp2 = next(line for line in r.stdout.splitlines() if line.startswith("│ tp2"))
+    assert "│ 0.9 │" in " ".join(tp2.split())  # prefill 0.9 s, not rounded to 1
+    c = cli("compare", "v100-pg500-216x2", "--json")
+    row = json.loads(c.stdout)["rows"][0]
+    shown = cli("compare", "v100-pg500-216x2").stdout
+    assert f"{row['price_per_decode_tok_s']:,.0f} {row['currency']}" in shown
