@@ -367,3 +367,13 @@ def test_waivers_name_the_accept_option_that_is_missing():
     assert "accept --model-dir DIR" in functional._needs_tp2_reference(ctx)
     assert "--supervised" in faults._needs_supervisor(ctx)
     assert "--host or run qualify" not in functional._needs_rank_logs(ctx)
+
+
+@pytest.mark.parametrize("statuses, partial, want", [
+    (["passed", "failed", "waived"], None, "failed"), (["passed", "error"], "interrupted (Ctrl-C)", "failed"),
+    (["passed", "warned", "waived"], None, "passed"), (["passed"], "interrupted (Ctrl-C) during load", "interrupted")])
+def test_the_accept_phase_never_says_passed_beside_failed_scenarios(statuses, partial, want):
+    from v100plan.qualify.phases import accept_status
+
+    result = {"scenarios": [{"status": s} for s in statuses], "partial_reason": partial}
+    assert accept_status(result) == want

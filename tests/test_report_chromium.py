@@ -185,6 +185,27 @@ MEASURE = """JSON.stringify({
 })"""
 
 
+# Where each plot's labels landed: pairs of labels whose boxes overlap, labels past the plot's edge (cut
+# off), and the plot's width against the page's content width.
+LAYOUT = """JSON.stringify((() => {
+  const main = document.querySelector('main'), cs = getComputedStyle(main);
+  const content = main.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  return {content, plots: [...document.querySelectorAll('svg[data-plot]')].map(s => {
+    const r = s.getBoundingClientRect();
+    const boxes = [...s.querySelectorAll('text')].map(t => ({t: t.textContent, b: t.getBoundingClientRect()}))
+      .filter(x => x.b.width > 0);
+    const overlaps = [];
+    for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+      const a = boxes[i].b, b = boxes[j].b;
+      if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1)
+        overlaps.push([boxes[i].t, boxes[j].t]);
+    }
+    const outside = boxes.filter(x => x.b.left < r.left - 0.5 || x.b.right > r.right + 0.5).map(x => x.t);
+    return {name: s.dataset.plot, width: r.width, overlaps, outside};
+  })};
+})())"""
+
+
 def _hostile(report: dict) -> dict:
     """A report whose strings try to become markup; CSP would log an error if any script slipped through."""
     r = copy.deepcopy(report)
@@ -214,6 +235,7 @@ def rendered(tmp_path_factory) -> dict:
             paths = write_reports(report, tmp / name.removesuffix(".json"))
             events = browser.open(paths["html"].as_uri())
             measured = json.loads(browser.evaluate(MEASURE))
+            measured["layout"] = json.loads(browser.evaluate(LAYOUT))
             shot = None
             if name == "sample-report.json":
                 shot = tmp / "sample-report.png"
@@ -291,3 +313,14 @@ def test_full_page_screenshot(rendered):
         SCREENSHOT.parent.mkdir(exist_ok=True)
         SCREENSHOT.write_bytes(shot)
 
+
+def test_plots_use_the_full_width_and_no_label_overlaps_or_is_cut(rendered):
+    """Every plot spans the page's content width; no two labels overlap (a value on a tick, p99 over max);
+    no label, a "not measured" reason included, runs past the plot's edge where it would be cut mid-word."""
+    for name, r in rendered.items():
+        layout = r["measured"]["layout"]
+        for plot in layout["plots"]:
+            where = f"{name}: {plot['name']}"
+            assert plot["width"] >= 0.98 * layout["content"], (where, plot["width"], layout["content"])
+            assert plot["overlaps"] == [], where
+            assert plot["outside"] == [], where

@@ -58,6 +58,15 @@ def _probe(phases: Phases, run) -> dict | None:  # noqa: ANN001 - a LocalRun or 
     return doc
 
 
+def accept_status(result: dict[str, Any]) -> str:
+    """The accept phase's status from its scenarios: failed when one failed or errored (never "passed"
+    beside failed scenarios), interrupted when the run stopped early, else passed (warnings included, as
+    the verdict counts them)."""
+    if any(s["status"] in ("failed", "error") for s in result["scenarios"]):
+        return "failed"
+    return "interrupted" if result.get("partial_reason") else "passed"
+
+
 def note_plan_allreduce(plan: dict | None, notes: list[str]) -> None:
     """qualify serves with allreduce `auto` (the engine's own self-test and race); note what the plan said.
 
@@ -119,7 +128,9 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
         with Progress(enabled=show) as progress:
             result = run_acceptance(target, opts, plan=plan, probe=probe, progress=progress)
         partial = result.get("partial_reason")
-        phases.end("interrupted" if partial else "passed", f"{len(result['scenarios'])} scenarios")
+        counts = ", ".join(f"{n} {st}" for st in ("passed", "warned", "failed", "error", "waived")
+                           if (n := sum(s["status"] == st for s in result["scenarios"])))
+        phases.end(accept_status(result), f"{len(result['scenarios'])} scenarios ({counts or 'none ran'})")
     except KeyboardInterrupt:
         partial = f"interrupted (Ctrl-C) during {phases.current or 'qualify'}"
         if phases.current:

@@ -9,6 +9,7 @@ from typing import Any
 
 from v100plan import output
 from v100plan.errors import EnvironmentProblem
+from v100plan.qualify.phases import accept_status
 from v100plan.qualify.progress import Progress
 
 
@@ -67,6 +68,6 @@ def accept_report(target, opts, plan_doc: dict | None, probe_doc: dict | None, *
             raise EnvironmentProblem(f"cannot accept {target.endpoint}: {e}",
                                      "check that the service runs and the URL and API key are right") from None
     wall = time.monotonic() - t0
-    phases = [{"name": "accept", "status": "interrupted" if result["partial_reason"] else "passed",
+    phases = [{"name": "accept", "status": accept_status(result),
                "wall_s": round(wall, 3), "detail": f"{len(result['scenarios'])} scenarios"}]
     return assemble(result, phases=phases, probe=probe_doc, plan=plan_doc, inputs=inputs, wall_s=wall)
