@@ -34,3 +34,15 @@ def test_the_quick_start_installs_the_deploy_extra_and_says_ci_needs_root():
     quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     assert re.search(r"pip install -q -e '\.\[[a-z,]*deploy[a-z,]*\]'", quick)
     assert "root" in quick and "apt-get" in quick
+
+
+def test_the_readme_screenshot_is_a_real_qualify_report():
+    """docs/acceptance-report.png is drawn from a real qualify run's report (tests/test_report_chromium.py
+    renders SCREENSHOT_REPORT), not from the renderer's made-up sample."""
+    from tests.test_report_chromium import SCREENSHOT, SCREENSHOT_REPORT
+
+    assert "](docs/acceptance-report.png)" in README and SCREENSHOT.stat().st_size > 100_000
+    report = json.loads((REPO / "tests" / "fixtures" / "acceptance" / SCREENSHOT_REPORT).read_text())
+    assert report["provenance"]["tool"] == "v100plan" and report["provenance"]["host"] != "renderer-fixture"
+    assert [p["name"] for p in report["phases"]] == ["probe", "plan", "start", "accept", "report"]
+    assert report["target"]["mode"] == "local" and len(report["scenarios"]) >= 20
