@@ -23,7 +23,7 @@ def _debug() -> bool:
 
 def _command(ctx) -> str:  # noqa: ANN001 - click's Context
     """`v100plan deploy`: the command being run, for messages."""
-    sub = ctx.invoked_subcommand or (ctx.protected_args[0] if getattr(ctx, "protected_args", None) else None)
+    sub = ctx.invoked_subcommand
     return f"`{ctx.command_path}{' ' + sub if sub else ''}`"
 
 
