@@ -26,7 +26,7 @@ EXIT = {"passed": 0, "warned": 0, "failed": 1, "nothing_measured": 3}
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m probes", description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="short load (15 s) and fewer repeats: under a minute")
+    mode.add_argument("--quick", action="store_true", help="a throttle load of 4-10 s (until power is steady) and fewer repeats")
     mode.add_argument("--soak", type=float, metavar="S", help="a long load of S seconds for the throttle case")
     ap.add_argument("--duration", type=float, metavar="S", help="load duration of the throttle case in seconds")
     ap.add_argument("--only", default="", help="comma-separated case keys to run (default: all)")

@@ -63,7 +63,7 @@ def build(ctx: ProbeContext, results: list[CaseResult], wall_s: float) -> ProbeR
     host = Host(**host_values, unavailable=host_unavailable)
     prov = provenance(
         {"mode": ctx.options.mode, "load_duration_s": ctx.options.load_duration_s,
-         "sample_hz": ctx.options.sample_hz, "only": list(ctx.options.only)},
+         "min_load_s": ctx.options.min_load_s, "sample_hz": ctx.options.sample_hz, "only": list(ctx.options.only)},
         driver=host.driver_version, cuda=host.cuda_driver_version, nccl=host.nccl_version,
         torch=host.torch_version, method=dict(ctx.method),
     )

@@ -13,9 +13,6 @@ from typing import Any
 from profiles.document import SCHEMA_VERSIONS
 
 KIND = "probe_report"
-STATUSES = ("passed", "warned", "failed", "waived", "error")
-THROTTLE_VERDICTS = ("clean", "power_capped", "thermally_limited", "not_measured")
-PAIR_VERDICTS = ("working", "broken", "unavailable", "not_measured")
 
 
 def _fill_reasons(values: dict[str, Any], unavailable: dict[str, str], default_reason: str) -> dict[str, str]:

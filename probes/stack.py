@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from probes import fatbin, gpu
+from probes import fatbin, fatbin_cache, gpu
 from probes.cases import Outcome, case, needs_cards
 from probes.context import ProbeContext
 
@@ -85,7 +85,7 @@ def cuobjdump_archs(path: str) -> list[str] | None:
 def describe_nccl(path: str, cross_check: bool) -> dict[str, Any]:
     entry: dict[str, Any] = {"path": path, "version": _nccl_version_of(path)}
     try:
-        entry["archs"] = fatbin.archs_in(path)
+        entry["archs"], entry["archs_source"] = fatbin_cache.archs_in(path)
     except (OSError, ValueError) as e:
         entry["archs"] = None
         entry["archs_problem"] = f"cannot read the library's device code: {e}"

@@ -16,7 +16,7 @@ from typing import Any
 from probes import gpu, nvml
 from probes.cases import Outcome, case, needs_cards
 from probes.context import ProbeContext
-from probes.throttle_summary import summarise
+from probes.throttle_summary import STEADY_TOLERANCE, STEADY_WINDOW_S, power_is_steady, summarise
 
 MATMUL_N = 8192
 COPY_BYTES = 512 * 2**20
@@ -61,7 +61,10 @@ def _load_torch(torch: Any, index: int, stop: threading.Event, errors: list[str]
         errors.append(f"card {index}: load failed: {type(e).__name__}: {e}")
 
 
-def run_load_and_sample(ctx: ProbeContext, torch: Any, duration_s: float, hz: float) -> tuple[list, list, float]:
+def run_load_and_sample(ctx: ProbeContext, torch: Any, duration_s: float, hz: float,
+                        min_s: float | None = None) -> tuple[list, list, float]:
+    """Load every card and sample for ``duration_s``; with ``min_s``, stop after at least that long once
+    every card's power is steady (quick mode)."""
     handles = [nvml.query("nvmlDeviceGetHandleByIndex", card.index).value for card in ctx.cards]
     stop = threading.Event()
     errors: list[str] = []
@@ -80,6 +83,8 @@ def run_load_and_sample(ctx: ProbeContext, torch: Any, duration_s: float, hz: fl
         while (now := time.perf_counter()) - t0 < duration_s:
             for i, s in enumerate(sample_once(handles, now - t0)):
                 per_card[i].append(s)
+            if min_s is not None and now - t0 >= min_s and power_is_steady(per_card):
+                break
             next_t += period
             time.sleep(max(0.0, next_t - time.perf_counter()))
     finally:
@@ -98,10 +103,13 @@ def _applicable(ctx: ProbeContext) -> str | None:
       order=60, timeout_s=lambda ctx: ctx.options.load_duration_s + 90, applicable=_applicable, needs=("inventory",))
 def run_throttle(ctx: ProbeContext) -> Outcome:
     torch = gpu.torch()
-    duration, hz = ctx.options.load_duration_s, ctx.options.sample_hz
-    per_card, errors, elapsed = run_load_and_sample(ctx, torch, duration, hz)
+    duration, hz, min_s = ctx.options.load_duration_s, ctx.options.sample_hz, ctx.options.min_load_s
+    per_card, errors, elapsed = run_load_and_sample(ctx, torch, duration, hz, min_s)
+    window = (f"for {elapsed:.1f} s (at least {min_s:g} s, then until every card's power held within "
+              f"{STEADY_TOLERANCE:.0%} for {STEADY_WINDOW_S:g} s; at most {duration:g} s)" if min_s is not None
+              else f"for {duration:.0f} s")
     ctx.method["throttle"] = (f"{MATMUL_N}^3 half-precision matmuls + {COPY_BYTES >> 20} MiB copies on every card "
-                              f"for {duration:.0f} s; NVML sampled at {hz:.0f} Hz; first 1 s left out")
+                              f"{window}; NVML sampled at {hz:.0f} Hz; first 1 s left out")
     verdicts, worst = {}, "passed"
     for card, samples in zip(ctx.cards, per_card):
         v = card.values

@@ -21,6 +21,33 @@ SLOWED_RATIO = 0.97
 REASON_SHARE = 0.05
 
 
+STEADY_WINDOW_S = 2.0
+STEADY_TOLERANCE = 0.03
+
+
+def power_is_steady(per_card: list[list[dict[str, Any]]], window_s: float = STEADY_WINDOW_S,
+                    tolerance: float = STEADY_TOLERANCE, ramp_s: float = 1.0) -> bool:
+    """Has every card's power held within ``tolerance`` of its mean for the last ``window_s`` seconds?
+
+    Only samples after the ramp count, the window must be covered (its first sample at least ``window_s``
+    before the last), and a card without power readings is never steady (the load then runs its whole
+    window)."""
+    if not per_card:
+        return False
+    for samples in per_card:
+        if not samples:
+            return False
+        last = samples[-1].get("t_s") or 0.0
+        recent = [s for s in samples if (s.get("t_s") or 0.0) >= max(ramp_s, last - window_s)]
+        power = [s.get("power_w") for s in recent]
+        if len(power) < 3 or any(p is None for p in power) or last - (recent[0].get("t_s") or 0.0) < window_s * 0.95:
+            return False
+        mean = sum(power) / len(power)
+        if mean <= 0 or (max(power) - min(power)) > tolerance * mean:
+            return False
+    return True
+
+
 def _median(xs: list[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 

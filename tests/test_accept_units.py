@@ -13,7 +13,8 @@ from v100plan.accept import functional
 from v100plan.accept.cases import Outcome, Repetition, percentile, registry, spread
 from v100plan.accept.load import predicted_decode
 from v100plan.accept.runner import verdict
-from v100plan.commands.accept import _scrub, read_api_key
+from v100plan.commands.suite import read_api_key
+from v100plan.qualify.reports import scrub as _scrub
 
 
 def test_percentile_is_nearest_rank():
@@ -160,7 +161,7 @@ def test_service_log_events_are_taken_after_the_mark_even_in_a_tail():
 def test_qualify_serves_tp2_with_the_race_whatever_the_plan_recommends():
     # A two-H200 probe plans the demo model as replicas (allreduce 'none'), which the two-rank engine
     # does not take: qualify serves tp2 with `auto` and the report's notes say what the plan said.
-    from v100plan.commands.qualify_run import note_plan_allreduce
+    from v100plan.qualify.phases import note_plan_allreduce
 
     plan = {"launch": {"strategy": "replicas", "allreduce": "none"},
             "strategies": [{"name": "replicas", "allreduce_path": "none"}, {"name": "tp2", "allreduce_path": "nccl"}]}
@@ -194,7 +195,7 @@ def test_half_precision_answers_are_not_judged_against_a_tp1_run(tmp_path):
 
 
 def test_qualify_serves_the_demo_model_in_float32_on_gpus():
-    from v100plan.commands.qualify_run import _dtype
+    from v100plan.qualify.local import _dtype
 
     probe = {"cards": [{"compute_capability": "9.0"}, {"compute_capability": "9.0"}]}
     assert _dtype("cuda", probe, None, demo=True) == "float32"
@@ -351,6 +352,21 @@ def test_the_openai_client_scenario_passed_on_a_gpu_host_with_its_dependencies_c
     assert by["tp2_equals_tp1"]["status"] == "passed"
     assert all(s["reason"].startswith("not selected") for k, s in by.items() if k not in ran)
     assert "verdict: PASSED: all 2 scenarios that ran passed; 20 waived" in console and "qualify rc=0" in console
+
+
+def test_waivers_name_the_accept_option_that_is_missing():
+    """A waived scenario says which accept option would run it (--state-dir, --model-dir, --supervised)."""
+    from types import SimpleNamespace
+
+    from v100plan.accept import faults, functional
+
+    ctx = SimpleNamespace(is_engine=True, fault_control=True, server="v100plan engine",
+                          refs=SimpleNamespace(half_precision=None, exact=False),
+                          target=SimpleNamespace(read_rank_logs=None, supervised=False, engine={"tp": 2}))
+    assert "accept --state-dir DIR" in functional._needs_rank_logs(ctx)
+    assert "accept --model-dir DIR" in functional._needs_tp2_reference(ctx)
+    assert "--supervised" in faults._needs_supervisor(ctx)
+    assert "--host or run qualify" not in functional._needs_rank_logs(ctx)
 
 
 @pytest.mark.parametrize("statuses, partial, want", [

@@ -22,15 +22,15 @@ from v100plan.errors import EXIT_BAD_INPUT, EXIT_CODES, EXIT_ENVIRONMENT, EXIT_I
 demo_dir = engine_helpers.demo_dir
 MODEL_JSON = "profiles/models/llama3.1-8b-fp16.json"
 PROBE_JSON = "tests/fixtures/probes/h200-probe-quick.json"
-NO_DIR = "/nonexistent-v100plan-dir/x.json"
+NO_DIR = "/dev/null/x.json"  # a directory that cannot be created: its parent is a device file
 
 # (argv, message fragment, hint fragment, exit code)
 CLI_CASES = [
-    (["plan", "--out", NO_DIR], "--out '/nonexistent-v100plan-dir/x.json': directory", "writable directory", 2),
-    (["plan", "--out", "{tmp}"], "is a directory, not a file", "writable directory", 2),
-    (["compare", "h200x2", "--out", NO_DIR], "directory '/nonexistent-v100plan-dir' does not exist",
+    (["plan", "--out", NO_DIR], "--out '/dev/null/x.json': directory '/dev/null' cannot be created",
      "writable directory", 2),
-    (["probe", "--from", PROBE_JSON, "--out", NO_DIR], "does not exist", "writable directory", 2),
+    (["plan", "--out", "{tmp}"], "is a directory, not a file", "writable directory", 2),
+    (["compare", "h200x2", "--out", NO_DIR], "directory '/dev/null' cannot be created", "writable directory", 2),
+    (["probe", "--from", PROBE_JSON, "--out", NO_DIR], "cannot be created", "writable directory", 2),
     (["plan", "--gpus", "0"], "--gpus must be at least 1, got 0", "e.g. --gpus 2", 2),
     (["plan", "--concurrency", "0"], "--concurrency must be at least 1, got 0", "e.g. --concurrency 2", 2),
     (["compare", "h200x0"], "the GPU count in 'h200x0' must be at least 1, got 0", "e.g. h200x2", 2),
@@ -81,11 +81,11 @@ def test_probe_refuses_a_bad_out_before_measuring(cli, monkeypatch):
     monkeypatch.setattr(probe_run, "run", measuring)
     r = cli("probe", "--quick", "--out", NO_DIR)
     assert r.exit_code == EXIT_BAD_INPUT, r.stderr
-    assert "does not exist" in _flat(r.stderr)
+    assert "cannot be created" in _flat(r.stderr)
 
 
 def test_a_writable_out_still_gets_the_document(cli, tmp_path):
-    out = tmp_path / "plan.json"
+    out = tmp_path / "missing" / "plan.json"  # a missing directory is made, as qualify --out makes its own
     r = cli("plan", "--out", str(out))
     assert r.exit_code == 0, r.stderr
     assert json.loads(out.read_text())["kind"] == "plan"
@@ -179,3 +179,42 @@ def test_generate_ctrl_c_is_quiet(demo_dir):
     out, err = p.communicate(timeout=60)
     assert p.returncode == EXIT_INTERRUPTED, err
     assert err.strip() == "Error: interrupted", err
+
+
+# The deploy extra hidden from the interpreter, as after the quick start's install (no fabric/paramiko).
+_NO_DEPLOY_EXTRA = ("import sys\nfor m in ('paramiko', 'fabric', 'invoke'): sys.modules[m] = None\n"
+                    "from v100plan.cli import main\nsys.argv = ['v100plan', *sys.argv[1:]]\nmain()")
+
+
+@pytest.mark.parametrize("argv", [["deploy", "user@127.0.0.1", "--demo-model", "--dry-run"],
+                                  ["status", "user@127.0.0.1"], ["probe", "--host", "user@127.0.0.1"]])
+def test_a_missing_deploy_extra_names_the_pip_command_not_a_bug(argv):
+    r = subprocess.run([sys.executable, "-c", _NO_DEPLOY_EXTRA, *argv], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "V100PLAN_DEBUG": ""})
+    assert r.returncode == EXIT_ENVIRONMENT, r.stderr
+    assert "pip install 'v100plan[deploy]'" in r.stderr and "is not installed here" in r.stderr
+    assert "this is a bug" not in r.stderr and "down" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_broken_hf_config_is_not_sent_to_profiles_validate(cli, tmp_path):
+    """`profiles validate` rejects every Hugging Face config, so it is no hint for a broken one."""
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    r = cli("plan", "--model", str(tmp_path))
+    err = _flat(r.stderr)
+    assert r.exit_code == EXIT_BAD_INPUT and "not readable JSON" in err, r.stderr
+    hint = err.split("Hint: ", 1)[1]
+    assert "config.json" in hint and "profiles validate` checks v100plan's own documents" in hint
+
+
+def test_a_bad_deploy_host_hint_does_not_name_an_option_deploy_lacks(cli):
+    r = cli("deploy", "us er@@h", "--demo-model", "--dry-run")
+    err = _flat(r.stderr)
+    assert r.exit_code == EXIT_BAD_INPUT and "is not user@host[:port]" in err, r.stderr
+    assert "--host" not in err and "e.g. ubuntu@gpu-box" in err
+
+
+def test_an_unreachable_endpoint_says_its_connect_error_once(cli, tmp_path):
+    r = cli("accept", "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path))
+    err = _flat(r.stderr)
+    assert r.exit_code == EXIT_ENVIRONMENT, r.stderr
+    assert err.count("ConnectError") == 1 and "could not be reached" in err, r.stderr

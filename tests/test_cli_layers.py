@@ -141,3 +141,14 @@ def test_only_p2p_runs_the_inventory_it_reads():
     assert results[1].status == "waived" and "one card" in results[1].reason
     card = ctx.cards[0].values
     assert "nvlink" in card and card["pci_device_id"] == "10de:2335"
+
+
+def test_command_modules_are_only_the_cli():
+    """Each command module declares, validates, calls the library once and renders: it stays short and
+    takes nothing private from another command module (shared pieces live in a library module)."""
+    for path in (PACKAGE / "commands").glob("*.py"):
+        assert len(path.read_text().splitlines()) <= 250, f"{path.name} holds more than a command's CLI"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("v100plan.commands"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"

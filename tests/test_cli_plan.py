@@ -7,11 +7,11 @@ Golden files live in tests/golden/; refresh them on purpose with
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from tests import golden_files
 from v100plan import documents
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -37,11 +37,7 @@ GOLDEN_CASES = {
 def test_golden_rendering(cli, name):
     r = cli(*GOLDEN_CASES[name])
     assert r.exit_code == (1 if "nothing-fits" in name else 0), r.stderr  # 1: no strategy fits
-    path = GOLDEN / f"{name}.txt"
-    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
-        path.write_text(r.stdout)
-    assert path.exists(), f"missing {path}: run with V100PLAN_UPDATE_GOLDEN=1 once"
-    assert r.stdout == path.read_text(), f"{name} changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+    golden_files.check(GOLDEN / f"{name}.txt", r.stdout)
 
 
 def test_plan_with_no_arguments_is_the_bundled_default(cli):
@@ -167,7 +163,7 @@ def test_every_plan_document_is_schema_valid(monkeypatch):
     """Every hardware x model x engine in the catalogue gives a Plan document the schema accepts."""
     import profiles.document
     from v100plan import catalogue
-    from v100plan.commands.planning import plan_document
+    from v100plan.planning import plan_document
 
     monkeypatch.setattr(profiles.document, "git_revision", lambda: None)  # one git call per plan is slow here
     for hw in catalogue.ids("hardware"):
@@ -238,3 +234,16 @@ def test_an_invalid_engine_profile_file_names_its_json_path(cli, tmp_path):
     assert r.exit_code == 2
     assert "$.efficiency.tp2_kv_bw_fraction" in r.stderr.replace("\n", "")
     _no_traceback(r)
+
+
+def test_memory_is_shown_in_gib_as_cards_are_sold_prefill_keeps_its_tenth_and_prices_their_currency(cli):
+    """An H200 is a "141 GB" card (nvidia-smi: 143771 MiB): the plan says 140.4 GiB, never "150.8 GB"."""
+    r = cli("plan", "--hardware", "h200", "--gpus", "2", "--model", "llama3.1-8b-fp16", "--context", "32K")
+    text = " ".join(r.stdout.split())
+    assert "of 140.4 GiB per GPU" in text and "150.8" not in text and "GiB/GPU" in text
+    tp2 = next(line for line in r.stdout.splitlines() if line.startswith("│ tp2"))
+    assert "│ 0.9 │" in " ".join(tp2.split())  # prefill 0.9 s, not rounded to 1
+    c = cli("compare", "v100-pg500-216x2", "--json")
+    row = json.loads(c.stdout)["rows"][0]
+    shown = cli("compare", "v100-pg500-216x2").stdout
+    assert f"{row['price_per_decode_tok_s']:,.0f} {row['currency']}" in shown

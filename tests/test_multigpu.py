@@ -383,14 +383,11 @@ def test_qwen3_tp2_from_its_own_tp1_and_the_llama_tp2_fractions(probe, engines, 
 
 def test_golden_rendering_of_the_recording(cli):
     """What a person reads. Refresh on purpose only: V100PLAN_UPDATE_GOLDEN=1 pytest tests/test_multigpu.py"""
-    import os
+    from tests import golden_files
 
     r = cli("bench", "tp2", "--from", BENCH, "--probe", PROBE)
     assert r.exit_code == 0, r.stderr
-    golden = DIR / "golden-bench-tp2.txt"
-    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
-        golden.write_text(r.stdout)
-    assert r.stdout == golden.read_text(), "rendering changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+    golden_files.check(DIR / "golden-bench-tp2.txt", r.stdout)
 
 
 def test_a_bench_that_cannot_fit_tp2_keeps_the_one_card_fractions_with_why(bench, probe):

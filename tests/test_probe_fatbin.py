@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import pytest
@@ -80,3 +81,28 @@ def test_covers_rules(archs, cc, ok, how):
     assert got_ok is ok
     if how:
         assert got_how == how
+
+
+def test_the_fatbin_is_read_once_and_cached_by_the_files_hash(tmp_path, monkeypatch):
+    from probes import fatbin_cache
+
+    monkeypatch.setenv("V100PLAN_CACHE_DIR", str(tmp_path / "cache"))
+    lib = tmp_path / "libnccl.so.2"
+    lib.write_bytes(_elf_with_section(b".nv_fatbin", _container([_entry(2, 90, b"\x03" * 16)])))
+    reads = []
+
+    def counted(path):
+        reads.append(path)
+        return fatbin.archs_in(path)
+
+    assert fatbin_cache.archs_in(lib, read=counted) == (["sm_90"], "read")
+    assert fatbin_cache.archs_in(lib, read=counted) == (["sm_90"], "cached")
+    copy = tmp_path / "copy.so"  # the same bytes elsewhere: same hash, no second read
+    copy.write_bytes(lib.read_bytes())
+    assert fatbin_cache.archs_in(copy, read=counted) == (["sm_90"], "cached")
+    assert len(reads) == 1
+    before = lib.stat().st_mtime_ns
+    lib.write_bytes(_elf_with_section(b".nv_fatbin", _container([_entry(2, 70, b"\x01" * 16)])))
+    os.utime(lib, ns=(before + 10**9, before + 10**9))  # a rewrite within one clock tick keeps the old mtime
+    assert fatbin_cache.archs_in(lib, read=counted) == (["sm_70"], "read")  # a new file: read again
+    assert (fatbin_cache.cache_path().stat().st_mode & 0o777) == 0o600

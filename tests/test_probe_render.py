@@ -1,15 +1,15 @@
 """Golden renderings of what people read: the verdict tables for recorded reports.
 
-Refresh on purpose only: V100PLAN_REFRESH_GOLDEN=1 pytest tests/test_probe_render.py
+Refresh on purpose only: V100PLAN_UPDATE_GOLDEN=1 pytest tests/test_probe_render.py
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from tests import golden_files
 from tests.conftest import FIXTURES
 from v100plan import catalogue, output, probe_judge
 from v100plan.commands.probe import verdict_tables
@@ -23,8 +23,4 @@ def test_verdict_tables_match_golden(name):
     report = json.loads((PROBES / f"{name}.json").read_text())
     judgement = probe_judge.judge(report, catalogue.all_of("hardware"))
     text = "".join(output.render_to_text(t) for t in verdict_tables(judgement, judgement.report))
-    golden = PROBES / "golden" / f"{name}.txt"
-    if os.environ.get("V100PLAN_REFRESH_GOLDEN") == "1":
-        golden.write_text(text)
-    assert golden.exists(), f"no golden file {golden}: run with V100PLAN_REFRESH_GOLDEN=1 once and review it"
-    assert text == golden.read_text()
+    golden_files.check(PROBES / "golden" / f"{name}.txt", text)

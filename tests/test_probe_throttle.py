@@ -72,3 +72,35 @@ def test_ramp_samples_are_left_out():
                   power_limit_w=700, duration_s=4, sample_hz=10)
     assert t.sm_clock_median_mhz == 1455 and t.share_by_reason["sw_power_cap"] == 1.0
     assert len(t.samples) == 40  # raw samples are all kept
+
+
+def test_the_quick_window_stops_at_steady_power_with_the_15_s_verdict(h200_card):
+    """Replaying the recorded 15 s of H200 samples through quick mode's stop rule: it stops between its
+    4 s minimum and 10 s maximum, and the shorter window reaches the same verdict and clocks."""
+    from probes.context import QUICK_MAX_LOAD_S, QUICK_MIN_LOAD_S, Options
+    from probes.throttle_summary import power_is_steady
+
+    samples = h200_card["throttle"]["samples"]
+    opts = Options.for_mode("quick")
+    assert (opts.min_load_s, opts.load_duration_s) == (QUICK_MIN_LOAD_S, QUICK_MAX_LOAD_S)
+    assert Options.for_mode("quick", 15.0).min_load_s is None  # a window given by hand runs whole
+    stop = next(i for i in range(len(samples))
+                if samples[i]["t_s"] >= opts.min_load_s and power_is_steady([samples[:i + 1]]))
+    short = samples[:stop + 1]
+    assert QUICK_MIN_LOAD_S <= short[-1]["t_s"] < QUICK_MAX_LOAD_S
+    kw = dict(sm_clock_max_mhz=1980, temp_slowdown_c=89, power_limit_w=700.0, sample_hz=10.0)
+    full = summarise(samples, duration_s=15.0, **kw)
+    quick = summarise(short, duration_s=short[-1]["t_s"], **kw)
+    assert quick.verdict == full.verdict == "power_capped"
+    assert abs(quick.sm_clock_median_mhz - full.sm_clock_median_mhz) <= 30
+
+
+def test_power_is_not_steady_while_it_ramps_or_is_not_read():
+    from probes.throttle_summary import power_is_steady
+
+    ramp = [{"t_s": i / 10, "power_w": 100.0 + 20 * i} for i in range(60)]
+    assert not power_is_steady([ramp])
+    flat = [{"t_s": i / 10, "power_w": 300.0} for i in range(60)]
+    assert power_is_steady([flat])
+    assert not power_is_steady([flat, [dict(s, power_w=None) for s in flat]])  # one card unread: run on
+    assert not power_is_steady([flat[:25]])  # the 2 s window after the ramp is not covered yet

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import golden_files
 from tests.conftest import FIXTURES
 from v100plan.errors import BadInput, DocumentError
 from v100plan.report import render_html, render_junit, write_reports
@@ -125,13 +126,15 @@ def test_page_is_self_contained(report):
 def test_junit_counts_equal_the_summary(report):
     root = _junit(report)
     s = report["summary"]
+    stopped = int(report["partial"])  # a run that stopped early is one more errored test case
     assert root.tag == "testsuites"
-    assert int(root.get("tests")) == sum(s.values()) == len(report["scenarios"])
+    assert int(root.get("tests")) == sum(s.values()) + stopped == len(report["scenarios"]) + stopped
     assert int(root.get("failures")) == s["failed"]
-    assert int(root.get("errors")) == s["error"]
+    assert int(root.get("errors")) == s["error"] + stopped
     assert int(root.get("skipped")) == s["waived"]
     suites = root.findall("testsuite")
-    assert [x.get("name") for x in suites] == [f"v100plan.accept.{g}" for g in ("functional", "fault", "load")]
+    assert [x.get("name") for x in suites] == [f"v100plan.accept.{g}" for g in ("functional", "fault", "load")] \
+        + ["v100plan.accept.run"] * stopped
     for suite in suites:
         assert int(suite.get("tests")) == len(suite.findall("testcase"))
         assert int(suite.get("failures")) == len(suite.findall("testcase/failure"))
@@ -146,7 +149,7 @@ def test_junit_counts_equal_the_summary(report):
 def test_junit_statuses_map_to_elements(report):
     root = _junit(report)
     cases = {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
-    assert len(cases) == len(report["scenarios"])
+    assert len(cases) == len(report["scenarios"]) + int(report["partial"])
     for s in report["scenarios"]:
         case = cases[(f"v100plan.accept.{s['group']}", s["key"])]
         children = {c.tag for c in case} - {"system-out"}
@@ -384,13 +387,8 @@ def test_probe_without_cards_gives_the_probes_reason():
 
 
 def _golden(name: str, text: str) -> None:
-    """Compare with tests/fixtures/acceptance/golden/NAME; V100PLAN_UPDATE_GOLDEN=1 rewrites it (review the diff)."""
-    path = GOLDEN / name
-    if os.environ.get("V100PLAN_UPDATE_GOLDEN") == "1":
-        GOLDEN.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}: run with V100PLAN_UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{name} changed; refresh with V100PLAN_UPDATE_GOLDEN=1 if intended"
+    """Compare with tests/fixtures/acceptance/golden/NAME (tests/golden_files.py)."""
+    golden_files.check(GOLDEN / name, text)
 
 
 def test_golden_junit():
@@ -402,3 +400,26 @@ def test_golden_page_text():
     parsed = _parse(render_html(_load("sample-failed-partial.json")))
     lines = [" ".join(t.split()) for t in parsed.text]
     _golden("report-failed-partial.txt", "\n".join(t for t in lines if t) + "\n")
+
+
+def test_a_run_stopped_by_ctrl_c_is_an_error_in_junit_even_with_no_scenario():
+    """CI must not count a Ctrl-C'd qualify green: failures=0 alone would read as a pass."""
+    report = copy.deepcopy(_load("sample-failed-partial.json"))
+    report["scenarios"], report["summary"] = [], {k: 0 for k in report["summary"]}
+    report["partial"], report["partial_reason"] = True, "interrupted (Ctrl-C) during start"
+    root = _junit(report)
+    assert root.get("errors") == "1" and root.get("failures") == "0"
+    case = root.find("testsuite[@name='v100plan.accept.run']/testcase/error")
+    assert case is not None and case.get("message") == "interrupted (Ctrl-C) during start"
+
+
+def test_each_testsuite_is_stamped_with_its_first_scenarios_start():
+    report = copy.deepcopy(_load("sample-report.json"))
+    for i, s in enumerate(report["scenarios"]):
+        s["started_utc"] = f"2026-12-01T10:{i:02d}:00Z"
+    first = {}
+    for s in report["scenarios"]:
+        first.setdefault(s["group"], s["started_utc"])
+    stamps = {x.get("name").rsplit(".", 1)[1]: x.get("timestamp") for x in _junit(report).findall("testsuite")}
+    assert {g: stamps[g] for g in first} == first
+    assert len(set(first.values())) == len(first) > 1  # not one write time for every suite

@@ -3,7 +3,7 @@ naming no process id, or an SSE error event then [DONE]), then the watchdog rest
 generation, new PIDs forked from the process that imported torch once, old ones gone) and the next
 answer equals the TP1 reference.
 
-Issue 13, finding 9: a frozen or stalled rank is found in seconds, busy or idle, by the ranks'
+A frozen or stalled rank is found in seconds, busy or idle, by the ranks'
 heartbeats, while the step watchdog keeps a field-length stall timeout and the allreduce its long
 timeout; /health turns 503 at once. One service for the module; each test leaves it healthy. Times
 are printed (pytest -s) for the record in docs/service.md."""

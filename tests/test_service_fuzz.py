@@ -1,4 +1,4 @@
-"""Fuzzing the service (issue 13): schemathesis against the service's own /openapi.json (positive and
+"""Fuzzing the service: schemathesis against the service's own /openapi.json (positive and
 negative cases for every operation), a seeded generator of hostile-but-plausible bodies, raw-socket
 cases for what a schema cannot say (framing, encodings, sizes), and thousands of generated raw
 requests on kept-alive connections. Every answer must be below 500, and no request may cost a rank

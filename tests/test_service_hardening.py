@@ -1,4 +1,4 @@
-"""Issue 13, findings 1-4, 6, 7 and 10, against a real service on 127.0.0.1 with its real ranks:
+"""The service under attack (docs/service.md), against a real service on 127.0.0.1 with its real ranks:
 every input a client can send ends in a JSON 4xx naming the field (never a 500, never a rank
 restart), metrics labels come from a fixed set, details need the key, and the connection layer
 has read timeouts, a connection cap, conflicting framing refused and Nagle off.

@@ -1,4 +1,4 @@
-"""Issue 13, findings 5, 8 and 11, plus per-token streaming and the start-up refusals:
+"""The service under attack, lifecycle part, plus per-token streaming and the start-up refusals:
 SIGTERM drains (running requests end with 503 JSON or an SSE error + [DONE]) and exits 0,
 Ctrl-C is quiet, one serve per state directory, stale runs reaped, mailbox names nobody can
 guess, a failed start on one rank ends the other at once, --device cuda without CUDA exits 4.

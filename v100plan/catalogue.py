@@ -67,7 +67,9 @@ def read_config(spec: str) -> tuple[dict[str, Any], str]:
     try:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise DocumentError(str(path), f"not readable JSON: {e}") from None
+        raise DocumentError(str(path), f"not readable JSON: {e}",
+                            hint="fix the JSON of the model's Hugging Face config.json (or give a catalogue id); "
+                                 "`v100plan profiles validate` checks v100plan's own documents, not this") from None
     if not isinstance(cfg, dict):
         raise DocumentError(str(path), "expected a JSON object (a Hugging Face config.json)")
     return cfg, str(path)

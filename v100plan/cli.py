@@ -21,6 +21,12 @@ def _debug() -> bool:
     return os.environ.get("V100PLAN_DEBUG", "") not in ("", "0")
 
 
+def _command(ctx) -> str:  # noqa: ANN001 - click's Context
+    """`v100plan deploy`: the command being run, for messages."""
+    sub = ctx.invoked_subcommand
+    return f"`{ctx.command_path}{' ' + sub if sub else ''}`"
+
+
 class _Group(TyperGroup):
     """Turns domain errors into a message and an exit code at the outermost command."""
 
@@ -53,6 +59,13 @@ class _Group(TyperGroup):
         except (typer.Exit, typer.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence
+            from v100plan.extras import from_import_error
+
+            # an optional extra not installed (deploy's paramiko, accept's httpx): say which, exit 4
+            missing = from_import_error(e, _command(ctx)) if isinstance(e, ModuleNotFoundError) else None
+            if missing is not None and not _debug():
+                output.error(missing.message, missing.hint)
+                raise typer.Exit(missing.exit_code) from None
             # Usage errors (typer.BadParameter and friends) are the CLI library's to print.
             if _debug() or any(c.__name__ == "ClickException" for c in type(e).__mro__):
                 raise
@@ -98,9 +111,10 @@ def _register() -> None:
 
     planning.register(app)
     probe.register(app)
-    from v100plan.commands import accept
+    from v100plan.commands import accept, qualify
 
     accept.register(app)
+    qualify.register(app)
     from v100plan.commands import deploy
 
     deploy.register(app)

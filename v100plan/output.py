@@ -79,20 +79,24 @@ def error(message: str, hint_text: str | None = None) -> None:
 def check_out(path: str | os.PathLike[str] | None, option: str = "--out") -> Path | None:
     """Refuse an output path that cannot be written, before any work is done.
 
-    A directory, a missing parent directory or one without write permission is bad input
-    (exit 2) named after ``option``; None passes through.
+    A missing parent directory is created (as `qualify --out` creates its directory). A directory, a
+    parent that cannot be created or one without write permission is bad input (exit 2) named after
+    ``option``; None passes through.
     """
     from v100plan.errors import BadInput
 
     if path is None:
         return None
     p = Path(path)
-    hint_text = f"give {option} a file path in an existing, writable directory, e.g. {option} plan.json"
+    hint_text = f"give {option} a file path in a writable directory, e.g. {option} plan.json"
     if p.is_dir():
         raise BadInput(f"{option} {str(p)!r} is a directory, not a file", hint=hint_text)
     parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise BadInput(f"{option} {str(p)!r}: directory {str(parent)!r} does not exist", hint=hint_text)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{option} {str(p)!r}: directory {str(parent)!r} cannot be created: {e.strerror or e}",
+                       hint=hint_text) from None
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise BadInput(f"{option} {str(p)!r} is not writable", hint=hint_text)
     return p

@@ -1,7 +1,8 @@
 """Running ``python -m probes`` as a process and reading its ProbeReport.
 
-Locally for now (the probes run where the cards are); the same JSON will come back over
-SSH once deploy lands. Progress events arrive as JSON lines on the child's stderr.
+Here, on this machine (the probes run where the cards are); on another host v100plan/remote/probe.py
+runs the same module over SSH and reads the same JSON. Progress events arrive as JSON lines on the
+child's stderr.
 """
 
 from __future__ import annotations

@@ -9,11 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from v100plan import output
-from v100plan.units import format_tokens
+from v100plan.units import format_tokens, gib
 
 
 def _num(v: float | None, fmt: str = "{:.1f}") -> str | None:
     return None if v is None else fmt.format(v)
+
+
+def _seconds(v: float | None) -> str | None:
+    """0.9 s stays 0.9 (not "1"); from 10 s on, whole seconds."""
+    return None if v is None else (f"{v:.1f}" if v < 10 else f"{v:.0f}")
 
 
 def _ctx(tokens: int) -> str:
@@ -39,12 +44,12 @@ def plan_renderables(doc: dict[str, Any]) -> list[Any]:
         rows.append([
             s["name"] + mark, "yes" if s["fits"] else "no", _ctx(s["max_context"]),
             _num(s["decode_tok_s"]), _num(s["decode_ceiling_tok_s"]), _num(s["aggregate_tok_s"]), _num(s["round_ms"]),
-            _num(s["prefill_s"], "{:.0f}"), f"{s['memory_per_gpu_gb']:.1f}", s["allreduce_path"],
+            _seconds(s["prefill_s"]), f"{gib(s['memory_per_gpu_gb']):.1f}", s["allreduce_path"],
         ])
     table = output.table(
         title,
         ["strategy", "fits", ("max ctx", "right"), ("tok/s", "right"), ("ceiling", "right"), ("aggr.", "right"),
-         ("round ms", "right"), ("prefill s", "right"), ("GB/GPU", "right"), "allreduce"],
+         ("round ms", "right"), ("prefill s", "right"), ("GiB/GPU", "right"), "allreduce"],
         rows,
         caption="* recommended (" + ("best aggregate" if i.get("objective") == "throughput" else "best one-stream decode")
         + "); tok/s: one stream; aggr.: all streams the strategy serves at once; ceiling: 100 % bandwidth, no overhead",
@@ -83,11 +88,11 @@ def compare_renderables(doc: dict[str, Any]) -> list[Any]:
             speed = STAND_IN_MARK + speed
             stand_ins.append(f"{STAND_IN_MARK} {r['gpus']} x {r['hardware']}: {r['speeds_stand_in']}")
         price = None if r["price_total"] is None else f"{r['price_total']:,.0f} {r['currency']}"
-        per = None if r["price_per_decode_tok_s"] is None else f"{r['price_per_decode_tok_s']:,.0f}"
+        per = None if r["price_per_decode_tok_s"] is None else f"{r['price_per_decode_tok_s']:,.0f} {r['currency']}"
         rows.append([
             f"{r['gpus']} x {r['hardware']}", r["best_strategy"] or "nothing fits",
             speed, _num(r["aggregate_tok_s"]),
-            _num(r["prefill_s"], "{:.0f}"), _ctx(r["max_context"]), price, per,
+            _seconds(r["prefill_s"]), _ctx(r["max_context"]), price, per,
         ])
     i = doc["inputs"]
     table = output.table(

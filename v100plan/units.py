@@ -37,3 +37,11 @@ def parse_tokens(text: str | int) -> int:
 def format_tokens(n: int) -> str:
     """262144 -> '256K', 190464 -> '186K', 1000 -> '1000'."""
     return f"{n // 1024}K" if n % 1024 == 0 and n >= 1024 else str(n)
+
+
+GB_PER_GIB = 2**30 / 1e9  # 1.0737: the planner counts decimal GB; cards are sold and shown by nvidia-smi in GiB
+
+
+def gib(gb: float) -> float:
+    """Decimal GB -> GiB, how a card's memory is quoted (an H200's 150.75 GB is its "141 GB", 140.4 GiB)."""
+    return gb / GB_PER_GIB

@@ -122,48 +122,58 @@ def read_api_key(path: str) -> str:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model directory (Hugging Face layout), unsharded or "
                         "written by `python -m engine shard` (shard.json, rank0/, rank1/)")
-    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (the service runs 2)")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --api-key-file)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key-file", help="file holding the API key clients send as 'Bearer KEY'")
-    parser.add_argument("--allreduce", choices=ALLREDUCE_PATHS, default="auto")
-    parser.add_argument("--max-context", type=int, help="prompt + completion tokens per request")
+    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks (the service runs 2; default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --api-key-file; default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="the proxy's HTTP port (default: %(default)s)")
+    parser.add_argument("--api-key-file", help="file holding the API key clients send as 'Bearer KEY' (mode 600; default: none, "
+                        "no key asked on loopback)")
+    parser.add_argument("--allreduce", choices=ALLREDUCE_PATHS, default="auto",
+                        help="allreduce path (default: %(default)s, the start-up self-test and race choose)")
+    parser.add_argument("--max-context", type=int, help="prompt + completion tokens per request (default: the model's native context)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                         help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head, "
                              "half the bytes (default: auto)")
-    parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429)")
-    parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S)
+    parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
+    parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
+                        help="a request making no progress this long restarts both ranks (default: %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=3,
-                        help="consecutive failed rank starts before serve exits non-zero")
+                        help="consecutive failed rank starts before serve exits non-zero (default: %(default)s)")
     parser.add_argument("--enable-fault-injection", action="store_true",
-                        help="expose /control/* on loopback and pass the fault hooks to the ranks")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, or two devices such as cuda:0,cuda:0")
+                        help="expose /control/* on loopback and pass the fault hooks to the ranks (default: off)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, or two devices such as cuda:0,cuda:0 (default: %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES,
                         help="weights and activations (default: float32 on CPU, float16 on CUDA)")
-    parser.add_argument("--state-dir", default=None, help="sockets, rank logs and service.json")
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--body-limit-bytes", type=int, default=1 << 20)
-    parser.add_argument("--start-timeout-s", type=float, default=600.0)
-    parser.add_argument("--allreduce-timeout-s", type=float, default=None)
+    parser.add_argument("--state-dir", default=None, help="sockets, rank logs and service.json (default: $XDG_STATE_HOME or ~/.local/state, then "
+                        "v100plan-engine/port-PORT)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name /v1/models lists (default: the model directory's name)")
+    parser.add_argument("--body-limit-bytes", type=int, default=1 << 20,
+                        help="largest request body; a larger one is answered 413 (default: %(default)s)")
+    parser.add_argument("--start-timeout-s", type=float, default=600.0,
+                        help="how long the ranks may take to load and answer /health (default: %(default)s)")
+    parser.add_argument("--allreduce-timeout-s", type=float, default=None,
+                        help="one allreduce waiting longer ends the pair (default: the ranks' own, 60 s)")
     parser.add_argument("--ping-interval-s", type=float, default=None,
                         help="idle liveness ping period (default: a quarter of the stall timeout, at most 10 s)")
-    parser.add_argument("--log-file", default=None, help="also append the structured log lines here")
+    parser.add_argument("--log-file", default=None, help="also append the structured log lines here (default: stderr only)")
     parser.add_argument("--liveness-timeout-s", type=float, default=DEFAULT_LIVENESS_TIMEOUT_S,
                         help="a rank silent this long (no heartbeat), or waiting this long for its peer in "
-                             "one allreduce, ends the pair; 0: no heartbeat check")
+                             "one allreduce, ends the pair; 0: no heartbeat check (default: %(default)s)")
     parser.add_argument("--drain-timeout-s", type=float, default=10.0,
-                        help="on SIGTERM/SIGINT, how long running requests may finish before they get 503")
+                        help="on SIGTERM/SIGINT, how long running requests may finish before they get 503 "
+                             "(default: %(default)s)")
     parser.add_argument("--header-timeout-s", type=float, default=10.0,
-                        help="a client must send its request headers within this")
+                        help="a client must send its request headers within this (default: %(default)s)")
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
-                        help="... and the request body within this after the headers")
+                        help="... and the request body within this after the headers (default: %(default)s)")
     parser.add_argument("--keep-alive-timeout-s", type=float, default=5.0,
-                        help="idle kept-alive connections are closed after this")
+                        help="idle kept-alive connections are closed after this (default: %(default)s)")
     parser.add_argument("--no-standby-ranks", dest="standby_ranks", action="store_false",
                         help="start every generation's ranks as new processes, without the fork server that "
-                             "keeps torch imported for them (it costs host memory for torch, no GPU memory)")
+                             "keeps torch imported for them (it costs host memory for torch, no GPU memory; "
+                             "default: the fork server is used)")
     parser.add_argument("--max-connections", type=int, default=256,
-                        help="open client connections; one more is answered 503 and closed")
+                        help="open client connections; one more is answered 503 and closed (default: %(default)s)")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:

@@ -1,7 +1,7 @@
-"""The acceptance suite's case protocol (the same shape as the probes'): a stable key, a one-line
-description, a group, applicable(ctx) -> the reason to waive it or None, run(ctx) -> Outcome,
-and a timeout. The runner turns an exception or a timeout into "error" and goes on: a scenario
-that did not run is never "passed".
+"""The acceptance suite's cases, in the one case protocol of probes/case_runner.py: a stable key, a
+one-line description, a group, applicable(ctx) -> the reason to waive it or None, run(ctx) -> Outcome,
+and a timeout. The shared runner turns an exception (in applicable() too) or a timeout into "error" and
+goes on: a scenario that did not run is never "passed".
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import math
 import statistics
 from collections.abc import Callable
 from typing import Any
-
-STATUSES = ("passed", "warned", "failed", "waived", "error")
 
 
 @dataclasses.dataclass

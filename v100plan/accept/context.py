@@ -168,8 +168,9 @@ class Context:
         notes: list[str] = []
         a = self.client.get("/v1/models", timeout_s=30)
         if not a.ok:
-            raise ConnectionError(f"{self.target.endpoint}/v1/models answered "
-                                  f"{a.status if a.status is not None else a.error}: {a.error_message()}")
+            if a.status is None:  # no answer at all: the transport's error, said once
+                raise ConnectionError(f"{self.target.endpoint}/v1/models could not be reached: {a.error}")
+            raise ConnectionError(f"{self.target.endpoint}/v1/models answered {a.status}: {a.error_message()}")
         data = a.body.get("data") or []
         if not self.model:
             if not data:

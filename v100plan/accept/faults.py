@@ -56,7 +56,8 @@ def _needs_supervisor(ctx: Context) -> str | None:
     why = _needs_control(ctx)
     if why:
         return why
-    return None if ctx.target.supervised else "the proxy runs without a supervisor here, so nothing would restart it"
+    return None if ctx.target.supervised else ("the proxy runs without a supervisor here, so nothing would "
+                                                  "restart it (give --supervised when one does)")
 
 
 def _timeout(ctx: Context) -> float:

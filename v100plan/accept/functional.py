@@ -21,7 +21,8 @@ def _needs_rank_logs(ctx: Context) -> str | None:
     why = _engine_only(ctx)
     if why:
         return why
-    return None if ctx.target.read_rank_logs else "the rank logs are not reachable from here (give --host or run qualify)"
+    return None if ctx.target.read_rank_logs else ("the rank logs are not reachable from here: give accept --state-dir DIR (the engine's state "
+                                                 "directory on this machine), or --host for a deployed engine")
 
 
 def _expect_length(o: Outcome, ctx: Context, finish: str | None, tokens: int | None, n: int) -> None:
@@ -354,7 +355,8 @@ def _needs_tp2_reference(ctx: Context) -> str | None:
         return (f"served in {ctx.refs.half_precision}: TP2's split sums round differently from one card's, so "
                 "tokens equal TP1's only in float32")
     if not ctx.refs.exact:
-        return "the served weights are not on this machine, so there is no TP1 run to compare with"
+        return ("the served weights are not on this machine, so there is no TP1 run to compare with: give "
+                "accept --model-dir DIR (the served model's directory here)")
     if (ctx.target.engine or {}).get("tp", 2) != 2:
         return "the service runs one rank (TP1)"
     return None

@@ -5,12 +5,11 @@ every fault, so it also shows the service came back whole."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from profiles.document import SCHEMA_VERSIONS, provenance
+from probes.case_runner import STATUSES, Ran, run_contained, waiver
+from profiles.document import SCHEMA_VERSIONS, provenance, utc_now
 from v100plan.accept.cases import Case, Outcome, registry, spread
 from v100plan.accept.context import PROMPTS, REF_TOKENS, AcceptOptions, Context, Target
 from v100plan.accept.faults import size_fault_request
@@ -32,33 +31,11 @@ def _selected(c: Case, opts: AcceptOptions) -> str | None:
     return None
 
 
-def _run_one(c: Case, ctx: Context) -> tuple[str, Outcome | None, str | None]:
-    """(status, outcome, reason); an exception or a timeout is "error", never "passed"."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["outcome"] = c.run(ctx)
-        except Exception as exc:  # noqa: BLE001 - contained per case
-            box["error"] = f"{type(exc).__name__}: {exc}"
-
-    th = threading.Thread(target=target, daemon=True, name=f"case-{c.key}")
-    th.start()
-    timeout = c.timeout_s(ctx)
-    deadline = time.monotonic() + timeout
-    while th.is_alive() and time.monotonic() < deadline:
-        th.join(0.2)   # short joins keep Ctrl-C responsive
-    if th.is_alive():
-        return "error", None, f"did not finish within its {timeout:g} s timeout"
-    if "error" in box:
-        return "error", None, f"the scenario itself broke: {box['error']}"
-    outcome: Outcome = box["outcome"]
-    return outcome.status, outcome, outcome.reason
-
-
-def _scenario(c: Case, status: str, outcome: Outcome | None, reason: str | None, duration: float | None) -> dict:
+def _scenario(c: Case, status: str, outcome: Outcome | None, reason: str | None, duration: float | None,
+              started_utc: str | None = None) -> dict:
     doc: dict[str, Any] = {"key": c.key, "description": c.description, "group": c.group, "status": status,
                            "reason": reason, "duration_s": None if duration is None else round(duration, 3),
+                           "started_utc": started_utc or utc_now(),
                            "evidence": outcome.evidence if outcome else []}
     if outcome is not None:
         if outcome.repetitions:
@@ -94,9 +71,9 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
         cases = sorted(registry(), key=lambda c: GROUP_ORDER.index(c.group))
         plan_to_run = []
         for c in cases:
-            why = _selected(c, options) or c.applicable(ctx)
-            plan_to_run.append((c, why))
-        runnable = [c for c, why in plan_to_run if why is None]
+            chosen = _selected(c, options)
+            plan_to_run.append((c, Ran("waived", chosen) if chosen else waiver(c, ctx)))
+        runnable = [c for c, skip in plan_to_run if skip is None]
         if any(c.group == "fault" for c in runnable):
             notes.append(size_fault_request(ctx))
         if any(c.group != "functional" or c.key in ("completion", "tp2_equals_tp1") for c in runnable):
@@ -105,19 +82,19 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
                 ctx.refs.prefetch(_reference_keys(ctx, runnable))
             except KeyboardInterrupt:
                 raise Interrupted("interrupted while computing references") from None
-        for c, why in plan_to_run:
-            if why is not None:
-                scenarios.append(_scenario(c, "waived", None, why, None))
+        for c, skip in plan_to_run:
+            if skip is not None:  # waived, or its applicability check broke ("error")
+                scenarios.append(_scenario(c, skip.status, None, skip.reason, None))
                 say("case_end", scenarios[-1])
                 continue
             say("case_start", {"key": c.key, "description": c.description, "group": c.group})
-            t0 = time.monotonic()
+            started = utc_now()
             try:
-                status, outcome, reason = _run_one(c, ctx)
+                ran = run_contained(c, ctx)
             except KeyboardInterrupt:
                 partial_reason = f"interrupted (Ctrl-C) during {c.key}"
                 break
-            scenarios.append(_scenario(c, status, outcome, reason, time.monotonic() - t0))
+            scenarios.append(_scenario(c, ran.status, ran.outcome, ran.reason, ran.duration_s, started))
             say("case_end", scenarios[-1])
     except Interrupted as exc:
         partial_reason = str(exc)
@@ -134,7 +111,7 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
 
 
 def summarize(scenarios: list[dict]) -> dict[str, int]:
-    counts = {s: 0 for s in ("passed", "warned", "failed", "waived", "error")}
+    counts = {s: 0 for s in STATUSES}
     for sc in scenarios:
         counts[sc["status"]] += 1
     return counts

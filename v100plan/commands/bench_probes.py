@@ -15,7 +15,7 @@ from v100plan.errors import NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
 QuickOpt = Annotated[bool, typer.Option("--quick/--standard",
-                                        help="Quick: 15 s load and fewer repeats (under a minute); standard: 30 s load.")]
+                                        help="Quick: a 4-10 s load (until power is steady) and fewer repeats; standard: 30 s load.")]
 
 # The bar: the probe's read kernel reaches at least this share of the best in-run reference.
 TARGET_FRACTION = 0.98

@@ -8,10 +8,6 @@ a remote command hung, or another deploy holds the lock.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,24 +15,11 @@ import typer
 
 from v100plan import documents, output
 from v100plan.commands.remote_options import IndexUrlOpt, RemoteArgs, TorchOpt, remote_options
-from v100plan.errors import BadInput, EnvironmentProblem
+from v100plan.demo_model import demo_model_dir
+from v100plan.errors import BadInput
 from v100plan.options import JsonOpt, QuietOpt
 
 HostArg = Annotated[str, typer.Argument(metavar="HOST", help="user@host[:port] (or a Host from ~/.ssh/config)")]
-
-
-def demo_model_dir() -> Path:
-    """The demo model, made here once (`python -m engine make-demo-model`; byte-identical everywhere)."""
-    base = Path(os.environ.get("V100PLAN_HOME") or Path(tempfile.gettempdir()) / f"v100plan-{os.getuid()}")
-    d = base / "demo-model"
-    if not (d / "config.json").is_file():
-        d.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(d)], capture_output=True,
-                              text=True, timeout=300)
-        if proc.returncode != 0:
-            raise EnvironmentProblem(f"the demo model could not be made: {proc.stderr.strip()[-500:]}",
-                                     hint="install the engine extra here: pip install -e '.[engine]'")
-    return d
 
 
 def _say(quiet: bool):  # noqa: ANN202

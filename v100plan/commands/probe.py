@@ -12,10 +12,10 @@ from v100plan.commands.remote_options import RemoteArgs, remote_options
 from v100plan.errors import BadInput, ChecksFailed, DocumentError, NothingMeasured
 from v100plan.options import JsonOpt, OutOpt, QuietOpt
 
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Short load (15 s) and fewer repeats: under a minute.")]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="A short load (4-10 s, until power is steady) and fewer repeats.")]
 SoakOpt = Annotated[Optional[float], typer.Option("--soak", metavar="S", help="Soak: load the cards for S seconds (default: no soak; the standard load is 30 s).")]
 DurationOpt = Annotated[Optional[float], typer.Option("--duration", metavar="S",
-                                                      help="Load duration of the throttle case in seconds (default: 30, 15 with --quick).")]
+                                                      help="Load duration of the throttle case in seconds (default: 30; with --quick 4-10 s, until power is steady).")]
 OnlyOpt = Annotated[Optional[str], typer.Option("--only", help="Comma-separated case keys (see python -m probes --list); the cases they need run too (default: every case).")]
 HostsOpt = Annotated[Optional[list[str]], typer.Option("--host", metavar="USER@HOST[:PORT]",
                                                        help="Probe this host over SSH (repeat for several).")]
@@ -103,6 +103,9 @@ def register(app: typer.Typer) -> None:
         measured (no NVIDIA driver, or every case waived).
         """
         if hosts or inventory:  # over SSH, in parallel: v100plan.commands.probe_remote
+            from v100plan.extras import require
+
+            require("deploy", "`v100plan probe --host`")  # a package missing HERE is not the host being down
             from v100plan.commands import probe_remote
 
             if from_file is not None:

@@ -18,7 +18,7 @@ from v100plan.planner.memory import Memory, max_context, memory_per_gpu
 from v100plan.planner.prefill import Prefill, chunks, prefill_time
 from v100plan.planner.result import Plan, StrategyResult
 from v100plan.planner.strategies import NAMES, Layout, layout, wide_names
-from v100plan.units import format_tokens
+from v100plan.units import format_tokens, gib
 
 
 def ctx_text(tokens: int) -> str:
@@ -30,11 +30,12 @@ def ctx_text(tokens: int) -> str:
 
 def _memory_reason(mem: Memory, maxc: int, target: Target) -> str:
     ctx = format_tokens(target.context_tokens)
-    terms = f"weights {mem.weights_gb:.1f} + KV {mem.kv_gb:.1f} + reserve {mem.reserve_gb:.1f}"
+    terms = f"weights {gib(mem.weights_gb):.1f} + KV {gib(mem.kv_gb):.1f} + reserve {gib(mem.reserve_gb):.1f}"
     if maxc <= 0:
-        return (f"weights {mem.weights_gb:.1f} GB + reserve {mem.reserve_gb:.1f} GB leave no room for KV in "
-                f"{mem.capacity_gb:.1f} GB per GPU")
-    return (f"needs {mem.total_gb:.1f} GB per GPU at {ctx} ({terms}) but the card has {mem.capacity_gb:.1f} GB; "
+        return (f"weights {gib(mem.weights_gb):.1f} GiB + reserve {gib(mem.reserve_gb):.1f} GiB leave no room for KV "
+                f"in {gib(mem.capacity_gb):.1f} GiB per GPU")
+    return (f"needs {gib(mem.total_gb):.1f} GiB per GPU at {ctx} ({terms}) but the card has "
+            f"{gib(mem.capacity_gb):.1f} GiB; "
             f"fits up to {ctx_text(maxc)}")
 
 
@@ -78,7 +79,7 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         return StrategyResult(fits=False, decode_tok_s=None, aggregate_tok_s=None, decode_ceiling_tok_s=None,
                               aggregate_ceiling_tok_s=None, round_ms=None, prefill_s=None, reason="; ".join(problems), **base)
 
-    reason = (f"{mem.total_gb:.1f} of {mem.capacity_gb:.1f} GB per GPU at {format_tokens(target.context_tokens)}; "
+    reason = (f"{gib(mem.total_gb):.1f} of {gib(mem.capacity_gb):.1f} GiB per GPU at {format_tokens(target.context_tokens)}; "
               f"up to {ctx_text(maxc)} ({'native limit' if maxc >= model.native_context else 'memory limit'})")
     if lay.tp == 2 and choice:
         reason += f"; {choice.path} allreduce"
@@ -240,8 +241,9 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
             f"ceiling {d['tokens_per_round']:g} / ({d['weights_read_gb']:.2f} + {d['kv_read_gb']:.2f} GB / {d['bandwidth_gbps']:g} GB/s "
             f"= {d['ceiling_ms']:.2f} ms) = {r.decode_ceiling_tok_s:.1f} tok/s",
         ]
-    lines.append(f"memory per GPU: weights {m['weights_gb']:.2f} + KV {m['kv_gb']:.2f} + reserve {m['reserve_gb']:.2f} = "
-                 f"{r.memory_per_gpu_gb:.2f} GB of {m['capacity_gb']:.2f} GB; max context {ctx_text(r.max_context)}")
+    lines.append(f"memory per GPU: weights {gib(m['weights_gb']):.2f} + KV {gib(m['kv_gb']):.2f} + reserve "
+                 f"{gib(m['reserve_gb']):.2f} = {gib(r.memory_per_gpu_gb):.2f} GiB of {gib(m['capacity_gb']):.2f} GiB; "
+                 f"max context {ctx_text(r.max_context)}")
     p = r.breakdown.get("prefill")
     if p:
         lines.append(f"prefill {ctx}: matrix {p['matrix_s']:.1f} s + attention {p['attention_s']:.1f} s + communication "

@@ -41,7 +41,7 @@ def parse_host(text: str) -> HostSpec:
     m = _HOST_RE.match(text.strip())
     if not m or text.strip().startswith("-"):
         raise BadInput(f"host {text!r} is not user@host[:port]",
-                       hint="e.g. --host ubuntu@gpu-box or --host ubuntu@10.0.0.7:2222 ([::1]:2222 for IPv6)")
+                       hint="e.g. ubuntu@gpu-box or ubuntu@10.0.0.7:2222 ([::1]:2222 for IPv6)")
     port = int(m["port"]) if m["port"] else None
     if port is not None and not 1 <= port <= 65535:
         raise BadInput(f"host {text!r}: port {port} is out of range", hint="a port is 1-65535")

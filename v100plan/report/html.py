@@ -40,7 +40,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .s-passed{background:#1a7f37}.s-warned{background:#b26a00}.s-failed{background:#cf222e}.s-error{background:#8250df}
 .s-waived,.s-skipped,.s-nothing_measured,.s-not_measured{background:#6e7781}.s-interrupted{background:#9a6700}
 .muted{color:#57606a}.desc{color:#57606a;font-size:12px}
-.plot{display:block;max-width:100%;height:auto;margin:6px 0 14px;border:1px solid #d8dee4;border-radius:6px}
+.plot{display:block;width:100%;height:auto;box-sizing:border-box;margin:6px 0 14px;border:1px solid #d8dee4;border-radius:6px}
 details{margin:4px 0 8px;font-size:13px}summary{cursor:pointer;font-weight:600}
 pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:6px 8px;border-radius:4px;margin:4px 0;
  font-size:12px}

@@ -5,7 +5,10 @@ always all three so a CI dashboard keeps its columns; one <testcase> per scenari
 (classname ``v100plan.accept.<group>``, name = key, time = duration_s).
 failed -> <failure>, error -> <error>, waived -> <skipped message=reason>, warned
 -> passing with the warning in <system-out>. Counts come from the scenarios
-themselves; the verdict, target and partial flag travel as <properties>.
+themselves; the verdict, target and partial flag travel as <properties>. A run that
+stopped early (Ctrl-C, a phase that failed) adds a <testsuite> "v100plan.accept.run"
+whose one <testcase> is an <error> with the reason, so CI never counts it green.
+A suite's timestamp is when its first scenario started.
 ElementTree escapes text and attributes; characters XML 1.0 cannot carry at all
 (NUL, ANSI escapes) become U+FFFD.
 """
@@ -73,6 +76,18 @@ def _testcase(suite: ET.Element, s: dict[str, Any]) -> None:
     ET.SubElement(case, "system-out").text = "\n".join(out)
 
 
+def _stopped_early(root: ET.Element, report: dict[str, Any]) -> None:
+    """The run itself as one errored test case: it did not finish, whatever its scenarios say."""
+    suite = ET.SubElement(root, "testsuite", name="v100plan.accept.run", tests="1", failures="0", errors="1",
+                          skipped="0", time=_seconds(report.get("wall_s")),
+                          timestamp=_x(report["provenance"]["created_utc"]), hostname=_x(report["provenance"]["host"]))
+    _properties(suite, report)
+    case = ET.SubElement(suite, "testcase", classname="v100plan.accept.run", name="complete",
+                         time=_seconds(report.get("wall_s")))
+    ET.SubElement(case, "error", message=_x(report.get("partial_reason") or "the run stopped early"),
+                  type="incomplete")
+
+
 def render_junit(report: dict[str, Any]) -> str:
     """The JUnit XML text (UTF-8 declaration included) for one AcceptanceReport."""
     scenarios = report["scenarios"]
@@ -89,14 +104,20 @@ def render_junit(report: dict[str, Any]) -> str:
         }
         for k, v in counts.items():
             totals[k] += v
+        started = min((s["started_utc"] for s in members if s.get("started_utc")),
+                      default=report["provenance"]["created_utc"])
         suite = ET.SubElement(root, "testsuite", name=f"v100plan.accept.{group}",
                               tests=str(counts["tests"]), failures=str(counts["failures"]),
                               errors=str(counts["errors"]), skipped=str(counts["skipped"]),
-                              time=_seconds(counts["time"]), timestamp=_x(report["provenance"]["created_utc"]),
+                              time=_seconds(counts["time"]), timestamp=_x(started),
                               hostname=_x(report["provenance"]["host"]))
         _properties(suite, report)
         for s in members:
             _testcase(suite, s)
+    if report["partial"]:
+        _stopped_early(root, report)
+        totals["tests"] += 1
+        totals["errors"] += 1
     for k in ("tests", "failures", "errors", "skipped"):
         root.set(k, str(totals[k]))
     root.set("time", _seconds(totals["time"]))

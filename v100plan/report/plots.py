@@ -13,6 +13,7 @@ from typing import Any
 from probes.clock_reasons import decode as decode_reasons
 from v100plan.report.svg import (
     PALETTE,
+    PLOT_WIDTH,
     Scale,
     circle,
     esc,
@@ -30,7 +31,7 @@ from v100plan.report.svg import (
     y_axis,
 )
 
-WIDTH = 720
+WIDTH = PLOT_WIDTH
 
 
 def _is_number(v: Any) -> bool:

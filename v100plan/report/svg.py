@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 from collections.abc import Iterable, Sequence
 
 # XML 1.0 forbids these even escaped; a log line can carry them (ANSI colours, NUL).
@@ -160,6 +161,16 @@ def y_axis(scale: Scale, x: float, ticks: Sequence[float], label: str, right: bo
 
 
 TITLE_H = 26
+PLOT_WIDTH = 1040  # the page's content width (html.py: main max-width), so a plot is drawn at its natural size
+
+
+def wrapped(x: float, y: float, label: str, width: float, size: int = 12, fill: str | None = None,
+            leading: float = 1.35) -> tuple[str, int]:
+    """``label`` broken at spaces into lines that fit ``width`` (never cut mid-word); (markup, line count)."""
+    per_line = max(20, int(width / (size * 0.6)))  # a conservative glyph width: 0.6 em
+    lines = textwrap.wrap(label, per_line, break_long_words=False, break_on_hyphens=False) or [""]
+    markup = "".join(text(x, y + i * size * leading, ln, size=size, fill=fill) for i, ln in enumerate(lines))
+    return markup, len(lines)
 
 
 def frame(name: str, width: int, height: int, body: str, title: str, css: str = "plot") -> str:
@@ -173,11 +184,13 @@ def frame(name: str, width: int, height: int, body: str, title: str, css: str = 
             + f'<g transform="translate(0,{TITLE_H})">{body}</g></svg>')
 
 
-def not_measured(name: str, reason: str, title: str, width: int = 720, height: int = 40) -> str:
-    """The visible box a plot becomes when its data is absent: never an empty frame."""
-    body = (rect(8, 2, width - 16, height - 8, "#f6f8fa", stroke=PALETTE["waived"], css="not-measured-box", dash="6 4")
-            + text(20, height / 2 + 2, f"not measured: {reason}", size=12, fill=PALETTE["waived"]))
-    return frame(name, width, height, body, title, css="plot not-measured")
+def not_measured(name: str, reason: str, title: str, width: int = PLOT_WIDTH) -> str:
+    """The visible box a plot becomes when its data is absent: never an empty frame. A long reason wraps
+    at spaces and the box grows with it."""
+    lines, n = wrapped(20, 20, f"not measured: {reason}", width - 48, size=12, fill=PALETTE["waived"])
+    height = 24 + round(n * 12 * 1.35)
+    body = rect(8, 2, width - 16, height - 8, "#f6f8fa", stroke=PALETTE["waived"], css="not-measured-box", dash="6 4")
+    return frame(name, width, height, body + lines, title, css="plot not-measured")
 
 
 def legend(x: float, y: float, items: Sequence[tuple[str, str]], step: float = 130) -> str:

@@ -15,8 +15,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from v100plan.commands.qualify_run import QUALIFY_SERVE_FLAGS, _Phases
 from v100plan.errors import BadInput, EnvironmentProblem, V100planError
+from v100plan.qualify.phases import QUALIFY_SERVE_FLAGS, Phases
 
 HEALTH_TIMEOUT_S = 180.0
 PURPOSE = "qualify"  # what the deployment's history records; `deploy` and `stop` check it
@@ -47,7 +47,7 @@ class HostRun:
         return probe_host(self.target.spec, self.target.ssh, self.target.remote, ["--quick"])
 
     def demo_model(self, out_dir: Path) -> Path:
-        from v100plan.commands.deploy import demo_model_dir
+        from v100plan.demo_model import demo_model_dir
 
         return demo_model_dir()
 
@@ -103,7 +103,7 @@ class HostRun:
                   f"{out.uploaded_bytes} bytes uploaded; reached at {svc.endpoint}")
         return target, svc.engine, detail
 
-    def finish(self, out_dir: Path, phases: _Phases) -> None:
+    def finish(self, out_dir: Path, phases: Phases) -> None:
         """Copy the service's logs next to the report, close the forward, stop the deployment."""
         from v100plan.remote import deploy as dp
 

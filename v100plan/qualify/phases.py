@@ -1,16 +1,11 @@
-"""`qualify`'s phases: probe -> plan -> start the bundled service -> accept -> report.
+"""qualify's phases around a run (LocalRun or HostRun): probe -> plan -> start -> accept -> report.
 
 Each phase prints one line and lands in the report's `phases`; a phase that cannot run says why
 (no GPU: nothing to plan, the demo model is served on CPU). Ctrl-C anywhere stops every process
-qualify started and still returns a report, marked partial.
-
-Where the service runs is a "run" object: ``LocalRun`` here (this machine), ``HostRun`` in
-qualify_host.py (a host over SSH). Both probe, serve the model, hand the acceptance suite its
-target and clean up; the phases around them are the same code."""
+qualify started and still returns a report, marked partial."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +18,9 @@ QUALIFY_SERVE_FLAGS = ["--max-restarts", "1", "--stall-timeout-s", "10", "--allr
                        "--start-timeout-s", "120"]
 
 
-class _Phases:
+class Phases:
+    """The report's `phases` rows, each printed as it ends."""
+
     def __init__(self, show: bool):
         self.items: list[dict[str, Any]] = []
         self.show = show
@@ -43,7 +40,7 @@ class _Phases:
         self.current = None
 
 
-def _probe(phases: _Phases, run) -> dict | None:  # noqa: ANN001 - a LocalRun or a HostRun
+def _probe(phases: Phases, run) -> dict | None:  # noqa: ANN001 - a LocalRun or a HostRun
     phases.start("probe", run.probe_what)
     try:
         doc = run.probe()
@@ -61,25 +58,13 @@ def _probe(phases: _Phases, run) -> dict | None:  # noqa: ANN001 - a LocalRun or
     return doc
 
 
-def _devices(device: str, probe: dict | None) -> str:
-    if device != "auto":
-        return device
-    cards = len(probe["cards"]) if probe else 0
-    return "cuda" if cards >= 2 else ("cuda:0,cuda:0" if cards == 1 else "cpu")
-
-
-def _dtype(devices: str, probe: dict | None, plan: dict | None, demo: bool = False) -> str:
-    # The demo model is there to check answers token for token against a TP1 run, which holds only in
-    # float32: in half precision TP2's split sums round differently from one card's, and the demo
-    # model's random weights give near-flat logits where that flips an argmax (seen on two H200s).
-    if devices == "cpu" or demo:
-        return "float32"
-    launch = (plan or {}).get("launch") or {}
-    if launch.get("dtype") in ("float16", "bfloat16"):
-        return launch["dtype"]
-    # No plan: the cards decide (bf16 needs compute capability 8.0; a V100 is 7.0).
-    caps = [c.get("compute_capability") for c in (probe or {}).get("cards", [])]
-    return "bfloat16" if caps and all(c and float(c) >= 8.0 for c in caps) else "float16"
+def accept_status(result: dict[str, Any]) -> str:
+    """The accept phase's status from its scenarios: failed when one failed or errored (never "passed"
+    beside failed scenarios), interrupted when the run stopped early, else passed (warnings included, as
+    the verdict counts them)."""
+    if any(s["status"] in ("failed", "error") for s in result["scenarios"]):
+        return "failed"
+    return "interrupted" if result.get("partial_reason") else "passed"
 
 
 def note_plan_allreduce(plan: dict | None, notes: list[str]) -> None:
@@ -97,17 +82,15 @@ def note_plan_allreduce(plan: dict | None, notes: list[str]) -> None:
         notes.append(f"served as tp2 with allreduce auto (the engine's start-up race); {said}")
 
 
-def _plan(phases: _Phases, probe: dict | None, model_dir: Path, out_dir: Path) -> dict | None:
+def _plan(phases: Phases, probe: dict | None, model_dir: Path) -> dict | None:
     phases.start("plan", "planning the served model on the measured cards")
     if not probe or not probe.get("cards"):
         phases.end("waived", "no GPU: the bundled engine serves on CPU, which the planner does not model")
         return None
     try:
-        from v100plan.commands.planning import plan_document
+        from v100plan.planning import plan_document
 
-        probe_file = out_dir / "probe.json"
-        probe_file.write_text(json.dumps(probe, indent=1))
-        doc = plan_document(str(probe_file), None, str(model_dir), "v100plan", "4K", None, 1, "latency")
+        doc = plan_document(probe, None, str(model_dir), "v100plan", "4K", None, 1, "latency")
     except V100planError as e:
         phases.end("warned", f"could not plan this model: {e.message}")
         return None
@@ -115,80 +98,12 @@ def _plan(phases: _Phases, probe: dict | None, model_dir: Path, out_dir: Path) -
     return doc
 
 
-class LocalRun:
-    """qualify on this machine: `python -m probes` here, the engine under its supervisor here."""
-
-    mode, where = "local", "this machine"
-    probe_what = "measuring this machine's cards (python -m probes --quick)"
-    probe_fatal = False
-    start_name, start_what = "start", "starting the bundled engine under its supervisor"
-
-    def __init__(self, device: str):
-        self.device = device
-        self.demo = False  # set when qualify generated the demo model
-        self.svc = None
-        self.secrets: list[str] = []
-        self.endpoint = "not started"
-        self.inputs: dict[str, Any] = {}
-
-    def probe(self) -> dict:
-        from v100plan import probe_run
-
-        return probe_run.run(probe_run.probe_args(True, None, None, None), lambda _e: None, timeout_s=900)
-
-    def demo_model(self, out_dir: Path) -> Path:
-        from v100plan.accept.local import make_demo_model
-
-        return make_demo_model(out_dir / "demo-model")
-
-    def start(self, model_dir: Path, probe: dict | None, plan: dict | None, notes: list[str], say):  # noqa: ANN001, ANN201
-        """Start the service; returns (the acceptance suite's Target, the engine's launch settings, a detail)."""
-        from v100plan.accept.context import Target
-        from v100plan.accept.local import LocalService
-
-        devices = _devices(self.device, probe)
-        dtype = _dtype(devices, probe, plan, demo=self.demo)
-        note_plan_allreduce(plan, notes)
-        if self.demo and devices != "cpu":
-            notes.append("the demo model is served in float32 on the GPUs too, so its answers can be compared "
-                         "token for token with a TP1 run; speeds are not a half-precision model's")
-        if devices == "cpu":
-            notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
-                         "a GPU's and no plan applies")
-        notes.append("watchdog limits shortened so the run ends in minutes: " + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
-        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype,
-                                      allreduce="auto",
-                                      serve_flags=QUALIFY_SERVE_FLAGS)
-        self.secrets.append(svc.api_key)
-        self.endpoint = svc.endpoint
-        svc.start()
-        health = svc.health()
-        engine = {"tp": 2, "devices": list(("cpu", "cpu") if devices == "cpu" else
-                                           (("cuda:0", "cuda:1") if devices == "cuda" else devices.split(","))),
-                  "dtype": dtype, "allreduce": health.get("allreduce"), "max_context": None}
-        target = Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="local", model_dir=str(model_dir),
-                        engine=engine, supervised=True, read_rank_logs=svc.read_rank_logs,
-                        read_service_log=svc.read_service_log, notes=notes)
-        return target, engine, f"{svc.endpoint}, allreduce {engine['allreduce']}, devices {','.join(engine['devices'])}"
-
-    def finish(self, out_dir: Path, phases: _Phases) -> None:
-        """Stop every process the service started, keep its logs next to the report."""
-        if self.svc is None:
-            return
-        try:
-            self.svc.stop()
-        except Exception:  # noqa: BLE001 - stopping must not hide the run's own outcome
-            pass
-        self.svc.keep_logs(out_dir / "logs")
-        self.svc.remove()
-
-
 def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # noqa: ANN001
     """Returns (report, secrets to scrub, a V100planError to raise after writing or None)."""
     from v100plan.accept.runner import assemble, run_acceptance
-    from v100plan.commands.accept import _Progress
+    from v100plan.qualify.progress import Progress
 
-    phases = _Phases(show)
+    phases = Phases(show)
     given_model = model_dir
     t_all = time.monotonic()
     probe = plan = None
@@ -204,16 +119,18 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
             run.demo = True
             notes.append("no model given: the generated v100plan-demo model (about 3.3 M parameters, random "
                          "weights, byte-identical on every machine) stands in for a real one")
-        plan = _plan(phases, probe, model_dir, out_dir)
+        plan = _plan(phases, probe, model_dir)
         phases.start(run.start_name, run.start_what)
         target, engine, detail = run.start(model_dir, probe, plan, notes, say)
         phases.end("passed", detail)
         phases.start("accept", "functional scenarios, each fault "
                                f"{opts.fault_repeats} times, {opts.requests} requests from {opts.clients} clients")
-        with _Progress(enabled=show) as progress:
+        with Progress(enabled=show) as progress:
             result = run_acceptance(target, opts, plan=plan, probe=probe, progress=progress)
         partial = result.get("partial_reason")
-        phases.end("interrupted" if partial else "passed", f"{len(result['scenarios'])} scenarios")
+        counts = ", ".join(f"{n} {st}" for st in ("passed", "warned", "failed", "error", "waived")
+                           if (n := sum(s["status"] == st for s in result["scenarios"])))
+        phases.end(accept_status(result), f"{len(result['scenarios'])} scenarios ({counts or 'none ran'})")
     except KeyboardInterrupt:
         partial = f"interrupted (Ctrl-C) during {phases.current or 'qualify'}"
         if phases.current:
