@@ -26,12 +26,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_demo_model(path: Path) -> Path:
-    """The engine's generated demo model (deterministic; reused when already there)."""
+def make_demo_model(path: Path, arch: str = "llama") -> Path:
+    """The engine's generated demo model of ``arch`` (deterministic; reused when already there)."""
     if (path / "config.json").exists() and (path / "model.safetensors").exists():
         return path
-    proc = subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(path)], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(path), "--arch", arch],
+                          capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise EnvironmentProblem(f"could not write the demo model: {proc.stderr.strip()[-400:]}",
                                  "the engine needs torch, numpy, safetensors and tokenizers: "

@@ -48,8 +48,9 @@ class HostRun:
 
     def demo_model(self, out_dir: Path) -> Path:
         from v100plan.demo_model import demo_model_dir
+        from v100plan.qualify.phases import DEMO_ARCH
 
-        return demo_model_dir()
+        return demo_model_dir(DEMO_ARCH)
 
     def settings(self, probe: dict | None, plan: dict | None):  # noqa: ANN201 - (EngineSettings, why)
         """The engine settings for the host: the plan's tp2 launch where there is one, else the probe's

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from v100plan.qualify.phases import QUALIFY_SERVE_FLAGS, Phases, note_plan_allreduce
+from v100plan.qualify.phases import DEMO_ARCH, QUALIFY_SERVE_FLAGS, Phases, note_plan_allreduce
 
 
 def _devices(device: str, probe: dict | None) -> str:
@@ -53,7 +53,7 @@ class LocalRun:
     def demo_model(self, out_dir: Path) -> Path:
         from v100plan.accept.local import make_demo_model
 
-        return make_demo_model(out_dir / "demo-model")
+        return make_demo_model(out_dir / "demo-model-hybrid", arch=DEMO_ARCH)
 
     def start(self, model_dir: Path, probe: dict | None, plan: dict | None, notes: list[str], say):  # noqa: ANN001, ANN201
         """Start the service; returns (the acceptance suite's Target, the engine's launch settings, a detail)."""

@@ -14,6 +14,8 @@ from v100plan import output
 from v100plan.errors import V100planError
 
 # Shorter than the field defaults so a CPU run ends in minutes; the report's notes say so.
+# qualify's default model when none is given: the hybrid class the field serves (engine/core/demo.py)
+DEMO_ARCH, DEMO_ID = "qwen3_5", "v100plan-demo-hybrid"
 QUALIFY_SERVE_FLAGS = ["--max-restarts", "1", "--stall-timeout-s", "10", "--allreduce-timeout-s", "3",
                        "--start-timeout-s", "120"]
 
@@ -117,8 +119,9 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
         if model_dir is None:
             model_dir = run.demo_model(out_dir)
             run.demo = True
-            notes.append("no model given: the generated v100plan-demo model (about 3.3 M parameters, random "
-                         "weights, byte-identical on every machine) stands in for a real one")
+            notes.append(f"no model given: the generated {DEMO_ID} model (the hybrid class users serve: Gated "
+                         "DeltaNet and gated attention layers as Qwen3.5, about 2.5 M parameters, random weights, "
+                         "byte-identical on every machine) stands in for a real one")
         plan = _plan(phases, probe, model_dir)
         phases.start(run.start_name, run.start_what)
         target, engine, detail = run.start(model_dir, probe, plan, notes, say)
@@ -145,7 +148,7 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
     if result is None:
         result = {"scenarios": [], "load": None, "notes": notes, "partial_reason": partial,
                   "target": {"mode": run.mode, "endpoint": run.endpoint, "host": run.inputs.get("host"),
-                             "model": str(given_model) if given_model else "v100plan-demo", "server": None,
+                             "model": str(given_model) if given_model else DEMO_ID, "server": None,
                              "fault_control": False, "engine": engine, "notes": notes}}
     report = assemble(result, phases=phases.items + [{"name": "report", "status": "passed", "wall_s": 0.0,
                                                        "detail": f"written to {out_dir}"}],
