@@ -87,7 +87,7 @@ def decode(model, contexts: list[int], kernels: str | None = None, read_gbps: fl
     from engine.core.runner import Decoder
 
     out = {}
-    kv_per_pos = model.cfg.kv_bytes_per_token(model.head.element_size()) // model.world
+    kv_per_pos = model.state_bytes()["kv_cache"] // model.max_context  # as the cache holds them (int8 or not)
     w = model.weight_bytes()
     st = state_bytes_per_step(model)
     windows = {ctx: -(-ctx // 256) * 256 for ctx in contexts}
@@ -246,6 +246,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--kernels", default=None, choices=("eager", "compiled", "gemv", "fused"),
                    help="the decode step's kernels (default: what the service chooses on this card)")
     p.add_argument("--also-eager", action="store_true", help="also time the plain (eager-block) step, for reference")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8"),
+                   help="the K/V cache (int8: engine.core.kvquant)")
     p.add_argument("--prefill-tokens", default="2048", help="prompt lengths to prefill, comma-separated")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens per prefill chunk")
     p.add_argument("--device", default="cuda")
@@ -296,11 +298,13 @@ def main(argv: list[str]) -> int:
     torch.set_grad_enabled(False)
     doc["read_bw_gbps"] = round(read_bandwidth_gbps(dev), 1)
     emit_json(doc, args.out)
-    model = Model(cfg, dtype=getattr(torch, dtype), device=dev)
+    model = Model(cfg, dtype=getattr(torch, dtype), device=dev, kv_dtype=args.kv_cache_dtype)
     weights.init_random(model)
     model.setup_cache(-(-max(contexts) // 256) * 256 + 256)
     doc["weight_bytes"] = model.weight_bytes()
-    doc["kv_bytes_per_token"] = cfg.kv_bytes_per_token(model.head.element_size())
+    doc["kv_cache_dtype"] = args.kv_cache_dtype
+    # K/V bytes per position as the cache holds them (int8: one byte per value plus a float32 scale per head)
+    doc["kv_bytes_per_token"] = model.state_bytes()["kv_cache"] // model.max_context
     doc["gemv"] = gemv_only(model)
     doc["predicted_ms_at_read_bw"] = round(doc["weight_bytes"] / (doc["read_bw_gbps"] * 1e9) * 1e3, 4)
     emit_json(doc, args.out)
@@ -313,7 +317,7 @@ def main(argv: list[str]) -> int:
     doc["fit"] = {k: fit(v, doc["gemv"]["ms"], doc["read_bw_gbps"]) for k, v in doc["decode"].items()}
     emit_json(doc, args.out)
     doc["prefill"] = {}
-    for n in (int(t) for t in args.prefill_tokens.split(",")):
+    for n in (int(t) for t in args.prefill_tokens.split(",") if t):  # --prefill-tokens "": none
         with torch.inference_mode():
             row = prefill(model, n, args.prefill_chunk, repeats=3 if n <= 16384 else 1)
         if args.peak_tflops:

@@ -6,7 +6,7 @@
      on it, as a user starts it, on 127.0.0.1;
   3. /v1/completions with a --prompt-tokens prompt given as token ids: --short and --long generated
      tokens (ignore_eos), 3 of each after a warm-up; served ms/token = (median long - median short) /
-     (long - short), so prefill and the HTTP round trip cancel out (how issue 10 measured 40.8 ms);
+     (long - short), so prefill and the HTTP round trip cancel out;
   4. one streamed request of --long tokens: the arrival time of every SSE event, and the gaps;
   5. the ratios, each from figures of this run: served TP2 vs the bench's TP2 graph step, TP2 vs TP1.
 Prints one JSON document (also written to --out). Needs two CUDA GPUs (or --devices cuda:0,cuda:0).

@@ -18,7 +18,7 @@ What each number is (both ranks run every phase in lockstep; rank 0 writes the d
                         replayed (--kernels: the blocks the service would choose on this card)
   served                the service's loop in-process (runner.run + the rank's lockstep exchange):
                         ms per token from a long and a short generation (--served)
-  summary               the issue-10 ratios, each from this run: served vs bench step, TP2 vs TP1,
+  summary               the served-speed ratios, each from this run: served vs bench step, TP2 vs TP1,
                         TP1 step vs the floor at the measured read bandwidth
 The weights are random, made on each GPU: decode speed depends on shapes and bytes, not values.
 """
@@ -242,7 +242,7 @@ def served_loop(model, spec: tuple[int, int, int], lockstep) -> dict:
     """The service's loop on this model: engine.core.runner.run (chunked prefill, then the Decoder's graph
     replays, sampling on the host) with the rank's per-token lockstep (engine/service/rank.py's hook, minus its
     socket message: greedy tokens checked inside the step's graph, token 0 by an exchange). ms per token = (wall of the long run - wall of the short run) / extra
-    tokens, so prefill and start-up cancel out, as measured against the service in issue 10."""
+    tokens, so prefill and start-up cancel out, as the served bench measures the service."""
     import torch
 
     from engine.core import runner
@@ -421,7 +421,7 @@ def assemble(per_rank: dict, args: argparse.Namespace, meta: dict) -> dict:
 
 
 def summary(doc: dict, ctx: str = "1024") -> dict:
-    """The issue-10 ratios, each from figures of this one run (None where a figure is missing):
+    """The served-speed ratios, each from figures of this one run (None where a figure is missing):
     served TP2 ms/token vs the bench's TP2 graph step, TP2 vs TP1 (served and bench), and the TP1
     step against the floor at the measured read bandwidth."""
     def get(d, *keys):
