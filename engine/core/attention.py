@@ -40,6 +40,9 @@ import torch
 BLOCK_S = 128  # cache positions per tile (H200, 2026-11-30: 128 x 8 warps fastest of 8 configurations)
 NUM_WARPS = 8
 TARGET_PROGRAMS = 264  # about two programs per SM of an H200 (132 SMs): sets how the window is split
+# head dim 256 (Qwen3.5): 64-position tiles and 4 warps: 197 vs 232 us at 128K, 365 vs 419 us at 256K against
+# (128, 8) on an H200 (2026-12-01, python -m engine.bench.attention, tests/fixtures/engine/h200-attention-2026-12-01.json)
+HD256_CONFIG = (64, 4, 0)
 # tiles whose loads a program keeps in flight (the launch's num_stages): 1 = none. Triton's default (3) needs
 # 3 x 128 KB of shared memory at head dim 256 and 128-position tiles: more than an H200 has (227 KB).
 STAGES = 1
@@ -92,23 +95,25 @@ def _kernels():
         kt2 = tl.load(kp + i2[None, :], mask=old, other=0)
         vt = tl.load(vc_ptr + kvh * stride_vh + offs[:, None] * stride_vs + tl.arange(0, HD)[None, :], mask=old,
                      other=0)
-        if INT8:
+        if INT8:  # the int8 values (exact in 16-bit floats); their scales multiply the scores and the weights
             omask = offs < pos
-            ksc = tl.load(ksc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)[:, None]
-            vsc = tl.load(vsc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)[:, None]
-            kt1 = (kt1.to(tl.float32) * ksc).to(dt)
-            kt2 = (kt2.to(tl.float32) * ksc).to(dt)
-            vt = (vt.to(tl.float32) * vsc).to(dt)
-        return kt1, kt2, vt
+            ksc = tl.load(ksc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)
+            vsc = tl.load(vsc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)
+            return kt1.to(dt), kt2.to(dt), vt.to(dt), ksc, vsc
+        return kt1, kt2, vt, offs, offs
 
     @triton.jit
     def _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt: tl.constexpr,
-                DOT_F32: tl.constexpr, EMU: tl.constexpr):
-        # one tile of the online softmax; position pos's K/V come from registers
+                DOT_F32: tl.constexpr, EMU: tl.constexpr, ksc, vsc, ksc_new, vsc_new, INT8: tl.constexpr):
+        # one tile of the online softmax; position pos's K/V come from registers. An int8 cache: q . (k s_k) =
+        # (q . k) s_k per position, and p . (v s_v) = (p s_v) . v, so the scales cost one multiply per position
         here = (offs == pos)[:, None]
         kt1 = tl.where(here, k1[None, :], kt1)
         kt2 = tl.where(here, k2[None, :], kt2)
         vt = tl.where(here, v_new[None, :], vt)
+        if INT8:
+            ksc = tl.where(offs == pos, ksc_new, ksc)
+            vsc = tl.where(offs == pos, vsc_new, vsc)
         if DOT_F32:  # float32 operands (the dtype's values), exact products
             s = tl.dot(q1.to(tl.float32), tl.trans(kt1.to(tl.float32)), input_precision="ieee")
             s += tl.dot(q2.to(tl.float32), tl.trans(kt2.to(tl.float32)), input_precision="ieee")
@@ -116,16 +121,21 @@ def _kernels():
             s = tl.dot(q1, tl.trans(kt1))
             s += tl.dot(q2, tl.trans(kt2))
         s = s * scale  # [G_PAD, BLOCK_S], float32
+        if INT8:
+            s = s * ksc[None, :]
         s = tl.where((offs <= pos)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        pv = p
+        if INT8:
+            pv = p * vsc[None, :]
         if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(rnd(p, dt, EMU).to(tl.float32), vt.to(tl.float32),
+            acc = acc * alpha[:, None] + tl.dot(rnd(pv, dt, EMU).to(tl.float32), vt.to(tl.float32),
                                                 input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(dt), vt)
+            acc = acc * alpha[:, None] + tl.dot(pv.to(dt), vt)
         return m_new, l_i, acc
 
     @triton.jit
@@ -180,8 +190,8 @@ def _kernels():
         offs = lo + tl.arange(0, BLOCK_S)
         RT: tl.constexpr = HD if ROT == 0 else ROT  # the rotary part of each head
         QS: tl.constexpr = 2 * HD if GATED else HD  # q_proj's rows per head ([query | gate] when gated)
-        kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF,
-                                  HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
+        kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh,
+                                                stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
         hs = tl.arange(0, HALF)
         i1, i2 = _half_idx(HALF, RT)
         gs = tl.arange(0, G_PAD)
@@ -230,10 +240,11 @@ def _kernels():
                 tl.store(ksc_ptr + kvh * stride_sh + pos, ksc)
                 tl.store(vsc_ptr + kvh * stride_sh + pos, vsc)
             # this position attends to its own K/V as the cache will hold them (as the plain blocks do)
-            k1 = (kq1 * ksc).to(dt)
-            k2 = (kq2 * ksc).to(dt)
-            v_new = (vq * vsc).to(dt)
-        elif sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
+            k1, k2, v_new = kq1.to(dt), kq2.to(dt), vq.to(dt)
+            ksc_new, vsc_new = ksc, vsc
+        else:
+            ksc_new, vsc_new = scale, scale
+        if not INT8 and sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
             tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i1, k1)
             tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i2, k2)
             tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, v_new)
@@ -243,16 +254,16 @@ def _kernels():
         acc = tl.zeros((G_PAD, HD), tl.float32)
         if lo <= pos:
             m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt, DOT_F32,
-                                    EMU)
+                                    EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
         # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
         # compiler pipelines the tile loads (the launch's num_stages: STAGES)
         n_t = tl.minimum(CHUNK, pos - lo + 1)
         for t in range(BLOCK_S, n_t, BLOCK_S):
             offs = lo + t + tl.arange(0, BLOCK_S)
-            kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
-                                      HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
+            kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh,
+                                                    stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
             m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                    DOT_F32, EMU)
+                                    DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
         # this program's partial
         pidx = kvh * SPLITS + sp
         tl.store(part_acc + (pidx * G_PAD + gs[:, None]) * HD + ds[None, :], acc, mask=gmask[:, None])
@@ -326,7 +337,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     from engine.core import gemv
 
     attn_k, comb_k = _kernels()
-    cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (BLOCK_S, NUM_WARPS, 0)
+    cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (HD256_CONFIG if hd >= 256 else (BLOCK_S, NUM_WARPS, 0))
     block_s, num_warps = block_s or cfg_bs, num_warps or cfg_warps
     splits = splits or cfg_splits or None
     g = n_heads // n_kv
