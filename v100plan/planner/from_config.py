@@ -23,6 +23,7 @@ from typing import Any
 
 from profiles.document import SCHEMA_VERSIONS
 from v100plan.errors import BadInput, DocumentError
+from v100plan.planner import config_features
 from v100plan.planner.formats import KV_DTYPES, WEIGHT_FORMATS, KvDtype, WeightFormat, kv_dtype, weight_format
 
 DEFAULT_CONFIG_FORMAT = "bf16"
@@ -83,7 +84,15 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         linear = L - full
     else:
         full, linear = L, 0
-    attn = H * q * d + 2 * H * kv * d + q * d * H
+    config_features.refuse_unmodelled(cfg, source)
+    latent = config_features.mla(cfg, H, q)
+    if latent:
+        attn = latent["params_per_layer"]
+        kv, d = 1, latent["latent"]          # the absorbed form: one KV head of the latent's width, shared
+        assumptions.append(f"MLA: {latent['kv_lora_rank']} + {latent['qk_rope_head_dim']} latent values cached per token "
+                           "and layer (K and V from one latent, replicated under tensor parallel)")
+    else:
+        attn = H * q * d + 2 * H * kv * d + q * d * H
     if cfg.get("attn_output_gate"):
         attn += H * q * d
     lin = 0
@@ -102,29 +111,28 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         # Recurrent state per sequence and layer: nv x dk x dv in fp32 + the conv window in 16 bits.
         state_bytes = linear * (nv * dk * dv * 4 + (2 * Kd + Vd) * (kern - 1) * 2)
         assumptions.append("linear-attention state kept in fp32 (nv x dk x dv x 4 bytes per layer) plus a 16-bit conv window")
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-    active = cfg.get("num_experts_per_tok") or 0
     I = cfg.get("intermediate_size") or 0  # noqa: E741
     dense_mlp_layers = L
-    expert_params = active_expert_params = shared = router = 0
-    if experts:
-        im = cfg.get("moe_intermediate_size") or I
-        only = cfg.get("mlp_only_layers") or []
-        dense_mlp_layers = len(only)
-        moe_layers = L - dense_mlp_layers
-        expert_params = moe_layers * experts * 3 * H * im
-        active_expert_params = moe_layers * active * 3 * H * im
-        router = moe_layers * H * experts
-        si = cfg.get("shared_expert_intermediate_size") or 0
-        shared = moe_layers * (3 * H * si + (H if si else 0))
+    experts = active = expert_params = active_expert_params = shared = router = 0
+    routed = config_features.moe(cfg, L, H, I)
+    if routed:
+        experts, active, dense_mlp_layers = routed["experts"], routed["active"], routed["dense_layers"]
+        expert_params, active_expert_params = routed["expert_params"], routed["active_expert_params"]
+        shared, router = routed["shared"], routed["router"]
         if not active:
             raise DocumentError(source, "MoE config without num_experts_per_tok", json_path="$.num_experts_per_tok")
+        if dense_mlp_layers:
+            assumptions.append(f"MoE: {routed['moe_layers']} expert layers, the first {dense_mlp_layers} dense"
+                               if cfg.get("first_k_dense_replace") is not None else
+                               f"MoE: {routed['moe_layers']} expert layers, {dense_mlp_layers} dense (mlp_only_layers)")
     elif not I:
         raise DocumentError(source, "config.json has no intermediate_size", json_path="$.intermediate_size")
     dense_mlp = dense_mlp_layers * 3 * H * I
     tied = bool(cfg.get("tie_word_embeddings", False))
     embed = V * H
     head = 0 if tied else V * H
+    native, rope_notes = config_features.rope_context(cfg, source)
+    assumptions += rope_notes
     mtp = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
     if mtp:
         assumptions.append(f"{mtp} MTP draft layer(s) in config.json: sized as one average layer plus the output head; "
@@ -135,7 +143,7 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         "router": router, "experts": experts, "active": active, "expert_params": expert_params,
         "active_expert_params": active_expert_params, "embed": embed, "head": head, "tied": tied,
         "state_bytes": state_bytes, "mtp": mtp, "assumptions": assumptions,
-        "native_context": int(cfg.get("max_position_embeddings") or 0) or None,
+        "native_context": native, "kv_latent_dim": latent["latent"] if latent else 0,
     }
 
 
@@ -194,7 +202,10 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
         "layers": {"total": c["layers"], "full_attention": c["full"], "linear_attention": c["linear"],
                    "sources": {"total": src, "full_attention": src, "linear_attention": src}},
         "attention": {"q_heads": c["q"], "kv_heads": c["kv"], "head_dim": c["head_dim"],
-                      "sources": {"q_heads": src, "kv_heads": src, "head_dim": src}},
+                      **({"kv_latent_dim": c["kv_latent_dim"]} if c["kv_latent_dim"] else {}),
+                      "sources": {"q_heads": src, "kv_heads": src, "head_dim": src,
+                                  **({"kv_latent_dim": f"{src}: kv_lora_rank + qk_rope_head_dim (MLA)"}
+                                     if c["kv_latent_dim"] else {})}},
         "hidden_size": c["hidden"], "intermediate_size": c["intermediate"], "vocab_size": c["vocab"],
         "native_context": native,
         "weights": {"total_gb": round(total, 4), "split_gb": round(split, 4), "replicated_gb": round(replicated, 4),
@@ -222,7 +233,8 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
             "sources": {"experts": src, "active_experts": src, "expert_gb": f"routed experts at {fmt.name}"}},
         "assumptions": assumptions,
         "sources": {"parameters_b": f"derived from the shape in {src}", "hidden_size": src, "vocab_size": src,
-                    "native_context": f"{src}: max_position_embeddings" if c["native_context"] else "assumed",
+                    "native_context": (f"{src}: max_position_embeddings and its rope scaling" if c["native_context"]
+                                       else "assumed"),
                     "state_bytes_per_sequence": "linear-attention state from the shape" if c["linear"] else "no recurrent state",
                     "matrix_flops_per_token": "2 x (active linear parameters + output head)",
                     **({"intermediate_size": src} if c["intermediate"] else {})},

@@ -131,6 +131,7 @@ class Model:
     kv_dtype: str = ""
     head_gb: float = 0.0              # the output head as read per token (part of weights_split_gb); 0: not known
     draft_layers: int = 0             # a separate draft model's layers (its per-layer overhead); 0: not known
+    kv_latent_dim: int = 0            # MLA: values cached per token and layer (K and V from one latent); 0: not MLA
 
     @property
     def layers(self) -> int:
@@ -139,7 +140,10 @@ class Model:
 
     @property
     def kv_shape_bytes_per_token(self) -> float:
-        """attention layers x KV heads x head_dim x 2 (K and V) x bytes per element (GDN layers hold no KV)."""
+        """attention layers x KV heads x head_dim x 2 (K and V) x bytes per element (GDN layers hold no KV);
+        MLA: attention layers x the latent's width x bytes per element (K and V are read from one latent)."""
+        if self.kv_latent_dim:
+            return self.attention_layers * self.kv_latent_dim * self.kv_bytes_per_element
         return self.attention_layers * self.kv_heads * self.head_dim * 2 * self.kv_bytes_per_element
 
     @property
@@ -403,6 +407,7 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         layers_total=int(layers.get("total", 0)), draft_kind=str(draft.get("kind", "")) if draft else "",
         draft_read_gb=draft.get("read_gb_per_step"), assumptions=tuple(doc.get("assumptions") or ()),
         kv_dtype=str(kv.get("dtype", "")), head_gb=float(w.get("head_gb") or 0.0),
+        kv_latent_dim=int(att.get("kv_latent_dim") or 0),
     )
 
 
