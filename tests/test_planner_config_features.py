@@ -135,3 +135,40 @@ def test_a_window_no_shorter_than_the_context_or_switched_off_is_read(tmp_path):
     off = _doc(_raw(tmp_path, _qwen3(sliding_window=4096, use_sliding_window=False), "off"))
     whole = _doc(_raw(tmp_path, _qwen3(sliding_window=40960, use_sliding_window=True), "whole"))
     assert off["native_context"] == whole["native_context"] == 40960
+
+
+def test_the_hybrid_profiles_compute_their_gdn_state_from_the_shape():
+    """The catalogue's 27B hybrid: 48 linear layers x (48 x 128 x 128 x 4 B recurrent state + (2 x 16 x 128 + 48 x 128)
+    channels x 3 x 2 B conv window) = 153.9 MB a sequence, computed from the profile's linear_attention fields (the
+    engine keeps the same buffers), and the same formula reads a Qwen3-Next config.json."""
+    from transformers import Qwen3NextConfig
+
+    for mid in ("qwen3.8-27b-nvfp4", "qwen3.8-27b-groupwise-int"):
+        doc = catalogue.get("model", mid)
+        m = model_from_doc(doc)
+        assert doc["hidden_size"] == 5120 and doc["linear_attention"]["value_heads"] == 48
+        assert m.state_bytes_per_sequence == 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 3 * 2)
+        assert m.state_bytes_per_sequence / 1e6 == pytest.approx(153.9, abs=0.05)
+    shaped = dict(linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+                  linear_conv_kernel_dim=4, num_hidden_layers=64, full_attention_interval=4, hidden_size=5120,
+                  num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408, vocab_size=248320)
+    cfg = {k: v for k, v in Qwen3NextConfig(**shaped).to_dict().items()}
+    cfg.update(num_experts=0, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 16)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(cfg))
+        derived = model_from_doc(_doc(d))
+    assert derived.state_bytes_per_sequence == m.state_bytes_per_sequence
+    assert derived.attention_layers == 16
+
+
+def test_a_plan_holds_the_gdn_state_per_sequence(cli):
+    one = cli.json("plan", "--hardware", "v100-sxm2-32gb", "--gpus", "1", "--model", "qwen3.8-27b-groupwise-int",
+                   "--context", "8K", "--concurrency", "1")
+    two = cli.json("plan", "--hardware", "v100-sxm2-32gb", "--gpus", "1", "--model", "qwen3.8-27b-groupwise-int",
+                   "--context", "8K", "--concurrency", "2")
+    k1 = one["strategies"][0]["breakdown"]["memory"]["kv_gb"]
+    k2 = two["strategies"][0]["breakdown"]["memory"]["kv_gb"]
+    assert k2 - k1 == pytest.approx(8192 * 45573 / 1e9 + 0.154, abs=0.002)

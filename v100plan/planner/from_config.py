@@ -25,6 +25,7 @@ from profiles.document import SCHEMA_VERSIONS
 from v100plan.errors import BadInput, DocumentError
 from v100plan.planner import config_features
 from v100plan.planner.formats import KV_DTYPES, WEIGHT_FORMATS, KvDtype, WeightFormat, kv_dtype, weight_format
+from v100plan.planner.inputs import linear_state_bytes
 
 DEFAULT_CONFIG_FORMAT = "bf16"
 DEFAULT_KV = "fp16"
@@ -97,6 +98,7 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         attn += H * q * d
     lin = 0
     state_bytes = 0.0
+    linear_shape: dict[str, int] | None = None
     if linear:
         nk = cfg.get("linear_num_key_heads") or 0
         nv = cfg.get("linear_num_value_heads") or 0
@@ -108,8 +110,9 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                                 "linear_key_head_dim / linear_value_head_dim", json_path="$.layer_types")
         Kd, Vd = nk * dk, nv * dv
         lin = H * (2 * Kd + 2 * Vd) + H * 2 * nv + (2 * Kd + Vd) * kern + Vd * H
-        # Recurrent state per sequence and layer: nv x dk x dv in fp32 + the conv window in 16 bits.
-        state_bytes = linear * (nv * dk * dv * 4 + (2 * Kd + Vd) * (kern - 1) * 2)
+        linear_shape = {"key_heads": nk, "value_heads": nv, "key_head_dim": dk, "value_head_dim": dv, "conv_kernel": kern,
+                        "state_bytes_per_element": 4, "conv_bytes_per_element": 2}
+        state_bytes = linear_state_bytes(linear, linear_shape)
         assumptions.append("linear-attention state kept in fp32 (nv x dk x dv x 4 bytes per layer) plus a 16-bit conv window")
     I = cfg.get("intermediate_size") or 0  # noqa: E741
     dense_mlp_layers = L
@@ -143,7 +146,7 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         "router": router, "experts": experts, "active": active, "expert_params": expert_params,
         "active_expert_params": active_expert_params, "embed": embed, "head": head, "tied": tied,
         "state_bytes": state_bytes, "mtp": mtp, "assumptions": assumptions,
-        "native_context": native, "kv_latent_dim": latent["latent"] if latent else 0,
+        "native_context": native, "kv_latent_dim": latent["latent"] if latent else 0, "linear_shape": linear_shape,
     }
 
 
@@ -218,6 +221,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
         "kv_cache": {"dtype": kvd.name, "bytes_per_element": kvd.bytes_per_element, "overhead_bytes_per_token": 0,
                      "sources": {"bytes_per_element": kvd.source, "overhead_bytes_per_token": "none modelled: the shape only"}},
         "state_bytes_per_sequence": c["state_bytes"],
+        **({"linear_attention": {**c["linear_shape"], "sources": {"shape": src}}} if c["linear_shape"] else {}),
         "matrix_flops_per_token": 2.0 * active_linear,
         "tp": {"allreduces_per_round": 2 * c["layers"], "allreduce_bytes_per_token": c["hidden"] * 2,
                "sources": {"allreduces_per_round": "2 per layer (attention/linear-attention output and MLP down projection)",

@@ -89,8 +89,11 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     fmt = weight_format(model.format)
     speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", card.architecture, lay.tp)
     fw, fk, oh = speeds.weight, speeds.kv, speeds.overhead
-    kv_read_gb = C * (model.kv_bytes_per_token * target.context_tokens + model.state_bytes_per_sequence) * lay.kv_read_share / 1e9
-    weights_gb = lay.weights_read_gb
+    # The K/V a round reads grows with the context; a recurrent (GDN) state is a fixed-size block read whole, every
+    # round, by the layer's own kernels like a weight matrix: it is read at the weight fraction, not the attention one.
+    kv_read_gb = C * model.kv_bytes_per_token * target.context_tokens * lay.kv_read_share / 1e9
+    state_read_gb = C * model.state_bytes_per_sequence * lay.kv_read_share / 1e9
+    weights_gb = lay.weights_read_gb + state_read_gb
     ceiling_ms = read_ms(weights_gb + kv_read_gb, card.read_bw.value)
     missing = [n for n, v in (("weight_bw_fraction", fw), ("kv_bw_fraction", fk), ("round_overhead_ms", oh)) if v.value is None]
     if missing:
