@@ -102,7 +102,7 @@ def _validate_probe(doc: dict[str, Any], source: str) -> None:
         raise DocumentError(source, why, json_path="$.schema_version")
 
 
-def plan_document(hardware: str, gpus: int | None, model: str, engine: str, context: str, acceptance: float | None,
+def plan_document(hardware: str, gpus: int | None, model: str, engine: str | None, context: str, acceptance: float | None,
                   concurrency: int, objective: str, weights: str | None = None, kv_cache_dtype: str | None = None,
                   draft_tokens: int | None = None, draft_model: str | None = None, nodes: int = 1) -> dict[str, Any]:
     """One Plan document (kind "plan") for the CLI's inputs."""
@@ -114,9 +114,10 @@ def plan_document(hardware: str, gpus: int | None, model: str, engine: str, cont
     _positive("--nodes", nodes)
     if draft_tokens is not None and draft_tokens < 0:
         raise BadInput(f"--draft-tokens must be 0 or more, got {draft_tokens}", hint="e.g. --draft-tokens 3")
+    hw = catalogue.with_nodes(load_hardware(hardware, gpus), nodes)
+    engine = engine or catalogue.default_engine(hw.card.architecture)
     e = load_engine(engine)
     m, alternatives = catalogue.load_model(model, weights, kv_cache_dtype, e, draft_model, draft_tokens)
-    hw = catalogue.with_nodes(load_hardware(hardware, gpus), nodes)
     hw = catalogue.with_engine_advice(hw, e)
     target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective,
                     draft_tokens=draft_tokens)
@@ -193,7 +194,7 @@ def register(app: typer.Typer) -> None:
         hardware: Annotated[str, typer.Option("--hardware", help="Catalogue hardware id, or a probe report JSON file.")] = DEFAULT_HARDWARE,
         gpus: Annotated[Optional[int], typer.Option("--gpus", help="Number of cards (default 2; a probe report's card count).")] = None,
         model: Annotated[str, typer.Option("--model", help="Catalogue model id, a Hugging Face config.json, or a model directory holding one.")] = DEFAULT_MODEL,
-        engine: Annotated[str, typer.Option("--engine", help="llamacpp, vllm, sglang, v100plan, ninfer-v100-tp (or another catalogue id), or an engine profile JSON file.")] = DEFAULT_ENGINE,
+        engine: Annotated[Optional[str], typer.Option("--engine", help="llamacpp, vllm, sglang, v100plan, ninfer-v100-tp (or another catalogue id), or an engine profile JSON file (default: ninfer-v100-tp on Volta cards, else the bundled engine v100plan where calibrated for the card's generation).")] = None,
         context: Annotated[str, typer.Option("--context", help="Context length in tokens: 186000, 186K, 256K (K = 1024).")] = DEFAULT_CONTEXT,
         weights: Annotated[Optional[str], typer.Option("--weights", help="Weight format: fp32 fp16 bf16 fp8 int8 int4-awq int4-gptq nvfp4 q8_0 q6_k q5_k_m q4_k_m q4_0 iq4_xs q3_k_m q2_k (a catalogue model keeps its own unless given).")] = None,
         kv_cache_dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache type: fp16 bf16 fp8 q8_0 q4_0 (default: the engine's).")] = None,
