@@ -172,3 +172,21 @@ def test_a_plan_holds_the_gdn_state_per_sequence(cli):
     k1 = one["strategies"][0]["breakdown"]["memory"]["kv_gb"]
     k2 = two["strategies"][0]["breakdown"]["memory"]["kv_gb"]
     assert k2 - k1 == pytest.approx(8192 * 45573 / 1e9 + 0.154, abs=0.002)
+
+
+@pytest.mark.parametrize("card, bw, gib, cc, bf16", [
+    ("a100-pcie-40gb", 1555, 40, "8.0", True), ("a100-pcie-80gb", 1935, 80, "8.0", True), ("h100-pcie", 2000, 80, "9.0", True),
+    ("h20", 4000, 96, "9.0", True), ("l40s", 864, 48, "8.9", True), ("rtx3090", 936, 24, "8.6", True),
+    ("tesla-p40", 346, 24, "6.1", False), ("tesla-p100-16gb", 732, 16, "6.0", False),
+])
+def test_the_cards_people_buy_are_catalogued_with_their_nominal_figures(cli, card, bw, gib, cc, bf16):
+    d = catalogue.get("hardware", card)
+    assert (d["mem_bw_nominal_gbps"], d["memory_gib"], d["compute_capability"], d["native_bf16"]) == (bw, gib, cc, bf16)
+    assert d["sources"]["mem_bw_nominal_gbps"] and d["sources"]["pci_device_ids"]
+    # the memory clock is the bandwidth's arithmetic, clock x 2 x bus / 8
+    assert d["mem_clock_max_mhz"] * 2 * d["bus_width_bits"] / 8 / 1e3 == pytest.approx(bw, rel=1e-3)
+    p = cli.json("plan", "--hardware", card, "--gpus", "1", "--model", "engine/data/llama-3.1-8b.config.json",
+                 "--weights", "q4_k_m", "--engine", "llamacpp", "--context", "4K")
+    dec = p["strategies"][0]["breakdown"]["decode"]
+    assert p["strategies"][0]["decode_ceiling_tok_s"] == pytest.approx(bw / (dec["weights_read_gb"] + dec["kv_read_gb"]), rel=0.01)
+    assert p["launch"]["dtype"] == "float16"
