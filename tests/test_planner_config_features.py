@@ -189,4 +189,4 @@ def test_the_cards_people_buy_are_catalogued_with_their_nominal_figures(cli, car
                  "--weights", "q4_k_m", "--engine", "llamacpp", "--context", "4K")
     dec = p["strategies"][0]["breakdown"]["decode"]
     assert p["strategies"][0]["decode_ceiling_tok_s"] == pytest.approx(bw / (dec["weights_read_gb"] + dec["kv_read_gb"]), rel=0.01)
-    assert p["launch"]["dtype"] == "float16"
+    assert p["launch"]["dtype"] == ("bfloat16" if bf16 else "float16")
