@@ -30,8 +30,9 @@ class WeightFormat:
     name: str
     bits_per_weight: float       # linear layers (checkpoint formats) or the whole file (GGUF)
     whole_file: bool             # True: GGUF, the figure covers embedding and head too
-    family: str                  # "float", "int", "gguf": the engine-efficiency key falls back to it
+    family: str                  # "float", "int", "gguf", "exl2": the engine-efficiency key falls back to it
     source: str
+    head_bits: float | None = None  # the output head's bits where the format sets them (EXL2: 6); None: 16
 
 
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
@@ -79,8 +80,24 @@ KV_DTYPES: dict[str, KvDtype] = {k.name: k for k in (
 )}
 
 
+_EXL2 = ("exllamav2 README, 'EXL2 quantization': any average bitrate between 2 and 8 bits per weight, mixed per layer; "
+         "the name's figure is that average (scales included), the output head at convert.py's default -hb 6 bits, "
+         "the embedding unquantized")
+
+
+def exl2(bits: float) -> WeightFormat:
+    """An EXL2 file of ``bits`` bits per weight on average over the linear layers (exl2-2.5 ... exl2-8.0)."""
+    return WeightFormat(f"exl2-{bits:.1f}", bits, False, "exl2", _EXL2, head_bits=6.0)
+
+
 def weight_format(name: str) -> WeightFormat | None:
     key = name.lower()
+    if key.startswith("exl2-"):
+        try:
+            bits = float(key[5:])
+        except ValueError:
+            return None
+        return exl2(bits) if 2.0 <= bits <= 8.0 else None
     return WEIGHT_FORMATS.get(ALIASES.get(key, key))
 
 

@@ -160,7 +160,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
     cfg = _text_config(cfg_in)
     fmt: WeightFormat | None = weight_format(fmt_name or DEFAULT_CONFIG_FORMAT)
     if fmt is None:
-        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}")
+        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}, exl2-BITS (EXL2, 2.0 to 8.0 bits per weight)")
     kvd: KvDtype | None = kv_dtype(kv_name or DEFAULT_KV)
     if kvd is None:
         raise BadInput(f"unknown KV cache dtype {kv_name!r}", hint=f"one of: {', '.join(KV_DTYPES)}")
@@ -173,7 +173,11 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
         emb_bits = head_bits = fmt.bits_per_weight
     else:
         emb_bits = head_bits = max(16.0, fmt.bits_per_weight)
-        if fmt.bits_per_weight < 16:
+        if fmt.head_bits is not None:
+            head_bits = fmt.head_bits
+            assumptions.append(f"{fmt.name}: linear layers at {fmt.bits_per_weight:g} bits, output head at {head_bits:g}, "
+                               "embedding at 16 bits")
+        elif fmt.bits_per_weight < 16:
             assumptions.append(f"{fmt.name}: linear layers at {fmt.bits_per_weight:g} bits, embedding and output head kept at 16 bits")
     dense_gb = _gb(linear_dense, fmt.bits_per_weight)
     expert_gb = _gb(c["expert_params"], fmt.bits_per_weight)
@@ -262,7 +266,7 @@ def reformat_doc(doc: dict[str, Any], fmt_name: str, siblings: list[dict[str, An
     profile scaled by bits (new bits / the profile's bits per parameter), said in the returned notes."""
     fmt = weight_format(fmt_name)
     if fmt is None:
-        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}")
+        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}, exl2-BITS (EXL2, 2.0 to 8.0 bits per weight)")
     if doc.get("format") == fmt.name:
         return doc, []
     for s in siblings:

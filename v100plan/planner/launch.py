@@ -12,6 +12,8 @@ first node's address. Flags as the engines document them:
   --dist-init-addr HEAD_IP:50000` on every node i (--tp counts every GPU of every node).
 - llama.cpp: `llama-server -m MODEL.gguf -ngl 99 -c CTX --split-mode layer`, and `-fa on -ctk T -ctv T`
   for a quantized KV cache.
+- TensorRT-LLM: `trtllm-serve MODEL --tp_size N --pp_size M --max_seq_len CTX` (its OpenAI-compatible server; the
+  dtype is the checkpoint's).
 
 Per strategy: `replicas` is one instance per card, each its own process on its own port with
 `CUDA_VISIBLE_DEVICES=i` (the command's `env`), none split; `layer_split` is llama.cpp's `--split-mode layer`
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_BASE_PORT = {"vllm": 8000, "sglang": 30000, "llamacpp": 8080}   # each engine's own default port
+_BASE_PORT = {"vllm": 8000, "sglang": 30000, "llamacpp": 8080, "tensorrt-llm": 8000}   # each engine's own default port
 _VLLM_KV = {"fp8": "fp8"}            # vLLM's --kv-cache-dtype takes auto or fp8 variants
 _LLAMACPP_KV = {"q8_0": "q8_0", "q4_0": "q4_0", "fp16": "f16", "bf16": "bf16"}
 
@@ -74,6 +76,10 @@ def _instance(kind: str, model: Any, lay: Any, nodes: int, target: Any, dtype: s
             return [{"node": f"node {i}", "argv": base + ["--nnodes", str(lay.pp), "--node-rank", str(i),
                                                           "--dist-init-addr", "HEAD_IP:50000"]} for i in range(lay.pp)]
         return [{"node": "all", "argv": base}]
+    if kind == "tensorrt-llm":
+        pp = 2 if lay.name == "layer_split" else lay.pp
+        return [{"node": "all", "argv": ["trtllm-serve", "MODEL", "--tp_size", str(lay.tp), "--pp_size", str(pp),
+                                         "--max_seq_len", ctx]}]
     if kind == "llamacpp":
         argv = ["llama-server", "-m", "MODEL.gguf", "-ngl", "99", "-c", ctx]
         if lay.gpus_needed > 1 and lay.name != "replicas":
