@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from v100plan import documents, output
+from v100plan.api_key import read_api_key
 from v100plan.commands.remote_options import IndexUrlOpt, RemoteArgs, TorchOpt, option_group, remote_options
 from v100plan.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, BadInput, EnvironmentProblem
 from v100plan.options import JsonOpt
@@ -73,20 +73,6 @@ def _known_keys(values: tuple[str, ...], option: str) -> None:
                        hint=f"choose from {', '.join(sorted(known))}")
 
 
-def read_api_key(path: Path) -> str:
-    """The key from a file; a group- or world-readable file is refused (it would leak the key)."""
-    try:
-        st = path.stat()
-        text = path.read_text().strip()
-    except OSError as e:
-        raise BadInput(f"--api-key-file {str(path)!r}: {e.strerror or e}", hint="give a readable file holding the key") \
-            from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise BadInput(f"--api-key-file {str(path)!r} is readable by other users (mode {stat.S_IMODE(st.st_mode):o})",
-                       hint=f"chmod 600 {path}")
-    if not text:
-        raise BadInput(f"--api-key-file {str(path)!r} is empty", hint="put the API key on the file's first line")
-    return text
 
 
 def _prepare_out(out: Path | None) -> Path:
