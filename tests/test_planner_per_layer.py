@@ -145,7 +145,7 @@ def test_gptfast_70b_tensor_parallel_rows_fall_inside_the_allreduce_range():
     low = {r.id: r for r in accuracy.evaluate(REPO, range_end="low")}
     high = {r.id: r for r in accuracy.evaluate(REPO, range_end="high")}
     rows70 = [pid for pid, r in low.items() if r.engine == "gpt-fast" and r.gpus > 1 and "70b" in r.model]
-    assert len(rows70) == 4
+    assert len(rows70) == 5              # bf16 tp2/4/8, 8-bit and 4-bit tp8
     for pid in rows70:
         assert high[pid].predicted_tok_s <= low[pid].published_tok_s <= low[pid].predicted_tok_s, pid
 
@@ -217,3 +217,16 @@ def test_tensorrt_llm_plans_its_ceiling_and_its_launch_command(cli):
     argv = doc["launch"]["commands"][0]["argv"]
     assert argv[:2] == ["trtllm-serve", "MODEL"] and "--tp_size" in argv and "--max_seq_len" in argv
     assert "fp8" in catalogue.get("engine", "tensorrt-llm")["formats"]["supported"]
+
+
+def test_gpt_fast_int4_fraction_is_its_one_card_7b_row_with_the_cost_per_layer():
+    e = _gptfast()
+    amp = e.by_generation["ampere"]
+    p = _points("gpt-fast")
+    assert p["gptfast-a100-l2-7b-int4"]["role"] == "calibration"
+    assert p["gptfast-a100-l2-70b-int4"]["role"] == p["gptfast-a100x8-l2-70b-tp8-int4"]["role"] == "held_out"
+    m = _model("llama-2-7b", "int4-g32", e)
+    gb = m.decode_read_gb + m.kv_bytes_per_token * 128 / 1e9
+    ms = 1e3 / 196.80 - 32 * amp["round_overhead_per_layer_ms"].value
+    assert amp["weight_bw_fraction_by_format"]["int4-g32"].value == pytest.approx(gb / 2039.0 / ms * 1e3, abs=5e-4)
+    assert amp["weight_bw_fraction_by_format"]["int4-g32"].value < amp["weight_bw_fraction_by_format"]["int8"].value

@@ -47,6 +47,9 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("int4-gptq", 4.156, False, "int",
                  "4-bit weights, group 128 with a 16-bit scale and 4-bit zero per group: 4 + (16 + 4) / 128 = 4.156 bits "
                  "(quantize_config.json bits 4, group_size 128; overhead = (16 + 4) / g)"),
+    WeightFormat("int4-g32", 5.0, False, "int",
+                 "4-bit weights, group 32 with a bf16 scale and a bf16 zero per group: 4 + (16 + 16) / 32 = 5 bits "
+                 "(pytorch-labs/gpt-fast quantize.py --mode int4 --groupsize 32, scales_and_zeros in bfloat16)"),
     WeightFormat("nvfp4", 4.5, False, "float",
                  "NVFP4: E2M1 4-bit values with one FP8 E4M3 scale per 16 (+ one FP32 per tensor): 4 + 8 / 16 = 4.5 bits "
                  "(Intel Neural Compressor 'NVFP4 Quantization' format table; NeMo AutoModel nvfp4: 0.5625 bytes per parameter)"),
