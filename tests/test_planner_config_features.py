@@ -190,3 +190,17 @@ def test_the_cards_people_buy_are_catalogued_with_their_nominal_figures(cli, car
     dec = p["strategies"][0]["breakdown"]["decode"]
     assert p["strategies"][0]["decode_ceiling_tok_s"] == pytest.approx(bw / (dec["weights_read_gb"] + dec["kv_read_gb"]), rel=0.01)
     assert p["launch"]["dtype"] == ("bfloat16" if bf16 else "float16")
+
+
+@pytest.mark.parametrize("extra, fmt, dtype", [
+    ({"torch_dtype": "float16"}, "fp16", "float16"),
+    ({"torch_dtype": None, "dtype": "bfloat16"}, "bf16", "bfloat16"),          # transformers 5 names it `dtype`
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}, "int4-gptq", "float16"),
+])
+def test_a_config_without_weights_is_read_in_its_own_format(cli, tmp_path, extra, fmt, dtype):
+    """No --weights: the checkpoint's own dtype (or its 4-bit quantization) is the file's format, and the launch
+    runs it in that dtype on a card with bf16 too (an fp16 file is not launched as bfloat16)."""
+    path = _raw(tmp_path, _qwen3(**extra))
+    doc = cli.json("plan", "--model", path, "--hardware", "h100-sxm", "--gpus", "1", "--engine", "vllm", "--context", "4K")
+    assert doc["launch"]["dtype"] == dtype
+    assert model_from_doc(_doc(path)).format == fmt

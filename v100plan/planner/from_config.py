@@ -28,6 +28,21 @@ from v100plan.planner.formats import KV_DTYPES, WEIGHT_FORMATS, KvDtype, WeightF
 from v100plan.planner.inputs import linear_state_bytes
 
 DEFAULT_CONFIG_FORMAT = "bf16"
+# The checkpoint's own dtype (config.json torch_dtype, `dtype` in transformers 5) names the file's format.
+_CONFIG_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_QUANT_METHODS = {"gptq": "int4-gptq", "awq": "int4-awq"}
+
+
+def config_format(cfg: dict[str, Any]) -> tuple[str, str]:
+    """(weight format, why) a config.json says its files are in: a 4-bit GPTQ/AWQ quantization_config, else the
+    torch_dtype; bf16 when it says neither."""
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict) and q.get("quant_method") in _QUANT_METHODS and q.get("bits") == 4:
+        return _QUANT_METHODS[q["quant_method"]], f"quantization_config {q['quant_method']} 4-bit"
+    dt = cfg.get("torch_dtype") or cfg.get("dtype")
+    if dt in _CONFIG_DTYPES:
+        return _CONFIG_DTYPES[dt], f"torch_dtype {dt}"
+    return DEFAULT_CONFIG_FORMAT, "the config names no dtype"
 DEFAULT_KV = "fp16"
 
 
@@ -158,7 +173,8 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
               provenance_doc: dict[str, Any] | None = None) -> dict[str, Any]:
     """A model_profile document (kind "model_profile") for the config's shape in weight format ``fmt_name``."""
     cfg = _text_config(cfg_in)
-    fmt: WeightFormat | None = weight_format(fmt_name or DEFAULT_CONFIG_FORMAT)
+    own, why = config_format(cfg)
+    fmt: WeightFormat | None = weight_format(fmt_name or own)
     if fmt is None:
         raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}, exl2-BITS (EXL2, 2.0 to 8.0 bits per weight)")
     kvd: KvDtype | None = kv_dtype(kv_name or DEFAULT_KV)
@@ -167,7 +183,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
     c = shape_counts(cfg, source)
     assumptions = list(c["assumptions"])
     if not fmt_name:
-        assumptions.append(f"no --weights given: {DEFAULT_CONFIG_FORMAT} (the config's own dtype is not a file format)")
+        assumptions.append(f"no --weights given: {fmt.name}, as the checkpoint's config says ({why})")
     linear_dense = c["attn"] + c["lin"] + c["dense_mlp"] + c["shared"] + c["router"]
     if fmt.whole_file:
         emb_bits = head_bits = fmt.bits_per_weight
