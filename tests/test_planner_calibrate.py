@@ -51,12 +51,18 @@ def test_the_fit_gives_back_the_fractions_a_straight_line_was_made_of():
     hw = hardware_from_doc(catalogue.get("hardware", "h100-sxm"), 1)
     m = _synthetic(0.8, 0.5, hw.card.read_bw.value, model)
     doc = documents.validate(engine_profile(m, model, hw, "t"), "engine_profile")
-    assert doc["efficiency"]["weight_bw_fraction"]["value"] == pytest.approx(0.8, rel=1e-4)
-    assert doc["efficiency"]["kv_bw_fraction"]["value"] == pytest.approx(0.5, rel=1e-4)
+    hopper = doc["by_generation"]["hopper"]            # the card's generation: elsewhere a plan says they stand in
+    assert hopper["weight_bw_fraction"]["value"] == pytest.approx(0.8, rel=1e-4)
+    assert hopper["kv_bw_fraction"]["value"] == pytest.approx(0.5, rel=1e-4)
+    assert doc["efficiency"]["weight_bw_fraction"]["value"] is None
     assert doc["calibration"][0]["contexts"] == [100, 3100]        # the middle point is held out
     rows = side_by_side(doc, m, model, hw)
     assert [r["role"] for r in rows] == ["fitted", "held_out", "fitted"]
     assert all(abs(r["error"]) < 1e-3 for r in rows)
+    from v100plan.planner import Target, engine_from_doc, plan
+
+    other = plan(hardware_from_doc(catalogue.get("hardware", "a100-80gb"), 1), model, engine_from_doc(doc), Target(4096, 1))
+    assert other.speeds["calibrated"] is False and other.speeds["stand_in"]["generation"] == "hopper"
 
 
 def test_a_server_faster_than_the_card_allows_is_refused():

@@ -63,14 +63,18 @@ def engine_profile(m: Measurement, model: Model, hw: Hardware, profile_id: str) 
                        f"{max(fw, fk):.2f} > 1)", hint="give the --hardware the server runs on (a probe report of its card)")
     src = f"measured: v100plan calibrate on {where}, card {hw.card.id} ({bw:g} GB/s), model {model.id}"
     ctxs = [m.points[i].context_tokens for i in fit]
-    efficiency = {
+    gen = hw.card.architecture or "unknown"
+    measured = {
         "weight_bw_fraction": {"value": round(fw, 6), "source": src, "note":
                                f"intercept {a:.3f} ms for {_weights_gb(model):.4f} GB: all of it on the weight reads"},
         "kv_bw_fraction": {"value": round(fk, 6), "source": src, "note": kv_note},
         "round_overhead_ms": {"value": 0.0, "source": src, "note": "one served model cannot split the intercept into "
                               "bytes and a fixed cost: all of it is in weight_bw_fraction"},
-        "prefill_compute_fraction": {"value": None, "source": "not measured by calibrate (prefill is subtracted)"},
     }
+    # The figures hold for this card's generation: on another, a plan says they stand in (calibration.py's chain).
+    only = f"measured on {hw.card.id} ({gen}) only: see by_generation"
+    efficiency = {k: {"value": None, "source": only} for k in measured}
+    efficiency["prefill_compute_fraction"] = {"value": None, "source": "not measured by calibrate (prefill is subtracted)"}
     arithmetic = (f"t = a + b x KV over the fitted points {ctxs}: a = {a:.4f} ms, b = {b:.4f} ms/GB; "
                   f"f_w = {_weights_gb(model):.4f} GB / ({bw:g} GB/s x a) = {fw:.4f}; f_k = {kv_note} = {fk:.4f}")
     return {
@@ -82,7 +86,7 @@ def engine_profile(m: Measurement, model: Model, hw: Hardware, profile_id: str) 
         "id": profile_id, "name": f"{m.model} as served at {m.endpoint}, measured on {hw.card.id}",
         "description": f"One stream's decode of {where}, measured by v100plan calibrate at {len(m.points)} contexts; "
                        f"fractions of {hw.card.id}'s {bw:g} GB/s for {model.id}.",
-        "status": "measured", "efficiency": efficiency, "launch_kind": "",
+        "status": "measured", "efficiency": efficiency, "by_generation": {gen: measured}, "launch_kind": "",
         "speculative": {"draft_tokens": 0, "default_acceptance": 0.0, "source": "measured without speculation"},
         "allreduce_paths": [], "allreduce_us": {},
         "calibration": [{"key": "served_decode", "parameter": "weight_bw_fraction, kv_bw_fraction",
