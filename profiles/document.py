@@ -41,6 +41,7 @@ SCHEMA_VERSIONS: dict[str, str] = {
     "validation_report": "1.0",
     "probe_bench": "1.0",
     "tp2_bench": "1.0",
+    "planner_accuracy": "1.0",
 }
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -95,7 +95,7 @@ def test_model_weights_add_up(id_):
 
 def test_27b_profiles_say_what_is_not_known():
     d = catalogue.get("model", "qwen3.8-27b-nvfp4")
-    assert d["hidden_size"] is None and "not given" in d["unavailable"]["hidden_size"]
+    assert d["hidden_size"] == 5120 and "qwen3.5-27b.config.json" in d["sources"]["hidden_size"]   # the engine's shape
     assert d["matrix_flops_per_token"] == 2 * 27e9
     # TP2 shard = split / 2 + replicated = 12.4 GB (docs/field-figures.md: 2 x 12.4 GB shard files)
     assert d["weights"]["split_gb"] / 2 + d["weights"]["replicated_gb"] == pytest.approx(12.4, abs=0.05)

@@ -113,9 +113,9 @@ def _no_traceback(r):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["plan", "--hardware", "v100-fake"], "valid ids: a100-80gb, h100-sxm, h200"),
+    (["plan", "--hardware", "v100-fake"], "valid ids: a100-80gb, a100-pcie-40gb, a100-pcie-80gb, h100-pcie"),
     (["plan", "--model", "gpt-5"], "unknown model id 'gpt-5'; valid ids:"),
-    (["plan", "--engine", "tensorrt-llm"], "valid ids: gpt-fast, llamacpp, llamacpp-layer"),
+    (["plan", "--engine", "text-generation-inference"], "valid ids: exllamav2, gpt-fast, llamacpp, llamacpp-layer"),
     (["plan", "--context", "-5"], "a token count must be positive, got '-5'"),
     (["plan", "--context", "0"], "must be positive"),
     (["plan", "--context", "lots"], "cannot read 'lots' as a token count"),

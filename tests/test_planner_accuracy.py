@@ -15,10 +15,14 @@ import pytest
 from v100plan.planner import accuracy
 
 REPO = Path(__file__).resolve().parent.parent
-# Held-out points the planner misses by more than 25 %, each with the reason (reported, not hidden). Empty since
-# 2026-11-30: ninfer-replicas-131k (+26.0 % before) is +23.9 % with ninfer-v100-tp's KV fraction set on one card's
-# 19 attention calls; still the worst, and unexplained (docs/planner-accuracy.md, "What the misses say").
-KNOWN_MISSES: dict[str, str] = {}
+# Held-out points the planner misses by more than the goal's 15 %, each with the reason (reported, not hidden;
+# docs/planner-accuracy.md, "What the misses say").
+KNOWN_MISSES: dict[str, str] = {
+    "ninfer-replicas-131k": "unexplained: 42 tok/s needs a round 11 ms above the tuned engine's calibrated line",
+    "exl2-4090-tinyllama-3.0": "a 1.1 B model at 730 tok/s: a fixed host-side cost per token that two calibration "
+                               "points of 32 and 80 layers cannot separate from the per-layer cost",
+    "exl2-4090-tinyllama-4.0": "the same host-side cost per token as the 3.0-bit row",
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,22 +53,22 @@ def test_calibration_points_reproduce(rows):
 
 
 def test_held_out_accuracy(rows):
-    """The issue's goal: held-out median within 10 %, none beyond 25 % except the named misses, and a named
-    miss that is no longer one must leave the list (the reasons in docs/planner-accuracy.md stay true)."""
+    """The goal: held-out median within 5 %, none beyond 15 % except the named misses, and a named miss that is
+    no longer one must leave the list (the reasons in docs/planner-accuracy.md stay true)."""
     s = accuracy.summary(rows)
     assert s["held_out_predicted"] == s["held_out"] >= 10
-    assert s["held_out_median_abs_error"] <= 0.10
+    assert s["held_out_median_abs_error"] <= accuracy.GOAL_MEDIAN == 0.05
     for r in rows:
         if r.role == "held_out" and r.id not in KNOWN_MISSES:
-            assert abs(r.error) <= 0.25, (r.id, r.error)
+            assert abs(r.error) <= accuracy.GOAL_WORST == 0.15, (r.id, r.error)
         if r.id in KNOWN_MISSES:
-            assert r.role == "held_out" and abs(r.error) > 0.25, (r.id, r.error)
+            assert r.role == "held_out" and abs(r.error) > accuracy.GOAL_WORST, (r.id, r.error)
 
 
 def test_wide_tensor_parallel_points_pay_for_their_allreduces(rows):
     """Every gpt-fast tp4/tp8 point is priced from the A100 box's 4- or 8-GPU figure, not left unpriced."""
     wide = [r for r in rows if r.engine == "gpt-fast" and r.strategy in ("tp4", "tp8")]
-    assert len(wide) == 5
+    assert len(wide) == 6
     for r in wide:
         n = r.strategy[2:]
         assert any(note.startswith(f"tp{n}: each allreduce priced from a100-80gb's {n}-GPU figure") for note in r.notes), r.id

@@ -26,25 +26,29 @@ def _engine(eid: str):
     return engine_from_doc(catalogue.get("engine", eid))
 
 
-@pytest.mark.parametrize("hw", ["a100-80gb", "rtx4090-24g", "h100-sxm", "h200"])
-def test_vllm_off_volta_takes_its_volta_figures_and_says_so(hw):
+@pytest.mark.parametrize("hw", ["rtx4090-24g", "h100-sxm", "h200", "l40s"])
+def test_vllm_off_its_generations_takes_its_nearest_ones_figures_and_says_so(hw):
+    """vLLM is calibrated on Volta and Ampere: Ada (8.9) and Hopper (9.0) take its Ampere (8.0) figures."""
     p = _plan(hw, "vllm")
     s = p.strategy("single")
-    volta = _engine("vllm").by_generation["volta"]
+    volta = _engine("vllm").by_generation["ampere"]
     assert s.decode_tok_s is not None and p.recommended == "single"
     assert s.breakdown["decode"]["weight_bw_fraction"] == volta["weight_bw_fraction"].value
     assert s.breakdown["decode"]["kv_bw_fraction"] == volta["kv_bw_fraction"].value
     assert p.speeds["calibrated"] is False
     assert p.speeds["stand_in"]["kind"] == "nearest_generation"
     assert (p.speeds["stand_in"]["engine"], p.speeds["stand_in"]["generation"], p.speeds["stand_in"]["format"]) == \
-        ("vllm", "volta", "default")
+        ("vllm", "ampere", "default")
+    assert s.breakdown["decode"]["overhead_per_layer_ms"] == volta["round_overhead_per_layer_ms"].value
     assert p.why[0].startswith("speeds NOT calibrated for vllm on ")
-    assert any(n.startswith("speeds not calibrated: engine vllm has no ") and "its volta figures stand in" in n for n in p.notes)
+    assert any(n.startswith("speeds not calibrated: engine vllm has no ") and "its ampere figures stand in" in n for n in p.notes)
 
 
 def test_vllm_on_its_own_generation_is_calibrated():
     p = _plan("v100-pg500-216", "vllm", gpus=2, model="qwen3.8-27b-nvfp4", context=8 * K)
     assert p.speeds["calibrated"] is True and p.speeds["stand_in"] is None
+    a = _plan("a100-pcie-40gb", "vllm")
+    assert a.speeds["calibrated"] is True and a.speeds["stand_in"] is None
     assert not any("NOT calibrated" in line for line in p.why)
     assert not any(n.startswith("speeds not calibrated") for n in p.notes)
 
@@ -53,7 +57,7 @@ def test_sglang_takes_vllm_through_its_named_sibling():
     p = _plan("h100-sxm", "sglang")
     s = p.speeds["stand_in"]
     assert p.strategy("single").decode_tok_s is not None
-    assert s["kind"] == "sibling_engine" and s["engine"] == "vllm" and s["generation"] == "volta"
+    assert s["kind"] == "sibling_engine" and s["engine"] == "vllm" and s["generation"] == "ampere"
     assert s["sibling_stand_in"]["kind"] == "nearest_generation"
     assert "SGLang's README" in s["why"]
     assert p.strategy("single").breakdown["decode"]["speeds_engine"] == "vllm"
@@ -159,20 +163,20 @@ def test_plan_json_carries_the_record(cli):
 
 
 def test_compare_marks_stand_in_speeds(cli):
-    args = ("compare", "--engine", "vllm", "--model", "qwen3.8-27b-nvfp4", "--context", "8K", "v100-pg500-216x2", "a100-80gb",
+    args = ("compare", "--engine", "vllm", "--model", "qwen3.8-27b-nvfp4", "--context", "8K", "v100-pg500-216x2", "rtx4090-48g",
             "h100-sxmx8")
     doc = cli.json(*args)
     rows = {r["hardware"]: r for r in doc["rows"]}
     assert rows["v100-pg500-216"]["speeds_calibrated"] is True and rows["v100-pg500-216"]["speeds_stand_in"] is None
-    assert rows["a100-80gb"]["speeds_calibrated"] is False
-    assert "vllm's volta default figures stand in" in rows["a100-80gb"]["speeds_stand_in"]
+    assert rows["rtx4090-48g"]["speeds_calibrated"] is False
+    assert "vllm's ampere default figures stand in" in rows["rtx4090-48g"]["speeds_stand_in"]
     assert rows["h100-sxm"]["best_strategy"] == "tp8" and rows["h100-sxm"]["decode_tok_s"] > 0
     text = cli(*args).stdout
     lines = text.splitlines()
     v100 = next(line for line in lines if "v100-pg500" in line or line.startswith("│ 2 x"))
-    a100 = next(line for line in lines if "a100-80gb" in line and line.startswith("│"))
-    assert "~" not in v100 and f"~{rows['a100-80gb']['decode_tok_s']:.1f}" in a100
-    assert any(line.startswith("~ 1 x a100-80gb: speeds NOT calibrated for vllm on ampere") for line in lines)
+    ada = next(line for line in lines if "rtx4090-48g" in line and line.startswith("│"))
+    assert "~" not in v100 and f"~{rows['rtx4090-48g']['decode_tok_s']:.1f}" in ada
+    assert any(line.startswith("~ 1 x rtx4090-48g: speeds NOT calibrated for vllm on ada") for line in lines)
 
 
 def test_the_stand_in_points_are_held_out_and_not_in_any_profile():
@@ -197,7 +201,7 @@ def test_bench_planner_reports_the_stand_in_points_apart():
     st = accuracy.summary(rows)["held_out_stand_in"]
     assert {"vllm-h100-l31-8b-bf16", "sglang-h100-l2-7b-fp16", "gptfast-4090-l2-7b-bf16", "lcpp-a100-l3-8b-f16"} <= set(st["ids"])
     by_id = {r.id: r for r in rows}
-    assert "vllm's volta default figures stand in" in by_id["sglang-h100-l2-7b-fp16"].speeds_stand_in
+    assert "vllm's ampere default figures stand in" in by_id["sglang-h100-l2-7b-fp16"].speeds_stand_in
     assert by_id["gptfast-a100-l2-7b-bf16"].speeds_stand_in is None      # calibrated where it was calibrated
     errs = [abs(by_id[i].error) for i in st["ids"]]
     assert st["points"] == len(errs) and st["worst_abs_error"] == max(errs)
@@ -205,9 +209,9 @@ def test_bench_planner_reports_the_stand_in_points_apart():
 
 def test_a_stand_in_that_is_not_in_the_catalogue_is_bad_input(cli, tmp_path):
     doc = copy.deepcopy(catalogue.get("engine", "sglang"))
-    doc["stand_in_engine"]["id"] = "tensorrt-llm"
+    doc["stand_in_engine"]["id"] = "text-generation-inference"
     path = tmp_path / "engine.json"
     path.write_text(json.dumps(doc))
     r = cli("plan", "--engine", str(path), "--hardware", "h100-sxm", "--gpus", "1", "--model", LLAMA8)
-    assert r.exit_code == 2 and "$.stand_in_engine.id" in r.stderr and "tensorrt-llm" in r.stderr
+    assert r.exit_code == 2 and "$.stand_in_engine.id" in r.stderr and "text-generation-inference" in r.stderr
     assert "Traceback" not in r.stderr

@@ -157,3 +157,66 @@ def test_pipeline_hand_overs_priced_from_the_network_entry(cli, tmp_path):
     assert not any("no network figures" in n for n in plan["notes"])
     # one hand-over per round: 100 us + 8192 x 2 bytes / 10 GB/s = 101.6 us
     assert s["breakdown"]["decode"]["hops_ms"] == pytest.approx(0.1016, abs=1e-3)
+
+
+# -- launch commands are the strategy's, the dtype the file's, the default engine the card's ----------------------
+
+LLAMA8 = "profiles/published/configs/llama-3-8b.config.json"
+
+
+@pytest.mark.parametrize("engine, weights, program, port", [("vllm", "fp16", "vllm", 8000), ("llamacpp", "q4_k_m", "llama-server", 8080)])
+def test_replicas_get_one_command_per_card_on_its_own_gpu_and_port(cli, engine, weights, program, port):
+    doc = cli.json("plan", "--hardware", "h100-sxm", "--gpus", "2", "--model", LLAMA8, "--weights", weights,
+                   "--engine", engine, "--context", "8K", "--objective", "throughput")
+    L = doc["launch"]
+    assert L["strategy"] == "replicas" and L["replicas"] == 2
+    cmds = L["commands"]
+    assert [c["node"] for c in cmds] == ["replica 0", "replica 1"]
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in cmds] == ["0", "1"]
+    assert [_flags(c["argv"])["--port"] for c in cmds] == [str(port), str(port + 1)]
+    for c in cmds:
+        assert c["argv"][0] == program and "--split-mode" not in c["argv"]
+        assert _flags(c["argv"]).get("--tensor-parallel-size", "1") == "1" and _flags(c["argv"]).get("--tp", "1") == "1"
+    assert any(n.startswith("launch (replica 1): CUDA_VISIBLE_DEVICES=1 ") for n in doc["notes"])
+
+
+def test_layer_split_on_vllm_is_its_pipeline_parallel(cli):
+    from v100plan import catalogue
+    from v100plan.planner import Target, engine_from_doc, hardware_from_doc
+    from v100plan.planner.launch import launch_commands
+    from v100plan.planner.strategies import layout
+
+    m, _ = catalogue.load_model(LLAMA8, "fp16", None)
+    lay = layout("layer_split", m, 2)
+    argv = launch_commands("vllm", m, lay, 1, Target(context_tokens=8192, gpus=2), "float16")[0]["argv"]
+    assert _flags(argv)["--pipeline-parallel-size"] == "2" and _flags(argv)["--tensor-parallel-size"] == "1"
+    assert engine_from_doc(catalogue.get("engine", "vllm")) and hardware_from_doc(catalogue.get("hardware", "h100-sxm"), 2)
+
+
+@pytest.mark.parametrize("model, weights, hardware, dtype", [
+    ("llama3.1-8b-fp16", None, "h100-sxm", "float16"),           # an fp16 file is served in fp16, not the card's bf16
+    (LLAMA8, "bf16", "h100-sxm", "bfloat16"),
+    (LLAMA8, "int4-awq", "h100-sxm", "float16"),                  # AWQ/GPTQ kernels take fp16 activations
+    (LLAMA8, "bf16", "v100-sxm2-32gb", "float16"),                # no native bf16 on Volta
+])
+def test_launch_dtype_is_the_weights_own(cli, model, weights, hardware, dtype):
+    args = ["plan", "--hardware", hardware, "--gpus", "2", "--model", model, "--engine", "vllm", "--context", "8K"]
+    doc = cli.json(*args, *(["--weights", weights] if weights else []))
+    assert doc["launch"]["dtype"] == dtype
+    assert _flags(doc["launch"]["commands"][0]["argv"])["--dtype"] == dtype
+
+
+@pytest.mark.parametrize("hardware, engine", [("h200", "v100plan"), ("v100-sxm2-32gb", "ninfer-v100-tp")])
+def test_default_engine_is_one_calibrated_for_the_card(cli, hardware, engine):
+    doc = cli.json("plan", "--hardware", hardware, "--gpus", "2", "--context", "8K")
+    assert doc["launch"]["engine"] == engine
+
+
+def test_bench_planner_json_is_a_document():
+    from v100plan import documents
+    from v100plan.planner import accuracy
+
+    doc = accuracy.document(accuracy.evaluate(accuracy.PUBLISHED.parent.parent.parent), accuracy.PUBLISHED, None)
+    documents.validate(doc, "planner_accuracy")
+    assert doc["kind"] == "planner_accuracy" and doc["schema_version"] and doc["provenance"]["tool"] == "v100plan"
+    assert doc["summary"]["goal"] == {"median_abs_error": 0.05, "worst_abs_error": 0.15}

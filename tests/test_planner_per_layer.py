@@ -145,7 +145,7 @@ def test_gptfast_70b_tensor_parallel_rows_fall_inside_the_allreduce_range():
     low = {r.id: r for r in accuracy.evaluate(REPO, range_end="low")}
     high = {r.id: r for r in accuracy.evaluate(REPO, range_end="high")}
     rows70 = [pid for pid, r in low.items() if r.engine == "gpt-fast" and r.gpus > 1 and "70b" in r.model]
-    assert len(rows70) == 4
+    assert len(rows70) == 5              # bf16 tp2/4/8, 8-bit and 4-bit tp8
     for pid in rows70:
         assert high[pid].predicted_tok_s <= low[pid].published_tok_s <= low[pid].predicted_tok_s, pid
 
@@ -159,3 +159,74 @@ def test_the_catalogue_gives_a_separate_draft_model_its_own_layer_count():
     hw = hardware_from_doc(catalogue.get("hardware", "a100-80gb"), 8, 1)
     p = plan(hw, m, engine, Target(128, 8, acceptance=0.8, draft_tokens=4))
     assert not any("draft model's layer count is not known" in n for n in p.notes)
+
+
+def _points(engine: str):
+    return {p["id"]: p for p in accuracy.load_points()["points"] if p["engine"] == engine}
+
+
+def test_exllamav2_fraction_and_cost_per_layer_solve_its_two_calibration_points():
+    """Ada: the README's 7B at 4.0 bits (32 layers) and 70B at 2.5 bits (80 layers) are two equations in the weight
+    fraction f and the cost per layer y; the profile holds their solution, and every other EXL2 row is held out."""
+    e = engine_from_doc(catalogue.get("engine", "exllamav2"))
+    pts = _points("exllamav2")
+    assert {i for i, p in pts.items() if p["role"] == "calibration"} == {"exl2-4090-l2-7b-4.0", "exl2-4090-l2-70b-2.5"}
+    rows = []
+    for pid, name in (("exl2-4090-l2-7b-4.0", "llama-2-7b"), ("exl2-4090-l2-70b-2.5", "llama-2-70b")):
+        m = _model(name, pts[pid]["weights"], e)
+        read_ms = (m.decode_read_gb + m.kv_bytes_per_token * 128 / 1e9) / 1008.0 * 1e3
+        rows.append((read_ms, m.layers, 1e3 / pts[pid]["decode_tok_s"]))
+    (a1, l1, r1), (a2, l2, r2) = rows
+    x = (r1 * l2 - r2 * l1) / (a1 * l2 - a2 * l1)
+    y = (a1 * r2 - a2 * r1) / (a1 * l2 - a2 * l1)
+    ada = e.by_generation["ada"]
+    assert ada["weight_bw_fraction"].value == pytest.approx(1 / x, abs=5e-4)
+    assert ada["round_overhead_per_layer_ms"].value == pytest.approx(y, abs=5e-5)
+
+
+def test_exl2_bits_are_a_format_with_a_6_bit_head():
+    from v100plan.planner.formats import weight_format
+
+    f = weight_format("exl2-4.65")
+    assert f and f.bits_per_weight == 4.65 and f.family == "exl2" and f.head_bits == 6.0
+    assert weight_format("exl2-9.0") is None and weight_format("exl2-x") is None
+    m16 = _model("llama-2-7b", "fp16", None)
+    m4 = _model("llama-2-7b", "exl2-4.0", None)
+    head = 32000 * 4096
+    assert m16.head_gb == pytest.approx(head * 2 / 1e9, abs=1e-4) and m4.head_gb == pytest.approx(head * 6 / 8 / 1e9, abs=1e-4)
+
+
+def test_vllm_on_ampere_is_its_one_point_with_gpt_fasts_cost_per_layer():
+    e = engine_from_doc(catalogue.get("engine", "vllm"))
+    amp = e.by_generation["ampere"]
+    per_layer = amp["round_overhead_per_layer_ms"]
+    assert per_layer.value == _gptfast().by_generation["ampere"]["round_overhead_per_layer_ms"].value
+    assert "NOT fitted on a vLLM figure" in per_layer.source
+    p = _points("vllm")["vllm-a100-40gb-l31-8b-bf16"]
+    assert p["role"] == "calibration"
+    m = _model("llama-3-8b", "bf16", e)
+    gb = m.decode_read_gb + m.kv_bytes_per_token * p["context_tokens"] / 1e9
+    f = gb / 1555.0 / (1e3 / p["decode_tok_s"] - 32 * per_layer.value) * 1e3
+    assert amp["weight_bw_fraction"].value == pytest.approx(f, abs=5e-4)
+
+
+def test_tensorrt_llm_plans_its_ceiling_and_its_launch_command(cli):
+    doc = cli.json("plan", "--hardware", "h100-sxm", "--gpus", "2", "--model", str(CONFIGS / "llama-3-8b.config.json"),
+                   "--weights", "fp8", "--engine", "tensorrt-llm", "--context", "8K")
+    assert doc["recommended"] is None and all(s["decode_tok_s"] is None for s in doc["strategies"])
+    argv = doc["launch"]["commands"][0]["argv"]
+    assert argv[:2] == ["trtllm-serve", "MODEL"] and "--tp_size" in argv and "--max_seq_len" in argv
+    assert "fp8" in catalogue.get("engine", "tensorrt-llm")["formats"]["supported"]
+
+
+def test_gpt_fast_int4_fraction_is_its_one_card_7b_row_with_the_cost_per_layer():
+    e = _gptfast()
+    amp = e.by_generation["ampere"]
+    p = _points("gpt-fast")
+    assert p["gptfast-a100-l2-7b-int4"]["role"] == "calibration"
+    assert p["gptfast-a100-l2-70b-int4"]["role"] == p["gptfast-a100x8-l2-70b-tp8-int4"]["role"] == "held_out"
+    m = _model("llama-2-7b", "int4-g32", e)
+    gb = m.decode_read_gb + m.kv_bytes_per_token * 128 / 1e9
+    ms = 1e3 / 196.80 - 32 * amp["round_overhead_per_layer_ms"].value
+    assert amp["weight_bw_fraction_by_format"]["int4-g32"].value == pytest.approx(gb / 2039.0 / ms * 1e3, abs=5e-4)
+    assert amp["weight_bw_fraction_by_format"]["int4-g32"].value < amp["weight_bw_fraction_by_format"]["int8"].value

@@ -52,6 +52,20 @@ def engine_id(spec: str) -> str:
     return spec
 
 
+# The engine a plan uses when none is named: the first of these calibrated on the card's generation (the V100
+# engine only where it was measured: Volta), else the bundled engine, which runs on any card.
+DEFAULT_ENGINES = ("ninfer-v100-tp", "v100plan", "vllm", "llamacpp", "gpt-fast")
+
+
+def default_engine(architecture: str) -> str:
+    """The engine id for a card generation (DEFAULT_ENGINES): never the V100 engine off Volta."""
+    for eid in DEFAULT_ENGINES:
+        doc = get("engine", eid)
+        if architecture in (doc.get("by_generation") or {}) or architecture in (doc.get("calibrated_generations") or ()):
+            return eid
+    return "v100plan"
+
+
 def read_config(spec: str) -> tuple[dict[str, Any], str]:
     """(config dict, path) from a Hugging Face config.json or a model directory holding one."""
     import json

@@ -121,9 +121,10 @@ def _register() -> None:
     bench_probes.register(bench_app)
     bench_engine.register(bench_app)
     bench_tp2.register(bench_app)
-    from v100plan.commands import bench_planner
+    from v100plan.commands import bench_planner, calibrate
 
     bench_planner.register(bench_app)
+    calibrate.register(app)
 
 
 _register()

@@ -102,7 +102,7 @@ def _validate_probe(doc: dict[str, Any], source: str) -> None:
         raise DocumentError(source, why, json_path="$.schema_version")
 
 
-def plan_document(hardware: str | dict, gpus: int | None, model: str, engine: str, context: str, acceptance: float | None,
+def plan_document(hardware: str | dict, gpus: int | None, model: str, engine: str | None, context: str, acceptance: float | None,
                   concurrency: int, objective: str, weights: str | None = None, kv_cache_dtype: str | None = None,
                   draft_tokens: int | None = None, draft_model: str | None = None, nodes: int = 1) -> dict[str, Any]:
     """One Plan document (kind "plan") for the CLI's inputs."""
@@ -114,9 +114,10 @@ def plan_document(hardware: str | dict, gpus: int | None, model: str, engine: st
     _positive("--nodes", nodes)
     if draft_tokens is not None and draft_tokens < 0:
         raise BadInput(f"--draft-tokens must be 0 or more, got {draft_tokens}", hint="e.g. --draft-tokens 3")
+    hw = catalogue.with_nodes(load_hardware(hardware, gpus), nodes)
+    engine = engine or catalogue.default_engine(hw.card.architecture)
     e = load_engine(engine)
     m, alternatives = catalogue.load_model(model, weights, kv_cache_dtype, e, draft_model, draft_tokens)
-    hw = catalogue.with_nodes(load_hardware(hardware, gpus), nodes)
     hw = catalogue.with_engine_advice(hw, e)
     target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective,
                     draft_tokens=draft_tokens)

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from v100plan import output
+from v100plan import documents, output
 from v100plan.options import JsonOpt
 from v100plan.planner import accuracy
 
@@ -39,17 +39,10 @@ def register(bench_app: typer.Typer) -> None:
         if allreduce_range is not None and allreduce_range not in accuracy.RANGE_ENDS:
             raise typer.BadParameter(f"use one of {', '.join(accuracy.RANGE_ENDS)}", param_hint="--allreduce-range")
         rows = accuracy.evaluate(REPO, data or accuracy.PUBLISHED, allreduce_range)
-        s = accuracy.summary(rows)
-        goal_met = (s["held_out_median_abs_error"] is not None and s["held_out_median_abs_error"] <= 0.10
-                    and s["held_out_worst_abs_error"] <= 0.25)
+        doc = documents.validate(accuracy.document(rows, data or accuracy.PUBLISHED, allreduce_range), "planner_accuracy")
+        s, goal_met = doc["summary"], doc["summary"]["goal_met"]
         if json_out:
-            output.emit_json({"summary": {**s, "goal_met": goal_met, "allreduce_range": allreduce_range or "used"},
-                              "rows": [{"id": r.id, "role": r.role, "engine": r.engine, "hardware": r.hardware, "gpus": r.gpus,
-                                        "strategy": r.strategy, "model": r.model, "weights": r.weights,
-                                        "context_tokens": r.context_tokens, "published_tok_s": r.published_tok_s,
-                                        "predicted_tok_s": r.predicted_tok_s, "ceiling_tok_s": r.ceiling_tok_s,
-                                        "error": r.error, "source": r.source, "figure": r.figure,
-                                        "speeds_stand_in": r.speeds_stand_in} for r in rows]})
+            output.emit_json(doc)
         else:
             table = output.table(
                 "planner vs published batch-1 decode (profiles/published/decode-batch1.json)",
@@ -64,7 +57,7 @@ def register(bench_app: typer.Typer) -> None:
             output.render(table, to_stderr=False)
             med, worst = s["held_out_median_abs_error"], s["held_out_worst_abs_error"]
             output.render(f"held out: {s['held_out_predicted']} of {s['held_out']} points planned; median |error| "
-                          f"{_pct(med)}, worst {_pct(worst)}; goal (median <= 10 %, worst <= 25 %) "
+                          f"{_pct(med)}, worst {_pct(worst)}; goal (median <= {accuracy.GOAL_MEDIAN:.0%}, worst <= {accuracy.GOAL_WORST:.0%}) "
                           f"{'met' if goal_met else 'NOT met'}", to_stderr=False)
             st = s["held_out_stand_in"]
             if st["points"]:

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         hardware: Annotated[str, typer.Option("--hardware", help="Catalogue hardware id, or a probe report JSON file.")] = DEFAULT_HARDWARE,
         gpus: Annotated[Optional[int], typer.Option("--gpus", help="Number of cards (default 2; a probe report's card count).")] = None,
         model: Annotated[str, typer.Option("--model", help="Catalogue model id, a Hugging Face config.json, or a model directory holding one.")] = DEFAULT_MODEL,
-        engine: Annotated[str, typer.Option("--engine", help="llamacpp, vllm, sglang, v100plan, ninfer-v100-tp (or another catalogue id), or an engine profile JSON file.")] = DEFAULT_ENGINE,
+        engine: Annotated[Optional[str], typer.Option("--engine", help="llamacpp, vllm, sglang, v100plan, ninfer-v100-tp (or another catalogue id), or an engine profile JSON file (default: ninfer-v100-tp on Volta cards, else the bundled engine v100plan where calibrated for the card's generation).")] = None,
         context: Annotated[str, typer.Option("--context", help="Context length in tokens: 186000, 186K, 256K (K = 1024).")] = DEFAULT_CONTEXT,
         weights: Annotated[Optional[str], typer.Option("--weights", help="Weight format: fp32 fp16 bf16 fp8 int8 int4-awq int4-gptq nvfp4 q8_0 q6_k q5_k_m q4_k_m q4_0 iq4_xs q3_k_m q2_k (a catalogue model keeps its own unless given).")] = None,
         kv_cache_dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache type: fp16 bf16 fp8 q8_0 q4_0 (default: the engine's).")] = None,

@@ -5,7 +5,6 @@ Public names only: both command modules import them (as both import remote_optio
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -13,6 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from v100plan import documents
+from v100plan.api_key import read_api_key  # noqa: F401  (the suite options read it)
 from v100plan.commands.remote_options import option_group
 from v100plan.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, BadInput, EnvironmentProblem
 from v100plan.options import JsonOpt
@@ -69,22 +69,6 @@ def _known_keys(values: tuple[str, ...], option: str) -> None:
     if unknown:
         raise BadInput(f"{option}: unknown scenario {', '.join(map(repr, unknown))}",
                        hint=f"choose from {', '.join(sorted(known))}")
-
-
-def read_api_key(path: Path) -> str:
-    """The key from a file; a group- or world-readable file is refused (it would leak the key)."""
-    try:
-        st = path.stat()
-        text = path.read_text().strip()
-    except OSError as e:
-        raise BadInput(f"--api-key-file {str(path)!r}: {e.strerror or e}", hint="give a readable file holding the key") \
-            from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise BadInput(f"--api-key-file {str(path)!r} is readable by other users (mode {stat.S_IMODE(st.st_mode):o})",
-                       hint=f"chmod 600 {path}")
-    if not text:
-        raise BadInput(f"--api-key-file {str(path)!r} is empty", hint="put the API key on the file's first line")
-    return text
 
 
 def prepare_out(out: Path | None) -> Path:

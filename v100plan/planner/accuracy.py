@@ -25,6 +25,8 @@ from typing import Any
 import profiles
 
 PUBLISHED = Path(profiles.__file__).resolve().parent / "published" / "decode-batch1.json"
+# The held-out targets: median |error| and the worst any point may miss by.
+GOAL_MEDIAN, GOAL_WORST = 0.05, 0.15
 
 
 @dataclass(frozen=True)
@@ -130,3 +132,22 @@ def summary(rows: list[Row]) -> dict[str, Any]:
         "over_ceiling": [r.id for r in rows if r.under_ceiling is False],
         "no_ceiling": [r.id for r in rows if r.under_ceiling is None],
     }
+
+
+def goal_met(s: dict[str, Any]) -> bool:
+    med, worst = s["held_out_median_abs_error"], s["held_out_worst_abs_error"]
+    return med is not None and med <= GOAL_MEDIAN and worst <= GOAL_WORST
+
+
+def document(rows: list[Row], data: Path, range_end: str | None) -> dict[str, Any]:
+    """The `bench planner --json` document (kind "planner_accuracy"): the summary against the goal and every row."""
+    from profiles.document import SCHEMA_VERSIONS, provenance
+
+    s = summary(rows)
+    fields = ("id", "role", "engine", "hardware", "gpus", "strategy", "model", "weights", "context_tokens",
+              "published_tok_s", "predicted_tok_s", "ceiling_tok_s", "error", "source", "figure", "speeds_stand_in")
+    return {"kind": "planner_accuracy", "schema_version": SCHEMA_VERSIONS["planner_accuracy"],
+            "provenance": provenance({"data": str(data), "allreduce_range": range_end or "used"}),
+            "summary": {**s, "goal": {"median_abs_error": GOAL_MEDIAN, "worst_abs_error": GOAL_WORST},
+                        "goal_met": goal_met(s), "allreduce_range": range_end or "used"},
+            "rows": [{f: getattr(r, f) for f in fields} for r in rows]}

@@ -32,7 +32,7 @@ from v100plan.planner.inputs import Engine, Sourced
 
 # Compute capability of each card generation (NVIDIA CUDA C++ Programming Guide, "Compute Capabilities":
 # Volta 7.0, Turing 7.5, Ampere 8.0 (A100; 8.6 for the GeForce/RTX parts), Ada 8.9, Hopper 9.0, Blackwell 10.0).
-COMPUTE_CAPABILITY = {"volta": 7.0, "turing": 7.5, "ampere": 8.0, "ada": 8.9, "hopper": 9.0, "blackwell": 10.0}
+COMPUTE_CAPABILITY = {"pascal": 6.0, "volta": 7.0, "turing": 7.5, "ampere": 8.0, "ada": 8.9, "hopper": 9.0, "blackwell": 10.0}
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ class WeightFormat:
     name: str
     bits_per_weight: float       # linear layers (checkpoint formats) or the whole file (GGUF)
     whole_file: bool             # True: GGUF, the figure covers embedding and head too
-    family: str                  # "float", "int", "gguf": the engine-efficiency key falls back to it
+    family: str                  # "float", "int", "gguf", "exl2": the engine-efficiency key falls back to it
     source: str
+    head_bits: float | None = None  # the output head's bits where the format sets them (EXL2: 6); None: 16
 
 
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
@@ -46,6 +47,9 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("int4-gptq", 4.156, False, "int",
                  "4-bit weights, group 128 with a 16-bit scale and 4-bit zero per group: 4 + (16 + 4) / 128 = 4.156 bits "
                  "(quantize_config.json bits 4, group_size 128; overhead = (16 + 4) / g)"),
+    WeightFormat("int4-g32", 5.0, False, "int",
+                 "4-bit weights, group 32 with a bf16 scale and a bf16 zero per group: 4 + (16 + 16) / 32 = 5 bits "
+                 "(pytorch-labs/gpt-fast quantize.py --mode int4 --groupsize 32, scales_and_zeros in bfloat16)"),
     WeightFormat("nvfp4", 4.5, False, "float",
                  "NVFP4: E2M1 4-bit values with one FP8 E4M3 scale per 16 (+ one FP32 per tensor): 4 + 8 / 16 = 4.5 bits "
                  "(Intel Neural Compressor 'NVFP4 Quantization' format table; NeMo AutoModel nvfp4: 0.5625 bytes per parameter)"),
@@ -79,8 +83,24 @@ KV_DTYPES: dict[str, KvDtype] = {k.name: k for k in (
 )}
 
 
+_EXL2 = ("exllamav2 README, 'EXL2 quantization': any average bitrate between 2 and 8 bits per weight, mixed per layer; "
+         "the name's figure is that average (scales included), the output head at convert.py's default -hb 6 bits, "
+         "the embedding unquantized")
+
+
+def exl2(bits: float) -> WeightFormat:
+    """An EXL2 file of ``bits`` bits per weight on average over the linear layers (exl2-2.5 ... exl2-8.0)."""
+    return WeightFormat(f"exl2-{bits:.1f}", bits, False, "exl2", _EXL2, head_bits=6.0)
+
+
 def weight_format(name: str) -> WeightFormat | None:
     key = name.lower()
+    if key.startswith("exl2-"):
+        try:
+            bits = float(key[5:])
+        except ValueError:
+            return None
+        return exl2(bits) if 2.0 <= bits <= 8.0 else None
     return WEIGHT_FORMATS.get(ALIASES.get(key, key))
 
 

@@ -23,9 +23,26 @@ from typing import Any
 
 from profiles.document import SCHEMA_VERSIONS
 from v100plan.errors import BadInput, DocumentError
+from v100plan.planner import config_features
 from v100plan.planner.formats import KV_DTYPES, WEIGHT_FORMATS, KvDtype, WeightFormat, kv_dtype, weight_format
+from v100plan.planner.inputs import linear_state_bytes
 
 DEFAULT_CONFIG_FORMAT = "bf16"
+# The checkpoint's own dtype (config.json torch_dtype, `dtype` in transformers 5) names the file's format.
+_CONFIG_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_QUANT_METHODS = {"gptq": "int4-gptq", "awq": "int4-awq"}
+
+
+def config_format(cfg: dict[str, Any]) -> tuple[str, str]:
+    """(weight format, why) a config.json says its files are in: a 4-bit GPTQ/AWQ quantization_config, else the
+    torch_dtype; bf16 when it says neither."""
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict) and q.get("quant_method") in _QUANT_METHODS and q.get("bits") == 4:
+        return _QUANT_METHODS[q["quant_method"]], f"quantization_config {q['quant_method']} 4-bit"
+    dt = cfg.get("torch_dtype") or cfg.get("dtype")
+    if dt in _CONFIG_DTYPES:
+        return _CONFIG_DTYPES[dt], f"torch_dtype {dt}"
+    return DEFAULT_CONFIG_FORMAT, "the config names no dtype"
 DEFAULT_KV = "fp16"
 
 
@@ -83,11 +100,20 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         linear = L - full
     else:
         full, linear = L, 0
-    attn = H * q * d + 2 * H * kv * d + q * d * H
+    config_features.refuse_unmodelled(cfg, source)
+    latent = config_features.mla(cfg, H, q)
+    if latent:
+        attn = latent["params_per_layer"]
+        kv, d = 1, latent["latent"]          # the absorbed form: one KV head of the latent's width, shared
+        assumptions.append(f"MLA: {latent['kv_lora_rank']} + {latent['qk_rope_head_dim']} latent values cached per token "
+                           "and layer (K and V from one latent, replicated under tensor parallel)")
+    else:
+        attn = H * q * d + 2 * H * kv * d + q * d * H
     if cfg.get("attn_output_gate"):
         attn += H * q * d
     lin = 0
     state_bytes = 0.0
+    linear_shape: dict[str, int] | None = None
     if linear:
         nk = cfg.get("linear_num_key_heads") or 0
         nv = cfg.get("linear_num_value_heads") or 0
@@ -99,32 +125,32 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
                                 "linear_key_head_dim / linear_value_head_dim", json_path="$.layer_types")
         Kd, Vd = nk * dk, nv * dv
         lin = H * (2 * Kd + 2 * Vd) + H * 2 * nv + (2 * Kd + Vd) * kern + Vd * H
-        # Recurrent state per sequence and layer: nv x dk x dv in fp32 + the conv window in 16 bits.
-        state_bytes = linear * (nv * dk * dv * 4 + (2 * Kd + Vd) * (kern - 1) * 2)
+        linear_shape = {"key_heads": nk, "value_heads": nv, "key_head_dim": dk, "value_head_dim": dv, "conv_kernel": kern,
+                        "state_bytes_per_element": 4, "conv_bytes_per_element": 2}
+        state_bytes = linear_state_bytes(linear, linear_shape)
         assumptions.append("linear-attention state kept in fp32 (nv x dk x dv x 4 bytes per layer) plus a 16-bit conv window")
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
-    active = cfg.get("num_experts_per_tok") or 0
     I = cfg.get("intermediate_size") or 0  # noqa: E741
     dense_mlp_layers = L
-    expert_params = active_expert_params = shared = router = 0
-    if experts:
-        im = cfg.get("moe_intermediate_size") or I
-        only = cfg.get("mlp_only_layers") or []
-        dense_mlp_layers = len(only)
-        moe_layers = L - dense_mlp_layers
-        expert_params = moe_layers * experts * 3 * H * im
-        active_expert_params = moe_layers * active * 3 * H * im
-        router = moe_layers * H * experts
-        si = cfg.get("shared_expert_intermediate_size") or 0
-        shared = moe_layers * (3 * H * si + (H if si else 0))
+    experts = active = expert_params = active_expert_params = shared = router = 0
+    routed = config_features.moe(cfg, L, H, I)
+    if routed:
+        experts, active, dense_mlp_layers = routed["experts"], routed["active"], routed["dense_layers"]
+        expert_params, active_expert_params = routed["expert_params"], routed["active_expert_params"]
+        shared, router = routed["shared"], routed["router"]
         if not active:
             raise DocumentError(source, "MoE config without num_experts_per_tok", json_path="$.num_experts_per_tok")
+        if dense_mlp_layers:
+            assumptions.append(f"MoE: {routed['moe_layers']} expert layers, the first {dense_mlp_layers} dense"
+                               if cfg.get("first_k_dense_replace") is not None else
+                               f"MoE: {routed['moe_layers']} expert layers, {dense_mlp_layers} dense (mlp_only_layers)")
     elif not I:
         raise DocumentError(source, "config.json has no intermediate_size", json_path="$.intermediate_size")
     dense_mlp = dense_mlp_layers * 3 * H * I
     tied = bool(cfg.get("tie_word_embeddings", False))
     embed = V * H
     head = 0 if tied else V * H
+    native, rope_notes = config_features.rope_context(cfg, source)
+    assumptions += rope_notes
     mtp = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
     if mtp:
         assumptions.append(f"{mtp} MTP draft layer(s) in config.json: sized as one average layer plus the output head; "
@@ -135,7 +161,7 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         "router": router, "experts": experts, "active": active, "expert_params": expert_params,
         "active_expert_params": active_expert_params, "embed": embed, "head": head, "tied": tied,
         "state_bytes": state_bytes, "mtp": mtp, "assumptions": assumptions,
-        "native_context": int(cfg.get("max_position_embeddings") or 0) or None,
+        "native_context": native, "kv_latent_dim": latent["latent"] if latent else 0, "linear_shape": linear_shape,
     }
 
 
@@ -147,22 +173,27 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
               provenance_doc: dict[str, Any] | None = None) -> dict[str, Any]:
     """A model_profile document (kind "model_profile") for the config's shape in weight format ``fmt_name``."""
     cfg = _text_config(cfg_in)
-    fmt: WeightFormat | None = weight_format(fmt_name or DEFAULT_CONFIG_FORMAT)
+    own, why = config_format(cfg)
+    fmt: WeightFormat | None = weight_format(fmt_name or own)
     if fmt is None:
-        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}")
+        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}, exl2-BITS (EXL2, 2.0 to 8.0 bits per weight)")
     kvd: KvDtype | None = kv_dtype(kv_name or DEFAULT_KV)
     if kvd is None:
         raise BadInput(f"unknown KV cache dtype {kv_name!r}", hint=f"one of: {', '.join(KV_DTYPES)}")
     c = shape_counts(cfg, source)
     assumptions = list(c["assumptions"])
     if not fmt_name:
-        assumptions.append(f"no --weights given: {DEFAULT_CONFIG_FORMAT} (the config's own dtype is not a file format)")
+        assumptions.append(f"no --weights given: {fmt.name}, as the checkpoint's config says ({why})")
     linear_dense = c["attn"] + c["lin"] + c["dense_mlp"] + c["shared"] + c["router"]
     if fmt.whole_file:
         emb_bits = head_bits = fmt.bits_per_weight
     else:
         emb_bits = head_bits = max(16.0, fmt.bits_per_weight)
-        if fmt.bits_per_weight < 16:
+        if fmt.head_bits is not None:
+            head_bits = fmt.head_bits
+            assumptions.append(f"{fmt.name}: linear layers at {fmt.bits_per_weight:g} bits, output head at {head_bits:g}, "
+                               "embedding at 16 bits")
+        elif fmt.bits_per_weight < 16:
             assumptions.append(f"{fmt.name}: linear layers at {fmt.bits_per_weight:g} bits, embedding and output head kept at 16 bits")
     dense_gb = _gb(linear_dense, fmt.bits_per_weight)
     expert_gb = _gb(c["expert_params"], fmt.bits_per_weight)
@@ -194,7 +225,10 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
         "layers": {"total": c["layers"], "full_attention": c["full"], "linear_attention": c["linear"],
                    "sources": {"total": src, "full_attention": src, "linear_attention": src}},
         "attention": {"q_heads": c["q"], "kv_heads": c["kv"], "head_dim": c["head_dim"],
-                      "sources": {"q_heads": src, "kv_heads": src, "head_dim": src}},
+                      **({"kv_latent_dim": c["kv_latent_dim"]} if c["kv_latent_dim"] else {}),
+                      "sources": {"q_heads": src, "kv_heads": src, "head_dim": src,
+                                  **({"kv_latent_dim": f"{src}: kv_lora_rank + qk_rope_head_dim (MLA)"}
+                                     if c["kv_latent_dim"] else {})}},
         "hidden_size": c["hidden"], "intermediate_size": c["intermediate"], "vocab_size": c["vocab"],
         "native_context": native,
         "weights": {"total_gb": round(total, 4), "split_gb": round(split, 4), "replicated_gb": round(replicated, 4),
@@ -207,6 +241,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
         "kv_cache": {"dtype": kvd.name, "bytes_per_element": kvd.bytes_per_element, "overhead_bytes_per_token": 0,
                      "sources": {"bytes_per_element": kvd.source, "overhead_bytes_per_token": "none modelled: the shape only"}},
         "state_bytes_per_sequence": c["state_bytes"],
+        **({"linear_attention": {**c["linear_shape"], "sources": {k: src for k in c["linear_shape"]}}} if c["linear_shape"] else {}),
         "matrix_flops_per_token": 2.0 * active_linear,
         "tp": {"allreduces_per_round": 2 * c["layers"], "allreduce_bytes_per_token": c["hidden"] * 2,
                "sources": {"allreduces_per_round": "2 per layer (attention/linear-attention output and MLP down projection)",
@@ -222,7 +257,8 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
             "sources": {"experts": src, "active_experts": src, "expert_gb": f"routed experts at {fmt.name}"}},
         "assumptions": assumptions,
         "sources": {"parameters_b": f"derived from the shape in {src}", "hidden_size": src, "vocab_size": src,
-                    "native_context": f"{src}: max_position_embeddings" if c["native_context"] else "assumed",
+                    "native_context": (f"{src}: max_position_embeddings and its rope scaling" if c["native_context"]
+                                       else "assumed"),
                     "state_bytes_per_sequence": "linear-attention state from the shape" if c["linear"] else "no recurrent state",
                     "matrix_flops_per_token": "2 x (active linear parameters + output head)",
                     **({"intermediate_size": src} if c["intermediate"] else {})},
@@ -246,7 +282,7 @@ def reformat_doc(doc: dict[str, Any], fmt_name: str, siblings: list[dict[str, An
     profile scaled by bits (new bits / the profile's bits per parameter), said in the returned notes."""
     fmt = weight_format(fmt_name)
     if fmt is None:
-        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}")
+        raise BadInput(f"unknown weight format {fmt_name!r}", hint=f"one of: {', '.join(WEIGHT_FORMATS)}, exl2-BITS (EXL2, 2.0 to 8.0 bits per weight)")
     if doc.get("format") == fmt.name:
         return doc, []
     for s in siblings:

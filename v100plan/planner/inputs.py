@@ -98,6 +98,20 @@ class Hardware:
         return self.box_path_source.get(path) or self.box_allreduce_source.get(gpus, "hardware profile")
 
 
+def linear_state_bytes(layers: int, la: dict[str, Any]) -> float:
+    """Gated DeltaNet state of one sequence, over ``layers`` linear-attention layers:
+
+    layers x (value heads x key dim x value dim x state bytes          (the recurrent state, fp32)
+              + (2 x key heads x key dim + value heads x value dim)     (the q, k, v channels the conv sees)
+                x (conv kernel - 1) x conv bytes)                       (its rolling window, 16-bit)
+
+    The 27B hybrid: 48 x (48 x 128 x 128 x 4 + (2 x 16 x 128 + 48 x 128) x 3 x 2) = 153,944,064 B."""
+    nk, nv, dk, dv = la["key_heads"], la["value_heads"], la["key_head_dim"], la["value_head_dim"]
+    conv_channels = 2 * nk * dk + nv * dv
+    return float(layers * (nv * dk * dv * la.get("state_bytes_per_element", 4)
+                           + conv_channels * (la["conv_kernel"] - 1) * la.get("conv_bytes_per_element", 2)))
+
+
 @dataclass(frozen=True)
 class Model:
     id: str
@@ -131,6 +145,7 @@ class Model:
     kv_dtype: str = ""
     head_gb: float = 0.0              # the output head as read per token (part of weights_split_gb); 0: not known
     draft_layers: int = 0             # a separate draft model's layers (its per-layer overhead); 0: not known
+    kv_latent_dim: int = 0            # MLA: values cached per token and layer (K and V from one latent); 0: not MLA
 
     @property
     def layers(self) -> int:
@@ -139,7 +154,10 @@ class Model:
 
     @property
     def kv_shape_bytes_per_token(self) -> float:
-        """attention layers x KV heads x head_dim x 2 (K and V) x bytes per element (GDN layers hold no KV)."""
+        """attention layers x KV heads x head_dim x 2 (K and V) x bytes per element (GDN layers hold no KV);
+        MLA: attention layers x the latent's width x bytes per element (K and V are read from one latent)."""
+        if self.kv_latent_dim:
+            return self.attention_layers * self.kv_latent_dim * self.kv_bytes_per_element
         return self.attention_layers * self.kv_heads * self.head_dim * 2 * self.kv_bytes_per_element
 
     @property
@@ -392,7 +410,8 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         kv_heads=int(att["kv_heads"]), q_heads=int(att["q_heads"]), head_dim=int(att["head_dim"]),
         kv_bytes_per_element=float(kv["bytes_per_element"]),
         kv_overhead_bytes_per_token=float(kv.get("overhead_bytes_per_token", 0)),
-        state_bytes_per_sequence=float(doc.get("state_bytes_per_sequence") or 0),
+        state_bytes_per_sequence=(linear_state_bytes(int(layers["linear_attention"]), doc["linear_attention"])
+                                  if doc.get("linear_attention") else float(doc.get("state_bytes_per_sequence") or 0)),
         weights_total_gb=float(w["total_gb"]), weights_split_gb=float(w["split_gb"]),
         weights_replicated_gb=float(w["replicated_gb"]), decode_read_gb=float(w["decode_read_gb"]),
         matrix_flops_per_token=float(doc["matrix_flops_per_token"]),
@@ -403,6 +422,7 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         layers_total=int(layers.get("total", 0)), draft_kind=str(draft.get("kind", "")) if draft else "",
         draft_read_gb=draft.get("read_gb_per_step"), assumptions=tuple(doc.get("assumptions") or ()),
         kv_dtype=str(kv.get("dtype", "")), head_gb=float(w.get("head_gb") or 0.0),
+        kv_latent_dim=int(att.get("kv_latent_dim") or 0),
     )
 
 

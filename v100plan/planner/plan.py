@@ -13,7 +13,7 @@ from v100plan.planner import calibration, nearest
 from v100plan.planner.decode import Round, decode_round, read_ms, round_overhead_ms, tokens_per_round
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
-from v100plan.planner.launch import launch_commands
+from v100plan.planner.launch import launch_commands, launch_dtype
 from v100plan.planner.memory import Memory, max_context, memory_per_gpu
 from v100plan.planner.prefill import Prefill, chunks, prefill_time
 from v100plan.planner.result import Plan, StrategyResult
@@ -90,8 +90,11 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     fmt = weight_format(model.format)
     speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", card.architecture, lay.tp)
     fw, fk, oh = speeds.weight, speeds.kv, speeds.overhead
-    kv_read_gb = C * (model.kv_bytes_per_token * target.context_tokens + model.state_bytes_per_sequence) * lay.kv_read_share / 1e9
-    weights_gb = lay.weights_read_gb
+    # The K/V a round reads grows with the context; a recurrent (GDN) state is a fixed-size block read whole, every
+    # round, by the layer's own kernels like a weight matrix: it is read at the weight fraction, not the attention one.
+    kv_read_gb = C * model.kv_bytes_per_token * target.context_tokens * lay.kv_read_share / 1e9
+    state_read_gb = C * model.state_bytes_per_sequence * lay.kv_read_share / 1e9
+    weights_gb = lay.weights_read_gb + state_read_gb
     ceiling_ms = read_ms(weights_gb + kv_read_gb, card.read_bw.value)
     missing = [n for n, v in (("weight_bw_fraction", fw), ("kv_bw_fraction", fk), ("round_overhead_ms", oh)) if v.value is None]
     if missing:
@@ -358,6 +361,7 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
     why: list[str] = []
     launch = None
     launch_for = rec
+    dtype = launch_dtype(model.format, hardware.card.native_bf16)
     if rec is None and engine.launch_kind:
         # No speeds (uncalibrated engine): still give the commands, for the fitting strategy with the best ceiling.
         fitting = [r for r in results if r.fits and r.decode_ceiling_tok_s]
@@ -369,9 +373,9 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         r = next(x for x in results if x.name == launch_for)
         lay = layout(launch_for, model, target.gpus, (k + 1) * target.concurrency)
         launch = {"engine": engine.id, "strategy": launch_for, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
-                  "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": hardware.card.dtype,
+                  "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": dtype,
                   "concurrency": target.concurrency, "draft_tokens": k,
-                  "commands": launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, hardware.card.dtype)}
+                  "commands": launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, dtype)}
     if rec:
         r = next(x for x in results if x.name == rec)
         why = _why(r, hardware, model, engine, target, choice, acceptance, k)
@@ -380,14 +384,15 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         lay = layout(rec, model, target.gpus, (k + 1) * target.concurrency)
         launch = {
             "engine": engine.id, "strategy": rec, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
-            "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": hardware.card.dtype,
+            "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": dtype,
             "concurrency": target.concurrency, "draft_tokens": k,
         }
-        cmds = launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, hardware.card.dtype)
+        cmds = launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, dtype)
         if cmds:
             launch["commands"] = cmds
     if launch and launch.get("commands"):
-        notes += [f"launch ({c['node']}): {' '.join(c['argv'])}" for c in launch["commands"]]
+        notes += [f"launch ({c['node']}): " + " ".join([f"{k}={v}" for k, v in (c.get("env") or {}).items()] + c["argv"])
+                  for c in launch["commands"]]
     inputs = {
         "hardware": hardware.origin, "card": hardware.card.id, "gpus": target.gpus, "model": model.id, "engine": engine.id,
         "context_tokens": target.context_tokens, "acceptance": acceptance, "draft_tokens": k,
