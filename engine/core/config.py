@@ -36,6 +36,7 @@ class ModelConfig:
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    quantization: Any = None  # engine.core.quant.QuantConfig of a GPTQ / AWQ checkpoint, None when dense
 
     @property
     def q_size(self) -> int:
@@ -77,6 +78,12 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     attention_bias = bool(raw.get("attention_bias", False)) or mt == "qwen2"
+    from engine.core import quant_config as quant
+
+    try:
+        quantization = quant.parse(raw.get("quantization_config"))
+    except quant.QuantError as e:
+        raise ConfigError(str(e)) from None
     return ModelConfig(
         model_type=mt,
         vocab_size=int(raw["vocab_size"]),
@@ -97,6 +104,7 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        quantization=quantization,
     )
 
 

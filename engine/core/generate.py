@@ -148,18 +148,18 @@ def run(args: argparse.Namespace) -> int:
     stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
     dtype = args.dtype or _default_dtype(args.device)
     if args.tp == 1:
-        out = _tp1(args, cfg, ids, stop, dtype, max_context)
+        out, held = _tp1(args, cfg, ids, stop, dtype, max_context)
     else:
-        out = _tp2(args, ids, stop, dtype, max_context)
+        out, held = _tp2(args, ids, stop, dtype, max_context)
     text = tok.decode(out) if tok is not None else None
-    if args.json:
-        print(json.dumps({"token_ids": out, "text": text}))
+    if args.json:  # "weights": the format and the bytes rank 0 holds (packed tensors for GPTQ / AWQ)
+        print(json.dumps({"token_ids": out, "text": text, "weights": held}))
     else:
         print(text if text is not None else " ".join(map(str, out)))
     return 0
 
 
-def _tp1(args, cfg, ids, stop, dtype, max_context) -> list[int]:
+def _tp1(args, cfg, ids, stop, dtype, max_context) -> tuple[list[int], dict]:
     import torch
 
     from engine.core import runner, weights
@@ -170,7 +170,7 @@ def _tp1(args, cfg, ids, stop, dtype, max_context) -> list[int]:
     weights.load_into(model, args.model)
     model.setup_cache(max_context)
     out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256)
-    return out
+    return out, model.weights_info()
 
 
 def _batch(args, cfg, tok) -> int:
@@ -207,7 +207,7 @@ def _batch(args, cfg, tok) -> int:
     return 0
 
 
-def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
+def _tp2(args, ids, stop, dtype, max_context) -> tuple[list[int], dict | None]:
     from engine.service import protocol
     from engine.service.launcher import LaunchError, RankPair
 
@@ -241,4 +241,4 @@ def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
         pair.close()
     if tokens[0] != tokens[1]:
         raise RanksFailed("the two ranks produced different tokens (lockstep should have stopped them)")
-    return tokens[0]
+    return tokens[0], (pair.ready[0].get("decode") or {}).get("weights")

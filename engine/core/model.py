@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.config import ModelConfig
+from engine.core.quant import matmul  # F.linear for dense or packed (GPTQ / AWQ) weights
 
 
 class Comm(Protocol):
@@ -65,7 +66,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache, wo,
-               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=F.linear):
+               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=matmul):
     """The decode step's first half-layer. x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]).
 
     Writes this position's K/V into the cache at ``pos`` and attends over cache positions [0, window):
@@ -94,7 +95,7 @@ def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_nor
     return x, linear(a, wo, bo)
 
 
-def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=F.linear):
+def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=matmul):
     """The decode step's second half-layer. x, delta [1, 1, D] -> (x + delta, down_proj partial [1, 1, D])."""
     x = x + delta  # the attention's reduced output
     h = rms_norm(x, post_norm, eps)
@@ -107,6 +108,9 @@ class Layer:
 
     def __init__(self, cfg: ModelConfig, world: int, dtype: torch.dtype, device: torch.device):
         e = dict(dtype=dtype, device=device)
+        # a GPTQ / AWQ checkpoint: the four matrices are placed by the loader (engine.core.quant_load), packed or
+        # dense per module, so nothing is allocated for them here
+        m = dict(dtype=dtype, device="meta") if cfg.quantization is not None else e
         self.n_heads = cfg.num_heads // world
         self.n_kv = cfg.num_kv_heads // world
         self.hd = cfg.head_dim
@@ -115,16 +119,16 @@ class Layer:
         qkv = (self.n_heads + 2 * self.n_kv) * self.hd
         self.input_norm = torch.empty(d, **e)
         self.post_norm = torch.empty(d, **e)
-        self.wqkv = torch.empty(qkv, d, **e)  # rows: [q heads | k heads | v heads] of this rank
+        self.wqkv = torch.empty(qkv, d, **m)  # rows: [q heads | k heads | v heads] of this rank
         self.bqkv = torch.empty(qkv, **e) if cfg.attention_bias else None
-        self.wo = torch.empty(d, self.n_heads * self.hd, **e)  # columns: this rank's heads
+        self.wo = torch.empty(d, self.n_heads * self.hd, **m)  # columns: this rank's heads
         # o_proj's bias is added once, by rank 0 only, so the allreduce sum carries it exactly once.
         self.bo = torch.empty(d, **e) if cfg.o_bias else None
         self.q_norm = torch.empty(self.hd, **e) if cfg.qk_norm else None
         self.k_norm = torch.empty(self.hd, **e) if cfg.qk_norm else None
-        self.w13 = torch.empty(2 * self.ff, d, **e)  # rows: [gate | up] of this rank
+        self.w13 = torch.empty(2 * self.ff, d, **m)  # rows: [gate | up] of this rank
         self.b13 = torch.empty(2 * self.ff, **e) if cfg.mlp_bias else None
-        self.w2 = torch.empty(d, self.ff, **e)
+        self.w2 = torch.empty(d, self.ff, **m)
         self.b2 = torch.empty(d, **e) if cfg.mlp_bias else None
         self.k_cache: torch.Tensor | None = None  # [1, n_kv, max_ctx, hd]
         self.v_cache: torch.Tensor | None = None
@@ -142,7 +146,7 @@ class Layer:
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float):
         b, t, _ = x.shape
-        qkv = F.linear(x, self.wqkv, self.bqkv)  # [B, T, (h + 2 kv) * hd]
+        qkv = matmul(x, self.wqkv, self.bqkv)  # [B, T, (h + 2 kv) * hd]
         q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
         q = q.view(b, t, self.n_heads, self.hd)
         k = k.view(b, t, self.n_kv, self.hd)
@@ -199,9 +203,9 @@ class Model:
         return bias if self.rank == 0 else None
 
     def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        gu = F.linear(h, layer.w13, layer.b13)  # [B, T, 2 ff]
+        gu = matmul(h, layer.w13, layer.b13)  # [B, T, 2 ff]
         gate, up = gu.chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.w2, self._bias_once(layer.b2))
+        return matmul(F.silu(gate) * up, layer.w2, self._bias_once(layer.b2))
 
     # ---- prefill chunks and eager decode ----------------------------------------------------------
     @torch.inference_mode()
@@ -231,7 +235,7 @@ class Model:
                 values = values.repeat_interleave(g, dim=1)
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [1, h, T, hd]
             a = a.transpose(1, 2).reshape(1, t, layer.n_heads * layer.hd)
-            x = x + self._reduce(F.linear(a, layer.wo, self._bias_once(layer.bo)))
+            x = x + self._reduce(matmul(a, layer.wo, self._bias_once(layer.bo)))
             h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             x = x + self._reduce(self._mlp(layer, h))
         x = rms_norm(x if all_logits else x[:, -1:], self.norm, cfg.rms_norm_eps)
@@ -302,4 +306,18 @@ class Model:
         for layer in self.layers:
             n += sum(t.numel() for k, t in layer.tensors().items()
                      if t is not None and k not in ("k_cache", "v_cache"))
-        return n * self.head.element_size()
+        return n * self.head.element_size() + sum(p.nbytes for p in self.packed())
+
+    def packed(self) -> list:
+        """The packed (GPTQ / AWQ) matrices of this rank (engine.core.quant.PackedLinear)."""
+        return [w for layer in self.layers for w in vars(layer).values() if hasattr(w, "qweight")]
+
+    def weights_info(self) -> dict:
+        """What `generate --json` and the rank's ready message report: the weight format and the bytes this rank
+        holds for weights (every tensor but the K/V cache; packed matrices as their packed tensors)."""
+        q = self.cfg.quantization
+        dense = [self.embed, self.head, self.norm] + [t for layer in self.layers for k, t in layer.tensors().items()
+                                                      if t is not None and k not in ("k_cache", "v_cache")]
+        held = sum(t.numel() * t.element_size() for t in dense) + sum(p.nbytes for p in self.packed())
+        fmt = str(self.dtype).removeprefix("torch.") if q is None else f"{q.format} ({str(self.dtype)[6:]} dense)"
+        return {"format": fmt, "bytes": held, "packed_matrices": len(self.packed())}

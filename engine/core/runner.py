@@ -151,7 +151,8 @@ class Decoder:
         self.windows = bucket_list or buckets(model.max_context)
         self.info = {"mode": "graphs" if graphs else "eager", "why": graphs_why, "kernels": self.kernels,
                      "kernels_why": kernels_why, "windows": self.windows if graphs else None,
-                     "allreduce": path.name if path is not None else None, "capture_s": None}
+                     "allreduce": path.name if path is not None else None, "capture_s": None,
+                     "weights": model.weights_info()}
         if path is not None:  # where the layers' partial outputs meet (engine.allreduce.epilogue)
             from engine.allreduce import epilogue
 

@@ -17,14 +17,17 @@ RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^model\.norm\.weight$"), "replicated"),
     (re.compile(r"^lm_head\.weight$"), "vocab"),
     (re.compile(r"^model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight$"), "replicated"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias)$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.weight$"), "rowwise"),
+    (re.compile(r"^model\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
+    (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
     (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.bias$"), "replicated"),
     (re.compile(r"^model\.layers\.\d+\.self_attn\.(q_norm|k_norm)\.weight$"), "replicated"),
-    (re.compile(r"^model\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias)$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.weight$"), "rowwise"),
+    (re.compile(r"^model\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
+    (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
     (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.bias$"), "replicated"),
 ]
+
+# GPTQ / AWQ tensors (engine.core.quant): stored [inputs, outputs], so their split dims are the dense ones' swapped
+PACKED = re.compile(r"\.(qweight|qzeros|scales|g_idx)$")
 
 # Tensors some checkpoints carry that the decoder recomputes itself.
 IGNORED = re.compile(r"(rotary_emb\.inv_freq)$")
@@ -58,20 +61,31 @@ def rank_range(length: int, rank: int, world: int) -> tuple[int, int]:
     return rank * part, (rank + 1) * part
 
 
-def take(source, kind: str, rank: int, world: int):
-    """This rank's part of ``source`` (a tensor or a safetensors slice, read lazily)."""
+def take(source, kind: str, rank: int, world: int, name: str | None = None):
+    """This rank's part of ``source`` (a tensor or a safetensors slice, read lazily). ``name``: the tensor's
+    name, which says whether it is packed (split along split_dim's dimension, in whole words and groups)."""
     if kind == "replicated" or world == 1:
         return source[:]
+    if kind not in ("colwise", "vocab", "rowwise"):
+        raise ShardError(f"unknown split kind {kind!r}")
     shape = source.get_shape() if hasattr(source, "get_shape") else list(source.shape)
-    if kind in ("colwise", "vocab"):
-        a, b = rank_range(shape[0], rank, world)
-        return source[a:b]
-    if kind == "rowwise":
-        a, b = rank_range(shape[1], rank, world)
-        return source[:, a:b]
-    raise ShardError(f"unknown split kind {kind!r}")
+    dim = split_dim(kind, name)
+    if dim is None:
+        return source[:]
+    if name is not None and PACKED.search(name) and shape[dim] % world:
+        what = "groups" if dim == 0 and not name.endswith("g_idx") else "values or packed words"
+        raise ShardError(f"{name}: its {shape[dim]} {what} along dim {dim} do not split into {world} equal parts: "
+                         f"a split would cut a packed word or a quantisation group")
+    a, b = rank_range(shape[dim], rank, world)
+    return source[a:b] if dim == 0 else source[:, a:b]
 
 
-def split_dim(kind: str) -> int | None:
-    """The dimension along which the ranks' parts concatenate back, or None if replicated."""
+def split_dim(kind: str, name: str | None = None) -> int | None:
+    """The dimension along which the ranks' parts concatenate back, or None if replicated. Packed tensors
+    (GPTQ / AWQ, stored [inputs, outputs]): colwise along dim 1 (g_idx, over the inputs, replicated),
+    rowwise along dim 0."""
+    if name is not None and PACKED.search(name) and kind in ("colwise", "rowwise"):
+        if kind == "colwise":
+            return None if name.endswith("g_idx") else 1
+        return 0
     return {"colwise": 0, "vocab": 0, "rowwise": 1}.get(kind)

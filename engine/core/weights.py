@@ -100,10 +100,20 @@ def load_into(model: Model, model_dir: str | Path) -> None:
     src, pre_sliced = resolve(model_dir, model.rank, model.world)
     filled: dict[int, int] = {}
     names: set[str] = set()
+    store = None
+    if model.cfg.quantization is not None:  # GPTQ / AWQ: packed modules go to engine.core.quant_load
+        from engine.core import quant_load
+
+        store = quant_load.Store(model, model.cfg.quantization)
+        store.prepare({n for path in safetensors_files(src) for n in _keys(path)})
     for path in safetensors_files(src):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if tp.IGNORED.search(name):
+                    continue
+                if store is not None and quant_load.packed_part(name):
+                    store.add(name, f.get_slice(name), pre_sliced)
+                    names.add(name)
                     continue
                 kind = tp.kind_of(name)
                 names.add(name)
@@ -119,10 +129,19 @@ def load_into(model: Model, model_dir: str | Path) -> None:
                     names.add("lm_head.weight")
     if "lm_head.weight" not in names:
         raise WeightsError("no lm_head.weight and the config does not tie it to the embeddings")
+    if store is not None:
+        store.finish()
     for label, t in expected_tensors(model):
         if filled.get(id(t), 0) != t.numel():
             raise WeightsError(f"checkpoint in {src} does not fill {label} ({filled.get(id(t), 0)} of "
                                f"{t.numel()} values)")
+
+
+def _keys(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return list(f.keys())
 
 
 def expected_tensors(model: Model) -> list[tuple[str, torch.Tensor]]:
