@@ -8,8 +8,8 @@ wide as its N rows, and the sum over K stays in float32 and in a fixed order (de
 on every rank). Exposed as the torch op ``v100plan::gemv`` so torch.compile'd blocks keep it as one
 opaque call and fuse around it.
 
-Only where Triton targets the card (compute capability 8.0+, as engine.core.runner.kernel_choice);
-never on CPU or the V100, which keep F.linear. The block sizes per (N, K) come from the measured table
+Only where engine.core.runner.kernel_choice picks Triton kernels (compute capability 8.0+, and the V100 in fp16
+with an sm_70 ptxas: engine.core.sm70); never on CPU, which keeps F.linear. The block sizes per (N, K) come from the measured table
 BLOCKS (bench: ``python -m engine.bench.gemv``), with a default for shapes it does not list.
 """
 
@@ -414,7 +414,12 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
                 b: torch.Tensor | None = None, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel.
     ``delta`` may be an engine.allreduce.epilogue.Sent (this rank's partial, sent): the kernel waits for the
-    peer's and adds them (two-pass norm). ``one_pass``: PROLOGUE_NORM_ONE_PASS instead (default NORM_ONE_PASS)."""
+    peer's and adds them (two-pass norm). ``one_pass``: PROLOGUE_NORM_ONE_PASS instead (default NORM_ONE_PASS).
+    A packed (GPTQ / AWQ) ``w``: engine.core.gemv_int4's kernel, the same prologue."""
+    if not isinstance(w, torch.Tensor):
+        from engine.core import gemv_int4
+
+        return gemv_int4.linear_norm(x, delta, norm_weight, eps, w, b)
     k = w.shape[1]
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     x_out = torch.empty(k, dtype=x.dtype, device=x.device)
@@ -431,6 +436,10 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
 def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, send=None):
     """(SiLU(gate) * up) @ w^T + b for one row gu [1, 1, 2K] = [gate | up]: one kernel. With ``send`` (a
     Ticket) the rows also go to the peer and the result is an engine.allreduce.epilogue.Sent."""
+    if not isinstance(w, torch.Tensor):
+        from engine.core import gemv_int4
+
+        return gemv_int4.linear_silu(gu, w, b, send)
     out = torch.empty(w.shape[0], dtype=gu.dtype, device=gu.device)
     launch_prologue(PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out, send=send)
     return _sent(out.view(*gu.shape[:-1], w.shape[0]), send)
@@ -439,6 +448,10 @@ def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 def linear_send(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, send=None):
     """x [1, 1, K] @ w^T + b (the prologue kernel, plain); with ``send`` (a Ticket) its rows also go to the peer
     and the result is an engine.allreduce.epilogue.Sent."""
+    if not isinstance(w, torch.Tensor):
+        from engine.core import gemv_int4
+
+        return gemv_int4.linear_send(x, w, b, send)
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     launch_prologue(PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out, send=send)
     return _sent(out.view(*x.shape[:-1], w.shape[0]), send)
@@ -500,7 +513,10 @@ def _(x, w, b):
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for the decode step: the Triton GEMV when x is one row on a CUDA device, else F.linear."""
+    """F.linear for the decode step: the Triton GEMV when x is one row on a CUDA device, else F.linear (a packed
+    weight: its own products, engine.core.quant.PackedLinear.linear)."""
+    if not isinstance(w, torch.Tensor):
+        return w.linear(x, b)
     if x.device.type != "cuda" or x.numel() != w.shape[1]:
         return F.linear(x, w, b)
     return gemv_op(x, w, b).view(*x.shape[:-1], w.shape[0])

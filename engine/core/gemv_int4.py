@@ -1,0 +1,215 @@
+"""The decode step's one-row products on packed 4-bit weights (engine.core.quant.PackedLinear), in Triton.
+
+y [N] = W [N, K] @ h [K] with W read as it is held: int32 words of eight 4-bit values along K, a 4-bit zero point
+and a scale per (group, output). Each program owns BLOCK_N output rows and walks K in tiles of BLOCK_K: it loads
+BLOCK_K / 8 words per row (one 16-byte vector per four words), unpacks them in registers, and per group of the
+tile sums q * h and h; the group's scale and zero point are applied once per group and row:
+    y[n] = sum over groups g of s[g, n] * (sum_k q[n, k] h[k] - z[g, n] * sum_k h[k])
+so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. The input row h is
+made by the same prologues as engine.core.gemv's bf16 GEMV (kernel choice "fused"): the residual add + RMSNorm
+(Hugging Face's rounding) or SiLU(gate) * up, and the output rows can go, tagged, to the peer's inbox (the TP2
+exchange of engine.allreduce.epilogue, mode "send"); float32 sums in a fixed order, as there.
+A desc_act checkpoint's input order (PackedLinear.perm) is followed by reading h at perm[k].
+
+Prefill chunks do not come here: PackedLinear.linear dequantises the matrix for the chunk (``dequantise``, one
+Triton kernel) and multiplies with cuBLAS.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.core import gemv
+
+DEFAULT_BLOCKS = (16, 256, 4)  # (BLOCK_N, BLOCK_K, num_warps): the bench (python -m engine.bench.int4) sets BLOCKS
+BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+
+
+@functools.cache
+def _kernels():
+    # Triton resolves triton.language and the functions a kernel calls through the module's globals
+    global tl, rnd, _xs_tag
+    import triton
+    import triton.language as tl
+
+    gemv._prologue_kernel()
+    rnd, _xs_tag = gemv.rnd, gemv._xs_tag
+
+    @triton.jit
+    def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, perm_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, eps,
+                         xs_peer, xs_ser, xs_slot, xs_e, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS: tl.constexpr,
+                         ZOFF: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr, SEND: tl.constexpr,
+                         EPW: tl.constexpr):
+        pid = tl.program_id(0)
+        dt = x_ptr.dtype.element_ty
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        SUB: tl.constexpr = BLOCK_K if BLOCK_K < GS else GS  # inputs per group within a tile
+        NG: tl.constexpr = BLOCK_K // SUB  # groups per tile
+        WK: tl.constexpr = BLOCK_K // 8  # words per row per tile
+        rstd = 0.0
+        if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
+            scols = tl.arange(0, STATS_BLOCK)
+            ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
+            for k0 in range(0, K, STATS_BLOCK):
+                smask = (k0 + scols) < K
+                xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
+                dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
+                r = rnd(xv + dv, dt, EMU)
+                if pid == 0:
+                    tl.store(xo_ptr + k0 + scols, r, mask=smask)
+                r = r.to(tl.float32)
+                ss += r * r
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        cols0 = tl.arange(0, BLOCK_K)
+        wcols = tl.arange(0, WK)
+        shifts = tl.arange(0, 8) * 4
+        gsel = tl.arange(0, NG)
+        zshift = (rows % 8) * 4
+        acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+        KW = K // 8
+        wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
+        for k0 in range(0, K, BLOCK_K):
+            cmask = (k0 + cols0) < K
+            words = tl.load(wp + k0 // 8, mask=rmask[:, None] & ((k0 // 8 + wcols) < KW)[None, :], other=0,
+                            eviction_policy="evict_first")  # [BLOCK_N, WK] int32
+            q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K)).to(tl.float32)
+            idx = k0 + cols0
+            if HAS_PERM:
+                idx = tl.load(perm_ptr + idx, mask=cmask, other=0)
+            if PROLOGUE == 1:
+                xv = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+                dv = tl.load(d_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+                nw = tl.load(nw_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+                r = rnd(xv + dv, dt, EMU).to(tl.float32)
+                h = rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU).to(tl.float32)
+            elif PROLOGUE == 2:
+                g = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+                u = tl.load(x_ptr + K + idx, mask=cmask, other=0.0).to(tl.float32)
+                sg = rnd(g / (1.0 + tl.exp(-g)), dt, EMU).to(tl.float32)
+                h = rnd(sg * u, dt, EMU).to(tl.float32)
+            else:
+                h = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+            h = tl.where(cmask, h, 0.0)
+            part = tl.sum(tl.reshape(q * h[None, :], (BLOCK_N, NG, SUB)), axis=2)  # [BLOCK_N, NG]
+            hsum = tl.sum(tl.reshape(h, (NG, SUB)), axis=1)  # [NG]
+            grp = (k0 + gsel * SUB) // GS  # [NG]
+            gmask = rmask[:, None] & ((k0 + gsel * SUB) < K)[None, :]
+            sc = tl.load(s_ptr + grp[None, :] * N + rows[:, None], mask=gmask, other=0.0).to(tl.float32)
+            zw = tl.load(qz_ptr + grp[None, :] * (N // 8) + (rows // 8)[:, None], mask=gmask, other=0)
+            z = ((zw >> zshift[:, None]) & 0xF).to(tl.float32) + ZOFF
+            acc += sc * (part - z * hsum[None, :])
+        y = tl.sum(acc, axis=1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        yd = rnd(y, y_ptr.dtype.element_ty, EMU)
+        tl.store(y_ptr + rows, yd, mask=rmask)
+        if SEND:  # the same rows, tagged, into the peer's inbox (engine.core.gemv's epilogue)
+            stag = _xs_tag(xs_ser, xs_e)
+            if EPW == 2:
+                u16 = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
+                lo, hi = tl.split(u16)
+                wds = lo | (hi << 16)
+                widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+                wmask = widx < N // 2
+            else:
+                wds = yd.to(tl.uint32, bitcast=True).to(tl.int64)
+                widx = rows
+                wmask = rmask
+            tl.store(xs_peer + xs_slot + widx, (stag << 32) | wds, mask=wmask)
+
+    @triton.jit
+    def dequant_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, GS: tl.constexpr, ZOFF: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # out [N, K] = s * (q - z) in the held input order, rounded once to out's dtype
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        m = (rows < N)[:, None] & (cols < K)[None, :]
+        words = tl.load(qw_ptr + rows[:, None].to(tl.int64) * (K // 8) + (cols // 8)[None, :], mask=m, other=0)
+        q = ((words >> ((cols % 8) * 4)[None, :]) & 0xF).to(tl.float32)
+        g = cols // GS
+        sc = tl.load(s_ptr + g[None, :] * N + rows[:, None], mask=m, other=0.0).to(tl.float32)
+        zw = tl.load(qz_ptr + g[None, :] * (N // 8) + (rows // 8)[:, None], mask=m, other=0)
+        z = ((zw >> ((rows % 8) * 4)[:, None]) & 0xF).to(tl.float32) + ZOFF
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], (sc * (q - z)).to(out_ptr.dtype.element_ty),
+                 mask=m)
+
+    return int4_gemv_kernel, dequant_kernel
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
+           delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+           x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None, send=None) -> torch.Tensor:
+    """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
+    or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's."""
+    n, k = w.shape
+    name = gemv.PROLOGUE_NAMES[prologue]
+    bn, bk, warps = blocks or BLOCKS.get((name, n, k), DEFAULT_BLOCKS)
+    if gemv.interpreting() and blocks is None:
+        bn = 32  # the interpreter runs programs one after another: fewer, wider ones
+    gs = w.group_size if w.group_size < k else _pow2_at_least(k)  # one group over all inputs: any tile is inside it
+    bk = min(bk, _pow2_at_least(k))
+    if gs % min(bk, gs) or bk % 8:
+        raise ValueError(f"int4 GEMV: BLOCK_K {bk} and group size {gs} must nest (powers of two, at least 8)")
+    t = out
+    peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, t)
+    _kernels()[0][(-(-n // bn),)](
+        w.qweight, w.qzeros, w.scales, w.perm if w.perm is not None else w.qweight, x,
+        delta if delta is not None else x, norm_weight if norm_weight is not None else x, b if b is not None else x,
+        out, x_out if x_out is not None else out, n, k, float(eps), peer, ser, slot, e,
+        PROLOGUE=prologue, HAS_BIAS=b is not None, HAS_PERM=w.perm is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs,
+        ZOFF=w.zero_offset, EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
+        STATS_BLOCK=min(8192, _pow2_at_least(k)), SEND=send is not None, EPW=gemv._epw(out.dtype), num_warps=warps)
+    return out
+
+
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] (one row) @ W^T + b."""
+    out = torch.empty(w.out_features, dtype=x.dtype, device=x.device)
+    launch(gemv.PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out)
+    return out.view(*x.shape[:-1], w.out_features)
+
+
+def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w, b: torch.Tensor | None = None):
+    """gemv.linear_norm for a packed weight: (RMSNorm(x + delta) @ W^T + b, x + delta), one kernel. ``delta`` must
+    be a tensor: the receiving exchange (mode "gemv") is not offered for packed weights."""
+    if not isinstance(delta, torch.Tensor):
+        raise ValueError("packed weights: the exchange is received by its own kernel (exchange mode 'send' or "
+                         "'kernel', not 'gemv')")
+    k = w.in_features
+    out = torch.empty(w.out_features, dtype=x.dtype, device=x.device)
+    x_out = torch.empty(k, dtype=x.dtype, device=x.device)
+    launch(gemv.PROLOGUE_NORM, x.reshape(-1).contiguous(), w, b, out, delta.reshape(-1).contiguous(), norm_weight,
+           eps, x_out)
+    return out.view(*x.shape[:-1], w.out_features), x_out.view(x.shape)
+
+
+def linear_silu(gu: torch.Tensor, w, b: torch.Tensor | None = None, send=None):
+    """gemv.linear_silu for a packed weight."""
+    out = torch.empty(w.out_features, dtype=gu.dtype, device=gu.device)
+    launch(gemv.PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out, send=send)
+    return gemv._sent(out.view(*gu.shape[:-1], w.out_features), send)
+
+
+def linear_send(x: torch.Tensor, w, b: torch.Tensor | None, send=None):
+    """gemv.linear_send for a packed weight."""
+    out = torch.empty(w.out_features, dtype=x.dtype, device=x.device)
+    launch(gemv.PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out, send=send)
+    return gemv._sent(out.view(*x.shape[:-1], w.out_features), send)
+
+
+def dequantise(w, dtype: torch.dtype, blocks: tuple[int, int] = (32, 128)) -> torch.Tensor:
+    """W [N, K] in the held input order, for a prefill chunk's GEMM (made per call, freed after it)."""
+    n, k = w.shape
+    out = torch.empty(n, k, dtype=dtype, device=w.device)
+    gs = w.group_size if w.group_size < k else _pow2_at_least(k)
+    _kernels()[1][(-(-n // blocks[0]), -(-k // blocks[1]))](w.qweight, w.qzeros, w.scales, out, n, k, GS=gs,
+                                                           ZOFF=w.zero_offset, BLOCK_N=blocks[0], BLOCK_K=blocks[1])
+    return out
