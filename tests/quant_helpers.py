@@ -36,25 +36,22 @@ def _group_index(k: int, group: int, order: torch.Tensor | None) -> torch.Tensor
 
 def quantise(w: torch.Tensor, g_idx: torch.Tensor, sym: bool, min_zero: int):
     """Round-to-nearest 4-bit per (group, output): (q [N, K] int, zeros [G, N] int, scales [G, N] fp16)."""
-    n, _ = w.shape
+    n, k = w.shape
     groups = int(g_idx.max()) + 1
-    q = torch.empty(w.shape, dtype=torch.int64)
-    zeros = torch.empty(groups, n, dtype=torch.int64)
-    scales = torch.empty(groups, n, dtype=torch.float16)
-    for gi in range(groups):
-        cols = (g_idx == gi).nonzero().flatten()
-        wg = w[:, cols].double()
-        if sym:
-            s = (2 * wg.abs().amax(1) / 15).clamp_min(1e-8)
-            z = torch.full((n,), 8, dtype=torch.int64)
-        else:
-            lo, hi = wg.amin(1).clamp(max=0), wg.amax(1).clamp(min=0)
-            s = ((hi - lo) / 15).clamp_min(1e-8)
-            z = torch.round(-lo / s).long().clamp(min_zero, 15)
-        s16 = s.half()
-        q[:, cols] = torch.clamp(torch.round(wg / s16.double()[:, None]) + z[:, None], 0, 15).long()
-        zeros[gi], scales[gi] = z, s16
-    return q, zeros, scales
+    order = torch.argsort(g_idx, stable=True)  # each group's inputs together
+    wg = w[:, order].double().view(n, groups, k // groups)  # [N, G, gs]
+    if sym:
+        s = (2 * wg.abs().amax(2) / 15).clamp_min(1e-8)
+        z = torch.full((n, groups), 8, dtype=torch.int64)
+    else:
+        lo, hi = wg.amin(2).clamp(max=0), wg.amax(2).clamp(min=0)
+        s = ((hi - lo) / 15).clamp_min(1e-8)
+        z = torch.round(-lo / s).long().clamp(min_zero, 15)
+    s16 = s.half()
+    qg = torch.clamp(torch.round(wg / s16.double()[:, :, None]) + z[:, :, None], 0, 15).long()
+    q = torch.empty(n, k, dtype=torch.int64)
+    q[:, order] = qg.view(n, k)
+    return q, z.t().contiguous(), s16.t().contiguous()
 
 
 def dequantise(q, zeros, scales, g_idx) -> torch.Tensor:

@@ -42,9 +42,10 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble j at bits 4 j
 
 # ---- nibbles ----------------------------------------------------------------------------------------------
 def unpack(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., M] -> int32 [..., 8 M]: nibble j of word m is value 8 m + j."""
-    v = (words.to(torch.int32)[..., None] >> _SHIFTS.to(words.device)) & 0xF
-    return v.reshape(*words.shape[:-1], words.shape[-1] * 8)
+    """int32 [..., M] -> uint8 [..., 8 M]: nibble j of word m is value 8 m + j. Through the words' bytes (little-
+    endian: byte b holds nibbles 2 b and 2 b + 1), a quarter of the work of shifting int32s."""
+    b = words.to(torch.int32).contiguous().view(torch.uint8)  # [..., 4 M]
+    return torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*words.shape[:-1], words.shape[-1] * 8)
 
 
 def pack(values: torch.Tensor) -> torch.Tensor:
@@ -93,11 +94,11 @@ class PackedLinear:
 
     def dequantise_held(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] in the held input order (perm applied), computed in float32, rounded once to dtype."""
-        q = unpack(self.qweight).float()  # [N, K]
-        z = unpack(self.qzeros).float()[:, :self.out_features] + self.zero_offset  # [G, N]
-        gs = self.scales.float()  # [G, N]
-        g = torch.arange(self.in_features, device=q.device) // self.group_size
-        return (gs.t()[:, g] * (q - z.t()[:, g])).to(dtype)
+        n, k = self.shape
+        q = unpack(self.qweight).view(n, k // self.group_size, self.group_size).float()  # [N, G, gs]
+        z = unpack(self.qzeros)[:, :n].t().float() + self.zero_offset  # [N, G]
+        s = self.scales.t().float()  # [N, G]
+        return ((q - z[:, :, None]) * s[:, :, None]).view(n, k).to(dtype)
 
     def dequantise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The reference: the module's weight [N, K] in its own input order (what transformers would hold)."""
