@@ -1,0 +1,255 @@
+"""`python -m engine.bench.int4`: the int4 GEMV (engine.core.gemv_int4) on the 27B shape's matrices against the
+card's read bandwidth, the prefill product on packed weights, and the fused decode kernels in fp16 against bf16
+(the V100's dtype, timed on this card as a stand-in), printed as one JSON document.
+
+What each number is (every time a median over CUDA-graph replays: engine.core.timing):
+  read_bw_gbps             sum over a 4 GiB float32 buffer: the card's measured read bandwidth
+  int4[set][matrix]        per block configuration (BLOCK_N, BLOCK_K, num_warps): L distinct packed matrices (one
+                           per layer, together well past L2) multiplied by one row in one graph, us per matrix;
+                           bytes = packed weights + zero points + scales; gbps = bytes / time; fraction = gbps /
+                           read_bw_gbps. Every configuration is first checked against dequantise-then-matmul in
+                           float32 (relative L2 error < 1e-2, else not timed). "best" = the fastest per matrix,
+                           also with the norm (q/k/v, gate/up) or SiLU (down) prologue the decode step runs.
+  prefill[set][matrix]     a chunk of --chunk tokens: the matrix dequantised by one kernel (gemv_int4.dequantise)
+                           then cuBLAS, against cuBLAS on a bf16 matrix already in memory: ms and TFLOP/s
+  fp16_vs_bf16             the dense fused kernels (norm + GEMV, SiLU + GEMV, the one-query attention) on the
+                           27B shape at TP1 in fp16 and bf16: us each and the fp16 / bf16 ratio
+The weights are random (shapes and bytes are what the speed depends on), made on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+# the 27B hybrid shape (hidden 5120, intermediate 17408; full attention 24 q heads (with the output gate: 2 x 24),
+# 4 kv heads of 256), per rank: (N outputs, K inputs); TP2 splits N of column-parallel, K of row-parallel matrices
+SHAPES = {
+    "27b-tp1": {"gate_up": (2 * 17408, 5120), "down": (5120, 17408), "q_gate": (2 * 24 * 256, 5120),
+                "k_or_v": (4 * 256, 5120), "o_proj": (5120, 24 * 256)},
+    "27b-tp2": {"gate_up": (17408, 5120), "down": (5120, 8704), "q_gate": (24 * 256, 5120),
+                "k_or_v": (2 * 256, 5120), "o_proj": (5120, 12 * 256)},
+}
+PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "silu", "o_proj": "plain"}
+CONFIGS = [(16, 256, 4), (8, 256, 4), (32, 256, 8), (16, 512, 4), (8, 512, 4), (32, 128, 4), (64, 128, 8),
+           (16, 128, 4), (4, 512, 4), (16, 1024, 8)]
+L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
+
+
+def _packed(n: int, k: int, group: int, dev, g):
+    import torch
+
+    from engine.core import quant
+
+    words = torch.randint(-2 ** 31, 2 ** 31 - 1, (n, k // 8), dtype=torch.int32, device=dev, generator=g)
+    zeros = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // group, n // 8), dtype=torch.int32, device=dev, generator=g)
+    scales = (0.001 + 0.002 * torch.rand(k // group, n, device=dev, generator=g)).half()
+    return quant.PackedLinear(words, zeros, scales, None, group, 1, f"gptq-int4-g{group}")
+
+
+def _us(fn, count: int) -> float:
+    from engine.core import timing
+
+    graph = timing.capture(fn)
+    ms = timing.time_graph_ms(graph, n=20)
+    del graph
+    return ms * 1e3 / count
+
+
+def int4_gemv(args, doc: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from engine.core import gemv, gemv_int4
+
+    dev = torch.device(args.device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    act = getattr(torch, args.dtype)
+    read = doc["read_bw_gbps"]
+    for set_name in args.shapes.split(","):
+        doc["int4"][set_name] = {}
+        for name, (n, k) in SHAPES[set_name].items():
+            one = _packed(n, k, args.group, dev, g)
+            count = max(2, min(64, -(-L2_SPAN_BYTES // one.nbytes)))
+            ws = [one] + [_packed(n, k, args.group, dev, g) for _ in range(count - 1)]
+            x = torch.randn(k, device=dev, generator=g).to(act)
+            ref = F.linear(x.float(), one.dequantise(torch.float32))
+            outs = [torch.empty(n, device=dev, dtype=act) for _ in ws]
+            row = {"n": n, "k": k, "matrices": count, "bytes": one.nbytes, "configs": {}}
+            best = None
+            for cfg in CONFIGS:
+                key = "x".join(map(str, cfg))
+                try:
+                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
+                    err = float((outs[0].float() - ref).norm() / ref.norm())
+                    if err > 1e-2:
+                        row["configs"][key] = {"rel_err": round(err, 6), "skipped": "error over 1e-2"}
+                        continue
+                    us = _us(lambda c=cfg: [gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, o, blocks=c)
+                                            for w, o in zip(ws, outs)], count)
+                except Exception as e:  # noqa: BLE001 - a configuration that does not compile is reported
+                    row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    continue
+                gbps = one.nbytes / (us * 1e-6) / 1e9
+                row["configs"][key] = {"us": round(us, 3), "gbps": round(gbps, 1), "fraction": round(gbps / read, 4),
+                                       "rel_err": round(err, 6)}
+                if best is None or us < best[1]:
+                    best = (cfg, us)
+            if best is not None:
+                cfg, us = best
+                pro = PROLOGUE_OF[name]
+                d = torch.randn(k, device=dev, generator=g).to(act)
+                nw = torch.ones(k, device=dev, dtype=act)
+                gu = torch.randn(2 * k, device=dev, generator=g).to(act)
+                xo = torch.empty(k, device=dev, dtype=act)
+                if pro == "norm":
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg)
+                                        for w, o in zip(ws, outs)], count)
+                elif pro == "silu":
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, o, blocks=cfg)
+                                        for w, o in zip(ws, outs)], count)
+                else:
+                    us_p = us
+                gbps = one.nbytes / (us * 1e-6) / 1e9
+                row["best"] = {"blocks": list(cfg), "us": round(us, 3), "gbps": round(gbps, 1),
+                               "fraction": round(gbps / read, 4), "prologue": pro, "prologue_us": round(us_p, 3),
+                               "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4)}
+                doc["best_blocks"][f"{pro}:{n}x{k}"] = list(cfg)
+            doc["int4"][set_name][name] = row
+            ws = outs = None  # freed before the next matrix
+            torch.cuda.empty_cache()
+    fr = [r["best"]["fraction"] for s in doc["int4"].values() for r in s.values() if "best" in r]
+    tot_b = sum(r["bytes"] for s in doc["int4"].values() for r in s.values() if "best" in r)
+    tot_us = sum(r["best"]["us"] for s in doc["int4"].values() for r in s.values() if "best" in r)
+    doc["int4_summary"] = {"min_fraction": min(fr) if fr else None,
+                           "bytes_weighted_fraction": round(tot_b / (tot_us * 1e-6) / 1e9 / read, 4) if fr else None,
+                           "target_fraction": 0.75}
+
+
+def prefill(args, doc: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from engine.core import gemv_int4
+
+    dev = torch.device(args.device)
+    g = torch.Generator(device=dev).manual_seed(1)
+    act = getattr(torch, args.dtype)
+    for set_name in args.shapes.split(","):
+        doc["prefill"][set_name] = {}
+        for name, (n, k) in SHAPES[set_name].items():
+            w = _packed(n, k, args.group, dev, g)
+            x = torch.randn(args.chunk, k, device=dev, generator=g).to(act)
+            dense = w.dequantise_held(act)
+            flops = 2.0 * args.chunk * n * k
+            deq_us = _us(lambda: gemv_int4.dequantise(w, act), 1)
+            packed_us = _us(lambda: F.linear(x, gemv_int4.dequantise(w, act)), 1)
+            dense_us = _us(lambda: F.linear(x, dense), 1)
+            doc["prefill"][set_name][name] = {
+                "tokens": args.chunk, "dequantise_us": round(deq_us, 1), "packed_us": round(packed_us, 1),
+                "dense_us": round(dense_us, 1), "packed_tflops": round(flops / (packed_us * 1e-6) / 1e12, 1),
+                "dense_tflops": round(flops / (dense_us * 1e-6) / 1e12, 1)}
+            dense = x = None
+            torch.cuda.empty_cache()
+
+
+def fp16_vs_bf16(args, doc: dict) -> None:
+    """The dense fused kernels of one 27B full-attention layer at TP1, fp16 against bf16 (random weights)."""
+    import torch
+
+    from engine.core import attention, gemv
+
+    dev = torch.device(args.device)
+    d, ff, heads, kv, hd = 5120, 17408, 24, 4, 256
+    window = args.window
+    out = {}
+    for dt in (torch.bfloat16, torch.float16):
+        g = torch.Generator(device=dev).manual_seed(2)
+        e = dict(device=dev, dtype=dt)
+        count = 4  # four layers' weights per graph (gate/up alone is 356 MB in 16 bits)
+        wqkv = [torch.empty((heads + 2 * kv) * hd, d, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
+        w13 = [torch.empty(2 * ff, d, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
+        w2 = [torch.empty(d, ff, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
+        x, dl = torch.randn(1, 1, d, **e), torch.randn(1, 1, d, **e)
+        nw = torch.ones(d, **e)
+        gu = torch.randn(1, 1, 2 * ff, **e)
+        qkv = torch.randn(1, 1, (heads + 2 * kv) * hd, **e)
+        kc, vc = torch.randn(1, kv, window, hd, **e), torch.randn(1, kv, window, hd, **e)
+        cos, sin = torch.ones(1, hd, **e), torch.zeros(1, hd, **e)
+        pos = torch.tensor([window - 1], device=dev)
+        qn = kn = torch.ones(hd, **e)
+        attention.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6,
+                                   window=window)  # the counters, before capture
+        name = str(dt).removeprefix("torch.")
+        out[name] = {
+            "norm_qkv_us": round(_us(lambda: [gemv.linear_norm(x, dl, nw, 1e-6, w) for w in wqkv], count), 2),
+            "norm_gate_up_us": round(_us(lambda: [gemv.linear_norm(x, dl, nw, 1e-6, w) for w in w13], count), 2),
+            "silu_down_us": round(_us(lambda: [gemv.linear_silu(gu, w) for w in w2], count), 2),
+            "attention_us": round(_us(lambda: attention.decode_attention(
+                qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6, window=window), 1), 2)}
+        wqkv = w13 = w2 = None
+        torch.cuda.empty_cache()
+    bf, fp = out["bfloat16"], out["float16"]
+    out["ratio_fp16_over_bf16"] = {k: round(fp[k] / bf[k], 4) for k in bf}
+    out["window"] = window
+    doc["fp16_vs_bf16"] = out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.int4", description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--group", type=int, default=128, choices=(32, 64, 128), help="group size (default: 128)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help="activations (bfloat16)")
+    p.add_argument("--chunk", type=int, default=2048, help="prefill tokens per chunk (default: 2048)")
+    p.add_argument("--window", type=int, default=4096, help="the attention's window in fp16_vs_bf16 (default: 4096)")
+    p.add_argument("--skip", default="", help="comma-separated parts to leave out: int4, prefill, fp16")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    args.device = "cuda:0"
+    bad = [s for s in args.shapes.split(",") if s not in SHAPES]
+    if bad:
+        print(f"Error: unknown shape set(s) {bad}; choose from {', '.join(SHAPES)}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("Error: this bench needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 4
+    from engine.core import timing
+    from profiles.document import utc_now
+
+    dev = torch.device(args.device)
+    torch.cuda.set_device(dev)
+    torch.set_grad_enabled(False)
+    doc: dict = {"kind": "engine_bench_int4", "created_utc": utc_now(), "device": torch.cuda.get_device_name(dev),
+                 "capability": list(torch.cuda.get_device_capability(dev)), "torch": torch.__version__,
+                 "group_size": args.group, "dtype": args.dtype, "method": __doc__.strip(),
+                 "read_bw_gbps": round(timing.read_bandwidth_gbps(dev), 1), "int4": {}, "best_blocks": {},
+                 "prefill": {}}
+    try:
+        import triton
+
+        doc["triton"] = triton.__version__
+    except ImportError:
+        print("Error: the int4 kernels need Triton (pip install triton)", file=sys.stderr)
+        return 4
+    t0 = time.perf_counter()
+    skip = set(filter(None, args.skip.split(",")))
+    if "int4" not in skip:
+        int4_gemv(args, doc)
+    if "prefill" not in skip:
+        prefill(args, doc)
+    if "fp16" not in skip:
+        fp16_vs_bf16(args, doc)
+    doc["wall_s"] = round(time.perf_counter() - t0, 1)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
