@@ -2,10 +2,12 @@
 
 y [N] = W [N, K] @ h [K] with W read as it is held: int32 words of eight 4-bit values along K, a 4-bit zero point
 and a scale per (group, output). Each program owns BLOCK_N output rows and walks K in tiles of BLOCK_K: it loads
-BLOCK_K / 8 words per row (one 16-byte vector per four words), unpacks them in registers, and per group of the
-tile sums q * h and h; the group's scale and zero point are applied once per group and row:
+BLOCK_K / 8 words per row (one 16-byte vector per four words), unpacks them in registers, and applies the group's
+scale and zero point once per group and row:
     y[n] = sum over groups g of s[g, n] * (sum_k q[n, k] h[k] - z[g, n] * sum_k h[k])
-so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. The input row h is
+so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two forms of the
+loop (ELEMENTWISE; the bench times both): the products kept element-wise over a group's tiles and scaled once per
+group (no reduction inside the loop), or reduced to per-group sums in every tile. The input row h is
 made by the same prologues as engine.core.gemv's bf16 GEMV (kernel choice "fused"): the residual add + RMSNorm
 (Hugging Face's rounding) or SiLU(gate) * up, and the output rows can go, tagged, to the peer's inbox (the TP2
 exchange of engine.allreduce.epilogue, mode "send"); float32 sums in a fixed order, as there.
@@ -25,12 +27,15 @@ from engine.core import gemv
 
 DEFAULT_BLOCKS = (16, 256, 4)  # (BLOCK_N, BLOCK_K, num_warps): the bench (python -m engine.bench.int4) sets BLOCKS
 BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+# the main loop's form (the bench times both): True = products summed element-wise per group, scaled once per group
+# (BLOCK_K at most the group size); False = per tile, a reduction to per-group sums, then scale and zero point
+ELEMENTWISE = True
 
 
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _xs_tag
+    global tl, rnd, _xs_tag, _row
     import triton
     import triton.language as tl
 
@@ -38,17 +43,38 @@ def _kernels():
     rnd, _xs_tag = gemv.rnd, gemv._xs_tag
 
     @triton.jit
+    def _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt: tl.constexpr, PROLOGUE: tl.constexpr,
+             HAS_PERM: tl.constexpr, EMU: tl.constexpr):
+        """The GEMV's input h at inputs k0 + cols0 (read at perm[k] with a desc_act order), float32, 0 past K."""
+        cmask = (k0 + cols0) < K
+        idx = k0 + cols0
+        if HAS_PERM:
+            idx = tl.load(perm_ptr + idx, mask=cmask, other=0)
+        if PROLOGUE == 1:
+            xv = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+            dv = tl.load(d_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+            nw = tl.load(nw_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+            r = rnd(xv + dv, dt, EMU).to(tl.float32)
+            h = rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU).to(tl.float32)
+        elif PROLOGUE == 2:
+            g = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+            u = tl.load(x_ptr + K + idx, mask=cmask, other=0.0).to(tl.float32)
+            sg = rnd(g / (1.0 + tl.exp(-g)), dt, EMU).to(tl.float32)
+            h = rnd(sg * u, dt, EMU).to(tl.float32)
+        else:
+            h = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
+        return tl.where(cmask, h, 0.0)
+
+    @triton.jit
     def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, perm_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, eps,
                          xs_peer, xs_ser, xs_slot, xs_e, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS: tl.constexpr,
                          ZOFF: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr, SEND: tl.constexpr,
-                         EPW: tl.constexpr):
+                         EPW: tl.constexpr, ELEMENTWISE: tl.constexpr = True):
         pid = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
-        SUB: tl.constexpr = BLOCK_K if BLOCK_K < GS else GS  # inputs per group within a tile
-        NG: tl.constexpr = BLOCK_K // SUB  # groups per tile
         WK: tl.constexpr = BLOCK_K // 8  # words per row per tile
         rstd = 0.0
         if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
@@ -66,43 +92,62 @@ def _kernels():
             rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
         cols0 = tl.arange(0, BLOCK_K)
         wcols = tl.arange(0, WK)
-        shifts = tl.arange(0, 8) * 4
-        gsel = tl.arange(0, NG)
         zshift = (rows % 8) * 4
-        acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
         KW = K // 8
         wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
-        for k0 in range(0, K, BLOCK_K):
-            cmask = (k0 + cols0) < K
-            words = tl.load(wp + k0 // 8, mask=rmask[:, None] & ((k0 // 8 + wcols) < KW)[None, :], other=0,
-                            eviction_policy="evict_first")  # [BLOCK_N, WK] int32
-            q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K)).to(tl.float32)
-            idx = k0 + cols0
-            if HAS_PERM:
-                idx = tl.load(perm_ptr + idx, mask=cmask, other=0)
-            if PROLOGUE == 1:
-                xv = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
-                dv = tl.load(d_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
-                nw = tl.load(nw_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
-                r = rnd(xv + dv, dt, EMU).to(tl.float32)
-                h = rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU).to(tl.float32)
-            elif PROLOGUE == 2:
-                g = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
-                u = tl.load(x_ptr + K + idx, mask=cmask, other=0.0).to(tl.float32)
-                sg = rnd(g / (1.0 + tl.exp(-g)), dt, EMU).to(tl.float32)
-                h = rnd(sg * u, dt, EMU).to(tl.float32)
-            else:
-                h = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
-            h = tl.where(cmask, h, 0.0)
-            part = tl.sum(tl.reshape(q * h[None, :], (BLOCK_N, NG, SUB)), axis=2)  # [BLOCK_N, NG]
-            hsum = tl.sum(tl.reshape(h, (NG, SUB)), axis=1)  # [NG]
-            grp = (k0 + gsel * SUB) // GS  # [NG]
-            gmask = rmask[:, None] & ((k0 + gsel * SUB) < K)[None, :]
-            sc = tl.load(s_ptr + grp[None, :] * N + rows[:, None], mask=gmask, other=0.0).to(tl.float32)
-            zw = tl.load(qz_ptr + grp[None, :] * (N // 8) + (rows // 8)[:, None], mask=gmask, other=0)
-            z = ((zw >> zshift[:, None]) & 0xF).to(tl.float32) + ZOFF
-            acc += sc * (part - z * hsum[None, :])
-        y = tl.sum(acc, axis=1)
+        # nibble -> float without an int-to-float conversion (a quarter-rate instruction: it would cap the kernel near
+        # half the H200's bandwidth): the value ORed into the mantissa of 2^23, minus 2^23, exact
+        if ELEMENTWISE:
+            # Per group (BLOCK_K <= GS): products summed element-wise over the group's tiles, scaled once per group
+            # and row; one reduction over K at the end. Each 16-bit half of a word gives its four values by one mask
+            # each, left in place (value x 16^j), and h is scaled by 16^-j instead (exact: powers of two).
+            masks = 0xF << (tl.arange(0, 4) * 4)
+            jscale = tl.exp2(-4.0 * (cols0 % 4).to(tl.float32))
+            tot = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            corr = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for g0 in range(0, K, GS):
+                accg = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+                hsv = tl.zeros((BLOCK_K,), dtype=tl.float32)
+                for t in range(0, GS, BLOCK_K):
+                    k0 = g0 + t
+                    words = tl.load(wp + k0 // 8, mask=rmask[:, None] & ((k0 // 8 + wcols) < KW)[None, :], other=0,
+                                    eviction_policy="evict_first")  # [BLOCK_N, WK] int32
+                    halves = tl.join(words & 0xFFFF, (words >> 16) & 0xFFFF)  # [BLOCK_N, WK, 2]
+                    qs = tl.reshape((halves[:, :, :, None] & masks[None, None, None, :]) | 0x4B000000,
+                                    (BLOCK_N, BLOCK_K)).to(tl.float32, bitcast=True) - 8388608.0  # q x 16^j
+                    h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU)
+                    accg += qs * (h * jscale)[None, :]
+                    hsv += h
+                grp = g0 // GS
+                sc = tl.load(s_ptr + grp * N + rows, mask=rmask, other=0.0).to(tl.float32)
+                zw = tl.load(qz_ptr + grp * (N // 8) + rows // 8, mask=rmask, other=0)
+                z = ((zw >> zshift) & 0xF).to(tl.float32) + ZOFF
+                tot += sc[:, None] * accg
+                corr += sc * z * tl.sum(hsv, axis=0)
+            y = tl.sum(tot, axis=1) - corr
+        else:
+            # Per tile: the sums of q h and of h per group within the tile (a reduction per tile), the group's
+            # scale and zero point applied to them.
+            SUB: tl.constexpr = BLOCK_K if BLOCK_K < GS else GS  # inputs per group within a tile
+            NG: tl.constexpr = BLOCK_K // SUB  # groups per tile
+            shifts = tl.arange(0, 8) * 4
+            gsel = tl.arange(0, NG)
+            acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                words = tl.load(wp + k0 // 8, mask=rmask[:, None] & ((k0 // 8 + wcols) < KW)[None, :], other=0,
+                                eviction_policy="evict_first")  # [BLOCK_N, WK] int32
+                q = (tl.reshape(((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000,
+                                (BLOCK_N, BLOCK_K)).to(tl.float32, bitcast=True) - 8388608.0)
+                h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU)
+                part = tl.sum(tl.reshape(q * h[None, :], (BLOCK_N, NG, SUB)), axis=2)  # [BLOCK_N, NG]
+                hsum = tl.sum(tl.reshape(h, (NG, SUB)), axis=1)  # [NG]
+                grp = (k0 + gsel * SUB) // GS  # [NG]
+                gmask = rmask[:, None] & ((k0 + gsel * SUB) < K)[None, :]
+                sc = tl.load(s_ptr + grp[None, :] * N + rows[:, None], mask=gmask, other=0.0).to(tl.float32)
+                zw = tl.load(qz_ptr + grp[None, :] * (N // 8) + (rows // 8)[:, None], mask=gmask, other=0)
+                z = ((zw >> zshift[:, None]) & 0xF).to(tl.float32) + ZOFF
+                acc += sc * (part - z * hsum[None, :])
+            y = tl.sum(acc, axis=1)
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
         yd = rnd(y, y_ptr.dtype.element_ty, EMU)
@@ -146,7 +191,8 @@ def _pow2_at_least(n: int) -> int:
 
 def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
            delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-           x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None, send=None) -> torch.Tensor:
+           x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None, send=None,
+           elementwise: bool | None = None) -> torch.Tensor:
     """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
     or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's."""
     n, k = w.shape
@@ -154,8 +200,11 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     bn, bk, warps = blocks or BLOCKS.get((name, n, k), DEFAULT_BLOCKS)
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
-    gs = w.group_size if w.group_size < k else _pow2_at_least(k)  # one group over all inputs: any tile is inside it
+    elementwise = ELEMENTWISE if elementwise is None else elementwise
     bk = min(bk, _pow2_at_least(k))
+    if elementwise and w.group_size < k:
+        bk = min(bk, w.group_size)  # a tile inside one group
+    gs = w.group_size if w.group_size < k else -(-k // bk) * bk  # one group over all inputs: whole tiles of it
     if gs % min(bk, gs) or bk % 8:
         raise ValueError(f"int4 GEMV: BLOCK_K {bk} and group size {gs} must nest (powers of two, at least 8)")
     t = out
@@ -166,7 +215,8 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
         out, x_out if x_out is not None else out, n, k, float(eps), peer, ser, slot, e,
         PROLOGUE=prologue, HAS_BIAS=b is not None, HAS_PERM=w.perm is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs,
         ZOFF=w.zero_offset, EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
-        STATS_BLOCK=min(8192, _pow2_at_least(k)), SEND=send is not None, EPW=gemv._epw(out.dtype), num_warps=warps)
+        STATS_BLOCK=min(8192, _pow2_at_least(k)), SEND=send is not None, EPW=gemv._epw(out.dtype),
+        ELEMENTWISE=elementwise, num_warps=warps)
     return out
 
 

@@ -126,8 +126,8 @@ def variants() -> list[tuple[str, object, dict, int]]:
     int4, deq = gemv_int4._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
-    q4 = dict(HAS_BIAS=False, HAS_PERM=False, BLOCK_N=16, BLOCK_K=256, GS=128, ZOFF=1, EMU=False, STATS_BLOCK=4096,
-              SEND=False, EPW=2)
+    q4 = dict(HAS_BIAS=False, HAS_PERM=False, BLOCK_N=16, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, STATS_BLOCK=4096,
+              SEND=False, EPW=2, ELEMENTWISE=True)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
     return [
@@ -142,7 +142,9 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("attention:combine", comb, dict(SPLITS=8, G=4, G_PAD=16, HD=128, EMU=False), 4),
         ("int4_gemv:norm", int4, {**q4, "PROLOGUE": 1}, 4),
         ("int4_gemv:silu+send", int4, {**q4, "PROLOGUE": 2, "SEND": True}, 4),
-        ("int4_gemv:plain+send", int4, {**q4, "PROLOGUE": 0, "SEND": True, "HAS_PERM": True, "GS": 32}, 4),
+        ("int4_gemv:plain+send", int4, {**q4, "PROLOGUE": 0, "SEND": True, "HAS_PERM": True, "GS": 32,
+                                         "BLOCK_K": 32}, 4),
+        ("int4_gemv:norm, per-tile sums", int4, {**q4, "PROLOGUE": 1, "ELEMENTWISE": False}, 4),
         ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128), 4),
     ]
 
