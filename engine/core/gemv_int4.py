@@ -20,13 +20,34 @@ Triton kernel) and multiplies with cuBLAS.
 from __future__ import annotations
 
 import functools
+import json
+import os
 
 import torch
 
 from engine.core import gemv
 
-DEFAULT_BLOCKS = (16, 256, 4)  # (BLOCK_N, BLOCK_K, num_warps): the bench (python -m engine.bench.int4) sets BLOCKS
+DEFAULT_BLOCKS = (32, 128, 4)  # (BLOCK_N, BLOCK_K, num_warps), not measured yet: python -m engine.bench.int4 sets BLOCKS
 BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, ew]}}
+FORMS: dict[tuple[str, int, int], bool] = {}  # (prologue, N, K) -> ELEMENTWISE, from the same file
+
+
+def _load_blocks() -> None:
+    path = os.environ.get(BLOCKS_ENV)
+    if not path:
+        return
+    with open(path) as fh:
+        raw = json.load(fh)
+    for key, val in raw.get("best_blocks", raw).items():
+        name, shape = key.split(":")
+        n, k = (int(v) for v in shape.split("x"))
+        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:3])
+        if len(val) > 3:
+            FORMS[(name, n, k)] = bool(val[3])
+
+
+_load_blocks()
 # the main loop's form (the bench times both): True = products summed element-wise per group, scaled once per group
 # (BLOCK_K at most the group size); False = per tile, a reduction to per-group sums, then scale and zero point
 ELEMENTWISE = True
@@ -200,7 +221,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     bn, bk, warps = blocks or BLOCKS.get((name, n, k), DEFAULT_BLOCKS)
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
-    elementwise = ELEMENTWISE if elementwise is None else elementwise
+    elementwise = FORMS.get((name, n, k), ELEMENTWISE) if elementwise is None else elementwise
     bk = min(bk, _pow2_at_least(k))
     if elementwise and w.group_size < k:
         bk = min(bk, w.group_size)  # a tile inside one group
