@@ -1,9 +1,10 @@
 """`python -m engine generate`: one-shot generation, a stable contract for users and checks.
 
-The last line of stdout (with --json) is {"token_ids": [...], "text": "..."}:
+The last line of stdout (with --json) is {"token_ids": [...], "text": "...", "weights": {"format", "bytes", ...}}:
 the generated ids only, exactly --max-tokens of them unless --stop-at-eos;
 --prompt-ids are used verbatim, --prompt gets the model's BOS rule; text is null
-when the model directory has no tokenizer.json. --tp 2 starts two rank processes
+when the model directory has no tokenizer.json; weights is the weight format (e.g. "bfloat16", "gptq-int4-g128
+(bfloat16 dense)") and the bytes rank 0 holds for weights (packed tensors as packed). --tp 2 starts two rank processes
 (an unsharded checkpoint is sliced by each rank at load) and prints rank 0's result.
 The prompt plus --max-tokens must fit the model's positions (max_position_embeddings in its
 config.json), as the service refuses such a request: a model run past its positions returns garbage.
@@ -66,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
                    help="--tp 2 only: the ranks' allreduce path; auto = self-test and timing race (default: auto)")
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="KV cache positions to allocate, at most the model's (default: prompt + max tokens + 1)")
-    p.add_argument("--json", action="store_true", help='print {"token_ids": [...], "text": ...} as the last line')
+    p.add_argument("--json", action="store_true",
+                   help='print {"token_ids": [...], "text": ..., "weights": {"format", "bytes"}} as the last line')
     return p
 
 
