@@ -351,3 +351,13 @@ def test_the_openai_client_scenario_passed_on_a_gpu_host_with_its_dependencies_c
     assert by["tp2_equals_tp1"]["status"] == "passed"
     assert all(s["reason"].startswith("not selected") for k, s in by.items() if k not in ran)
     assert "verdict: PASSED: all 2 scenarios that ran passed; 20 waived" in console and "qualify rc=0" in console
+
+
+@pytest.mark.parametrize("statuses, partial, want", [
+    (["passed", "failed", "waived"], None, "failed"), (["passed", "error"], "interrupted (Ctrl-C)", "failed"),
+    (["passed", "warned", "waived"], None, "passed"), (["passed"], "interrupted (Ctrl-C) during load", "interrupted")])
+def test_the_accept_phase_never_says_passed_beside_failed_scenarios(statuses, partial, want):
+    from v100plan.qualify.phases import accept_status
+
+    result = {"scenarios": [{"status": s} for s in statuses], "partial_reason": partial}
+    assert accept_status(result) == want

@@ -91,12 +91,12 @@ class EpilogueExchange:
         return Ticket(self, e)
 
     def finish(self, sent: "Sent", x: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-               eps: float = 0.0) -> torch.Tensor:
+               eps: float = 0.0, zc: bool = False) -> torch.Tensor:
         """The sum of the step's last exchange (waits for the peer's words), and the serial bumped; with ``x``
         and ``norm_weight``: RMSNorm(x + the sum) * norm_weight (the model's final norm) instead."""
         from engine.core import gemv
 
-        return gemv.exchange_finish(sent, x=x, norm_weight=norm_weight, eps=eps)
+        return gemv.exchange_finish(sent, x=x, norm_weight=norm_weight, eps=eps, zc=zc)
 
     def receive(self, sent: "Sent") -> torch.Tensor:
         """The sum of an exchange in a kernel of its own (mode "send"), the serial left as it is."""

@@ -6,12 +6,15 @@ What each number is (every time is a median over CUDA-graph replays or repeats):
   gemv.weight_gbps      every weight matrix once as a batch-1 matrix-vector product, in one graph:
                         weight bytes / time -> the engine's weight_bw_fraction
   decode[ctx]           one whole decode step with attention over ``window`` cached positions, the
-                        service's own (engine.core.runner.Decoder's CUDA graph for that window, replayed):
-                        tok/s, and (weight bytes + K/V bytes read) / time
+                        service's own (engine.core.runner.Decoder's CUDA graph for that window, replayed, with
+                        the kernels the service chooses on this card unless --kernels says otherwise): tok/s,
+                        and (weight bytes + K/V bytes read + linear-attention state read and written) / time
+                        against the floor: those bytes at read_bw_gbps
   fit                   step time = intercept + slope x K/V bytes, least squares over the contexts:
                         kv_bw_fraction = 1 / slope / read_bw; round_overhead_ms = intercept - gemv time
-  prefill               one 2048-token chunk: (2 x matrix parameters x tokens + causal attention
-                        FLOPs) / time, against --peak-tflops when given
+  prefill[tokens]       a prompt of that many tokens in --prefill-chunk chunks (as the service prefills):
+                        (2 x matrix parameters x tokens + causal attention FLOPs) / time, against
+                        --peak-tflops when given
   allreduce[path][size] two processes on this host, median microseconds per allreduce
 The weights are random (shape and bytes are what decode speed depends on), made on the GPU.
 `--variants` runs engine/bench/variants.py instead: several ways to run the same decode step, each
@@ -50,31 +53,35 @@ def x_bytes_over_ms(nbytes: int, ms: float) -> float:
 
 
 def gemv_only(model) -> dict:
+    """Every weight matrix of every layer kind once as a batch-1 product (cuBLAS), in one graph."""
     import torch
     import torch.nn.functional as F
 
-    d, dev, dt = model.cfg.hidden_size, model.device, model.dtype
-    x = torch.randn(1, d, device=dev, dtype=dt)
-    xa = torch.randn(1, model.layers[0].wo.shape[1], device=dev, dtype=dt)
-    xf = torch.randn(1, model.layers[0].w2.shape[1], device=dev, dtype=dt)
+    dev, dt = model.device, model.dtype
+    mats = [t for layer in model.layers for t in layer.weights().values() if t.dim() == 2 and t.shape[1] >= 64]
+    xs = {k: torch.randn(1, k, device=dev, dtype=dt) for k in {t.shape[1] for t in mats + [model.head]}}
 
     def run():
-        for layer in model.layers:
-            F.linear(x, layer.wqkv)
-            F.linear(xa, layer.wo)
-            F.linear(x, layer.w13)
-            F.linear(xf, layer.w2)
-        F.linear(x, model.head)
+        for w in mats:
+            F.linear(xs[w.shape[1]], w)
+        F.linear(xs[model.head.shape[1]], model.head)
 
     ms = timing.time_graph_ms(timing.capture(run))
-    nbytes = sum(t.numel() for layer in model.layers for t in (layer.wqkv, layer.wo, layer.w13, layer.w2))
-    nbytes = (nbytes + model.head.numel()) * model.head.element_size()
+    nbytes = (sum(t.numel() for t in mats) + model.head.numel()) * model.head.element_size()
     return {"ms": round(ms, 4), "weight_bytes": nbytes, "weight_gbps": round(x_bytes_over_ms(nbytes, ms), 1)}
 
 
-def decode(model, contexts: list[int], kernels: str = "eager") -> dict:
+def state_bytes_per_step(model) -> int:
+    """Linear-attention state a decode step moves: the float32 recurrent state read and written, the conv
+    ring read (the K/V cache is counted per position apart)."""
+    lin = [la for la in model.layers if la.kind == "linear_attention"]
+    return sum(2 * la.rec_state.numel() * 4 + la.conv_ring.numel() * la.conv_ring.element_size() for la in lin)
+
+
+def decode(model, contexts: list[int], kernels: str | None = None, read_gbps: float | None = None) -> dict:
     """The service's own decode step, as the ranks replay it: engine.core.runner.Decoder captures one graph
-    per window (the context rounded up to 256) and this times exactly those replays."""
+    per window (the context rounded up to 256) and this times exactly those replays. ``kernels``: None = what
+    the service chooses on this card (engine.core.runner.kernel_choice)."""
     import torch
 
     from engine.core.runner import Decoder
@@ -82,6 +89,7 @@ def decode(model, contexts: list[int], kernels: str = "eager") -> dict:
     out = {}
     kv_per_pos = model.cfg.kv_bytes_per_token(model.head.element_size()) // model.world
     w = model.weight_bytes()
+    st = state_bytes_per_step(model)
     windows = {ctx: -(-ctx // 256) * 256 for ctx in contexts}
     dec = Decoder(model, graphs=True, kernels=kernels, bucket_list=sorted(set(windows.values())))
     dec.capture()
@@ -89,11 +97,15 @@ def decode(model, contexts: list[int], kernels: str = "eager") -> dict:
         graph, _, pos = dec.graph_for(window)
         pos.fill_(ctx - 1)
         ms = timing.time_graph_ms(graph)
-        kv = kv_per_pos * window  # attention reads the whole window (masked past pos)
-        out[str(ctx)] = {"window": window, "ms": round(ms, 4), "tok_s": round(1000 / ms, 2),
-                         "weight_gbps": round(x_bytes_over_ms(w, ms), 1),
-                         "total_gbps": round(x_bytes_over_ms(w + kv, ms), 1), "kv_bytes": kv,
-                         "kernels": dec.kernels}
+        kv = kv_per_pos * ctx  # what the step reads: positions past pos are masked, not read
+        row = {"window": window, "ms": round(ms, 4), "tok_s": round(1000 / ms, 2),
+               "weight_gbps": round(x_bytes_over_ms(w, ms), 1),
+               "total_gbps": round(x_bytes_over_ms(w + kv + st, ms), 1), "kv_bytes": kv, "state_bytes": st,
+               "kernels": dec.kernels}
+        if read_gbps:
+            floor = (w + kv + st) / (read_gbps * 1e9) * 1e3
+            row.update(floor_ms=round(floor, 4), of_floor=round(floor / ms, 4))
+        out[str(ctx)] = row
         if dec.info.get("exchange"):
             out[str(ctx)]["exchange"] = dec.info["exchange"]
     if hasattr(getattr(model.comm, "path", None), "check"):
@@ -123,24 +135,27 @@ def fit(dec: dict, gemv_ms: float, read_gbps: float) -> dict:
             "round_overhead_ms": round(intercept - gemv_ms, 4)}
 
 
-def prefill(model, tokens: int = 2048) -> dict:
+def prefill(model, tokens: int = 2048, chunk: int = 2048, repeats: int = 3) -> dict:
+    """A prompt of ``tokens`` in chunks of ``chunk`` (Model.forward per chunk, as the ranks prefill)."""
     import torch
 
     cfg = model.cfg
     ids = torch.randint(0, cfg.vocab_size, (1, tokens), device=model.device)
     ts = []
-    for i in range(4):
+    for i in range(repeats + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model.forward(ids, 0)
+        for start in range(0, tokens, chunk):
+            model.forward(ids[:, start:start + chunk], start)
         torch.cuda.synchronize()
         if i:
             ts.append((time.perf_counter() - t0) * 1e3)
     ms = statistics.median(ts)
     matrix_params = cfg.param_count() - cfg.vocab_size * cfg.hidden_size  # minus the embedding lookup table
-    attn = cfg.num_layers * 2 * 2 * cfg.q_size * tokens * (tokens + 1) / 2  # QK^T and PV, causal half
+    attn = cfg.n_full * 2 * 2 * cfg.q_size * tokens * (tokens + 1) / 2  # QK^T and PV, causal half
     flops = 2 * matrix_params * tokens + attn
-    return {"tokens": tokens, "ms": round(ms, 2), "tflops": round(flops / (ms * 1e-3) / 1e12, 1)}
+    return {"tokens": tokens, "chunk": chunk, "ms": round(ms, 2), "tok_s": round(tokens / (ms * 1e-3), 1),
+            "tflops": round(flops / (ms * 1e-3) / 1e12, 1)}
 
 
 def _allreduce_worker(rank: int, rdv: str, device: str, dtype: str, paths: list[str], out: str, iters: int):
@@ -228,6 +243,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"), help="a config.json (real shape)")
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")
     p.add_argument("--contexts", default="512,4096,16384")
+    p.add_argument("--kernels", default=None, choices=("eager", "compiled", "gemv", "fused"),
+                   help="the decode step's kernels (default: what the service chooses on this card)")
+    p.add_argument("--also-eager", action="store_true", help="also time the plain (eager-block) step, for reference")
+    p.add_argument("--prefill-tokens", default="2048", help="prompt lengths to prefill, comma-separated")
+    p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens per prefill chunk")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"))
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
@@ -261,6 +281,7 @@ def main(argv: list[str]) -> int:
     raw = json.loads(Path(args.config).read_text())
     if args.layers:
         raw["num_hidden_layers"] = args.layers
+        raw.pop("layer_types", None)  # rebuilt from the interval (a hybrid's full_attention_interval)
     cfg = ecfg.from_dict(raw)
     contexts = [int(c) for c in args.contexts.split(",")]
     from profiles.document import utc_now
@@ -283,14 +304,22 @@ def main(argv: list[str]) -> int:
     doc["gemv"] = gemv_only(model)
     doc["predicted_ms_at_read_bw"] = round(doc["weight_bytes"] / (doc["read_bw_gbps"] * 1e9) * 1e3, 4)
     emit_json(doc, args.out)
+    doc["state_bytes_per_step"] = state_bytes_per_step(model)
     with torch.inference_mode():
-        doc["decode"] = {"eager_graph": decode(model, contexts, "eager")}
-    doc["fit"] = {"eager_graph": fit(doc["decode"]["eager_graph"], doc["gemv"]["ms"], doc["read_bw_gbps"])}
+        doc["decode"] = {"service_graph": decode(model, contexts, args.kernels, doc["read_bw_gbps"])}
+        doc["decode_kernels"] = doc["decode"]["service_graph"][str(contexts[0])]["kernels"]
+        if args.also_eager:
+            doc["decode"]["eager_graph"] = decode(model, contexts, "eager", doc["read_bw_gbps"])
+    doc["fit"] = {k: fit(v, doc["gemv"]["ms"], doc["read_bw_gbps"]) for k, v in doc["decode"].items()}
     emit_json(doc, args.out)
-    doc["prefill"] = prefill(model)
-    if args.peak_tflops:
-        doc["prefill"]["compute_fraction"] = round(doc["prefill"]["tflops"] / args.peak_tflops, 4)
-    emit_json(doc, args.out)
+    doc["prefill"] = {}
+    for n in (int(t) for t in args.prefill_tokens.split(",")):
+        with torch.inference_mode():
+            row = prefill(model, n, args.prefill_chunk, repeats=3 if n <= 16384 else 1)
+        if args.peak_tflops:
+            row["compute_fraction"] = round(row["tflops"] / args.peak_tflops, 4)
+        doc["prefill"][str(n)] = row
+        emit_json(doc, args.out)
     # Before compiling: a compile that runs out of time must not cost these figures.
     if not args.skip_allreduce:
         doc["allreduce_us"] = allreduce(args.allreduce_device or str(dev), dtype, args.allreduce_iters)

@@ -35,7 +35,11 @@ REPO = BUNDLE_ROOT
 
 
 def hf_shapes(cfg) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of a Hugging Face Llama/Qwen checkpoint of this config, with its shape."""
+    """Every tensor of a Hugging Face Llama/Qwen (or Qwen3.5 hybrid) checkpoint of this config, with its shape."""
+    if cfg.hybrid:
+        from engine.core.demo import hybrid_tensors
+
+        return [(name, shape) for name, shape, _ in hybrid_tensors(cfg)]
     d, hd = cfg.hidden_size, cfg.head_dim
     q, kv, ff = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
     out = [("model.embed_tokens.weight", (cfg.vocab_size, d)), ("model.norm.weight", (d,))]
@@ -80,13 +84,17 @@ def write_random_checkpoint(config_path: str, dst: Path, dtype: str, device: str
             part = {}
 
     for name, shape in hf_shapes(cfg):
-        if len(shape) == 1:
-            t = torch.ones(shape, dtype=dt) if "norm" in name else torch.zeros(shape, dtype=dt)
+        if name.endswith("A_log"):  # decay rates A in [1, 16), log stored
+            t = torch.empty(shape).uniform_(0.0, 2.77).to(dt)
+        elif name.endswith(("dt_bias", "linear_attn.norm.weight")):
+            t = torch.ones(shape, dtype=dt)
+        elif len(shape) == 1:  # norms: 1, or 0 where they are zero-centred (1 + w); biases 0
+            t = torch.full(shape, 0.0 if cfg.zero_centred_norm or "norm" not in name else 1.0, dtype=dt)
         else:
             t = torch.empty(shape, dtype=dt, device=device).normal_(0.0, 0.02, generator=g).cpu()
         part[name] = t
         nbytes += t.numel() * t.element_size()
-        if name.endswith("down_proj.weight") and int(name.split(".")[2]) % 8 == 7:
+        if name.endswith("down_proj.weight") and int(name.split(".")[2]) % 8 == 7:  # one file per 8 layers
             flush()
     flush()
     return {"bytes": nbytes, "files": n_file, "seconds": round(time.perf_counter() - t0, 1)}

@@ -40,12 +40,15 @@ import torch
 BLOCK_S = 128  # cache positions per tile (H200, 2026-11-30: 128 x 8 warps fastest of 8 configurations)
 NUM_WARPS = 8
 TARGET_PROGRAMS = 264  # about two programs per SM of an H200 (132 SMs): sets how the window is split
+# tiles whose loads a program keeps in flight (the launch's num_stages): 1 = none. Triton's default (3) needs
+# 3 x 128 KB of shared memory at head dim 256 and 128-position tiles: more than an H200 has (227 KB).
+STAGES = 1
 
 
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _rope_half, _combine, _load_tile, _attend
+    global tl, rnd, _normed, _half_idx, _rope_half, _combine, _load_tile, _attend
     import triton
     import triton.language as tl
 
@@ -53,6 +56,19 @@ def _kernels():
 
     gemv._prologue_kernel()
     rnd = gemv.rnd  # float32 -> dtype, round to nearest even (by hand under the interpreter)
+    _normed = gemv._normed  # RMSNorm's rounding (Llama's, or zero-centred)
+
+    @triton.jit
+    def _half_idx(HALF: tl.constexpr, ROT: tl.constexpr):
+        # The head dimensions the kernel holds as its two halves (x1, x2: RoPE rotates x1[i] with x2[i]). Full
+        # rotary: [0, HALF) and [HALF, HD). Partial (Qwen3.5: the first ROT of HD): the rotary pairs (i, i + ROT/2)
+        # first, then the non-rotary dimensions split in two, which cos = 1 and sin = 0 leave as they are.
+        hs = tl.arange(0, HALF)
+        RH: tl.constexpr = ROT // 2
+        NR: tl.constexpr = HALF - RH  # half of the non-rotary dimensions
+        i1 = tl.where(hs < RH, hs, ROT + (hs - RH))
+        i2 = tl.where(hs < RH, hs + RH, ROT + NR + (hs - RH))
+        return i1, i2
 
     @triton.jit
     def _rope_half(x1, x2, c1, c2, s1, s2, dt: tl.constexpr, EMU: tl.constexpr):
@@ -65,15 +81,24 @@ def _kernels():
 
     @triton.jit
     def _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF: tl.constexpr,
-                   HD: tl.constexpr):
-        # K (two halves) and V of cache positions offs, only those written by earlier steps (< pos)
+                   HD: tl.constexpr, ROT: tl.constexpr, ksc_ptr, vsc_ptr, stride_sh, INT8: tl.constexpr,
+                   dt: tl.constexpr):
+        # K (two halves) and V of cache positions offs, only those written by earlier steps (< pos); an int8
+        # cache is dequantised in registers (one float32 scale per position and kv head)
         old = (offs < pos)[:, None]
-        hs = tl.arange(0, HALF)
+        i1, i2 = _half_idx(HALF, ROT)
         kp = kc_ptr + kvh * stride_kh + offs[:, None] * stride_ks
-        kt1 = tl.load(kp + hs[None, :], mask=old, other=0.0)
-        kt2 = tl.load(kp + HALF + hs[None, :], mask=old, other=0.0)
+        kt1 = tl.load(kp + i1[None, :], mask=old, other=0)
+        kt2 = tl.load(kp + i2[None, :], mask=old, other=0)
         vt = tl.load(vc_ptr + kvh * stride_vh + offs[:, None] * stride_vs + tl.arange(0, HD)[None, :], mask=old,
-                     other=0.0)
+                     other=0)
+        if INT8:
+            omask = offs < pos
+            ksc = tl.load(ksc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)[:, None]
+            vsc = tl.load(vsc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)[:, None]
+            kt1 = (kt1.to(tl.float32) * ksc).to(dt)
+            kt2 = (kt2.to(tl.float32) * ksc).to(dt)
+            vt = (vt.to(tl.float32) * vsc).to(dt)
         return kt1, kt2, vt
 
     @triton.jit
@@ -104,8 +129,8 @@ def _kernels():
         return m_new, l_i, acc
 
     @triton.jit
-    def _combine(kvh, part_acc, part_ml, out_ptr, SPLITS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                 HD: tl.constexpr, EMU: tl.constexpr):
+    def _combine(kvh, part_acc, part_ml, out_ptr, gate_ptr, SPLITS: tl.constexpr, G: tl.constexpr,
+                 G_PAD: tl.constexpr, HD: tl.constexpr, EMU: tl.constexpr, GATED: tl.constexpr):
         # the partials of kv head kvh, in split order: m = max, l = sum of exp(s - m), acc = sum of p v
         gs = tl.arange(0, G_PAD)
         ds = tl.arange(0, HD)
@@ -126,8 +151,15 @@ def _kernels():
             l_all += wgt * l_s
             acc += wgt[:, None] * a_s
         o = acc / l_all[:, None]
+        odt = out_ptr.dtype.element_ty
+        o = rnd(o, odt, EMU)
+        if GATED:  # Qwen3.5's output gate: o * sigmoid(gate), the gate from q_proj's rows [query | gate] per head
+            gt = tl.load(gate_ptr + (kvh * G + gs[:, None]) * (2 * HD) + HD + ds[None, :], mask=gmask[:, None],
+                         other=0.0).to(tl.float32)
+            sg = rnd(1.0 / (1.0 + tl.exp(-gt)), odt, EMU).to(tl.float32)
+            o = rnd(o.to(tl.float32) * sg, odt, EMU)
         optr = out_ptr + (kvh * G + gs[:, None]) * HD + ds[None, :]
-        tl.store(optr, rnd(o, out_ptr.dtype.element_ty, EMU), mask=gmask[:, None])
+        tl.store(optr, o, mask=gmask[:, None])
 
     @triton.jit
     def attention_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, out_ptr,
@@ -135,7 +167,9 @@ def _kernels():
                          N_HEADS: tl.constexpr, N_KV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                          HD: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, SPLITS: tl.constexpr,
                          QK_NORM: tl.constexpr, DOT_F32: tl.constexpr, ONE_KERNEL: tl.constexpr,
-                         EMU: tl.constexpr):
+                         EMU: tl.constexpr, ROT: tl.constexpr = 0, GATED: tl.constexpr = False,
+                         ZC: tl.constexpr = False, ksc_ptr=None, vsc_ptr=None, stride_sh=0,
+                         INT8: tl.constexpr = False):
         kvh = tl.program_id(0)
         sp = tl.program_id(1)
         dt = qkv_ptr.dtype.element_ty
@@ -144,41 +178,64 @@ def _kernels():
         # this program's first tile of the cache first: its loads are in flight during the q/k work below
         lo = sp * CHUNK
         offs = lo + tl.arange(0, BLOCK_S)
+        RT: tl.constexpr = HD if ROT == 0 else ROT  # the rotary part of each head
+        QS: tl.constexpr = 2 * HD if GATED else HD  # q_proj's rows per head ([query | gate] when gated)
         kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF,
-                                  HD)
+                                  HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
         hs = tl.arange(0, HALF)
+        i1, i2 = _half_idx(HALF, RT)
         gs = tl.arange(0, G_PAD)
         gmask = gs < G
         # this kv head's q rows [G_PAD, HALF] x 2 halves, its k and v rows [HALF] x 2 / [HD]
-        qrow = (kvh * G + gs[:, None]) * HD
-        q1 = tl.load(qkv_ptr + qrow + hs[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
-        q2 = tl.load(qkv_ptr + qrow + HALF + hs[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
-        krow = N_HEADS * HD + kvh * HD
-        k1 = tl.load(qkv_ptr + krow + hs).to(tl.float32)
-        k2 = tl.load(qkv_ptr + krow + HALF + hs).to(tl.float32)
-        vrow = (N_HEADS + N_KV) * HD + kvh * HD
+        qrow = (kvh * G + gs[:, None]) * QS
+        q1 = tl.load(qkv_ptr + qrow + i1[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        q2 = tl.load(qkv_ptr + qrow + i2[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        krow = N_HEADS * QS + kvh * HD
+        k1 = tl.load(qkv_ptr + krow + i1).to(tl.float32)
+        k2 = tl.load(qkv_ptr + krow + i2).to(tl.float32)
+        vrow = N_HEADS * QS + N_KV * HD + kvh * HD
         ds = tl.arange(0, HD)
         v_new = tl.load(qkv_ptr + vrow + ds)
         if QK_NORM:
-            qw1 = tl.load(qn_ptr + hs).to(tl.float32)
-            qw2 = tl.load(qn_ptr + HALF + hs).to(tl.float32)
-            kw1 = tl.load(kn_ptr + hs).to(tl.float32)
-            kw2 = tl.load(kn_ptr + HALF + hs).to(tl.float32)
+            qw1 = tl.load(qn_ptr + i1).to(tl.float32)
+            qw2 = tl.load(qn_ptr + i2).to(tl.float32)
+            kw1 = tl.load(kn_ptr + i1).to(tl.float32)
+            kw2 = tl.load(kn_ptr + i2).to(tl.float32)
             rq = 1.0 / tl.sqrt((tl.sum(q1 * q1, axis=1) + tl.sum(q2 * q2, axis=1)) / HD + eps)  # [G_PAD]
-            q1 = rnd(rnd(q1 * rq[:, None], dt, EMU).to(tl.float32) * qw1[None, :], dt, EMU).to(tl.float32)
-            q2 = rnd(rnd(q2 * rq[:, None], dt, EMU).to(tl.float32) * qw2[None, :], dt, EMU).to(tl.float32)
+            q1 = _normed(q1, rq[:, None], qw1[None, :], dt, EMU, ZC).to(tl.float32)
+            q2 = _normed(q2, rq[:, None], qw2[None, :], dt, EMU, ZC).to(tl.float32)
             rk = 1.0 / tl.sqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / HD + eps)
-            k1 = rnd(rnd(k1 * rk, dt, EMU).to(tl.float32) * kw1, dt, EMU).to(tl.float32)
-            k2 = rnd(rnd(k2 * rk, dt, EMU).to(tl.float32) * kw2, dt, EMU).to(tl.float32)
-        c1 = tl.load(cos_ptr + hs).to(tl.float32)
-        c2 = tl.load(cos_ptr + HALF + hs).to(tl.float32)
-        s1 = tl.load(sin_ptr + hs).to(tl.float32)
-        s2 = tl.load(sin_ptr + HALF + hs).to(tl.float32)
+            k1 = _normed(k1, rk, kw1, dt, EMU, ZC).to(tl.float32)
+            k2 = _normed(k2, rk, kw2, dt, EMU, ZC).to(tl.float32)
+        # cos / sin of the rotary pairs; 1 and 0 for the dimensions a partial rotary leaves alone
+        RH: tl.constexpr = RT // 2
+        rmask = hs < RH
+        c1 = tl.load(cos_ptr + hs, mask=rmask, other=1.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + RH + hs, mask=rmask, other=1.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + hs, mask=rmask, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + RH + hs, mask=rmask, other=0.0).to(tl.float32)
         q1, q2 = _rope_half(q1, q2, c1[None, :], c2[None, :], s1[None, :], s2[None, :], dt, EMU)  # dtype
         k1, k2 = _rope_half(k1, k2, c1, c2, s1, s2, dt, EMU)  # dtype
-        if sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
-            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + hs, k1)
-            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + HALF + hs, k2)
+        if INT8:  # quantised per position and kv head: scale = max |x| / 127, x / scale rounded half up
+            kf1, kf2, vf = k1.to(tl.float32), k2.to(tl.float32), v_new.to(tl.float32)
+            ksc = tl.maximum(tl.maximum(tl.max(tl.abs(kf1), axis=0), tl.max(tl.abs(kf2), axis=0)), 1e-30) / 127.0
+            vsc = tl.maximum(tl.max(tl.abs(vf), axis=0), 1e-30) / 127.0
+            kq1 = tl.minimum(tl.maximum(tl.floor(kf1 / ksc + 0.5), -127.0), 127.0)
+            kq2 = tl.minimum(tl.maximum(tl.floor(kf2 / ksc + 0.5), -127.0), 127.0)
+            vq = tl.minimum(tl.maximum(tl.floor(vf / vsc + 0.5), -127.0), 127.0)
+            if sp == 0:
+                tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i1, kq1.to(tl.int8))
+                tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i2, kq2.to(tl.int8))
+                tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, vq.to(tl.int8))
+                tl.store(ksc_ptr + kvh * stride_sh + pos, ksc)
+                tl.store(vsc_ptr + kvh * stride_sh + pos, vsc)
+            # this position attends to its own K/V as the cache will hold them (as the plain blocks do)
+            k1 = (kq1 * ksc).to(dt)
+            k2 = (kq2 * ksc).to(dt)
+            v_new = (vq * vsc).to(dt)
+        elif sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
+            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i1, k1)
+            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i2, k2)
             tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, v_new)
 
         m_i = tl.full((G_PAD,), -1.0e30, tl.float32)
@@ -187,14 +244,15 @@ def _kernels():
         if lo <= pos:
             m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt, DOT_F32,
                                     EMU)
-        for t in range(BLOCK_S, CHUNK, BLOCK_S):
-            s0 = lo + t
-            if s0 <= pos:
-                offs = s0 + tl.arange(0, BLOCK_S)
-                kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
-                                          HALF, HD)
-                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU)
+        # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
+        # compiler pipelines the tile loads (the launch's num_stages: STAGES)
+        n_t = tl.minimum(CHUNK, pos - lo + 1)
+        for t in range(BLOCK_S, n_t, BLOCK_S):
+            offs = lo + t + tl.arange(0, BLOCK_S)
+            kt1, kt2, vt = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs,
+                                      HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
+            m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                    DOT_F32, EMU)
         # this program's partial
         pidx = kvh * SPLITS + sp
         tl.store(part_acc + (pidx * G_PAD + gs[:, None]) * HD + ds[None, :], acc, mask=gmask[:, None])
@@ -206,13 +264,13 @@ def _kernels():
             done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
             if done == SPLITS - 1:
                 tl.debug_barrier()
-                _combine(kvh, part_acc, part_ml, out_ptr, SPLITS, G, G_PAD, HD, EMU)
+                _combine(kvh, part_acc, part_ml, out_ptr, qkv_ptr, SPLITS, G, G_PAD, HD, EMU, GATED)
                 tl.atomic_xchg(count_ptr + kvh, 0)
 
     @triton.jit
-    def combine_kernel(part_acc, part_ml, out_ptr, SPLITS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-                       HD: tl.constexpr, EMU: tl.constexpr):
-        _combine(tl.program_id(0), part_acc, part_ml, out_ptr, SPLITS, G, G_PAD, HD, EMU)
+    def combine_kernel(part_acc, part_ml, out_ptr, gate_ptr, SPLITS: tl.constexpr, G: tl.constexpr,
+                       G_PAD: tl.constexpr, HD: tl.constexpr, EMU: tl.constexpr, GATED: tl.constexpr = False):
+        _combine(tl.program_id(0), part_acc, part_ml, out_ptr, gate_ptr, SPLITS, G, G_PAD, HD, EMU, GATED)
 
     return attention_kernel, combine_kernel
 
@@ -253,12 +311,18 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
                      q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int,
                      combine: str = "last", splits: int | None = None, block_s: int | None = None,
-                     num_warps: int | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, gated: bool = False, zc: bool = False,
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                     stages: int | None = None) -> torch.Tensor:
     """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
     attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
     ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
     ``splits``: programs per kv head (default: splits_for); ``block_s``: positions per tile; defaults from
-    engine.core.gemv.ATTENTION_CONFIG (a measured table) or BLOCK_S, NUM_WARPS."""
+    engine.core.gemv.ATTENTION_CONFIG (a measured table) or BLOCK_S, NUM_WARPS. Qwen3.5: ``gated`` (q rows
+    [query | gate] per head, the output scaled by sigmoid(gate)), ``zc`` (zero-centred q/k norms) and a partial
+    rotary (cos / sin narrower than the head: RoPE on its first cos.shape[-1] dimensions). An int8 cache comes
+    with ``k_scale`` / ``v_scale`` [1, kv, S] float32 (engine.core.kvquant). ``stages``: tiles whose loads the
+    loop keeps in flight (1: none; default STAGES)."""
     from engine.core import gemv
 
     attn_k, comb_k = _kernels()
@@ -282,14 +346,20 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     count = _counter(k_cache, n_kv) if one else part_ml
     qk = q_norm is not None
     emu = _interpreting() and qkv.dtype == torch.bfloat16
+    int8 = k_scale is not None
+    stages = STAGES if stages is None else stages
     attn_k[(n_kv, n_split)](
         qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
         k_cache, v_cache, out, part_acc, part_ml, count, float(eps), 1.0 / math.sqrt(hd),
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         N_HEADS=n_heads, N_KV=n_kv, G=g, G_PAD=g_pad, HD=hd, CHUNK=chunk, BLOCK_S=bs, SPLITS=n_split,
-        QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu, num_warps=num_warps)
+        QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu,
+        ROT=0 if cos.shape[-1] == hd else cos.shape[-1], GATED=gated, ZC=zc,
+        ksc_ptr=k_scale if int8 else part_ml, vsc_ptr=v_scale if int8 else part_ml,
+        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, num_stages=stages, num_warps=num_warps)
     if not one:
-        comb_k[(n_kv,)](part_acc, part_ml, out, SPLITS=n_split, G=g, G_PAD=g_pad, HD=hd, EMU=emu, num_warps=4)
+        comb_k[(n_kv,)](part_acc, part_ml, out, qkv.reshape(-1), SPLITS=n_split, G=g, G_PAD=g_pad, HD=hd, EMU=emu,
+                        GATED=gated, num_warps=4)
     return out.view(1, 1, n_heads * hd)
 
 
@@ -308,15 +378,26 @@ def supported(hd: int, n_heads: int, n_kv: int) -> bool:
     return hd >= 32 and hd & (hd - 1) == 0 and n_heads % n_kv == 0
 
 
+def rotary_supported(rot: int, hd: int) -> bool:
+    """A partial rotary the kernel's halves can hold: the rotary pairs inside the first half of the head."""
+    return rot == hd or (rot % 2 == 0 and rot // 2 <= hd // 2)
+
+
 def sends_here(model) -> bool:
     """Whether model's fused blocks can carry the TP2 exchange inside their GEMVs (engine.allreduce.epilogue):
     the kernels run here and every layer's attention is decode_attention (the plain fallback adds the
     reduced delta itself, so it needs it materialised)."""
-    return runs_here(model.device) and all(supported(layer.hd, layer.n_heads, layer.n_kv) for layer in model.layers)
+    from engine.core import gdn_fused
+
+    rot = model.cfg.rotary_dim
+    return runs_here(model.device) and all(
+        supported(la.hd, la.n_heads, la.n_kv) and rotary_supported(rot, la.hd) if la.kind == "full_attention"
+        else gdn_fused.supported(la.dk, la.dv) for la in model.layers)
 
 
 def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache,
-                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, send=None):
+                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, send=None,
+                     gated: bool = False, zc: bool = False, k_scale=None, v_scale=None):
     """engine.core.model.attn_block in three kernels: norm + QKV GEMV, decode_attention, o_proj GEMV.
     ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself. ``send`` (an
     engine.allreduce.epilogue.Ticket): o_proj's rows also go to the peer (the part returned is a Sent), and
@@ -327,21 +408,22 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
         from engine.core.model import attn_block
 
         return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
-                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window)
-    if not supported(hd, n_heads, n_kv):
+                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window, gated=gated,
+                          zc=zc, k_scale=k_scale, v_scale=v_scale)
+    if not supported(hd, n_heads, n_kv) or not rotary_supported(cos.shape[-1], hd):
         from engine.core.model import attn_block
 
         return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
                           v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window,
-                          linear=gemv.linear)
-    qkv, x = gemv.linear_norm(x, delta, input_norm, eps, wqkv, bqkv)
+                          linear=gemv.linear, gated=gated, zc=zc, k_scale=k_scale, v_scale=v_scale)
+    qkv, x = gemv.linear_norm(x, delta, input_norm, eps, wqkv, bqkv, zc=zc)
     a = decode_attention(qkv, cos, sin, pos, q_norm, k_norm, k_cache, v_cache, n_heads=n_heads, n_kv=n_kv, hd=hd,
-                         eps=eps, window=window)
+                         eps=eps, window=window, gated=gated, zc=zc, k_scale=k_scale, v_scale=v_scale)
     # o_proj through the prologue kernel with or without the send: the two exchanges give the same bits
     return x, gemv.linear_send(a, wo, bo, send)
 
 
-def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None):
+def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None, zc: bool = False):
     """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV
     (``send``: as attn_block_fused's)."""
     from engine.core import gemv
@@ -349,8 +431,8 @@ def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=N
     if not runs_here(x.device):
         from engine.core.model import mlp_block
 
-        return mlp_block(x, delta, post_norm, w13, b13, w2, b2, eps=eps)
-    gu, x = gemv.linear_norm(x, delta, post_norm, eps, w13, b13)
+        return mlp_block(x, delta, post_norm, w13, b13, w2, b2, eps=eps, zc=zc)
+    gu, x = gemv.linear_norm(x, delta, post_norm, eps, w13, b13, zc=zc)
     return x, gemv.linear_silu(gu, w2, b2, send=send)
 
 

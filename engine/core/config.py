@@ -1,4 +1,6 @@
-"""Model shape as plain data, read from a Hugging Face config.json (Llama / Qwen2 / Qwen3 dense)."""
+"""Model shape as plain data, read from a Hugging Face config.json: Llama / Qwen2 / Qwen3 dense decoders, and
+the hybrid class of Qwen3.5 (Gated DeltaNet linear-attention layers between gated full-attention layers;
+``qwen3_5_text``, and the multimodal ``qwen3_5`` wrapper whose text config sits under ``text_config``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
+DENSE_TYPES = ("llama", "qwen2", "qwen3")
+HYBRID_TYPES = ("qwen3_5_text", "qwen3_5")
+SUPPORTED_TYPES = DENSE_TYPES + HYBRID_TYPES
+LAYER_KINDS = ("full_attention", "linear_attention")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -36,7 +41,56 @@ class ModelConfig:
     max_position_embeddings: int
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # The hybrid class (Qwen3.5). Dense models: every layer "full_attention", no gate, the Llama norm, full RoPE.
+    layer_types: tuple[str, ...] = ()
+    attn_output_gate: bool = False  # q_proj gives [query | gate] per head; attention output * sigmoid(gate)
+    zero_centred_norm: bool = False  # RMSNorm weight applied as (1 + w), product in float32 (Qwen3.5)
+    rotary_dim: int = 0  # RoPE on the first rotary_dim of each head (partial_rotary_factor); 0 = head_dim
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    weight_prefix: str = "model."  # where the decoder's tensors sit ("model.language_model." in the wrapper)
     quantization: Any = None  # engine.core.quant.QuantConfig of a GPTQ / AWQ checkpoint, None when dense
+
+    def __post_init__(self):
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", ("full_attention",) * self.num_layers)
+        if not self.rotary_dim:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+
+    @property
+    def hybrid(self) -> bool:
+        return "linear_attention" in self.layer_types
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the linear-attention layers' causal conv: [q | k | v] of in_proj_qkv."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def n_full(self) -> int:
+        return self.layer_types.count("full_attention")
+
+    @property
+    def n_linear(self) -> int:
+        return self.layer_types.count("linear_attention")
+
+    def linear_state_bytes(self, conv_dtype_bytes: int) -> int:
+        """Per sequence: every linear-attention layer's float32 recurrent state [value heads, key dim, value
+        dim] and its conv state (the last kernel - 1 inputs of every conv channel, in the model's dtype)."""
+        rec = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+        conv = self.conv_dim * (self.linear_conv_kernel_dim - 1) * conv_dtype_bytes
+        return self.n_linear * (rec + conv)
 
     @property
     def q_size(self) -> int:
@@ -48,18 +102,27 @@ class ModelConfig:
 
     def param_count(self) -> int:
         d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * f + 2 * d
+        q_rows = self.q_size * (2 if self.attn_output_gate else 1)
+        full = d * (q_rows + 2 * self.kv_size) + self.q_size * d + (2 * self.head_dim if self.qk_norm else 0)
+        nv = self.linear_num_value_heads
+        linear = (d * (self.conv_dim + self.linear_value_dim + 2 * nv) + self.conv_dim * self.linear_conv_kernel_dim
+                  + 2 * nv + self.linear_value_head_dim + self.linear_value_dim * d)
+        per_layer = 3 * d * f + 2 * d
         head = 0 if self.tie_word_embeddings else v * d
-        return self.num_layers * per_layer + v * d + head + d
+        return (self.num_layers * per_layer + self.n_full * full + self.n_linear * linear + v * d + head + d)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return self.num_layers * 2 * self.kv_size * dtype_bytes
+        """K/V bytes per position: full-attention layers only (linear attention keeps a fixed-size state)."""
+        return self.n_full * 2 * self.kv_size * dtype_bytes
 
 
 def from_dict(raw: dict[str, Any]) -> ModelConfig:
     mt = raw.get("model_type")
     if mt not in SUPPORTED_TYPES:
         raise ConfigError(f"model_type {mt!r} is not supported; this engine runs {', '.join(SUPPORTED_TYPES)}")
+    quantization = _quantization(raw)
+    if mt in HYBRID_TYPES:
+        return dataclasses.replace(_hybrid(raw), quantization=quantization)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     # transformers >= 5 writes "rope_parameters" (theta and scaling together); older files use
@@ -78,12 +141,6 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     attention_bias = bool(raw.get("attention_bias", False)) or mt == "qwen2"
-    from engine.core import quant_config as quant
-
-    try:
-        quantization = quant.parse(raw.get("quantization_config"))
-    except quant.QuantError as e:
-        raise ConfigError(str(e)) from None
     return ModelConfig(
         model_type=mt,
         vocab_size=int(raw["vocab_size"]),
@@ -108,6 +165,86 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
     )
 
 
+def _quantization(raw: dict[str, Any]):
+    """config.json's quantization_config (top level, or the multimodal wrapper's text_config) parsed, or None."""
+    from engine.core import quant_config
+
+    q = raw.get("quantization_config")
+    if q is None and isinstance(raw.get("text_config"), dict):
+        q = raw["text_config"].get("quantization_config")
+    try:
+        return quant_config.parse(q)
+    except quant_config.QuantError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _need(raw: dict[str, Any], key: str, mt: str) -> Any:
+    if raw.get(key) is None:
+        raise ConfigError(f"config.json of a {mt} model lacks {key!r}")
+    return raw[key]
+
+
+def _hybrid(raw: dict[str, Any]) -> ModelConfig:
+    """Qwen3.5's text decoder: linear_attention (Gated DeltaNet) and full_attention layers per ``layer_types``
+    (or every ``full_attention_interval``-th layer full, as transformers builds it), gated attention with q/k
+    norms and partial RoPE, zero-centred RMSNorms, SwiGLU MLPs. The multimodal wrapper's text config is read
+    from ``text_config`` and its weights from ``model.language_model.``; vision is not served."""
+    mt = raw["model_type"]
+    prefix = "model."
+    top = raw
+    if mt == "qwen3_5":
+        if not isinstance(raw.get("text_config"), dict):
+            raise ConfigError("config.json of a qwen3_5 model lacks its text_config")
+        raw = dict(raw["text_config"])
+        raw.setdefault("tie_word_embeddings", top.get("tie_word_embeddings", False))
+        prefix = "model.language_model."
+    n_layers = int(_need(raw, "num_hidden_layers", mt))
+    types = raw.get("layer_types")
+    if types is None:
+        every = int(raw.get("full_attention_interval", 4))
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
+    types = tuple(types)
+    if len(types) != n_layers:
+        raise ConfigError(f"layer_types lists {len(types)} layers, num_hidden_layers is {n_layers}")
+    bad = sorted(set(types) - set(LAYER_KINDS))
+    if bad:
+        raise ConfigError(f"layer_types holds {bad[0]!r}; this engine runs {', '.join(LAYER_KINDS)}")
+    params = raw.get("rope_parameters") or {}
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        raise ConfigError(f"rope type {rope_type!r} is not supported for {mt}; supported: default")
+    heads = int(_need(raw, "num_attention_heads", mt))
+    hidden = int(_need(raw, "hidden_size", mt))
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    factor = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25)))
+    rotary = int(head_dim * factor)
+    if rotary <= 0 or rotary % 2 or rotary > head_dim:
+        raise ConfigError(f"partial_rotary_factor {factor} gives a rotary dimension of {rotary} of head_dim "
+                          f"{head_dim}: it must be even and within the head")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act {raw.get('hidden_act')!r} is not supported for {mt}; supported: silu")
+    eos = raw.get("eos_token_id", top.get("eos_token_id"))
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    lin = {k: int(_need(raw, k, mt)) for k in ("linear_num_key_heads", "linear_num_value_heads",
+                                               "linear_key_head_dim", "linear_value_head_dim",
+                                               "linear_conv_kernel_dim")}
+    if lin["linear_num_value_heads"] % lin["linear_num_key_heads"]:
+        raise ConfigError(f"linear_num_value_heads = {lin['linear_num_value_heads']} is not a multiple of "
+                          f"linear_num_key_heads = {lin['linear_num_key_heads']}")
+    return ModelConfig(
+        model_type=mt, vocab_size=int(_need(raw, "vocab_size", mt)), hidden_size=hidden,
+        intermediate_size=int(_need(raw, "intermediate_size", mt)), num_layers=n_layers, num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=head_dim,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=float(theta), rope_scaling=None,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", False)), o_bias=bool(raw.get("attention_bias", False)),
+        mlp_bias=False, qk_norm=True, max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+        bos_token_id=raw.get("bos_token_id", top.get("bos_token_id")), eos_token_ids=eos_ids,
+        layer_types=types, attn_output_gate=True, zero_centred_norm=True, rotary_dim=rotary,
+        weight_prefix=prefix, **lin)
+
+
 def files_dir(model_dir: str | Path) -> Path:
     """Where config.json and the tokenizer files live: the directory itself, or rank0/ of a
     ``python -m engine shard`` output (every rank directory holds the same copies)."""
@@ -119,4 +256,13 @@ def load(model_dir: str | Path) -> ModelConfig:
     path = files_dir(model_dir) / "config.json"
     if not path.exists():
         raise ConfigError(f"{path} not found: a model directory holds config.json and *.safetensors")
-    return from_dict(json.loads(path.read_text()))
+    return load_file(path)
+
+
+def load_file(path: str | Path) -> ModelConfig:
+    """A config.json file itself (e.g. engine/data/*.config.json, the shapes the benches build)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+    return from_dict(raw)

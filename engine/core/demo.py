@@ -1,4 +1,6 @@
-"""The demo model ``v100plan-demo``: a small Llama-layout model made locally, byte-identical everywhere.
+"""The demo models, made locally, byte-identical everywhere: ``v100plan-demo`` (``--arch llama``, a small
+Llama-layout model) and ``v100plan-demo-hybrid`` (``--arch qwen3_5``, the Qwen3.5 hybrid class the field
+serves: three Gated DeltaNet layers then one gated full-attention layer, as the 27B model's every-4th pattern).
 
 Weights come from numpy's PCG64 bit generator with a fixed seed, turned into
 floats by plain integer arithmetic (raw 64-bit words -> 24-bit uniforms), and the
@@ -43,12 +45,46 @@ CONFIG = {
     "v100plan": {"model_id": MODEL_ID, "seed": SEED, "add_bos_token": True},
 }
 
+HYBRID_ID = "v100plan-demo-hybrid"
+HYBRID_SEED = 8
+# About 2.2 M parameters; linear attention 2 key / 6 value heads (each key head serves 3, as in the 27B model),
+# so TP2 gives each rank one key head and three value heads.
+HYBRID_CONFIG = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 6,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "vocab_size": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": [2, 7],
+    "torch_dtype": "float32",
+    "v100plan": {"model_id": HYBRID_ID, "seed": HYBRID_SEED, "add_bos_token": True},
+}
+ARCHS = {"llama": (CONFIG, MODEL_ID, SEED), "qwen3_5": (HYBRID_CONFIG, HYBRID_ID, HYBRID_SEED)}
+
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 # Uniform half-widths per tensor family. The head is wide on purpose: greedy top-1 margins must sit
 # far above float32 rounding so that two half-width matrix products (TP2) choose the same tokens as one.
-_SCALE = {"embed": 1.0, "attn": 0.11, "mlp": 0.11, "down": 0.062, "head": 0.35}
+_SCALE = {"embed": 1.0, "attn": 0.11, "mlp": 0.11, "down": 0.062, "head": 0.35, "conv": 0.5, "norm": 0.1,
+          "lin": 0.11}
 
 
 def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
@@ -57,7 +93,44 @@ def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = Tr
     return text + ("<|assistant|>" if add_generation_prompt else "")
 
 
+def hybrid_tensors(cfg) -> list[tuple[str, tuple[int, ...], str]]:
+    """Every tensor of a Qwen3.5 (qwen3_5_text) checkpoint of this engine.core.config.ModelConfig: (name, shape,
+    family); families: norm (zero-centred, 0 = unit), one, alog (log decay rates), conv, lin, attn, mlp, down,
+    embed, head. The demo and the benches' random checkpoints both write these."""
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    nv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
+    out = [("model.embed_tokens.weight", (v, d), "embed")]
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", (d,), "norm"))  # zero-centred: applied as 1 + w
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            out += [(a + "in_proj_qkv.weight", (2 * kd + vd, d), "lin"), (a + "in_proj_z.weight", (vd, d), "lin"),
+                    (a + "in_proj_b.weight", (nv, d), "lin"), (a + "in_proj_a.weight", (nv, d), "lin"),
+                    (a + "conv1d.weight", (2 * kd + vd, 1, cfg.linear_conv_kernel_dim), "conv"),
+                    (a + "A_log", (nv,), "alog"), (a + "dt_bias", (nv,), "one"),
+                    (a + "norm.weight", (cfg.linear_value_head_dim,), "one"),
+                    (a + "out_proj.weight", (d, vd), "attn")]
+        else:
+            a = p + "self_attn."
+            out += [(a + "q_proj.weight", (2 * nh * hd, d), "attn"), (a + "k_proj.weight", (nkv * hd, d), "attn"),
+                    (a + "v_proj.weight", (nkv * hd, d), "attn"), (a + "o_proj.weight", (d, nh * hd), "attn"),
+                    (a + "q_norm.weight", (hd,), "norm"), (a + "k_norm.weight", (hd,), "norm")]
+        out += [(p + "post_attention_layernorm.weight", (d,), "norm"),
+                (p + "mlp.gate_proj.weight", (f, d), "mlp"), (p + "mlp.up_proj.weight", (f, d), "mlp"),
+                (p + "mlp.down_proj.weight", (d, f), "down")]
+    out += [("model.norm.weight", (d,), "norm")]
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head.weight", (v, d), "head"))
+    return out
+
+
 def _tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    if cfg["model_type"] == "qwen3_5_text":
+        from engine.core import config as ecfg
+
+        return hybrid_tensors(ecfg.from_dict(cfg))
     d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     q = cfg["num_attention_heads"] * cfg["head_dim"]
     kv = cfg["num_key_value_heads"] * cfg["head_dim"]
@@ -77,13 +150,13 @@ def _tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def weights_bytes(seed: int = SEED) -> dict[str, tuple[tuple[int, ...], bytes]]:
+def weights_bytes(seed: int = SEED, cfg: dict | None = None) -> dict[str, tuple[tuple[int, ...], bytes]]:
     """name -> (shape, little-endian float32 bytes), from one PCG64 stream in a fixed tensor order."""
     import numpy as np
 
     bits = np.random.PCG64(seed)
     out = {}
-    for name, shape, family in _tensor_names(CONFIG):
+    for name, shape, family in _tensor_names(cfg or CONFIG):
         n = int(np.prod(shape))
         if family == "one":
             arr = np.ones(n, dtype="<f4")
@@ -91,7 +164,10 @@ def weights_bytes(seed: int = SEED) -> dict[str, tuple[tuple[int, ...], bytes]]:
             raw = bits.random_raw(n).astype(np.uint64)
             # Top 24 bits -> uniform in [0, 1) exactly representable in float32, then [-s, s).
             u = (raw >> np.uint64(40)).astype(np.float64) / float(1 << 24)
-            arr = ((u * 2.0 - 1.0) * _SCALE[family]).astype("<f4")
+            if family == "alog":  # log of decay rates A in [1, 16), as Qwen3.5 initialises them
+                arr = (u * 2.77).astype("<f4")
+            else:
+                arr = ((u * 2.0 - 1.0) * _SCALE[family]).astype("<f4")
         out[name] = (shape, arr.tobytes())
     return out
 
@@ -127,15 +203,19 @@ def build_tokenizer():
     return tok
 
 
-def make(out_dir: str | Path, seed: int = SEED) -> dict:
-    """Write the demo model into ``out_dir``; returns a summary (files, parameter count)."""
+def make(out_dir: str | Path, seed: int | None = None, arch: str = "llama") -> dict:
+    """Write the demo model of ``arch`` (ARCHS) into ``out_dir``; returns a summary (files, parameter count)."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown demo architecture {arch!r}; choose one of {', '.join(ARCHS)}")
+    base, model_id, default_seed = ARCHS[arch]
+    seed = default_seed if seed is None else seed
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    cfg = dict(CONFIG)
-    cfg["v100plan"] = dict(CONFIG["v100plan"], seed=seed)
+    cfg = dict(base)
+    cfg["v100plan"] = dict(base["v100plan"], seed=seed)
     (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    tensors = weights_bytes(seed)
-    write_safetensors(d / "model.safetensors", tensors, {"format": "pt", "model_id": MODEL_ID, "seed": str(seed)})
+    tensors = weights_bytes(seed, base)
+    write_safetensors(d / "model.safetensors", tensors, {"format": "pt", "model_id": model_id, "seed": str(seed)})
     build_tokenizer().save(str(d / "tokenizer.json"))
     spec = json.loads(VOCAB_FILE.read_text())
     (d / "tokenizer_config.json").write_text(json.dumps({
@@ -144,5 +224,5 @@ def make(out_dir: str | Path, seed: int = SEED) -> dict:
         "additional_special_tokens": spec["special"][4:],
     }, indent=2, sort_keys=True) + "\n")
     params = sum(len(b) // 4 for _, b in tensors.values())
-    return {"model_id": MODEL_ID, "dir": str(d), "parameters": params, "seed": seed,
+    return {"model_id": model_id, "arch": arch, "dir": str(d), "parameters": params, "seed": seed,
             "files": sorted(p.name for p in d.iterdir())}

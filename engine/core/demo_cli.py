@@ -1,4 +1,4 @@
-"""`python -m engine make-demo-model DIR`: write the v100plan-demo model and print a JSON summary."""
+"""`python -m engine make-demo-model DIR [--arch llama|qwen3_5]`: write a demo model and print a JSON summary."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="python -m engine make-demo-model", description=__doc__.splitlines()[0])
     p.add_argument("dir", help="output directory (created)")
-    p.add_argument("--seed", type=int, default=demo.SEED, help="PCG64 seed (the default is the tested one)")
+    p.add_argument("--arch", default="llama", choices=sorted(demo.ARCHS),
+                   help="llama: v100plan-demo, a dense Llama-layout model; qwen3_5: v100plan-demo-hybrid, Gated "
+                        "DeltaNet + gated attention layers as Qwen3.5 (default: llama)")
+    p.add_argument("--seed", type=int, default=None, help="PCG64 seed (default: the tested one of the --arch)")
     args = p.parse_args(argv)
-    print(json.dumps(demo.make(args.dir, args.seed)))
+    print(json.dumps(demo.make(args.dir, args.seed, args.arch)))
     return 0

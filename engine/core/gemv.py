@@ -155,7 +155,7 @@ def interpreting() -> bool:
 @functools.cache
 def _prologue_kernel():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _xs_tag, _xs_wait, _xs_values
+    global tl, rnd, _normed, _xs_tag, _xs_wait, _xs_values
     import triton
     import triton.language as tl
 
@@ -167,6 +167,15 @@ def _prologue_kernel():
             b = b + 0x7FFF + ((b >> 16) & 1)
             x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
         return x.to(dt)
+
+    @triton.jit
+    def _normed(r, rstd, nw, dt: tl.constexpr, EMU: tl.constexpr, ZC: tl.constexpr):
+        """RMSNorm's output from float32 r, its 1/rms and the weight, rounded as Hugging Face rounds it: the
+        normalised row rounded before the weight multiply (Llama, Qwen2/3), or zero-centred (Qwen3.5, ZC):
+        r * rstd * (1 + w) in float32, rounded once."""
+        if ZC:
+            return rnd(r * rstd * (1.0 + nw), dt, EMU)
+        return rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU)
 
     # The exchange inside the GEMVs (engine.allreduce.epilogue): tagged 8-byte words, EPW values per word.
     @triton.jit
@@ -216,7 +225,7 @@ def _prologue_kernel():
                              PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EMU: tl.constexpr,
                              STATS_BLOCK: tl.constexpr, SEND: tl.constexpr = False, RECV: tl.constexpr = False,
-                             EPW: tl.constexpr = 2, INTERP: tl.constexpr = False):
+                             EPW: tl.constexpr = 2, INTERP: tl.constexpr = False, ZC: tl.constexpr = False):
         pid = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -242,7 +251,7 @@ def _prologue_kernel():
                 rf = r.to(tl.float32)
                 rs = 1.0 / tl.sqrt(tl.sum(rf * rf, axis=0) / K + eps)
                 nwv = tl.load(nw_ptr + scols, mask=smask, other=0.0).to(tl.float32)
-                tl.store(h_ptr + scols, rnd(rnd(rf * rs, dt, EMU).to(tl.float32) * nwv, dt, EMU), mask=smask)
+                tl.store(h_ptr + scols, _normed(rf, rs, nwv, dt, EMU, ZC), mask=smask)
                 tl.debug_barrier()
                 tl.atomic_xchg(xs_ready, tag << 32, sem="release", scope="gpu")
             fo = tl.arange(0, 2)
@@ -278,7 +287,7 @@ def _prologue_kernel():
                 dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 r = rnd(xv + dv, dt, EMU).to(tl.float32)
-                h = rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU).to(tl.float32)
+                h = _normed(r, rstd, nw, dt, EMU, ZC).to(tl.float32)
             elif PROLOGUE == 3:  # one pass: sum of squares beside the product, rstd applied to the sums
                 xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
@@ -288,7 +297,7 @@ def _prologue_kernel():
                     tl.store(xo_ptr + k0 + cols0, r, mask=cmask)
                 r = r.to(tl.float32)
                 ss += r * r
-                h = r * nw
+                h = r * (1.0 + nw) if ZC else r * nw
             elif PROLOGUE == 2:
                 g = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 u = tl.load(x_ptr + K + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
@@ -321,7 +330,8 @@ def _prologue_kernel():
     @triton.jit
     def exchange_finish_kernel(own_ptr, out_ptr, xs_inbox, xs_ser, xs_failed, xs_slot, xs_e, xs_timeout, N,
                                BLOCK: tl.constexpr, EPW: tl.constexpr, EMU: tl.constexpr, INTERP: tl.constexpr,
-                               BUMP: tl.constexpr, x_ptr=None, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False):
+                               BUMP: tl.constexpr, x_ptr=None, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False,
+                               ZC: tl.constexpr = False):
         # this rank's partial + the peer's (sent by its GEMV's epilogue), BLOCK values per program; BUMP (one
         # program: the step's last exchange) then bumps the step serial. NORM (one program, the whole row in one
         # block): out = RMSNorm(x + the sum) * nw instead, the model's final norm (Hugging Face's rounding)
@@ -338,7 +348,7 @@ def _prologue_kernel():
                 r = rnd(xv + d.to(tl.float32), dt, EMU).to(tl.float32)
                 rs = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / N + eps)
                 nw = tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                d = rnd(rnd(r * rs, dt, EMU).to(tl.float32) * nw, dt, EMU)
+                d = _normed(r, rs, nw, dt, EMU, ZC)
             tl.store(out_ptr + k0 + offs, d, mask=m)
         if BUMP:
             s = tl.load(xs_ser)
@@ -374,7 +384,7 @@ def _epw(dtype: torch.dtype) -> int:
 def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
                     delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                     x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None,
-                    send=None, recv=None) -> torch.Tensor:
+                    send=None, recv=None, zc: bool = False) -> torch.Tensor:
     """out [N] = w [N, K] @ h (+ b), h made from x by the prologue (x: [K]; [2K] = [gate | up] for SiLU);
     PROLOGUE_NORM writes x + delta into x_out [K].
     ``send`` (engine.allreduce.epilogue.Ticket): out's rows also go, tagged, into the peer's inbox.
@@ -405,21 +415,23 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
         peer, inbox, ser, failed, slot, e, timeout, ready, h_row,
         PROLOGUE=prologue, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
         EMU=interpreting() and x.dtype == torch.bfloat16, STATS_BLOCK=stats_block,
-        SEND=send is not None, RECV=recv is not None, EPW=_epw(out.dtype), INTERP=interpreting(),
+        SEND=send is not None, RECV=recv is not None, EPW=_epw(out.dtype), INTERP=interpreting(), ZC=zc,
         num_warps=warps)
     return out
 
 
 def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
-                b: torch.Tensor | None = None, one_pass: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                b: torch.Tensor | None = None, one_pass: bool | None = None,
+                zc: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel.
     ``delta`` may be an engine.allreduce.epilogue.Sent (this rank's partial, sent): the kernel waits for the
     peer's and adds them (two-pass norm). ``one_pass``: PROLOGUE_NORM_ONE_PASS instead (default NORM_ONE_PASS).
-    A packed (GPTQ / AWQ) ``w``: engine.core.gemv_int4's kernel, the same prologue."""
+    ``zc``: the zero-centred norm (weight applied as 1 + w, Qwen3.5). A packed (GPTQ / AWQ) ``w``:
+    engine.core.gemv_int4's kernel, the same prologue."""
     if not isinstance(w, torch.Tensor):
         from engine.core import gemv_int4
 
-        return gemv_int4.linear_norm(x, delta, norm_weight, eps, w, b)
+        return gemv_int4.linear_norm(x, delta, norm_weight, eps, w, b, zc=zc)
     k = w.shape[1]
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     x_out = torch.empty(k, dtype=x.dtype, device=x.device)
@@ -429,7 +441,7 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
         one_pass = False
     one = NORM_ONE_PASS if one_pass is None else one_pass
     launch_prologue(PROLOGUE_NORM_ONE_PASS if one else PROLOGUE_NORM, x.reshape(-1).contiguous(), w, b, out,
-                    delta.reshape(-1).contiguous(), norm_weight, eps, x_out, recv=recv)
+                    delta.reshape(-1).contiguous(), norm_weight, eps, x_out, recv=recv, zc=zc)
     return out.view(*x.shape[:-1], w.shape[0]), x_out.view(x.shape)
 
 
@@ -466,7 +478,7 @@ def _sent(part: torch.Tensor, send):
 
 
 def exchange_finish(sent, bump: bool = True, x: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                    eps: float = 0.0) -> torch.Tensor:
+                    eps: float = 0.0, zc: bool = False) -> torch.Tensor:
     """This rank's partial + the peer's, in a kernel of its own -> [1, 1, D] in the partial's dtype.
     ``bump``: the step's last exchange (one program waits for the words, then bumps the step serial); else
     the receive of exchange mode "send" (programs of 512 values each). With ``x`` and ``norm_weight`` (bump
@@ -486,7 +498,7 @@ def exchange_finish(sent, bump: bool = True, x: torch.Tensor | None = None, norm
                                    xs.timeout_ns, n, BLOCK=block, EPW=_epw(own.dtype),
                                    EMU=interpreting() and own.dtype == torch.bfloat16, INTERP=interpreting(),
                                    BUMP=bump, x_ptr=x.reshape(-1).contiguous() if norm else own,
-                                   nw_ptr=norm_weight if norm else own, eps=float(eps), NORM=norm,
+                                   nw_ptr=norm_weight if norm else own, eps=float(eps), NORM=norm, ZC=zc,
                                    num_warps=8 if bump else 4)
     return out.view(part.shape)
 

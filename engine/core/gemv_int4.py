@@ -56,16 +56,16 @@ ELEMENTWISE = True
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _xs_tag, _row
+    global tl, rnd, _normed, _xs_tag, _row
     import triton
     import triton.language as tl
 
     gemv._prologue_kernel()
-    rnd, _xs_tag = gemv.rnd, gemv._xs_tag
+    rnd, _normed, _xs_tag = gemv.rnd, gemv._normed, gemv._xs_tag
 
     @triton.jit
     def _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt: tl.constexpr, PROLOGUE: tl.constexpr,
-             HAS_PERM: tl.constexpr, EMU: tl.constexpr):
+             HAS_PERM: tl.constexpr, EMU: tl.constexpr, ZC: tl.constexpr):
         """The GEMV's input h at inputs k0 + cols0 (read at perm[k] with a desc_act order), float32, 0 past K."""
         cmask = (k0 + cols0) < K
         idx = k0 + cols0
@@ -76,7 +76,7 @@ def _kernels():
             dv = tl.load(d_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
             nw = tl.load(nw_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
             r = rnd(xv + dv, dt, EMU).to(tl.float32)
-            h = rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU).to(tl.float32)
+            h = _normed(r, rstd, nw, dt, EMU, ZC).to(tl.float32)
         elif PROLOGUE == 2:
             g = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
             u = tl.load(x_ptr + K + idx, mask=cmask, other=0.0).to(tl.float32)
@@ -91,7 +91,7 @@ def _kernels():
                          xs_peer, xs_ser, xs_slot, xs_e, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
                          HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS: tl.constexpr,
                          ZOFF: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr, SEND: tl.constexpr,
-                         EPW: tl.constexpr, ELEMENTWISE: tl.constexpr = True):
+                         EPW: tl.constexpr, ELEMENTWISE: tl.constexpr = True, ZC: tl.constexpr = False):
         pid = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -136,7 +136,7 @@ def _kernels():
                     halves = tl.join(words & 0xFFFF, (words >> 16) & 0xFFFF)  # [BLOCK_N, WK, 2]
                     qs = tl.reshape((halves[:, :, :, None] & masks[None, None, None, :]) | 0x4B000000,
                                     (BLOCK_N, BLOCK_K)).to(tl.float32, bitcast=True) - 8388608.0  # q x 16^j
-                    h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU)
+                    h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
                     accg += qs * (h * jscale)[None, :]
                     hsv += h
                 grp = g0 // GS
@@ -159,7 +159,7 @@ def _kernels():
                                 eviction_policy="evict_first")  # [BLOCK_N, WK] int32
                 q = (tl.reshape(((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000,
                                 (BLOCK_N, BLOCK_K)).to(tl.float32, bitcast=True) - 8388608.0)
-                h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU)
+                h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
                 part = tl.sum(tl.reshape(q * h[None, :], (BLOCK_N, NG, SUB)), axis=2)  # [BLOCK_N, NG]
                 hsum = tl.sum(tl.reshape(h, (NG, SUB)), axis=1)  # [NG]
                 grp = (k0 + gsel * SUB) // GS  # [NG]
@@ -213,7 +213,7 @@ def _pow2_at_least(n: int) -> int:
 def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
            delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
            x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None, send=None,
-           elementwise: bool | None = None) -> torch.Tensor:
+           elementwise: bool | None = None, zc: bool = False) -> torch.Tensor:
     """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
     or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's."""
     n, k = w.shape
@@ -237,7 +237,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
         PROLOGUE=prologue, HAS_BIAS=b is not None, HAS_PERM=w.perm is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs,
         ZOFF=w.zero_offset, EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
         STATS_BLOCK=min(8192, _pow2_at_least(k)), SEND=send is not None, EPW=gemv._epw(out.dtype),
-        ELEMENTWISE=elementwise, num_warps=warps)
+        ELEMENTWISE=elementwise, ZC=zc, num_warps=warps)
     return out
 
 
@@ -248,9 +248,11 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     return out.view(*x.shape[:-1], w.out_features)
 
 
-def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w, b: torch.Tensor | None = None):
+def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w, b: torch.Tensor | None = None,
+                zc: bool = False):
     """gemv.linear_norm for a packed weight: (RMSNorm(x + delta) @ W^T + b, x + delta), one kernel. ``delta`` must
-    be a tensor: the receiving exchange (mode "gemv") is not offered for packed weights."""
+    be a tensor: the receiving exchange (mode "gemv") is not offered for packed weights. ``zc``: the zero-centred
+    norm (Qwen3.5)."""
     if not isinstance(delta, torch.Tensor):
         raise ValueError("packed weights: the exchange is received by its own kernel (exchange mode 'send' or "
                          "'kernel', not 'gemv')")
@@ -258,7 +260,7 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
     out = torch.empty(w.out_features, dtype=x.dtype, device=x.device)
     x_out = torch.empty(k, dtype=x.dtype, device=x.device)
     launch(gemv.PROLOGUE_NORM, x.reshape(-1).contiguous(), w, b, out, delta.reshape(-1).contiguous(), norm_weight,
-           eps, x_out)
+           eps, x_out, zc=zc)
     return out.view(*x.shape[:-1], w.out_features), x_out.view(x.shape)
 
 

@@ -65,6 +65,8 @@ def parser() -> argparse.ArgumentParser:
                    help="default: float32 on CPU, bfloat16 on compute capability >= 8.0, else float16")
     p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES,
                    help="--tp 2 only: the ranks' allreduce path; auto = self-test and timing race (default: auto)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8"),
+                   help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head (default: auto)")
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="KV cache positions to allocate, at most the model's (default: prompt + max tokens + 1)")
     p.add_argument("--json", action="store_true",
@@ -168,7 +170,7 @@ def _tp1(args, cfg, ids, stop, dtype, max_context) -> tuple[list[int], dict]:
     from engine.core.model import Model
     from engine.core.sampling import Sampler
 
-    model = Model(cfg, dtype=getattr(torch, dtype), device=args.device)
+    model = Model(cfg, dtype=getattr(torch, dtype), device=args.device, kv_dtype=args.kv_cache_dtype)
     weights.load_into(model, args.model)
     model.setup_cache(max_context)
     out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256)
@@ -194,7 +196,7 @@ def _batch(args, cfg, tok) -> int:
         raise ValueError(f"--batch {args.batch}: line is not JSON ({e.msg})") from None
     check_device(args.device)
     dtype = args.dtype or _default_dtype(args.device)
-    model = Model(cfg, dtype=getattr(torch, dtype), device=args.device)
+    model = Model(cfg, dtype=getattr(torch, dtype), device=args.device, kv_dtype=args.kv_cache_dtype)
     weights.load_into(model, args.model)
     stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
     jobs = [(tok.encode(str(req["prompt"])), int(req.get("max_tokens", args.max_tokens)), req) for req in requests]
@@ -221,7 +223,7 @@ def _tp2(args, ids, stop, dtype, max_context) -> tuple[list[int], dict | None]:
         devices = ["cuda:0", "cuda:1"] if n >= 2 and args.device == "cuda" else [args.device if ":" in args.device
                                                                                  else "cuda:0"] * 2
     try:
-        pair = RankPair(args.model, devices, dtype, args.allreduce, max_context)
+        pair = RankPair(args.model, devices, dtype, args.allreduce, max_context, kv_cache_dtype=args.kv_cache_dtype)
     except LaunchError as e:
         raise RanksFailed(f"the ranks did not start: {e}") from None
     try:

@@ -1,4 +1,9 @@
-"""The decoder: Llama / Qwen2 / Qwen3 dense, one code path for a whole model or one tensor-parallel rank.
+"""The decoder: Llama / Qwen2 / Qwen3 dense and the Qwen3.5 hybrid, one code path for a whole model or one
+tensor-parallel rank.
+
+The layer table (``LAYER_KINDS``) says what each kind of layer holds and how it runs; a dense model is all
+``full_attention``, a hybrid one mixes in ``linear_attention`` (Gated DeltaNet) layers per the config's
+layer_types. Every layer is a mixer (attention or Gated DeltaNet) and an MLP, each closed by an allreduce.
 
 A rank holds ``1/world`` of the heads, of the MLP width and of the vocabulary;
 the two points where partial results meet are the row-parallel outputs (o_proj,
@@ -31,16 +36,40 @@ class Comm(Protocol):
     def gather_last(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As Hugging Face does it: statistics in float32, result cast back before the weight multiply.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zc: bool = False) -> torch.Tensor:
+    # As Hugging Face does it: statistics in float32, result cast back before the weight multiply (Llama,
+    # Qwen2/3); zero-centred (Qwen3.5, ``zc``): the weight applied as (1 + w) in float32, one rounding at the end.
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if zc:
+        return (h * (1.0 + weight.float())).to(x.dtype)
     return weight * h.to(x.dtype)
+
+
+# What each kind of layer holds, how it splits under TP2 and what runs it (DESIGN.md: the layer table).
+LAYER_KINDS = {
+    "full_attention": {
+        "weights": "wqkv (q [with the output gate per head] | k | v), wo; q/k norms",
+        "state": "K/V cache [1, kv heads, context, head dim] per layer",
+        "tp2": "heads split (q, gate, k, v rows; o columns), o_proj into the exchange",
+        "kernels": "attn_block (torch) or engine.core.attention's fused one-query attention",
+    },
+    "linear_attention": {
+        "weights": "w_in (in_proj_qkv | z | b | a), depthwise conv [channels, kernel], A_log, dt_bias, gated "
+                   "norm, w_out",
+        "state": "conv ring [channels, kernel] in the dtype and recurrent state [value heads, dk, dv] float32, "
+                 "fixed size per sequence",
+        "tp2": "key and value heads split (conv channels, b/a rows, A_log, dt_bias follow); out_proj into the "
+               "exchange",
+        "kernels": "gdn_block (torch: engine.core.gdn) or engine.core.gdn_fused's decode kernel",
+    },
+}
+STATE_KEYS = ("k_cache", "v_cache", "k_scale", "v_scale", "conv_ring", "rec_state")  # per-sequence, not weights
 
 
 def inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """RoPE inverse frequencies [head_dim / 2], with the config's scaling (default, linear, llama3)."""
-    dim = cfg.head_dim
+    dim = cfg.rotary_dim  # the whole head, or its first part (Qwen3.5's partial rotary factor)
     freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     sc = cfg.rope_scaling
     if not sc:
@@ -65,132 +94,258 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin on the first cos.shape[-1] of the last dimension (all of it, or the
+    rotary part of a partial rotary factor); the rest passes through."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    xr, xp = x[..., :rot], x[..., rot:]
+    return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
+
+
 def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache, wo,
-               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=matmul):
+               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=matmul,
+               gated: bool = False, zc: bool = False, k_scale=None, v_scale=None):
     """The decode step's first half-layer. x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]).
 
     Writes this position's K/V into the cache at ``pos`` and attends over cache positions [0, window):
     the g query heads of one kv head become g query rows against that kv head (no K/V copies), as two
     batched matrix products that spread the window over the whole GPU (a fused SDPA kernel parallelises
     over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench 2026-11-29).
-    ``linear``: the one-row product (F.linear, or engine.core.gemv.linear where Triton targets the card)."""
+    ``linear``: the one-row product (F.linear, or engine.core.gemv.linear where Triton targets the card).
+    ``gated`` (Qwen3.5): q_proj's rows are [query | gate] per head and the output is scaled by sigmoid(gate)
+    before o_proj; ``zc``: zero-centred norms; cos/sin may cover only the first part of the head.
+    ``k_scale``/``v_scale``: the cache is int8 with these scales (engine.core.kvquant)."""
     x = x + delta  # the previous block's reduced output
-    h = rms_norm(x, input_norm, eps)
-    qkv = linear(h, wqkv, bqkv)  # [1, 1, (h + 2 kv) * hd]
-    q, k, v = qkv.split([n_heads * hd, n_kv * hd, n_kv * hd], dim=-1)
-    q = q.view(1, n_heads, hd)
+    h = rms_norm(x, input_norm, eps, zc)
+    qkv = linear(h, wqkv, bqkv)  # [1, 1, (h [x 2 gated] + 2 kv) * hd]
+    qn = n_heads * hd * (2 if gated else 1)
+    q, k, v = qkv.split([qn, n_kv * hd, n_kv * hd], dim=-1)
+    gate = None
+    if gated:
+        qg = q.view(1, n_heads, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(1, 1, n_heads * hd)
+    q = q.reshape(1, n_heads, hd)
     k = k.view(1, n_kv, hd)
     if q_norm is not None:
-        q = rms_norm(q, q_norm, eps)
-        k = rms_norm(k, k_norm, eps)
-    q = q * cos + rotate_half(q) * sin  # [1, h, hd]
-    k = k * cos + rotate_half(k) * sin  # [1, kv, hd]
-    k_cache.index_copy_(2, pos, k.view(1, n_kv, 1, hd))
-    v_cache.index_copy_(2, pos, v.view(1, n_kv, 1, hd))
+        q = rms_norm(q, q_norm, eps, zc)
+        k = rms_norm(k, k_norm, eps, zc)
+    q = rope(q, cos, sin)  # [1, h, hd]
+    k = rope(k, cos, sin)  # [1, kv, hd]
+    if k_scale is None:
+        k_cache.index_copy_(2, pos, k.view(1, n_kv, 1, hd))
+        v_cache.index_copy_(2, pos, v.view(1, n_kv, 1, hd))
+        keys, values = k_cache[:, :, :window], v_cache[:, :, :window]  # [1, kv, W, hd]
+    else:
+        from engine.core import kvquant
+
+        kvquant.write(k_cache, k_scale, k.view(1, n_kv, 1, hd), pos=pos)
+        kvquant.write(v_cache, v_scale, v.reshape(1, n_kv, 1, hd), pos=pos)
+        keys = kvquant.dequantize(k_cache[:, :, :window], k_scale[:, :, :window], q.dtype)
+        values = kvquant.dequantize(v_cache[:, :, :window], v_scale[:, :, :window], q.dtype)
     qg = q.view(1, n_kv, n_heads // n_kv, hd)  # [1, kv, g, hd]
-    keys, values = k_cache[:, :, :window], v_cache[:, :, :window]  # [1, kv, W, hd]
     s = torch.matmul(qg, keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(hd)) + mask_bias  # [1, kv, g, W]
     p = torch.softmax(s, dim=-1).to(values.dtype)
     a = torch.matmul(p, values).reshape(1, 1, n_heads * hd)  # [1, 1, h * hd]
+    if gate is not None:
+        a = a * torch.sigmoid(gate)
     return x, linear(a, wo, bo)
 
 
-def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=matmul):
+def gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out, *,
+              nk: int, nv: int, dk: int, dv: int, eps: float, zc: bool = True, linear=F.linear):
+    """The decode step's first half-layer of a Gated DeltaNet layer. x, delta [1, 1, D] -> (x + delta,
+    out_proj partial [1, 1, D]). One token: the conv ring and the recurrent state are updated in place at
+    ``pos`` (engine.core.gdn.conv_step, step); nothing depends on pos's value on the host (capturable)."""
+    from engine.core import gdn
+
+    x = x + delta
+    h = rms_norm(x, input_norm, eps, zc)
+    proj = linear(h, w_in, None).view(-1)  # [conv channels | z | b | a]
+    kd, vd = nk * dk, nv * dv
+    mixed, z, b, a = proj.split([2 * kd + vd, vd, nv, nv])
+    mixed = gdn.conv_step(mixed, conv_ring, conv_w, pos)
+    q, k, v = mixed.split([kd, kd, vd])
+    beta = torch.sigmoid(b)
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    o = gdn.step(q.view(nk, dk), k.view(nk, dk), v.view(nv, dv), g, beta, rec_state)  # [nv, dv] float32
+    y = gated_norm(o.to(x.dtype), z.view(nv, dv), gnorm, eps)
+    return x, linear(y.reshape(1, 1, vd), w_out, None)
+
+
+def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5's gated RMSNorm over each value head: RMSNorm(o) * weight * SiLU(z), Hugging Face's rounding
+    (statistics in float32, the normalised row rounded before the weight, the gate in float32)."""
+    h = o.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = weight * h.to(o.dtype)
+    return (h * F.silu(z.float())).to(o.dtype)
+
+
+def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=matmul, zc: bool = False):
     """The decode step's second half-layer. x, delta [1, 1, D] -> (x + delta, down_proj partial [1, 1, D])."""
     x = x + delta  # the attention's reduced output
-    h = rms_norm(x, post_norm, eps)
+    h = rms_norm(x, post_norm, eps, zc)
     gate, up = linear(h, w13, b13).chunk(2, dim=-1)  # [1, 1, ff] each
     return x, linear(F.silu(gate) * up, w2, b2)
 
 
 class Layer:
-    """One decoder layer's weights for this rank; q/k/v and gate/up are fused into single matrices."""
+    """One decoder layer's weights for this rank (LAYER_KINDS[kind]); q/k/v and gate/up, and a linear-attention
+    layer's four input projections, are fused into single matrices."""
 
-    def __init__(self, cfg: ModelConfig, world: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg: ModelConfig, world: int, dtype: torch.dtype, device: torch.device, kind: str):
         e = dict(dtype=dtype, device=device)
-        # a GPTQ / AWQ checkpoint: the four matrices are placed by the loader (engine.core.quant_load), packed or
+        # a GPTQ / AWQ checkpoint: wqkv, wo, w13 and w2 are placed by the loader (engine.core.quant_load), packed or
         # dense per module, so nothing is allocated for them here
         m = dict(dtype=dtype, device="meta") if cfg.quantization is not None else e
+        self.kind = kind
+        self.zc = cfg.zero_centred_norm
+        self.ff = cfg.intermediate_size // world
+        d = cfg.hidden_size
+        self.input_norm = torch.empty(d, **e)
+        self.post_norm = torch.empty(d, **e)
+        self.w13 = torch.empty(2 * self.ff, d, **m)  # rows: [gate | up] of this rank
+        self.b13 = torch.empty(2 * self.ff, **e) if cfg.mlp_bias else None
+        self.w2 = torch.empty(d, self.ff, **m)
+        self.b2 = torch.empty(d, **e) if cfg.mlp_bias else None
+        if kind == "linear_attention":
+            self._init_linear(cfg, world, e)
+        else:
+            self._init_attention(cfg, world, e, m)
+
+    def _init_attention(self, cfg: ModelConfig, world: int, e: dict, m: dict) -> None:
+        d = cfg.hidden_size
         self.n_heads = cfg.num_heads // world
         self.n_kv = cfg.num_kv_heads // world
         self.hd = cfg.head_dim
-        self.ff = cfg.intermediate_size // world
-        d = cfg.hidden_size
-        qkv = (self.n_heads + 2 * self.n_kv) * self.hd
-        self.input_norm = torch.empty(d, **e)
-        self.post_norm = torch.empty(d, **e)
-        self.wqkv = torch.empty(qkv, d, **m)  # rows: [q heads | k heads | v heads] of this rank
+        self.gated = cfg.attn_output_gate
+        self.q_rows = self.n_heads * self.hd * (2 if self.gated else 1)
+        qkv = self.q_rows + 2 * self.n_kv * self.hd
+        self.wqkv = torch.empty(qkv, d, **m)  # rows: [q heads (each [query | gate] if gated) | k heads | v heads]
         self.bqkv = torch.empty(qkv, **e) if cfg.attention_bias else None
         self.wo = torch.empty(d, self.n_heads * self.hd, **m)  # columns: this rank's heads
         # o_proj's bias is added once, by rank 0 only, so the allreduce sum carries it exactly once.
         self.bo = torch.empty(d, **e) if cfg.o_bias else None
         self.q_norm = torch.empty(self.hd, **e) if cfg.qk_norm else None
         self.k_norm = torch.empty(self.hd, **e) if cfg.qk_norm else None
-        self.w13 = torch.empty(2 * self.ff, d, **m)  # rows: [gate | up] of this rank
-        self.b13 = torch.empty(2 * self.ff, **e) if cfg.mlp_bias else None
-        self.w2 = torch.empty(d, self.ff, **m)
-        self.b2 = torch.empty(d, **e) if cfg.mlp_bias else None
-        self.k_cache: torch.Tensor | None = None  # [1, n_kv, max_ctx, hd]
+        self.k_cache: torch.Tensor | None = None  # [1, n_kv, max_ctx, hd] (int8 with --kv-cache-dtype int8)
         self.v_cache: torch.Tensor | None = None
+        self.k_scale: torch.Tensor | None = None  # [1, n_kv, max_ctx] float32 (int8 cache only)
+        self.v_scale: torch.Tensor | None = None
+
+    def _init_linear(self, cfg: ModelConfig, world: int, e: dict) -> None:
+        d = cfg.hidden_size
+        self.nk = cfg.linear_num_key_heads // world
+        self.nv = cfg.linear_num_value_heads // world
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.conv_channels = 2 * self.nk * self.dk + self.nv * self.dv  # [q | k | v] of this rank's heads
+        self.kernel = cfg.linear_conv_kernel_dim
+        self.w_in = torch.empty(self.conv_channels + self.nv * self.dv + 2 * self.nv, d, **e)  # [qkv | z | b | a]
+        self.conv_w = torch.empty(self.conv_channels, self.kernel, **e)
+        self.a_log = torch.empty(self.nv, **e)
+        self.dt_bias = torch.empty(self.nv, **e)
+        self.gnorm = torch.empty(self.dv, **e)
+        self.w_out = torch.empty(d, self.nv * self.dv, **e)  # columns: this rank's value heads
+        self.conv_ring: torch.Tensor | None = None  # [channels, kernel], slot p % kernel = input of position p
+        self.rec_state: torch.Tensor | None = None  # [nv, dk, dv] float32
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
         return {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor) or v is None}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The weight tensors (no per-sequence state)."""
+        return {k: t for k, t in self.tensors().items() if t is not None and k not in STATE_KEYS}
 
     def attn_tensors(self, rank: int) -> tuple:
         """attn_block's weights; o_proj's bias only on rank 0 (the allreduce carries it once)."""
         return (self.input_norm, self.wqkv, self.bqkv, self.q_norm, self.k_norm, self.k_cache, self.v_cache,
                 self.wo, self.bo if rank == 0 else None)
 
+    def gdn_tensors(self) -> tuple:
+        return (self.input_norm, self.w_in, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.conv_ring,
+                self.rec_state, self.w_out)
+
     def mlp_tensors(self, rank: int) -> tuple:
         return self.post_norm, self.w13, self.b13, self.w2, self.b2 if rank == 0 else None
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float):
+        """Prefill: (q [B, h, T, hd], k [B, kv, T, hd], v [B, kv, T, hd], gate [B, T, h hd] or None)."""
         b, t, _ = x.shape
-        qkv = matmul(x, self.wqkv, self.bqkv)  # [B, T, (h + 2 kv) * hd]
-        q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-        q = q.view(b, t, self.n_heads, self.hd)
+        qkv = matmul(x, self.wqkv, self.bqkv)  # [B, T, q rows + 2 kv hd]
+        q, k, v = qkv.split([self.q_rows, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
+        gate = None
+        if self.gated:
+            qg = q.view(b, t, self.n_heads, 2 * self.hd)
+            q, gate = qg[..., :self.hd], qg[..., self.hd:].reshape(b, t, self.n_heads * self.hd)
+        q = q.reshape(b, t, self.n_heads, self.hd)
         k = k.view(b, t, self.n_kv, self.hd)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)  # [B, kv, T, hd]
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, eps)
-            k = rms_norm(k, self.k_norm, eps)
+            q = rms_norm(q, self.q_norm, eps, self.zc)
+            k = rms_norm(k, self.k_norm, eps, self.zc)
         q = q.transpose(1, 2)  # [B, h, T, hd]
         k = k.transpose(1, 2)  # [B, kv, T, hd]
-        cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, hd]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        return q, k, v
-
+        cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, rot]
+        return rope(q, cos, sin), rope(k, cos, sin), v, gate
 
 
 class Model:
     def __init__(self, cfg: ModelConfig, *, world: int = 1, rank: int = 0, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", comm: Comm | None = None):
+                 device: str | torch.device = "cpu", comm: Comm | None = None, kv_dtype: str = "auto"):
+        from engine.core.kvquant import KV_DTYPES
+
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv cache dtype {kv_dtype!r} is not supported; choose one of {', '.join(KV_DTYPES)}")
         self.cfg, self.world, self.rank, self.dtype = cfg, world, rank, dtype
+        self.kv_int8 = kv_dtype == "int8"
         self.device = torch.device(device)
         self.comm = comm
+        self.zc = cfg.zero_centred_norm
         e = dict(dtype=dtype, device=self.device)
         self.embed = torch.empty(cfg.vocab_size, cfg.hidden_size, **e)  # replicated
         self.head = torch.empty(cfg.vocab_size // world, cfg.hidden_size, **e)  # this rank's vocabulary rows
         self.norm = torch.empty(cfg.hidden_size, **e)
-        self.layers = [Layer(cfg, world, dtype, self.device) for _ in range(cfg.num_layers)]
+        self.layers = [Layer(cfg, world, dtype, self.device, kind) for kind in cfg.layer_types]
         self.max_context = 0
         self.decoder = None  # engine.core.runner.Decoder, set by runner.prepare(): how decode_step is run
         self._inv_freq = inv_freq(cfg).to(self.device)
 
-    # ---- cache ----------------------------------------------------------------------------------
+    @property
+    def attention_layers(self) -> list[Layer]:
+        return [la for la in self.layers if la.kind == "full_attention"]
+
+    # ---- cache and per-sequence state ------------------------------------------------------------
     def setup_cache(self, max_context: int) -> None:
-        """Allocate the KV cache and the RoPE tables for positions [0, max_context)."""
+        """Allocate the per-sequence state for positions [0, max_context): the full-attention layers' K/V
+        cache, the linear-attention layers' conv ring and recurrent state (fixed size), the RoPE tables."""
         self.max_context = max_context
         for layer in self.layers:
-            shape = (1, layer.n_kv, max_context, layer.hd)
-            layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if layer.kind == "full_attention":
+                shape = (1, layer.n_kv, max_context, layer.hd)
+                dt = torch.int8 if self.kv_int8 else self.dtype
+                layer.k_cache = torch.zeros(shape, dtype=dt, device=self.device)
+                layer.v_cache = torch.zeros(shape, dtype=dt, device=self.device)
+                if self.kv_int8:
+                    layer.k_scale = torch.zeros(shape[:3], dtype=torch.float32, device=self.device)
+                    layer.v_scale = torch.zeros(shape[:3], dtype=torch.float32, device=self.device)
+            else:
+                layer.conv_ring = torch.zeros(layer.conv_channels, layer.kernel, dtype=self.dtype, device=self.device)
+                layer.rec_state = torch.zeros(layer.nv, layer.dk, layer.dv, dtype=torch.float32, device=self.device)
         pos = torch.arange(max_context, device=self.device, dtype=torch.float32)
-        freqs = pos[:, None] * self._inv_freq[None, :]  # [S, hd / 2], float32 as Hugging Face does
-        emb = torch.cat((freqs, freqs), dim=-1)  # [S, hd]
+        freqs = pos[:, None] * self._inv_freq[None, :]  # [S, rot / 2], float32 as Hugging Face does
+        emb = torch.cat((freqs, freqs), dim=-1)  # [S, rot]
         self.cos = emb.cos().to(self.dtype)
         self.sin = emb.sin().to(self.dtype)
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of per-sequence state this rank holds: K/V (for the allocated context) and linear attention."""
+        kv = sum(t.numel() * t.element_size() for la in self.attention_layers
+                 for t in (la.k_cache, la.v_cache, la.k_scale, la.v_scale) if t is not None)
+        lin = sum(t.numel() * t.element_size() for la in self.layers if la.kind == "linear_attention"
+                  for t in (la.conv_ring, la.rec_state) if t is not None)
+        return {"kv_cache": kv, "linear_state": lin}
 
     # ---- the two meeting points of tensor parallelism --------------------------------------------
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -207,38 +362,79 @@ class Model:
         gate, up = gu.chunk(2, dim=-1)
         return matmul(F.silu(gate) * up, layer.w2, self._bias_once(layer.b2))
 
+    def _attention(self, layer: Layer, h: torch.Tensor, cos, sin, pos0: int, mask) -> torch.Tensor:
+        """Prefill of a full-attention layer: h [1, T, D] -> o_proj partial [1, T, D]; K/V written."""
+        t = h.shape[1]
+        end = pos0 + t
+        q, k, v, gate = layer.qkv(h, cos, sin, self.cfg.rms_norm_eps)
+        if layer.k_scale is None:
+            layer.k_cache[:, :, pos0:end] = k
+            layer.v_cache[:, :, pos0:end] = v
+            keys, values = layer.k_cache[:, :, :end], layer.v_cache[:, :, :end]  # [1, kv, end, hd]
+        else:  # int8: the chunk attends to its own K/V as the cache holds them, as every later step will
+            from engine.core import kvquant
+
+            kvquant.write(layer.k_cache, layer.k_scale, k, pos0)
+            kvquant.write(layer.v_cache, layer.v_scale, v, pos0)
+            keys = kvquant.dequantize(layer.k_cache[:, :, :end], layer.k_scale[:, :, :end], q.dtype)
+            values = kvquant.dequantize(layer.v_cache[:, :, :end], layer.v_scale[:, :, :end], q.dtype)
+        # query head i reads kv head i // g (enable_gqa: no copy of the prefix's K/V per query head); a chunk
+        # from position 0 is plainly causal, so the kernel needs no mask (and may take its fused path)
+        causal = pos0 == 0 and t > 1
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if causal else mask, is_causal=causal,
+                                           enable_gqa=layer.n_heads != layer.n_kv)  # [1, h, T, hd]
+        a = a.transpose(1, 2).reshape(1, t, layer.n_heads * layer.hd)
+        if gate is not None:
+            a = a * torch.sigmoid(gate)
+        return matmul(a, layer.wo, self._bias_once(layer.bo))
+
+    def _linear_attention(self, layer: Layer, h: torch.Tensor, pos0: int) -> torch.Tensor:
+        """Prefill of a Gated DeltaNet layer: h [1, T, D] -> out_proj partial [1, T, D]. The chunk continues
+        the layer's conv ring and recurrent state (both reset at position 0: a new sequence)."""
+        from engine.core import gdn
+
+        t = h.shape[1]
+        kd, vd = layer.nk * layer.dk, layer.nv * layer.dv
+        proj = F.linear(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]
+        mixed, z, b, a = proj.split([2 * kd + vd, vd, layer.nv, layer.nv], dim=-1)
+        mixed = gdn.conv_prefill(mixed, layer.conv_ring, layer.conv_w, pos0)
+        q, k, v = mixed.split([kd, kd, vd], dim=-1)
+        beta = torch.sigmoid(b)
+        g = -layer.a_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
+        if pos0 == 0:
+            layer.rec_state.zero_()
+        o, final = gdn.chunked(q.view(t, layer.nk, layer.dk), k.view(t, layer.nk, layer.dk),
+                               v.view(t, layer.nv, layer.dv), g, beta, layer.rec_state)
+        layer.rec_state.copy_(final)
+        y = gated_norm(o.to(h.dtype), z.view(t, layer.nv, layer.dv), layer.gnorm, self.cfg.rms_norm_eps)
+        return F.linear(y.reshape(1, t, vd), layer.w_out)
+
     # ---- prefill chunks and eager decode ----------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos0: int, all_logits: bool = False) -> torch.Tensor:
         """tokens [1, T] at positions pos0..pos0+T-1 -> float32 logits [V] of the last position
-        (or [T, V] with ``all_logits``). Writes the chunk's K/V into the cache."""
+        (or [T, V] with ``all_logits``). Writes the chunk's K/V (and linear-attention states) into the cache."""
         cfg = self.cfg
         t = tokens.shape[1]
         if pos0 + t > self.max_context:
             raise ValueError(f"positions up to {pos0 + t} exceed the allocated context {self.max_context}")
         x = F.embedding(tokens, self.embed)  # [1, T, D]
-        cos, sin = self.cos[pos0:pos0 + t], self.sin[pos0:pos0 + t]  # [T, hd]
+        cos, sin = self.cos[pos0:pos0 + t], self.sin[pos0:pos0 + t]  # [T, rot]
         end = pos0 + t
         # Causal mask with the cached prefix: query i (position pos0 + i) sees keys 0..pos0 + i.
         mask = None
         if t > 1:
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=pos0)
+        eps, zc = cfg.rms_norm_eps, self.zc
         for layer in self.layers:
-            h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = layer.qkv(h, cos, sin, cfg.rms_norm_eps)
-            layer.k_cache[:, :, pos0:end] = k
-            layer.v_cache[:, :, pos0:end] = v
-            keys, values = layer.k_cache[:, :, :end], layer.v_cache[:, :, :end]  # [1, kv, end, hd]
-            g = layer.n_heads // layer.n_kv
-            if g > 1:
-                keys = keys.repeat_interleave(g, dim=1)  # query head i reads kv head i // g
-                values = values.repeat_interleave(g, dim=1)
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [1, h, T, hd]
-            a = a.transpose(1, 2).reshape(1, t, layer.n_heads * layer.hd)
-            x = x + self._reduce(matmul(a, layer.wo, self._bias_once(layer.bo)))
-            h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
+            h = rms_norm(x, layer.input_norm, eps, zc)
+            if layer.kind == "full_attention":
+                x = x + self._reduce(self._attention(layer, h, cos, sin, pos0, mask))
+            else:
+                x = x + self._reduce(self._linear_attention(layer, h, pos0))
+            h = rms_norm(x, layer.post_norm, eps, zc)
             x = x + self._reduce(self._mlp(layer, h))
-        x = rms_norm(x if all_logits else x[:, -1:], self.norm, cfg.rms_norm_eps)
+        x = rms_norm(x if all_logits else x[:, -1:], self.norm, eps, zc)
         logits = self._gather(F.linear(x, self.head)).float()  # [1, T or 1, V]
         return logits[0] if all_logits else logits[0, -1]
 
@@ -250,16 +446,19 @@ class Model:
         engine/core/runner.py's Decoder). Attention reads cache positions [0, window): no shape depends on pos,
         so one graph per window serves every position below it.
 
-        Per layer: attn_block (residual add, norm, QKV, RoPE, cache write, attention, o_proj of this rank's
-        heads) -> allreduce -> mlp_block (residual add, norm, gate/up, down of this rank's columns) ->
-        allreduce. Each block starts with the residual add of the previous block's reduced output, so the
-        add fuses with the norm when the blocks are compiled. ``blocks``: (attn_block, mlp_block) to use,
-        e.g. torch.compile'd ones (engine.core.runner.kernels); None = the plain functions below.
-        Call it under torch.inference_mode()."""
-        attn, mlp = blocks or (attn_block, mlp_block)
+        Per layer: the mixer (attn_block: residual add, norm, QKV, RoPE, cache write, attention, o_proj of this
+        rank's heads; or gdn_block: residual add, norm, the four input projections, conv, the delta rule's one
+        step, gated norm, out_proj of this rank's value heads) -> allreduce -> mlp_block (residual add, norm,
+        gate/up, down of this rank's columns) -> allreduce. Each block starts with the residual add of the
+        previous block's reduced output, so the add fuses with the norm when the blocks are compiled.
+        ``blocks``: (attn_block, mlp_block[, gdn_block]) to use, e.g. torch.compile'd or fused ones
+        (engine.core.runner.kernels); None = the plain functions below. Call it under torch.inference_mode()."""
+        attn, mlp = (blocks or (attn_block, mlp_block))[:2]
+        gdn = blocks[2] if blocks and len(blocks) > 2 else gdn_block
         cfg = self.cfg
+        zc = {"zc": True} if self.zc else {}  # dense models call the blocks exactly as before
         x = F.embedding(tok.view(1, 1), self.embed)  # [1, 1, D]
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [1, hd]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [1, rot]
         # additive mask, float32: 0 up to pos, -inf past it; made once per step for every layer
         zero = torch.zeros((), dtype=torch.float32, device=self.device)
         mask_bias = torch.where(torch.arange(window, device=self.device) <= pos, zero, float("-inf"))
@@ -272,23 +471,34 @@ class Model:
             recv = xs.receive if epilogue.requested() == "send" else (lambda sent: sent)  # gemv: the GEMV receives
         for i, layer in enumerate(self.layers):
             kw = {} if xs is None else {"send": xs.ticket(2 * i, cfg.hidden_size, self.dtype)}
-            x, part = attn(x, delta, cos, sin, pos, mask_bias, *layer.attn_tensors(self.rank), n_heads=layer.n_heads,
-                           n_kv=layer.n_kv, hd=layer.hd, eps=cfg.rms_norm_eps, window=window, **kw)
+            if layer.kind == "full_attention":
+                if layer.gated:
+                    kw["gated"] = True
+                if layer.k_scale is not None:
+                    kw.update(k_scale=layer.k_scale, v_scale=layer.v_scale)
+                x, part = attn(x, delta, cos, sin, pos, mask_bias, *layer.attn_tensors(self.rank),
+                               n_heads=layer.n_heads, n_kv=layer.n_kv, hd=layer.hd, eps=cfg.rms_norm_eps,
+                               window=window, **zc, **kw)
+            else:
+                x, part = gdn(x, delta, pos, *layer.gdn_tensors(), nk=layer.nk, nv=layer.nv, dk=layer.dk,
+                              dv=layer.dv, eps=cfg.rms_norm_eps, **zc, **kw)
             delta = recv(part) if xs is not None else self._reduce(part)
             kw = {} if xs is None else {"send": xs.ticket(2 * i + 1, cfg.hidden_size, self.dtype)}
-            x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **kw)
+            x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **zc, **kw)
             last = i + 1 == len(self.layers)  # the last exchange is summed by xs.finish (it bumps the serial)
             delta = self._reduce(part) if xs is None else part if last else recv(part)
         if xs is not None:  # the final norm in the last exchange's kernel (rows of up to 8192: epilogue_exchange)
-            x = xs.finish(delta, x, self.norm, cfg.rms_norm_eps)
+            x = xs.finish(delta, x, self.norm, cfg.rms_norm_eps, **zc)
         else:
-            x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps)
+            x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps, self.zc)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
 
     def epilogue_exchange(self, blocks: tuple | None):
         """The exchange sent from the GEMVs (engine.allreduce.epilogue) when these blocks take it, the path offers
         it and the exchange mode (V100PLAN_ENGINE_EXCHANGE, else its DEFAULT) is not "kernel"; else None."""
         if self.comm is None or not blocks or not getattr(blocks[0], "sends", False):
+            return None
+        if self.cfg.hybrid and not (len(blocks) > 2 and getattr(blocks[2], "sends", False)):
             return None
         make = getattr(getattr(self.comm, "path", None), "epilogue", None)
         if make is None:
@@ -304,8 +514,7 @@ class Model:
         """Bytes this rank reads per decode step from weights (embedding: one row, not the table)."""
         n = self.head.numel() + self.norm.numel() + self.cfg.hidden_size
         for layer in self.layers:
-            n += sum(t.numel() for k, t in layer.tensors().items()
-                     if t is not None and k not in ("k_cache", "v_cache"))
+            n += sum(t.numel() for t in layer.weights().values())
         return n * self.head.element_size() + sum(p.nbytes for p in self.packed())
 
     def packed(self) -> list:
@@ -314,10 +523,9 @@ class Model:
 
     def weights_info(self) -> dict:
         """What `generate --json` and the rank's ready message report: the weight format and the bytes this rank
-        holds for weights (every tensor but the K/V cache; packed matrices as their packed tensors)."""
+        holds for weights (every tensor but the per-sequence state; packed matrices as their packed tensors)."""
         q = self.cfg.quantization
-        dense = [self.embed, self.head, self.norm] + [t for layer in self.layers for k, t in layer.tensors().items()
-                                                      if t is not None and k not in ("k_cache", "v_cache")]
+        dense = [self.embed, self.head, self.norm] + [t for layer in self.layers for t in layer.weights().values()]
         held = sum(t.numel() * t.element_size() for t in dense) + sum(p.nbytes for p in self.packed())
         fmt = str(self.dtype).removeprefix("torch.") if q is None else f"{q.format} ({str(self.dtype)[6:]} dense)"
         return {"format": fmt, "bytes": held, "packed_matrices": len(self.packed())}

@@ -44,9 +44,15 @@ class Store:
         for bad in ("model.embed_tokens.qweight", "lm_head.qweight"):
             if bad in names:
                 raise quant.QuantError(f"{bad}: a quantised embedding or output head is not supported")
+        gdn = sorted(n for n in names if ".linear_attn." in n and n.endswith(".qweight"))
+        if gdn:
+            raise quant.QuantError(f"{gdn[0]}: packed Gated DeltaNet projections are not supported (their MLPs and "
+                                   f"full-attention layers may be packed, the linear_attn weights must be dense)")
         m = self.model
         for i, layer in enumerate(m.layers):
             for attr, modules in MATRICES.items():
+                if not hasattr(layer, attr):  # a linear-attention layer has no wqkv / wo
+                    continue
                 packed = [f"model.layers.{i}.{mod}.qweight" in names for mod in modules]
                 dense = [f"model.layers.{i}.{mod}.weight" in names for mod in modules]
                 if any(packed) and not all(packed) or any(packed) and any(dense):
@@ -66,7 +72,7 @@ class Store:
         m = self.model
         for i, layer in enumerate(m.layers):
             for attr, modules in MATRICES.items():
-                if (i, modules[0]) not in self.parts:
+                if (i, modules[0]) not in self.parts or not hasattr(layer, attr):
                     continue
                 built = []
                 for mod in modules:

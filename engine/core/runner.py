@@ -128,8 +128,9 @@ def compiled_blocks(gemv: bool = False) -> tuple:
 def fused_blocks() -> tuple:
     """attn_block and mlp_block as five Triton kernels per layer (engine.core.attention), not compiled."""
     from engine.core.attention import attn_block_fused, mlp_block_fused
+    from engine.core.gdn_fused import gdn_block_fused
 
-    return attn_block_fused, mlp_block_fused
+    return attn_block_fused, mlp_block_fused, gdn_block_fused
 
 
 class Decoder:

@@ -48,21 +48,20 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
     originals: dict[str, tuple[Path, str]] = {}
     for path in weights.safetensors_files(src):
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            names = list(f.keys())
-            for name in names:
-                if tp.IGNORED.search(name):
-                    continue
+            # shards hold the decoder's canonical names (a wrapper's model.language_model. read as model.)
+            raw = {tp.canonical(n, cfg): n for n in f.keys() if not tp.IGNORED.search(n)}
+            for name, stored in raw.items():
                 kinds[name] = tp.kind_of(name)
-                originals[name] = (path, name)
+                originals[name] = (path, stored)
                 for r in range(world):
-                    parts[r][name] = tp.take(f.get_slice(name), kinds[name], r, world, name=name).clone()
-            if "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
+                    parts[r][name] = tp.take(f.get_slice(stored), kinds[name], r, world, cfg, name=name).clone()
+            if "lm_head.weight" not in raw and "model.embed_tokens.weight" in raw:
                 if not cfg.tie_word_embeddings:
                     raise ValueError("no lm_head.weight and the config does not tie it to the embeddings")
                 kinds["lm_head.weight"] = "vocab"
-                originals["lm_head.weight"] = (path, "model.embed_tokens.weight")
+                originals["lm_head.weight"] = (path, raw["model.embed_tokens.weight"])
                 for r in range(world):
-                    parts[r]["lm_head.weight"] = tp.take(f.get_slice("model.embed_tokens.weight"), "vocab",
+                    parts[r]["lm_head.weight"] = tp.take(f.get_slice(raw["model.embed_tokens.weight"]), "vocab",
                                                          r, world).clone()
     if dst.exists() and force:
         shutil.rmtree(dst)
@@ -78,7 +77,7 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
                 shutil.copy2(src / name, d / name)
         bytes_per_rank.append(sum(t.numel() * t.element_size() for t in parts[r].values()))
     del parts
-    verify(dst, world, kinds, originals)
+    verify(dst, world, kinds, originals, cfg)
     counts: dict[str, int] = {}
     for k in kinds.values():
         counts[k] = counts.get(k, 0) + 1
@@ -102,7 +101,7 @@ def _stable_header(path: Path) -> None:
         fh.write(text + b" " * (n - len(text)))  # the same compact JSON, reordered: never longer
 
 
-def verify(dst: Path, world: int, kinds: dict[str, str], originals: dict[str, tuple[Path, str]]) -> None:
+def verify(dst: Path, world: int, kinds: dict[str, str], originals: dict[str, tuple[Path, str]], cfg=None) -> None:
     """Re-read every shard and compare its reassembly with the source tensor, byte for byte."""
     import torch
     from safetensors import safe_open
@@ -116,11 +115,10 @@ def verify(dst: Path, world: int, kinds: dict[str, str], originals: dict[str, tu
         with safe_open(str(path), framework="pt", device="cpu") as f:
             full = f.get_tensor(src_name)
         pieces = [h.get_tensor(name) for h in handles]
-        dim = tp.split_dim(kind, name)
-        if dim is None:
+        if tp.split_dim(kind, name) is None:
             ok = all(torch.equal(_bits(p), _bits(full)) for p in pieces)
         else:
-            ok = torch.equal(_bits(torch.cat(pieces, dim=dim)), _bits(full))
+            ok = torch.equal(_bits(tp.join(pieces, kind, cfg, name)), _bits(full))
         if not ok:
             raise RuntimeError(f"shard verification failed: {name} does not reassemble bit-exactly")
 
@@ -146,7 +144,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(m))
         return 0
     print(f"sharded {args.src} -> {args.dst} for tp {m['tp']}: {m['verified']}")
-    for kind in ("colwise", "rowwise", "vocab", "replicated"):
+    for kind in ("colwise", "colwise_qkv", "rowwise", "vocab", "replicated"):
         names = [n for n, k in m["tensors"].items() if k == kind]
         if names:
             print(f"  {kind:<10} {len(names):4d} tensors, e.g. {names[0]}")

@@ -4,6 +4,11 @@
   rowwise     split columns (dim 1): o_proj, down_proj: each rank's partial output is summed by an allreduce
   vocab       split rows (dim 0) of the output head: logits are gathered back in rank order
   replicated  every rank holds all of it: embeddings, norms, q/k norms, o/down biases (added once, by rank 0)
+  colwise_qkv a linear-attention layer's in_proj_qkv and conv1d: rows [q | k | v], each part split by heads
+              (rank r gets [q_r | k_r | v_r], so its conv channels follow its heads)
+
+Names are canonical: a multimodal wrapper's ``model.language_model.`` reads as ``model.`` (``canonical``);
+its vision tower and the MTP draft layer are not part of the decoder (``IGNORED``).
 """
 
 from __future__ import annotations
@@ -24,13 +29,27 @@ RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^model\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
     (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
     (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.bias$"), "replicated"),
+    # Gated DeltaNet (linear attention) layers
+    (re.compile(r"^model\.layers\.\d+\.linear_attn\.(in_proj_qkv|conv1d)\.weight$"), "colwise_qkv"),
+    (re.compile(r"^model\.layers\.\d+\.linear_attn\.in_proj_(z|b|a)\.weight$"), "colwise"),
+    (re.compile(r"^model\.layers\.\d+\.linear_attn\.(A_log|dt_bias)$"), "colwise"),
+    (re.compile(r"^model\.layers\.\d+\.linear_attn\.out_proj\.weight$"), "rowwise"),
+    (re.compile(r"^model\.layers\.\d+\.linear_attn\.norm\.weight$"), "replicated"),
 ]
 
 # GPTQ / AWQ tensors (engine.core.quant): stored [inputs, outputs], so their split dims are the dense ones' swapped
 PACKED = re.compile(r"\.(qweight|qzeros|scales|g_idx)$")
 
-# Tensors some checkpoints carry that the decoder recomputes itself.
-IGNORED = re.compile(r"(rotary_emb\.inv_freq)$")
+# Tensors some checkpoints carry that the decoder recomputes itself or does not run: RoPE tables, the
+# multimodal wrapper's vision tower, the MTP draft layer.
+IGNORED = re.compile(r"(rotary_emb\.inv_freq$)|(^model\.visual\.)|(^mtp\.)|(^visual\.)")
+
+
+def canonical(name: str, cfg: ModelConfig) -> str:
+    """The decoder's name for a checkpoint tensor: the wrapper's prefix (cfg.weight_prefix) read as ``model.``."""
+    if cfg.weight_prefix != "model." and name.startswith(cfg.weight_prefix):
+        return "model." + name[len(cfg.weight_prefix):]
+    return name
 
 
 class ShardError(ValueError):
@@ -41,15 +60,19 @@ def kind_of(name: str) -> str:
     for pattern, kind in RULES:
         if pattern.match(name):
             return kind
-    raise ShardError(f"tensor {name!r} is not part of a Llama/Qwen2/Qwen3 dense decoder; refusing to guess "
-                     f"how to split it")
+    raise ShardError(f"tensor {name!r} is not part of a Llama/Qwen2/Qwen3 dense or Qwen3.5 hybrid decoder; "
+                     f"refusing to guess how to split it")
 
 
 def check_divisible(cfg: ModelConfig, world: int) -> None:
     """Refuse shapes that do not divide by ``world``, naming each one."""
     problems = []
-    for label, n in (("num_attention_heads", cfg.num_heads), ("num_key_value_heads", cfg.num_kv_heads),
-                     ("intermediate_size", cfg.intermediate_size), ("vocab_size", cfg.vocab_size)):
+    sizes = [("num_attention_heads", cfg.num_heads), ("num_key_value_heads", cfg.num_kv_heads),
+             ("intermediate_size", cfg.intermediate_size), ("vocab_size", cfg.vocab_size)]
+    if cfg.hybrid:
+        sizes += [("linear_num_key_heads", cfg.linear_num_key_heads),
+                  ("linear_num_value_heads", cfg.linear_num_value_heads)]
+    for label, n in sizes:
         if n % world:
             problems.append(f"{label} = {n} is not divisible by {world}")
     if problems:
@@ -61,23 +84,48 @@ def rank_range(length: int, rank: int, world: int) -> tuple[int, int]:
     return rank * part, (rank + 1) * part
 
 
-def take(source, kind: str, rank: int, world: int, name: str | None = None):
+def qkv_segments(cfg: ModelConfig) -> list[int]:
+    """Rows of a linear-attention layer's in_proj_qkv / conv channels: [q, k, v]."""
+    return [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
+
+
+def take(source, kind: str, rank: int, world: int, cfg: ModelConfig | None = None, name: str | None = None):
     """This rank's part of ``source`` (a tensor or a safetensors slice, read lazily). ``name``: the tensor's
-    name, which says whether it is packed (split along split_dim's dimension, in whole words and groups)."""
+    name, which says whether it is packed (GPTQ / AWQ: split along split_dim's dimension, in whole words and
+    groups)."""
     if kind == "replicated" or world == 1:
         return source[:]
-    if kind not in ("colwise", "vocab", "rowwise"):
-        raise ShardError(f"unknown split kind {kind!r}")
     shape = source.get_shape() if hasattr(source, "get_shape") else list(source.shape)
-    dim = split_dim(kind, name)
-    if dim is None:
-        return source[:]
-    if name is not None and PACKED.search(name) and shape[dim] % world:
-        what = "groups" if dim == 0 and not name.endswith("g_idx") else "values or packed words"
-        raise ShardError(f"{name}: its {shape[dim]} {what} along dim {dim} do not split into {world} equal parts: "
-                         f"a split would cut a packed word or a quantisation group")
-    a, b = rank_range(shape[dim], rank, world)
-    return source[a:b] if dim == 0 else source[:, a:b]
+    if name is not None and PACKED.search(name) and kind in ("colwise", "rowwise"):
+        dim = split_dim(kind, name)
+        if dim is None:
+            return source[:]
+        if shape[dim] % world:
+            what = "groups" if dim == 0 and not name.endswith("g_idx") else "values or packed words"
+            raise ShardError(f"{name}: its {shape[dim]} {what} along dim {dim} do not split into {world} equal "
+                             f"parts: a split would cut a packed word or a quantisation group")
+        a, b = rank_range(shape[dim], rank, world)
+        return source[a:b] if dim == 0 else source[:, a:b]
+    if kind == "colwise_qkv":
+        import torch
+
+        if cfg is None:
+            raise ShardError("a colwise_qkv split needs the model's config")
+        parts, start = [], 0
+        for n in qkv_segments(cfg):
+            a, b = rank_range(n, rank, world)
+            parts.append(source[start + a:start + b])
+            start += n
+        if start != shape[0]:
+            raise ShardError(f"in_proj_qkv/conv1d has {shape[0]} rows, the config says {start}")
+        return torch.cat(parts, 0)
+    if kind in ("colwise", "vocab"):
+        a, b = rank_range(shape[0], rank, world)
+        return source[a:b]
+    if kind == "rowwise":
+        a, b = rank_range(shape[1], rank, world)
+        return source[:, a:b]
+    raise ShardError(f"unknown split kind {kind!r}")
 
 
 def split_dim(kind: str, name: str | None = None) -> int | None:
@@ -88,4 +136,16 @@ def split_dim(kind: str, name: str | None = None) -> int | None:
         if kind == "colwise":
             return None if name.endswith("g_idx") else 1
         return 0
-    return {"colwise": 0, "vocab": 0, "rowwise": 1}.get(kind)
+    return {"colwise": 0, "vocab": 0, "rowwise": 1, "colwise_qkv": 0}.get(kind)
+
+
+def join(pieces: list, kind: str, cfg: ModelConfig, name: str | None = None):
+    """The ranks' parts put back together (the inverse of ``take`` over every rank)."""
+    import torch
+
+    if kind == "colwise_qkv":
+        per = [n // len(pieces) for n in qkv_segments(cfg)]
+        segs = [p.split(per, 0) for p in pieces]
+        return torch.cat([segs[r][i] for i in range(len(per)) for r in range(len(pieces))], 0)
+    dim = split_dim(kind, name)
+    return pieces[0] if dim is None else torch.cat(pieces, dim=dim)

@@ -55,10 +55,37 @@ def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
     if not m or int(m.group(1)) >= len(model.layers):
         raise WeightsError(f"unexpected tensor {name}")
     layer, rest = model.layers[int(m.group(1))], m.group(2)
-    qn, kvn = layer.n_heads * layer.hd, layer.n_kv * layer.hd
-    table = {
+    common = {
         "input_layernorm.weight": (layer.input_norm, 0),
         "post_attention_layernorm.weight": (layer.post_norm, 0),
+        "mlp.gate_proj.weight": (layer.w13, 0),
+        "mlp.up_proj.weight": (layer.w13, layer.ff),
+        "mlp.gate_proj.bias": (layer.b13, 0),
+        "mlp.up_proj.bias": (layer.b13, layer.ff),
+        "mlp.down_proj.weight": (layer.w2, 0),
+        "mlp.down_proj.bias": (layer.b2, 0),
+    }
+    if layer.kind == "linear_attention":
+        vd = layer.nv * layer.dv
+        table = {
+            **common,
+            "linear_attn.in_proj_qkv.weight": (layer.w_in, 0),
+            "linear_attn.in_proj_z.weight": (layer.w_in, layer.conv_channels),
+            "linear_attn.in_proj_b.weight": (layer.w_in, layer.conv_channels + vd),
+            "linear_attn.in_proj_a.weight": (layer.w_in, layer.conv_channels + vd + layer.nv),
+            "linear_attn.conv1d.weight": (layer.conv_w, 0),
+            "linear_attn.A_log": (layer.a_log, 0),
+            "linear_attn.dt_bias": (layer.dt_bias, 0),
+            "linear_attn.norm.weight": (layer.gnorm, 0),
+            "linear_attn.out_proj.weight": (layer.w_out, 0),
+        }
+        if rest not in table:
+            raise WeightsError(f"tensor {name} has no place in linear-attention layer {m.group(1)} (the config's "
+                               f"layer_types)")
+        return table[rest]
+    qn, kvn = layer.q_rows, layer.n_kv * layer.hd
+    table = {
+        **common,
         "self_attn.q_proj.weight": (layer.wqkv, 0),
         "self_attn.k_proj.weight": (layer.wqkv, qn),
         "self_attn.v_proj.weight": (layer.wqkv, qn + kvn),
@@ -69,12 +96,6 @@ def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
         "self_attn.o_proj.bias": (layer.bo, 0),
         "self_attn.q_norm.weight": (layer.q_norm, 0),
         "self_attn.k_norm.weight": (layer.k_norm, 0),
-        "mlp.gate_proj.weight": (layer.w13, 0),
-        "mlp.up_proj.weight": (layer.w13, layer.ff),
-        "mlp.gate_proj.bias": (layer.b13, 0),
-        "mlp.up_proj.bias": (layer.b13, layer.ff),
-        "mlp.down_proj.weight": (layer.w2, 0),
-        "mlp.down_proj.bias": (layer.b2, 0),
     }
     if rest not in table or table[rest][0] is None:
         raise WeightsError(f"tensor {name} has no place in a {model.cfg.model_type} model with this config")
@@ -83,6 +104,8 @@ def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
 
 def _place(model: Model, name: str, t: torch.Tensor, filled: dict[int, int]) -> None:
     dest, off = _slot(model, name)
+    if dest.dim() == 2 and t.dim() == 3 and t.shape[1] == 1:  # conv1d [channels, 1, kernel] -> [channels, kernel]
+        t = t[:, 0]
     n = t.shape[0]
     target = dest[off:off + n]
     if tuple(target.shape) != tuple(t.shape):
@@ -98,33 +121,33 @@ def load_into(model: Model, model_dir: str | Path) -> None:
     from safetensors import safe_open
 
     src, pre_sliced = resolve(model_dir, model.rank, model.world)
+    cfg = model.cfg
     filled: dict[int, int] = {}
     names: set[str] = set()
     store = None
-    if model.cfg.quantization is not None:  # GPTQ / AWQ: packed modules go to engine.core.quant_load
+    if cfg.quantization is not None:  # GPTQ / AWQ: packed modules go to engine.core.quant_load
         from engine.core import quant_load
 
-        store = quant_load.Store(model, model.cfg.quantization)
-        store.prepare({n for path in safetensors_files(src) for n in _keys(path)})
+        store = quant_load.Store(model, cfg.quantization)
+        store.prepare({tp.canonical(n, cfg) for path in safetensors_files(src) for n in _keys(path)})
     for path in safetensors_files(src):
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if tp.IGNORED.search(name):
-                    continue
+            raw = {tp.canonical(n, cfg): n for n in f.keys() if not tp.IGNORED.search(n)}
+            for name, stored in raw.items():
                 if store is not None and quant_load.packed_part(name):
-                    store.add(name, f.get_slice(name), pre_sliced)
+                    store.add(name, f.get_slice(stored), pre_sliced)
                     names.add(name)
                     continue
                 kind = tp.kind_of(name)
                 names.add(name)
                 if pre_sliced:
-                    t = f.get_tensor(name)
+                    t = f.get_tensor(stored)
                 else:
-                    t = tp.take(f.get_slice(name), kind, model.rank, model.world)
+                    t = tp.take(f.get_slice(stored), kind, model.rank, model.world, cfg)
                 _place(model, name, t, filled)
-            if "lm_head.weight" not in names and "model.embed_tokens.weight" in f.keys() and not pre_sliced:
+            if "lm_head.weight" not in names and "model.embed_tokens.weight" in raw and not pre_sliced:
                 if model.cfg.tie_word_embeddings:
-                    t = tp.take(f.get_slice("model.embed_tokens.weight"), "vocab", model.rank, model.world)
+                    t = tp.take(f.get_slice(raw["model.embed_tokens.weight"]), "vocab", model.rank, model.world)
                     _place(model, "lm_head.weight", t, filled)
                     names.add("lm_head.weight")
     if "lm_head.weight" not in names:
@@ -147,9 +170,8 @@ def _keys(path: Path) -> list[str]:
 def expected_tensors(model: Model) -> list[tuple[str, torch.Tensor]]:
     out = [("embed", model.embed), ("head", model.head), ("norm", model.norm)]
     for i, layer in enumerate(model.layers):
-        for k, t in layer.tensors().items():
-            if t is not None and k not in ("k_cache", "v_cache"):
-                out.append((f"layers.{i}.{k}", t))
+        for k, t in layer.weights().items():
+            out.append((f"layers.{i}.{k}", t))
     return out
 
 
@@ -158,7 +180,15 @@ def init_random(model: Model, seed: int = 0, std: float = 0.02) -> None:
     """Random weights generated where the model lives (the benchmark: shapes and bytes are what matter)."""
     g = torch.Generator(device=model.device).manual_seed(seed)
     for label, t in expected_tensors(model):
-        if t.dim() == 1:
-            t.fill_(1.0) if "norm" in label else t.zero_()
+        if label.endswith(".a_log"):  # decay rates as Qwen3.5 initialises them: A in [1, 16], log stored
+            t.uniform_(0.0, 2.77, generator=g)
+        elif label.endswith(".dt_bias"):
+            t.fill_(1.0)
+        elif label.endswith(".gnorm"):
+            t.fill_(1.0)
+        elif t.dim() == 1 and "norm" in label:
+            t.fill_(0.0 if model.zc else 1.0)  # zero-centred norms apply 1 + w
+        elif t.dim() == 1:
+            t.zero_()
         else:
             t.normal_(0.0, std, generator=g)

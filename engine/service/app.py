@@ -123,6 +123,10 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         check_api_key(request, cfg.api_key)
         _check_common(body, text)
         for i, m in enumerate(body.messages):
+            if m.media():
+                raise ApiError(400, f"messages.{i}.content: {m.media()[0]} input is not served: this engine runs the "
+                                    f"model's text decoder only (a multimodal checkpoint's vision weights are not "
+                                    f"loaded); send text parts", f"messages.{i}.content")
             _check_text(m.text(), f"messages.{i}.content")
         try:
             prompt_text = text.render_chat([(m.role, m.text()) for m in body.messages])

@@ -91,15 +91,26 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class MediaPart(BaseModel):
+    """An image, audio or video part (OpenAI's and others' spellings): recognised so it can be refused by name
+    (the engine serves a model's text decoder; a multimodal checkpoint's vision tower is not loaded)."""
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image_url", "image", "input_image", "input_audio", "audio", "video", "video_url"]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    content: StrictStr | list[TextPart | MediaPart]
 
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def media(self) -> list[str]:
+        """The types of the non-text parts."""
+        return [] if isinstance(self.content, str) else [p.type for p in self.content if isinstance(p, MediaPart)]
 
 
 class ChatRequest(_Sampling):

@@ -47,10 +47,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES)
     p.add_argument("--max-context", type=int, default=2048)
+    p.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
+                   help="auto: the model's dtype; int8: engine.core.kvquant (default: auto)")
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=60.0)
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt tokens per prefill step (default: 2048 on a GPU, as the field's engine, 256 on CPU)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0,
                    help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
@@ -159,7 +162,8 @@ class Rank:
             self._time_waits(self.path)
             marks.append(("allreduce_choice", time.monotonic()))
         self.comm = Comm(self.path) if self.path else None
-        self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm)
+        self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm,
+                           kv_dtype=a.kv_cache_dtype)
         weights.load_into(self.model, a.model)
         self.model.setup_cache(a.max_context)
         marks.append(("weights", time.monotonic()))
@@ -190,6 +194,11 @@ class Rank:
         nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)
         gbps = timing.read_bandwidth_gbps(device, nbytes, iters=10 if device.type == "cuda" else 3)
         return {"read_bw_gbps": round(gbps, 1), "read_bw_source": "measured"}
+
+    def prefill_chunk(self) -> int:
+        if self.args.prefill_chunk:
+            return self.args.prefill_chunk
+        return 2048 if self.model.device.type == "cuda" else 256
 
     def decode_stats(self) -> dict:
         """Decoder.stats against this card's read bandwidth, with where that figure came from."""
@@ -309,7 +318,7 @@ class Rank:
             reply = None
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
-                                         set(req.get("stop_token_ids") or []), self.args.prefill_chunk, hook,
+                                         set(req.get("stop_token_ids") or []), self.prefill_chunk(), hook,
                                          flags=flags)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both

@@ -60,6 +60,7 @@ class ServeConfig:
     keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
     max_connections: int = 256         # open client connections; beyond: 503 and close
     standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
+    kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
 
     @property
     def is_loopback(self) -> bool:
@@ -127,6 +128,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-file", help="file holding the API key clients send as 'Bearer KEY'")
     parser.add_argument("--allreduce", choices=ALLREDUCE_PATHS, default="auto")
     parser.add_argument("--max-context", type=int, help="prompt + completion tokens per request")
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
+                        help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head, "
+                             "half the bytes (default: auto)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S)
     parser.add_argument("--max-restarts", type=int, default=3,
@@ -226,6 +230,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
     ]
     if cfg.max_context is not None:
         cmd += ["--max-context", str(cfg.max_context)]
+    if cfg.kv_cache_dtype != "auto":
+        cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.enable_fault_injection:
         cmd.append("--enable-fault-injection")
     if cfg.allreduce_timeout_s is not None:

@@ -58,6 +58,8 @@ def engine_profile(bench: dict[str, Any], profile_id: str = "v100plan-measured",
         weight_note = f"{variant}: weight bytes / intercept {fit['intercept_ms']} ms / read {read} GB/s"
         overhead, overhead_note = 0.0, f"{variant}: intercept below the GEMV-only time: no overhead left to see"
     prefill = bench.get("prefill") or {}
+    if prefill and "tflops" not in prefill:  # one row per prompt length: the shortest (one chunk, as before)
+        prefill = prefill[min(prefill, key=int)]
     pf = prefill.get("compute_fraction")
     efficiency = {
         "weight_bw_fraction": num(weight, weight_note),

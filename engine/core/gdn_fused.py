@@ -1,0 +1,130 @@
+"""A Gated DeltaNet layer's decode step in three kernels (kernel choice ``fused``), the signature of
+engine.core.model.gdn_block:
+
+  1. GEMV with the norm prologue (engine.core.gemv.linear_norm): RMSNorm(x + delta) @ w_in^T, the four input
+     projections in one product -> [conv channels q | k | v, z, b, a].
+  2. ``gdn_decode``: one program per value head does the rest of the token's work: the causal conv of its
+     channels over the ring (engine.core.gdn's layout: slot p % kernel holds position p's input; the program
+     writes this position's slot and reads the kernel - 1 before it, never a slot another program writes),
+     SiLU, L2 norms of q and k, beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), the delta rule on its
+     float32 state [dk, dv] (read once, written once), the output and the gated RMSNorm -> y [value dim].
+  3. out_proj GEMV (engine.core.gemv.linear_send, which can also send its rows to the TP2 peer).
+
+Rounding follows Hugging Face's eager Qwen3.5 (the conv rounded to the dtype and SiLU of it rounded, beta in the
+dtype, g and the rule in float32, the rule's output rounded, the gated norm as Qwen3_5RMSNormGated rounds it).
+Nothing depends on pos's value on the host: one CUDA graph serves every position.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _kernel():
+    global tl, rnd, _conv
+    import triton
+    import triton.language as tl
+
+    from engine.core import gemv
+
+    gemv._prologue_kernel()
+    rnd = gemv.rnd
+
+    @triton.jit
+    def _conv(proj_ptr, ring_ptr, cw_ptr, ch, pos, WRITE, KSIZE: tl.constexpr, dt: tl.constexpr,
+              EMU: tl.constexpr):
+        # SiLU(causal conv) of channels ch at pos: taps pos-K+1 .. pos-1 from the ring, pos from the projection
+        x = tl.load(proj_ptr + ch)
+        acc = x.to(tl.float32) * tl.load(cw_ptr + ch * KSIZE + KSIZE - 1).to(tl.float32)
+        for j in range(KSIZE - 1):
+            p = pos - (KSIZE - 1) + j
+            slot = ((p % KSIZE) + KSIZE) % KSIZE
+            tap = tl.load(ring_ptr + ch * KSIZE + slot).to(tl.float32)
+            acc += tap * tl.load(cw_ptr + ch * KSIZE + j).to(tl.float32)
+        if WRITE:
+            tl.store(ring_ptr + ch * KSIZE + pos % KSIZE, x)
+        c = rnd(acc, dt, EMU).to(tl.float32)
+        return rnd(c / (1.0 + tl.exp(-c)), dt, EMU).to(tl.float32)
+
+    @triton.jit
+    def gdn_decode_kernel(proj_ptr, ring_ptr, cw_ptr, alog_ptr, dtb_ptr, gn_ptr, state_ptr, y_ptr, pos_ptr, eps,
+                          NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                          KSIZE: tl.constexpr, EMU: tl.constexpr):
+        h = tl.program_id(0)  # value head
+        dt = y_ptr.dtype.element_ty
+        RATIO: tl.constexpr = NV // NK
+        kh = h // RATIO
+        KD: tl.constexpr = NK * DK
+        VD: tl.constexpr = NV * DV
+        pos = tl.load(pos_ptr).to(tl.int32)
+        ks = tl.arange(0, DK)
+        vs = tl.arange(0, DV)
+        first = (h % RATIO) == 0  # one program per key head writes the q/k channels' ring slot
+        q = _conv(proj_ptr, ring_ptr, cw_ptr, kh * DK + ks, pos, first, KSIZE, dt, EMU)
+        k = _conv(proj_ptr, ring_ptr, cw_ptr, KD + kh * DK + ks, pos, first, KSIZE, dt, EMU)
+        v = _conv(proj_ptr, ring_ptr, cw_ptr, 2 * KD + h * DV + vs, pos, True, KSIZE, dt, EMU)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * (1.0 / tl.sqrt(DK * 1.0))
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        zb = 2 * KD + VD  # z, then b, then a
+        b = tl.load(proj_ptr + zb + VD + h).to(tl.float32)
+        a = tl.load(proj_ptr + zb + VD + NV + h).to(tl.float32)
+        beta = rnd(1.0 / (1.0 + tl.exp(-b)), dt, EMU).to(tl.float32)
+        xa = a + tl.load(dtb_ptr + h).to(tl.float32)
+        ex = tl.exp(tl.minimum(xa, 20.0))
+        sp = tl.where(xa > 20.0, xa, tl.where(xa < -15.0, ex, tl.log(1.0 + ex)))  # softplus as torch's (log1p)
+        g = -tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * sp
+        sptr = state_ptr + h * DK * DV + ks[:, None] * DV + vs[None, :]
+        s = tl.load(sptr) * tl.exp(g)  # [DK, DV] float32
+        kv = tl.sum(s * k[:, None], axis=0)  # [DV]
+        s = s + k[:, None] * ((v - kv) * beta)[None, :]
+        tl.store(sptr, s)
+        o = rnd(tl.sum(s * q[:, None], axis=0), dt, EMU).to(tl.float32)  # [DV], rounded as HF's core_attn_out
+        # gated RMSNorm: weight * RMSNorm(o) (rounded), times SiLU(z) in float32, rounded
+        rs = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / DV + eps)
+        hn = rnd(rnd(o * rs, dt, EMU).to(tl.float32) * tl.load(gn_ptr + vs).to(tl.float32), dt, EMU).to(tl.float32)
+        z = tl.load(proj_ptr + zb + h * DV + vs).to(tl.float32)
+        tl.store(y_ptr + h * DV + vs, rnd(hn * (z / (1.0 + tl.exp(-z))), dt, EMU))
+
+    return gdn_decode_kernel
+
+
+def supported(dk: int, dv: int) -> bool:
+    """Head sizes the kernel holds in one program: powers of two up to 256."""
+    return all(16 <= n <= 256 and n & (n - 1) == 0 for n in (dk, dv))
+
+
+def gdn_decode(proj: torch.Tensor, conv_ring: torch.Tensor, conv_w: torch.Tensor, a_log: torch.Tensor,
+               dt_bias: torch.Tensor, gnorm: torch.Tensor, rec_state: torch.Tensor, pos: torch.Tensor, *, nk: int,
+               nv: int, dk: int, dv: int, eps: float) -> torch.Tensor:
+    """proj [conv channels + z + b + a] (one row) -> y [nv dv] in proj's dtype; conv ring and state updated."""
+    from engine.core.gemv import interpreting
+
+    y = torch.empty(nv * dv, dtype=proj.dtype, device=proj.device)
+    _kernel()[(nv,)](proj.reshape(-1), conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, y, pos, float(eps),
+                     NK=nk, NV=nv, DK=dk, DV=dv, KSIZE=conv_w.shape[1],
+                     EMU=interpreting() and proj.dtype == torch.bfloat16, num_warps=8 if dk * dv >= 8192 else 4)
+    return y
+
+
+def gdn_block_fused(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out, *,
+                    nk: int, nv: int, dk: int, dv: int, eps: float, zc: bool = True, send=None):
+    """engine.core.model.gdn_block in three kernels (``send``: out_proj's rows also go to the TP2 peer)."""
+    from engine.core import attention, gemv
+    from engine.core.model import gdn_block
+
+    if not attention.runs_here(x.device):
+        return gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out,
+                         nk=nk, nv=nv, dk=dk, dv=dv, eps=eps, zc=zc)
+    if not supported(dk, dv):
+        return gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out,
+                         nk=nk, nv=nv, dk=dk, dv=dv, eps=eps, zc=zc, linear=gemv.linear)
+    proj, x = gemv.linear_norm(x, delta, input_norm, eps, w_in, None, zc=zc)
+    y = gdn_decode(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, nk=nk, nv=nv, dk=dk, dv=dv,
+                   eps=eps)
+    return x, gemv.linear_send(y.view(1, 1, -1), w_out, None, send)
+
+
+gdn_block_fused.sends = True

@@ -1,0 +1,143 @@
+"""Cases run by tests/test_engine_hybrid.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1;
+the file name keeps the main run from collecting it): the hybrid's fused decode kernels (the Gated DeltaNet
+decode kernel, the gated / partial-rotary / zero-centred attention, the zero-centred norm prologues) against
+the plain torch blocks on CPU tensors, whole decode steps and the states they leave. float32 must agree to
+rounding; bf16 must be as close to float32 as the plain bf16 blocks are (at most 1.5x their error)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from engine.core import config as ecfg
+from engine.core import runner
+from engine.core.model import Model
+from engine.core.weights import expected_tensors
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run by tests/test_engine_hybrid.py with TRITON_INTERPRET=1", allow_module_level=True)
+
+CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=4,
+           num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+           linear_num_value_heads=6, linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4,
+           max_position_embeddings=256, rms_norm_eps=1e-6,
+           rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+
+
+@pytest.fixture(autouse=True)
+def kernels_on_cpu(monkeypatch):
+    from engine.core import attention
+
+    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+
+
+def rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _model(dtype=torch.float32, kv_dtype="auto", **override) -> Model:
+    model = Model(ecfg.from_dict(dict(CFG, **override)), dtype=dtype, device="cpu", kv_dtype=kv_dtype)
+    g = torch.Generator().manual_seed(11)
+    with torch.inference_mode():
+        for label, t in expected_tensors(model):
+            if label.endswith("a_log"):
+                t.copy_(torch.rand(t.shape, generator=g) * 2.7)
+            elif label.endswith("dt_bias") or label.endswith("gnorm"):
+                t.copy_(1.0 + 0.2 * torch.randn(t.shape, generator=g))
+            else:
+                t.copy_((0.1 if t.dim() == 1 else 0.08) * torch.randn(t.shape, generator=g))
+        model.setup_cache(96)
+        # a history: 40 positions prefilled, so the conv ring, the states and the K/V cache are not zeros
+        model.forward(torch.randint(0, 128, (1, 40), generator=g), 0)
+    return model
+
+
+def _buffers(model):
+    out = []
+    for la in model.layers:
+        if la.kind == "full_attention":
+            out += [t for t in (la.k_cache, la.v_cache, la.k_scale, la.v_scale) if t is not None]
+        else:
+            out += [la.conv_ring, la.rec_state]
+    return out
+
+
+def _states(model):
+    return [t.clone() for t in _buffers(model)]
+
+
+def _restore(model, saved):
+    for t, v in zip(_buffers(model), saved):
+        t.copy_(v)
+
+
+@pytest.mark.parametrize("kv,override", [("auto", {}), ("auto", {"linear_num_value_heads": 2}),
+                                         ("auto", {"num_key_value_heads": 4}), ("int8", {})])
+def test_fused_hybrid_decode_steps_give_the_plain_ones_and_the_same_states(kv, override):
+    model = _model(kv_dtype=kv, **override)
+    start = _states(model)
+    with torch.inference_mode():
+        want = [model.decode_step(torch.tensor([t]), torch.tensor([40 + i]), 64) for i, t in enumerate((5, 9, 77))]
+        want_states = _states(model)
+        _restore(model, start)
+        got = [model.decode_step(torch.tensor([t]), torch.tensor([40 + i]), 64, runner.fused_blocks())
+               for i, t in enumerate((5, 9, 77))]
+    for a, b in zip(got, want):
+        assert rel(a, b) < 1e-5 and int(a.argmax()) == int(b.argmax())
+    for a, b in zip(_states(model), want_states):
+        if a.dtype == torch.int8:  # a rounding tie may land one step apart
+            assert (a.int() - b.int()).abs().max() <= 1
+        else:
+            assert torch.allclose(a.float(), b.float(), atol=1e-5), (a - b).abs().max()
+
+
+def test_fused_decode_at_the_first_positions_reads_zero_padding():
+    model = _model()
+    with torch.inference_mode():
+        model.forward(torch.tensor([[3]]), 0)  # one token: the ring's earlier slots are the conv's zero padding
+        s = _states(model)
+        want = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64)
+        _restore(model, s)
+        got = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64, runner.fused_blocks())
+    assert rel(got, want) < 1e-5
+
+
+def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
+    ref = _model(torch.float32)
+    bf = _model(torch.bfloat16)
+    with torch.inference_mode():
+        for (_, a), (_, b) in zip(expected_tensors(bf), expected_tensors(ref)):
+            a.copy_(b.to(torch.bfloat16))
+        bf.setup_cache(96)
+        ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(2))
+        ref.setup_cache(96)
+        ref.forward(ids, 0)
+        bf.forward(ids, 0)
+        want = ref.decode_step(torch.tensor([5]), torch.tensor([40]), 64)
+        s = _states(bf)
+        plain = bf.decode_step(torch.tensor([5]), torch.tensor([40]), 64)
+        _restore(bf, s)
+        fused = bf.decode_step(torch.tensor([5]), torch.tensor([40]), 64, runner.fused_blocks())
+    e_plain, e_fused = rel(plain, want), rel(fused, want)
+    assert e_fused <= max(1.5 * e_plain, 1e-3), (e_fused, e_plain)
+
+
+def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step():
+    from tests.engine_helpers import small_config
+
+    raw = small_config("qwen3-8b")
+    raw.update(head_dim=64)
+    model = Model(ecfg.from_dict(raw), dtype=torch.float32, device="cpu", kv_dtype="int8")
+    g = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        for label, t in expected_tensors(model):
+            t.copy_(torch.randn(t.shape, generator=g) * (0.1 if t.dim() == 1 else 0.05) + (1.0 if "norm" in label else 0.0))
+        model.setup_cache(96)
+        model.forward(torch.randint(0, 512, (1, 50), generator=g), 0)
+        s = _states(model)
+        want = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64)
+        _restore(model, s)
+        got = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64, runner.fused_blocks())
+    assert rel(got, want) < 1e-5

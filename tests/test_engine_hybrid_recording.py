@@ -1,0 +1,52 @@
+"""The hybrid engine's bench on one H200 (docs/h200_hybrid_run.sh, 2026-12-01), judged by what it measured: the
+27B hybrid shape's decode step against the floor its own bytes and read bandwidth give, and prefill against the
+dense bf16 peak. Each ratio is recomputed from the recorded bytes and times, not read back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.core import config as ecfg
+from tests.conftest import FIXTURES, REPO
+
+BENCH = FIXTURES / "engine" / "h200-hybrid-27b-bench-2026-12-01.json"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return json.loads(BENCH.read_text())
+
+
+def test_it_is_the_27b_hybrid_shape_on_an_h200_with_the_service_kernels(bench):
+    cfg = ecfg.load_file(REPO / "engine" / "data" / bench["config"])
+    assert bench["device"] == "NVIDIA H200" and bench["dtype"] == "bfloat16"
+    assert bench["parameters"] == cfg.param_count() and cfg.n_linear == 48 and cfg.n_full == 16
+    assert bench["kv_bytes_per_token"] == cfg.kv_bytes_per_token(2)
+    assert bench["decode_kernels"] == "fused"
+    # weights: every matrix in bf16 once (embedding: one row), what the engine's layer table holds
+    assert abs(bench["weight_bytes"] - 2 * (cfg.param_count() - cfg.vocab_size * cfg.hidden_size)) < 1e8
+    assert 4000 < bench["read_bw_gbps"] < 4900
+
+
+def test_decode_step_against_its_floor_at_1k_and_128k(bench):
+    bw = bench["read_bw_gbps"] * 1e9
+    rows = bench["decode"]["service_graph"]
+    frac = {}
+    for ctx, r in rows.items():
+        assert r["kv_bytes"] == bench["kv_bytes_per_token"] * int(ctx)
+        floor_ms = (bench["weight_bytes"] + r["kv_bytes"] + r["state_bytes"]) / bw * 1e3
+        frac[int(ctx)] = floor_ms / r["ms"]
+    assert frac[1024] >= 0.80 and frac[131072] >= 0.75  # the targets
+    assert all(frac[a] >= frac[b] for a, b in zip(sorted(frac), sorted(frac)[1:]))  # K/V costs more as it grows
+    # the step grows by about the K/V bytes over the attention's K/V rate
+    slope = (rows["262144"]["ms"] - rows["1024"]["ms"]) / (rows["262144"]["kv_bytes"] - rows["1024"]["kv_bytes"])
+    assert 0.4 < 1 / (slope * 1e-3) / bw < 0.9
+
+
+def test_prefill_rates_follow_from_the_recorded_times(bench):
+    for n, r in bench["prefill"].items():
+        assert r["tokens"] == int(n)
+        assert r["tok_s"] == pytest.approx(int(n) / (r["ms"] / 1e3), rel=1e-3)
+        assert r["compute_fraction"] == pytest.approx(r["tflops"] / bench["peak_tflops"], abs=1e-3)
