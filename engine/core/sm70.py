@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 PTXAS_ENV = "TRITON_PTXAS_PATH"
+V100_SHARED_BYTES = 96 * 1024  # shared memory a V100 block may use (opt-in above 48 KB): a kernel asking more fails
 _PTX = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry v100plan_probe() { ret; }\n"
 
 
@@ -94,10 +95,12 @@ _I32 = ("xs_failed", "count_ptr", "qw_ptr", "qz_ptr", "perm_ptr")
 _F32 = ("part_acc", "part_ml")
 
 
-def _signature(fn, constexprs: dict) -> dict[str, str]:
+def _signature(fn, constexprs: dict, types: dict | None = None) -> dict[str, str]:
     sig = {}
     for name in fn.arg_names:
-        if name in constexprs:
+        if types and name in types:
+            sig[name] = types[name]
+        elif name in constexprs:
             sig[name] = "constexpr"
         elif name in _FLOATS:
             sig[name] = "fp32"
@@ -117,8 +120,10 @@ def _signature(fn, constexprs: dict) -> dict[str, str]:
 
 
 def variants() -> list[tuple[str, object, dict, int]]:
-    """(label, triton kernel, constexprs, num_warps) of every kernel the fused decode step runs, fp16."""
-    from engine.core import attention, gemv, gemv_int4
+    """(label, triton kernel, constexprs, num_warps[, argument types]) of every kernel the fused decode step runs,
+    fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
+    zero-centred norms, the Gated DeltaNet decode kernel), the int8 K/V cache's attention."""
+    from engine.core import attention, gdn_fused, gemv, gemv_int4
 
     dense = gemv._kernel()
     pro, finish = gemv._prologue_kernel()
@@ -140,6 +145,16 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("exchange_finish:sum", finish, dict(BLOCK=512, EPW=2, EMU=False, INTERP=False, BUMP=False, NORM=False), 4),
         ("attention", attn, attn_c, 8),
         ("attention:combine", comb, dict(SPLITS=8, G=4, G_PAD=16, HD=128, EMU=False), 4),
+        ("attention:27b gated, rotary 64, zero-centred (tiles of attention.VOLTA_TILE / 256 positions)", attn,
+         {**attn_c, "N_HEADS": 24, "N_KV": 4, "G": 6, "HD": 256, "ROT": 64, "GATED": True, "ZC": True,
+          "BLOCK_S": attention.VOLTA_TILE // 256, "CHUNK": attention.VOLTA_TILE // 256}, 8),
+        ("attention:int8 K/V", attn, {**attn_c, "INT8": True}, 8,
+         {"kc_ptr": "*i8", "vc_ptr": "*i8", "ksc_ptr": "*fp32", "vsc_ptr": "*fp32"}),
+        ("attention:combine gated", comb, dict(SPLITS=8, G=6, G_PAD=16, HD=256, EMU=False, GATED=True), 4),
+        ("gdn_decode:27b", gdn_fused._kernel(), dict(NK=16, NV=48, DK=128, DV=128, KSIZE=4, EMU=False), 8,
+         {"state_ptr": "*fp32", "pos_ptr": "*i64"}),
+        ("gemv_prologue:norm zero-centred", pro, {**base, "PROLOGUE": 1, "ZC": True}, 4),
+        ("int4_gemv:norm zero-centred", int4, {**q4, "PROLOGUE": 1, "ZC": True}, 4),
         ("int4_gemv:norm", int4, {**q4, "PROLOGUE": 1}, 4),
         ("int4_gemv:silu+send", int4, {**q4, "PROLOGUE": 2, "SEND": True}, 4),
         ("int4_gemv:plain+send", int4, {**q4, "PROLOGUE": 0, "SEND": True, "HAS_PERM": True, "GS": 32,
@@ -168,20 +183,24 @@ def compile_all(capability: tuple[int, int] = (7, 0)) -> dict:
     found, why = use()
     cc = capability[0] * 10 + capability[1]
     results = []
-    for label, kern, constexprs, warps in variants():
-        src = ASTSource(fn=kern, signature=_signature(kern, constexprs), constexprs=constexprs)
+    for label, kern, constexprs, warps, *types in variants():
+        src = ASTSource(fn=kern, signature=_signature(kern, constexprs, types[0] if types else None),
+                        constexprs=constexprs)
         try:
             c = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": warps})
             targets = re.findall(r"\.target\s+(sm_\w+)", c.asm["ptx"])
             results.append({"kernel": label, "cubin_bytes": len(c.asm["cubin"]), "sass_arch": sass_arch(c.asm["cubin"]),
-                            "ptx_target": targets[0] if targets else None, "num_warps": warps, "error": None})
+                            "ptx_target": targets[0] if targets else None, "num_warps": warps,
+                            "shared_bytes": c.metadata.shared, "error": None})
         except Exception as e:  # noqa: BLE001 - one kernel's failure is reported, the others still compile
             results.append({"kernel": label, "cubin_bytes": None, "sass_arch": None, "ptx_target": None,
-                            "num_warps": warps,
+                            "num_warps": warps, "shared_bytes": None,
                             "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
     return {"target": f"sm_{cc}", "dtype": "float16", "triton": triton.__version__, "ptxas": why,
             "ptxas_found": found, "kernels": results,
-            "all_compiled": all(r["error"] is None and r["sass_arch"] == cc for r in results)}
+            "shared_limit_bytes": V100_SHARED_BYTES,
+            "all_compiled": all(r["error"] is None and r["sass_arch"] == cc and r["shared_bytes"] <= V100_SHARED_BYTES
+                                for r in results)}
 
 
 def main(argv: list[str] | None = None) -> int:
