@@ -16,6 +16,10 @@ What each number is (every time a median over CUDA-graph replays: engine.core.ti
                            then cuBLAS, against cuBLAS on a bf16 matrix already in memory: ms and TFLOP/s
   fp16_vs_bf16             the dense fused kernels (norm + GEMV, SiLU + GEMV, the one-query attention) on the
                            27B shape at TP1 in fp16 and bf16: us each and the fp16 / bf16 ratio
+  step[ctx]                the whole decode step of --config (the 27B hybrid shape) with every layer matrix packed
+                           (MLP, attention, and the Gated DeltaNet in/out projections; embedding and head dense),
+                           as the service replays it (engine.bench.decode.decode: the Decoder's graphs), against
+                           its floor (weights + K/V + linear-attention state bytes) / read bandwidth
 The weights are random (shapes and bytes are what the speed depends on), made on the GPU.
 """
 
@@ -204,6 +208,44 @@ def fp16_vs_bf16(args, doc: dict) -> None:
     doc["fp16_vs_bf16"] = out
 
 
+PACKED_ATTRS = ("wqkv", "wo", "w13", "w2", "w_in", "w_out")  # every layer matrix the step can run packed
+
+
+def step(args, doc: dict) -> None:
+    import dataclasses
+    import json as _json
+    from pathlib import Path
+
+    import torch
+
+    from engine.bench import decode as dbench
+    from engine.core import config as ecfg
+    from engine.core import quant_config, weights
+    from engine.core.model import Model
+
+    dev = torch.device(args.device)
+    g = torch.Generator(device=dev).manual_seed(3)
+    cfg = ecfg.from_dict(_json.loads(Path(args.config).read_text()))
+    q = quant_config.parse({"quant_method": "gptq", "bits": 4, "group_size": args.group, "sym": True,
+                            "desc_act": False})
+    cfg = dataclasses.replace(cfg, quantization=q)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    with torch.inference_mode():
+        model = Model(cfg, dtype=getattr(torch, args.dtype), device=dev)
+        for layer in model.layers:
+            for attr in PACKED_ATTRS:
+                t = getattr(layer, attr, None)
+                if t is not None:
+                    setattr(layer, attr, _packed(*t.shape, args.group, dev, g))
+        weights.init_random(model)
+        model.setup_cache(max(contexts) + 256)
+    packed = sum(p.nbytes for p in model.packed())
+    doc["step"] = {"config": args.config, "weight_bytes": model.weight_bytes(), "packed_bytes": packed,
+                   "contexts": dbench.decode(model, contexts, None, doc["read_bw_gbps"])}
+    del model
+    torch.cuda.empty_cache()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.int4", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
@@ -211,7 +253,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help="activations (bfloat16)")
     p.add_argument("--chunk", type=int, default=2048, help="prefill tokens per chunk (default: 2048)")
     p.add_argument("--window", type=int, default=4096, help="the attention's window in fp16_vs_bf16 (default: 4096)")
-    p.add_argument("--skip", default="", help="comma-separated parts to leave out: int4, prefill, fp16")
+    p.add_argument("--skip", default="", help="comma-separated parts to leave out: int4, prefill, fp16, step")
+    p.add_argument("--config", default="engine/data/qwen3.5-27b.config.json", help="step: the model shape")
+    p.add_argument("--contexts", default="1024,131072", help="step: contexts to time (default: 1024,131072)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     args.device = "cuda:0"
@@ -250,6 +294,8 @@ def main(argv: list[str]) -> int:
         prefill(args, doc)
     if "fp16" not in skip:
         fp16_vs_bf16(args, doc)
+    if "step" not in skip:
+        step(args, doc)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     if args.out:
         with open(args.out, "w") as fh:
