@@ -155,7 +155,7 @@ def interpreting() -> bool:
 @functools.cache
 def _prologue_kernel():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _xs_tag, _xs_wait, _xs_values
+    global tl, rnd, _normed, _xs_tag, _xs_wait, _xs_values, _xs_send
     import triton
     import triton.language as tl
 
@@ -182,6 +182,23 @@ def _prologue_kernel():
     def _xs_tag(ser_ptr, e):
         s = tl.load(ser_ptr).to(tl.int64)
         return (((s & 0x3FFFFF) + 1) << 8) + e
+
+    @triton.jit
+    def _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N: tl.constexpr, EPW: tl.constexpr):
+        """A GEMV's output rows yd (this program's BLOCK_N), tagged, into the peer's inbox: one 64-bit store per
+        word of EPW values."""
+        stag = _xs_tag(xs_ser, xs_e)
+        if EPW == 2:
+            u = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
+            lo, hi = tl.split(u)
+            words = lo | (hi << 16)
+            widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            wmask = widx < N // 2
+        else:
+            words = yd.to(tl.uint32, bitcast=True).to(tl.int64)
+            widx = rows
+            wmask = rmask
+        tl.store(xs_peer + xs_slot + widx, (stag << 32) | words, mask=wmask)
 
     @triton.jit
     def _xs_wait(ptrs, mask, tag, failed_ptr, timeout_ns, INTERP: tl.constexpr):
@@ -314,18 +331,7 @@ def _prologue_kernel():
         yd = rnd(y, y_ptr.dtype.element_ty, EMU)
         tl.store(y_ptr + rows, yd, mask=rmask)
         if SEND:  # the same rows, tagged, into the peer's inbox: one 64-bit store per word
-            stag = _xs_tag(xs_ser, xs_e)
-            if EPW == 2:
-                u = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
-                lo, hi = tl.split(u)
-                words = lo | (hi << 16)
-                widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                wmask = widx < N // 2
-            else:
-                words = yd.to(tl.uint32, bitcast=True).to(tl.int64)
-                widx = rows
-                wmask = rmask
-            tl.store(xs_peer + xs_slot + widx, (stag << 32) | words, mask=wmask)
+            _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
     @triton.jit
     def exchange_finish_kernel(own_ptr, out_ptr, xs_inbox, xs_ser, xs_failed, xs_slot, xs_e, xs_timeout, N,

@@ -56,12 +56,12 @@ ELEMENTWISE = True
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _xs_tag, _row
+    global tl, rnd, _normed, _xs_send, _row
     import triton
     import triton.language as tl
 
     gemv._prologue_kernel()
-    rnd, _normed, _xs_tag = gemv.rnd, gemv._normed, gemv._xs_tag
+    rnd, _normed, _xs_send = gemv.rnd, gemv._normed, gemv._xs_send
 
     @triton.jit
     def _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt: tl.constexpr, PROLOGUE: tl.constexpr,
@@ -174,18 +174,7 @@ def _kernels():
         yd = rnd(y, y_ptr.dtype.element_ty, EMU)
         tl.store(y_ptr + rows, yd, mask=rmask)
         if SEND:  # the same rows, tagged, into the peer's inbox (engine.core.gemv's epilogue)
-            stag = _xs_tag(xs_ser, xs_e)
-            if EPW == 2:
-                u16 = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
-                lo, hi = tl.split(u16)
-                wds = lo | (hi << 16)
-                widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                wmask = widx < N // 2
-            else:
-                wds = yd.to(tl.uint32, bitcast=True).to(tl.int64)
-                widx = rows
-                wmask = rmask
-            tl.store(xs_peer + xs_slot + widx, (stag << 32) | wds, mask=wmask)
+            _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
     @triton.jit
     def dequant_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, GS: tl.constexpr, ZOFF: tl.constexpr,
