@@ -56,12 +56,10 @@ def _packed(n: int, k: int, group: int, dev, g):
 
 
 def _us(fn, count: int) -> float:
-    from engine.core import timing
+    """us per call of ``count`` calls in one CUDA graph (engine.bench.gemv's timing)."""
+    from engine.bench.gemv import _us as graph_us
 
-    graph = timing.capture(fn)
-    ms = timing.time_graph_ms(graph, n=20)
-    del graph
-    return ms * 1e3 / count
+    return graph_us(fn, count)
 
 
 def int4_gemv(args, doc: dict) -> None:

@@ -155,7 +155,7 @@ def interpreting() -> bool:
 @functools.cache
 def _prologue_kernel():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _xs_tag, _xs_wait, _xs_values, _xs_send
+    global tl, rnd, _normed, _norm_stats, _xs_tag, _xs_wait, _xs_values, _xs_send
     import triton
     import triton.language as tl
 
@@ -176,6 +176,24 @@ def _prologue_kernel():
         if ZC:
             return rnd(r * rstd * (1.0 + nw), dt, EMU)
         return rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU)
+
+    @triton.jit
+    def _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt: tl.constexpr, EMU: tl.constexpr,
+                    STATS_BLOCK: tl.constexpr):
+        """1/rms of x + delta (rounded to the dtype), float32, in a fixed order over the whole row; program 0
+        also writes x + delta (the new residual) to xo."""
+        scols = tl.arange(0, STATS_BLOCK)
+        ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, STATS_BLOCK):
+            smask = (k0 + scols) < K
+            xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
+            dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
+            r = rnd(xv + dv, dt, EMU)
+            if pid == 0:
+                tl.store(xo_ptr + k0 + scols, r, mask=smask)
+            r = r.to(tl.float32)
+            ss += r * r
+        return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
 
     # The exchange inside the GEMVs (engine.allreduce.epilogue): tagged 8-byte words, EPW values per word.
     @triton.jit
@@ -275,18 +293,7 @@ def _prologue_kernel():
             _xs_wait(xs_ready + fo, fo < 1, tag, xs_failed, xs_timeout, INTERP)
             tl.atomic_add(xs_ready, 0, sem="acquire", scope="gpu")
         elif PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
-            scols = tl.arange(0, STATS_BLOCK)
-            ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
-            for k0 in range(0, K, STATS_BLOCK):
-                smask = (k0 + scols) < K
-                xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-                dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-                r = rnd(xv + dv, dt, EMU)
-                if pid == 0:
-                    tl.store(xo_ptr + k0 + scols, r, mask=smask)
-                r = r.to(tl.float32)
-                ss += r * r
-            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+            rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt, EMU, STATS_BLOCK)
         if PROLOGUE == 3:
             ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)

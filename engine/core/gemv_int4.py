@@ -56,12 +56,12 @@ ELEMENTWISE = True
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _xs_send, _row
+    global tl, rnd, _normed, _norm_stats, _xs_send, _row
     import triton
     import triton.language as tl
 
     gemv._prologue_kernel()
-    rnd, _normed, _xs_send = gemv.rnd, gemv._normed, gemv._xs_send
+    rnd, _normed, _norm_stats, _xs_send = gemv.rnd, gemv._normed, gemv._norm_stats, gemv._xs_send
 
     @triton.jit
     def _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt: tl.constexpr, PROLOGUE: tl.constexpr,
@@ -99,18 +99,7 @@ def _kernels():
         WK: tl.constexpr = BLOCK_K // 8  # words per row per tile
         rstd = 0.0
         if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
-            scols = tl.arange(0, STATS_BLOCK)
-            ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
-            for k0 in range(0, K, STATS_BLOCK):
-                smask = (k0 + scols) < K
-                xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-                dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-                r = rnd(xv + dv, dt, EMU)
-                if pid == 0:
-                    tl.store(xo_ptr + k0 + scols, r, mask=smask)
-                r = r.to(tl.float32)
-                ss += r * r
-            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+            rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt, EMU, STATS_BLOCK)
         cols0 = tl.arange(0, BLOCK_K)
         wcols = tl.arange(0, WK)
         zshift = (rows % 8) * 4
