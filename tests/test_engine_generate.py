@@ -34,7 +34,8 @@ def tp1(demo_dir):
 
 
 def test_contract_exactly_n_generated_tokens_and_text(tp1, demo_dir):
-    assert set(tp1) == {"token_ids", "text"}
+    assert set(tp1) == {"token_ids", "text", "weights"}
+    assert tp1["weights"]["format"] == "float32" and tp1["weights"]["packed_matrices"] == 0
     assert len(tp1["token_ids"]) == 40
     assert tp1["text"] == Tokenizer(demo_dir).decode(tp1["token_ids"])
 
@@ -74,7 +75,9 @@ def test_stop_at_eos_may_end_early_and_sampling_uses_the_seed(demo_dir):
 def test_tp2_produces_tp1_tokens(tp1, demo_dir, path):
     r = gen(demo_dir, "--tp", 2, "--allreduce", path, "--prompt", PROMPT, "--max-tokens", 40, "--json")
     assert f"allreduce {path}" in r.stderr
-    assert last_json(r) == tp1
+    two = last_json(r)
+    assert {k: two[k] for k in ("token_ids", "text")} == {k: tp1[k] for k in ("token_ids", "text")}
+    assert two["weights"]["bytes"] < tp1["weights"]["bytes"]  # rank 0 holds its half of the split tensors
 
 
 def test_bad_prompt_ids_are_refused(demo_dir):

@@ -105,7 +105,7 @@ def test_generate_tp2_from_a_shard_directory_matches_tp1(demo_dir, tmp_path):
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         outs.append(_json.loads(r.stdout.strip().splitlines()[-1]))
-    assert outs[0] == outs[1] and outs[1]["text"] is not None
+    assert outs[0]["token_ids"] == outs[1]["token_ids"] and outs[0]["text"] == outs[1]["text"] is not None
 
 
 def test_the_same_checkpoint_splits_into_the_same_bytes(demo_dir, tmp_path):

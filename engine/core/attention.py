@@ -46,6 +46,7 @@ HD256_CONFIG = (64, 4, 0)
 # tiles whose loads a program keeps in flight (the launch's num_stages): 1 = none. Triton's default (3) needs
 # 3 x 128 KB of shared memory at head dim 256 and 128-position tiles: more than an H200 has (227 KB).
 STAGES = 1
+VOLTA_TILE = 128 * 128  # positions per tile x head dim at most below compute capability 8.0 (engine.core.sm70)
 
 
 @functools.cache
@@ -338,6 +339,9 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
 
     attn_k, comb_k = _kernels()
     cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (HD256_CONFIG if hd >= 256 else (BLOCK_S, NUM_WARPS, 0))
+    if block_s is None and cfg_bs * hd > VOLTA_TILE and qkv.device.type == "cuda" and \
+            torch.cuda.get_device_capability(qkv.device) < (8, 0):
+        cfg_bs = VOLTA_TILE // hd  # a V100 block has 96 KB of shared memory: head dim 256 takes tiles of 64 (80 KB)
     block_s, num_warps = block_s or cfg_bs, num_warps or cfg_warps
     splits = splits or cfg_splits or None
     g = n_heads // n_kv

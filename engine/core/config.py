@@ -52,6 +52,7 @@ class ModelConfig:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     weight_prefix: str = "model."  # where the decoder's tensors sit ("model.language_model." in the wrapper)
+    quantization: Any = None  # engine.core.quant.QuantConfig of a GPTQ / AWQ checkpoint, None when dense
 
     def __post_init__(self):
         if not self.layer_types:
@@ -119,8 +120,9 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
     mt = raw.get("model_type")
     if mt not in SUPPORTED_TYPES:
         raise ConfigError(f"model_type {mt!r} is not supported; this engine runs {', '.join(SUPPORTED_TYPES)}")
+    quantization = _quantization(raw)
     if mt in HYBRID_TYPES:
-        return _hybrid(raw)
+        return dataclasses.replace(_hybrid(raw), quantization=quantization)
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     # transformers >= 5 writes "rope_parameters" (theta and scaling together); older files use
@@ -159,7 +161,21 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        quantization=quantization,
     )
+
+
+def _quantization(raw: dict[str, Any]):
+    """config.json's quantization_config (top level, or the multimodal wrapper's text_config) parsed, or None."""
+    from engine.core import quant_config
+
+    q = raw.get("quantization_config")
+    if q is None and isinstance(raw.get("text_config"), dict):
+        q = raw["text_config"].get("quantization_config")
+    try:
+        return quant_config.parse(q)
+    except quant_config.QuantError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _need(raw: dict[str, Any], key: str, mt: str) -> Any:

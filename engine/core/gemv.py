@@ -8,8 +8,8 @@ wide as its N rows, and the sum over K stays in float32 and in a fixed order (de
 on every rank). Exposed as the torch op ``v100plan::gemv`` so torch.compile'd blocks keep it as one
 opaque call and fuse around it.
 
-Only where Triton targets the card (compute capability 8.0+, as engine.core.runner.kernel_choice);
-never on CPU or the V100, which keep F.linear. The block sizes per (N, K) come from the measured table
+Only where engine.core.runner.kernel_choice picks Triton kernels (compute capability 8.0+, and the V100 in fp16
+with an sm_70 ptxas: engine.core.sm70); never on CPU, which keeps F.linear. The block sizes per (N, K) come from the measured table
 BLOCKS (bench: ``python -m engine.bench.gemv``), with a default for shapes it does not list.
 """
 
@@ -155,7 +155,7 @@ def interpreting() -> bool:
 @functools.cache
 def _prologue_kernel():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _xs_tag, _xs_wait, _xs_values
+    global tl, rnd, _normed, _norm_stats, _xs_tag, _xs_wait, _xs_values, _xs_send
     import triton
     import triton.language as tl
 
@@ -177,11 +177,46 @@ def _prologue_kernel():
             return rnd(r * rstd * (1.0 + nw), dt, EMU)
         return rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU)
 
+    @triton.jit
+    def _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt: tl.constexpr, EMU: tl.constexpr,
+                    STATS_BLOCK: tl.constexpr):
+        """1/rms of x + delta (rounded to the dtype), float32, in a fixed order over the whole row; program 0
+        also writes x + delta (the new residual) to xo."""
+        scols = tl.arange(0, STATS_BLOCK)
+        ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, STATS_BLOCK):
+            smask = (k0 + scols) < K
+            xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
+            dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
+            r = rnd(xv + dv, dt, EMU)
+            if pid == 0:
+                tl.store(xo_ptr + k0 + scols, r, mask=smask)
+            r = r.to(tl.float32)
+            ss += r * r
+        return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+
     # The exchange inside the GEMVs (engine.allreduce.epilogue): tagged 8-byte words, EPW values per word.
     @triton.jit
     def _xs_tag(ser_ptr, e):
         s = tl.load(ser_ptr).to(tl.int64)
         return (((s & 0x3FFFFF) + 1) << 8) + e
+
+    @triton.jit
+    def _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N: tl.constexpr, EPW: tl.constexpr):
+        """A GEMV's output rows yd (this program's BLOCK_N), tagged, into the peer's inbox: one 64-bit store per
+        word of EPW values."""
+        stag = _xs_tag(xs_ser, xs_e)
+        if EPW == 2:
+            u = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
+            lo, hi = tl.split(u)
+            words = lo | (hi << 16)
+            widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+            wmask = widx < N // 2
+        else:
+            words = yd.to(tl.uint32, bitcast=True).to(tl.int64)
+            widx = rows
+            wmask = rmask
+        tl.store(xs_peer + xs_slot + widx, (stag << 32) | words, mask=wmask)
 
     @triton.jit
     def _xs_wait(ptrs, mask, tag, failed_ptr, timeout_ns, INTERP: tl.constexpr):
@@ -258,18 +293,7 @@ def _prologue_kernel():
             _xs_wait(xs_ready + fo, fo < 1, tag, xs_failed, xs_timeout, INTERP)
             tl.atomic_add(xs_ready, 0, sem="acquire", scope="gpu")
         elif PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
-            scols = tl.arange(0, STATS_BLOCK)
-            ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
-            for k0 in range(0, K, STATS_BLOCK):
-                smask = (k0 + scols) < K
-                xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-                dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-                r = rnd(xv + dv, dt, EMU)
-                if pid == 0:
-                    tl.store(xo_ptr + k0 + scols, r, mask=smask)
-                r = r.to(tl.float32)
-                ss += r * r
-            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+            rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt, EMU, STATS_BLOCK)
         if PROLOGUE == 3:
             ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -314,18 +338,7 @@ def _prologue_kernel():
         yd = rnd(y, y_ptr.dtype.element_ty, EMU)
         tl.store(y_ptr + rows, yd, mask=rmask)
         if SEND:  # the same rows, tagged, into the peer's inbox: one 64-bit store per word
-            stag = _xs_tag(xs_ser, xs_e)
-            if EPW == 2:
-                u = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
-                lo, hi = tl.split(u)
-                words = lo | (hi << 16)
-                widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                wmask = widx < N // 2
-            else:
-                words = yd.to(tl.uint32, bitcast=True).to(tl.int64)
-                widx = rows
-                wmask = rmask
-            tl.store(xs_peer + xs_slot + widx, (stag << 32) | words, mask=wmask)
+            _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
     @triton.jit
     def exchange_finish_kernel(own_ptr, out_ptr, xs_inbox, xs_ser, xs_failed, xs_slot, xs_e, xs_timeout, N,
@@ -426,7 +439,12 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
     """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel.
     ``delta`` may be an engine.allreduce.epilogue.Sent (this rank's partial, sent): the kernel waits for the
     peer's and adds them (two-pass norm). ``one_pass``: PROLOGUE_NORM_ONE_PASS instead (default NORM_ONE_PASS).
-    ``zc``: the zero-centred norm (weight applied as 1 + w, Qwen3.5)."""
+    ``zc``: the zero-centred norm (weight applied as 1 + w, Qwen3.5). A packed (GPTQ / AWQ) ``w``:
+    engine.core.gemv_int4's kernel, the same prologue."""
+    if not isinstance(w, torch.Tensor):
+        from engine.core import gemv_int4
+
+        return gemv_int4.linear_norm(x, delta, norm_weight, eps, w, b, zc=zc)
     k = w.shape[1]
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     x_out = torch.empty(k, dtype=x.dtype, device=x.device)
@@ -443,6 +461,10 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
 def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, send=None):
     """(SiLU(gate) * up) @ w^T + b for one row gu [1, 1, 2K] = [gate | up]: one kernel. With ``send`` (a
     Ticket) the rows also go to the peer and the result is an engine.allreduce.epilogue.Sent."""
+    if not isinstance(w, torch.Tensor):
+        from engine.core import gemv_int4
+
+        return gemv_int4.linear_silu(gu, w, b, send)
     out = torch.empty(w.shape[0], dtype=gu.dtype, device=gu.device)
     launch_prologue(PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out, send=send)
     return _sent(out.view(*gu.shape[:-1], w.shape[0]), send)
@@ -451,6 +473,10 @@ def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 def linear_send(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, send=None):
     """x [1, 1, K] @ w^T + b (the prologue kernel, plain); with ``send`` (a Ticket) its rows also go to the peer
     and the result is an engine.allreduce.epilogue.Sent."""
+    if not isinstance(w, torch.Tensor):
+        from engine.core import gemv_int4
+
+        return gemv_int4.linear_send(x, w, b, send)
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     launch_prologue(PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out, send=send)
     return _sent(out.view(*x.shape[:-1], w.shape[0]), send)
@@ -512,7 +538,10 @@ def _(x, w, b):
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for the decode step: the Triton GEMV when x is one row on a CUDA device, else F.linear."""
+    """F.linear for the decode step: the Triton GEMV when x is one row on a CUDA device, else F.linear (a packed
+    weight: its own products, engine.core.quant.PackedLinear.linear)."""
+    if not isinstance(w, torch.Tensor):
+        return w.linear(x, b)
     if x.device.type != "cuda" or x.numel() != w.shape[1]:
         return F.linear(x, w, b)
     return gemv_op(x, w, b).view(*x.shape[:-1], w.shape[0])

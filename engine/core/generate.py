@@ -1,9 +1,10 @@
 """`python -m engine generate`: one-shot generation, a stable contract for users and checks.
 
-The last line of stdout (with --json) is {"token_ids": [...], "text": "..."}:
+The last line of stdout (with --json) is {"token_ids": [...], "text": "...", "weights": {"format", "bytes", ...}}:
 the generated ids only, exactly --max-tokens of them unless --stop-at-eos;
 --prompt-ids are used verbatim, --prompt gets the model's BOS rule; text is null
-when the model directory has no tokenizer.json. --tp 2 starts two rank processes
+when the model directory has no tokenizer.json; weights is the weight format (e.g. "bfloat16", "gptq-int4-g128
+(bfloat16 dense)") and the bytes rank 0 holds for weights (packed tensors as packed). --tp 2 starts two rank processes
 (an unsharded checkpoint is sliced by each rank at load) and prints rank 0's result.
 The prompt plus --max-tokens must fit the model's positions (max_position_embeddings in its
 config.json), as the service refuses such a request: a model run past its positions returns garbage.
@@ -68,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head (default: auto)")
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="KV cache positions to allocate, at most the model's (default: prompt + max tokens + 1)")
-    p.add_argument("--json", action="store_true", help='print {"token_ids": [...], "text": ...} as the last line')
+    p.add_argument("--json", action="store_true",
+                   help='print {"token_ids": [...], "text": ..., "weights": {"format", "bytes"}} as the last line')
     return p
 
 
@@ -150,18 +152,18 @@ def run(args: argparse.Namespace) -> int:
     stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
     dtype = args.dtype or _default_dtype(args.device)
     if args.tp == 1:
-        out = _tp1(args, cfg, ids, stop, dtype, max_context)
+        out, held = _tp1(args, cfg, ids, stop, dtype, max_context)
     else:
-        out = _tp2(args, ids, stop, dtype, max_context)
+        out, held = _tp2(args, ids, stop, dtype, max_context)
     text = tok.decode(out) if tok is not None else None
-    if args.json:
-        print(json.dumps({"token_ids": out, "text": text}))
+    if args.json:  # "weights": the format and the bytes rank 0 holds (packed tensors for GPTQ / AWQ)
+        print(json.dumps({"token_ids": out, "text": text, "weights": held}))
     else:
         print(text if text is not None else " ".join(map(str, out)))
     return 0
 
 
-def _tp1(args, cfg, ids, stop, dtype, max_context) -> list[int]:
+def _tp1(args, cfg, ids, stop, dtype, max_context) -> tuple[list[int], dict]:
     import torch
 
     from engine.core import runner, weights
@@ -172,7 +174,7 @@ def _tp1(args, cfg, ids, stop, dtype, max_context) -> list[int]:
     weights.load_into(model, args.model)
     model.setup_cache(max_context)
     out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256)
-    return out
+    return out, model.weights_info()
 
 
 def _batch(args, cfg, tok) -> int:
@@ -209,7 +211,7 @@ def _batch(args, cfg, tok) -> int:
     return 0
 
 
-def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
+def _tp2(args, ids, stop, dtype, max_context) -> tuple[list[int], dict | None]:
     from engine.service import protocol
     from engine.service.launcher import LaunchError, RankPair
 
@@ -243,4 +245,4 @@ def _tp2(args, ids, stop, dtype, max_context) -> list[int]:
         pair.close()
     if tokens[0] != tokens[1]:
         raise RanksFailed("the two ranks produced different tokens (lockstep should have stopped them)")
-    return tokens[0]
+    return tokens[0], (pair.ready[0].get("decode") or {}).get("weights")

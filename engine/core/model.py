@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.config import ModelConfig
+from engine.core.quant import matmul  # F.linear for dense or packed (GPTQ / AWQ) weights
 
 
 class Comm(Protocol):
@@ -104,7 +105,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache, wo,
-               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=F.linear,
+               bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, linear=matmul,
                gated: bool = False, zc: bool = False, k_scale=None, v_scale=None):
     """The decode step's first half-layer. x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]).
 
@@ -182,7 +183,7 @@ def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: floa
     return (h * F.silu(z.float())).to(o.dtype)
 
 
-def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=F.linear, zc: bool = False):
+def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=matmul, zc: bool = False):
     """The decode step's second half-layer. x, delta [1, 1, D] -> (x + delta, down_proj partial [1, 1, D])."""
     x = x + delta  # the attention's reduced output
     h = rms_norm(x, post_norm, eps, zc)
@@ -196,22 +197,25 @@ class Layer:
 
     def __init__(self, cfg: ModelConfig, world: int, dtype: torch.dtype, device: torch.device, kind: str):
         e = dict(dtype=dtype, device=device)
+        # a GPTQ / AWQ checkpoint: wqkv, wo, w13 and w2 are placed by the loader (engine.core.quant_load), packed or
+        # dense per module, so nothing is allocated for them here
+        m = dict(dtype=dtype, device="meta") if cfg.quantization is not None else e
         self.kind = kind
         self.zc = cfg.zero_centred_norm
         self.ff = cfg.intermediate_size // world
         d = cfg.hidden_size
         self.input_norm = torch.empty(d, **e)
         self.post_norm = torch.empty(d, **e)
-        self.w13 = torch.empty(2 * self.ff, d, **e)  # rows: [gate | up] of this rank
+        self.w13 = torch.empty(2 * self.ff, d, **m)  # rows: [gate | up] of this rank
         self.b13 = torch.empty(2 * self.ff, **e) if cfg.mlp_bias else None
-        self.w2 = torch.empty(d, self.ff, **e)
+        self.w2 = torch.empty(d, self.ff, **m)
         self.b2 = torch.empty(d, **e) if cfg.mlp_bias else None
         if kind == "linear_attention":
             self._init_linear(cfg, world, e)
         else:
-            self._init_attention(cfg, world, e)
+            self._init_attention(cfg, world, e, m)
 
-    def _init_attention(self, cfg: ModelConfig, world: int, e: dict) -> None:
+    def _init_attention(self, cfg: ModelConfig, world: int, e: dict, m: dict) -> None:
         d = cfg.hidden_size
         self.n_heads = cfg.num_heads // world
         self.n_kv = cfg.num_kv_heads // world
@@ -219,9 +223,9 @@ class Layer:
         self.gated = cfg.attn_output_gate
         self.q_rows = self.n_heads * self.hd * (2 if self.gated else 1)
         qkv = self.q_rows + 2 * self.n_kv * self.hd
-        self.wqkv = torch.empty(qkv, d, **e)  # rows: [q heads (each [query | gate] if gated) | k heads | v heads]
+        self.wqkv = torch.empty(qkv, d, **m)  # rows: [q heads (each [query | gate] if gated) | k heads | v heads]
         self.bqkv = torch.empty(qkv, **e) if cfg.attention_bias else None
-        self.wo = torch.empty(d, self.n_heads * self.hd, **e)  # columns: this rank's heads
+        self.wo = torch.empty(d, self.n_heads * self.hd, **m)  # columns: this rank's heads
         # o_proj's bias is added once, by rank 0 only, so the allreduce sum carries it exactly once.
         self.bo = torch.empty(d, **e) if cfg.o_bias else None
         self.q_norm = torch.empty(self.hd, **e) if cfg.qk_norm else None
@@ -269,7 +273,7 @@ class Layer:
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float):
         """Prefill: (q [B, h, T, hd], k [B, kv, T, hd], v [B, kv, T, hd], gate [B, T, h hd] or None)."""
         b, t, _ = x.shape
-        qkv = F.linear(x, self.wqkv, self.bqkv)  # [B, T, q rows + 2 kv hd]
+        qkv = matmul(x, self.wqkv, self.bqkv)  # [B, T, q rows + 2 kv hd]
         q, k, v = qkv.split([self.q_rows, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
         gate = None
         if self.gated:
@@ -354,9 +358,9 @@ class Model:
         return bias if self.rank == 0 else None
 
     def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        gu = F.linear(h, layer.w13, layer.b13)  # [B, T, 2 ff]
+        gu = matmul(h, layer.w13, layer.b13)  # [B, T, 2 ff]
         gate, up = gu.chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.w2, self._bias_once(layer.b2))
+        return matmul(F.silu(gate) * up, layer.w2, self._bias_once(layer.b2))
 
     def _attention(self, layer: Layer, h: torch.Tensor, cos, sin, pos0: int, mask) -> torch.Tensor:
         """Prefill of a full-attention layer: h [1, T, D] -> o_proj partial [1, T, D]; K/V written."""
@@ -382,7 +386,7 @@ class Model:
         a = a.transpose(1, 2).reshape(1, t, layer.n_heads * layer.hd)
         if gate is not None:
             a = a * torch.sigmoid(gate)
-        return F.linear(a, layer.wo, self._bias_once(layer.bo))
+        return matmul(a, layer.wo, self._bias_once(layer.bo))
 
     def _linear_attention(self, layer: Layer, h: torch.Tensor, pos0: int) -> torch.Tensor:
         """Prefill of a Gated DeltaNet layer: h [1, T, D] -> out_proj partial [1, T, D]. The chunk continues
@@ -511,4 +515,17 @@ class Model:
         n = self.head.numel() + self.norm.numel() + self.cfg.hidden_size
         for layer in self.layers:
             n += sum(t.numel() for t in layer.weights().values())
-        return n * self.head.element_size()
+        return n * self.head.element_size() + sum(p.nbytes for p in self.packed())
+
+    def packed(self) -> list:
+        """The packed (GPTQ / AWQ) matrices of this rank (engine.core.quant.PackedLinear)."""
+        return [w for layer in self.layers for w in vars(layer).values() if hasattr(w, "qweight")]
+
+    def weights_info(self) -> dict:
+        """What `generate --json` and the rank's ready message report: the weight format and the bytes this rank
+        holds for weights (every tensor but the per-sequence state; packed matrices as their packed tensors)."""
+        q = self.cfg.quantization
+        dense = [self.embed, self.head, self.norm] + [t for layer in self.layers for t in layer.weights().values()]
+        held = sum(t.numel() * t.element_size() for t in dense) + sum(p.nbytes for p in self.packed())
+        fmt = str(self.dtype).removeprefix("torch.") if q is None else f"{q.format} ({str(self.dtype)[6:]} dense)"
+        return {"format": fmt, "bytes": held, "packed_matrices": len(self.packed())}

@@ -12,8 +12,9 @@ path allow, and says which and why (``Decoder.info``):
            GEMV): the default where Triton targets the card (FUSED_DEFAULT: an H200 measured it faster);
            "gemv" (by request): attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
            block shape reused by every layer, their one-row products through the Triton GEMV
-           (engine.core.gemv); "compiled": the same with cuBLAS products (by request). Only where Triton
-           targets the card (compute capability 8.0+): the V100 (7.0, fp16) and CPUs run the plain blocks.
+           (engine.core.gemv); "compiled": the same with cuBLAS products (by request), both from compute
+           capability 8.0. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
+           else the plain blocks; CPUs run the plain blocks.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ KERNELS = ("eager", "compiled", "gemv", "fused")
 # tests/test_engine_fused_recording.py).
 FUSED_DEFAULT = True
 TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
+VOLTA_CC = (7, 0)  # the V100: the fused kernels only (fp16, compiled for sm_70 by a CUDA 12 ptxas: engine.core.sm70)
 
 
 def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
@@ -53,18 +55,29 @@ def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
 
 
 def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_ok: bool,
-                  requested: str | None = None) -> tuple[str, str]:
-    """("gemv" | "compiled" | "eager", why). Compiled blocks (and the Triton GEMV, engine.core.gemv) need
-    Triton for the card; never required: the V100 (7.0) and CPUs run the plain blocks."""
+                  requested: str | None = None, sm70_ptxas: tuple[bool, str] | None = None) -> tuple[str, str]:
+    """("fused" | "gemv" | "compiled" | "eager", why). Compiled blocks (and the Triton GEMV, engine.core.gemv) need
+    Triton for the card; never required: CPUs run the plain blocks. The V100 (7.x) runs the fused kernels in fp16
+    when ``sm70_ptxas`` (engine.core.sm70.use(): found, why) says a ptxas compiles sm_70; else the plain blocks."""
     if requested == "eager":
         return "eager", f"{KERNELS_ENV}=eager"
     if device_type != "cuda":
         return "eager", "CPU: the blocks run eagerly"
-    if capability is None or tuple(capability) < TRITON_MIN_CC:
-        cc = ".".join(map(str, capability)) if capability else "unknown"
-        return "eager", f"compute capability {cc} < 8.0: no Triton kernels on this card, eager blocks"
+    cc = ".".join(map(str, capability)) if capability else "unknown"
+    if capability is None or tuple(capability) < VOLTA_CC:
+        return "eager", f"compute capability {cc} < 7.0: no Triton kernels on this card, eager blocks"
     if not triton_ok:
         return "eager", "Triton is not installed: eager blocks"
+    if tuple(capability) < TRITON_MIN_CC:
+        found, why = sm70_ptxas or (False, "no ptxas for sm_70 was looked for")
+        if not found:
+            return "eager", f"compute capability {cc} < 8.0 and {why}: eager blocks in fp16 (about half the fused speed)"
+        if requested in ("compiled", "gemv"):
+            return "eager", (f"compute capability {cc} < 8.0: torch.compile'd blocks ({requested}) are not offered "
+                             f"on this card; eager blocks (leave {KERNELS_ENV} unset for the fused kernels)")
+        return "fused", (f"compute capability {cc} (fp16): the five fused Triton kernels per layer, compiled for "
+                         f"sm_{capability[0]}{capability[1]} by {why}; FMA instead of tensor-core MMA, which the "
+                         f"one-row products do not need")
     if requested == "compiled":
         return "compiled", "requested: torch.compile'd blocks, cuBLAS for the one-row products"
     if requested == "fused" or (requested is None and FUSED_DEFAULT):
@@ -146,14 +159,20 @@ class Decoder:
         else:
             graphs_why = "requested"
         self.graphs = graphs
+        ptxas = None
+        if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
+            from engine.core import sm70
+
+            ptxas = sm70.use()  # points Triton at a ptxas that still targets sm_70
         self.kernels, kernels_why = kernel_choice(dev.type, cap, _triton_ok(),
-                                                  kernels or os.environ.get(KERNELS_ENV) or None)
+                                                  kernels or os.environ.get(KERNELS_ENV) or None, ptxas)
         self.blocks = (compiled_blocks(self.kernels == "gemv") if self.kernels in ("compiled", "gemv")
                        else fused_blocks() if self.kernels == "fused" else (attn_block, mlp_block))
         self.windows = bucket_list or buckets(model.max_context)
         self.info = {"mode": "graphs" if graphs else "eager", "why": graphs_why, "kernels": self.kernels,
                      "kernels_why": kernels_why, "windows": self.windows if graphs else None,
-                     "allreduce": path.name if path is not None else None, "capture_s": None}
+                     "allreduce": path.name if path is not None else None, "capture_s": None,
+                     "weights": model.weights_info()}
         if path is not None:  # where the layers' partial outputs meet (engine.allreduce.epilogue)
             from engine.allreduce import epilogue
 

@@ -36,6 +36,10 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
     src, dst = Path(src), Path(dst)
     cfg = config.load(src)
     tp.check_divisible(cfg, world)
+    if cfg.quantization is not None:  # a row-parallel split must not cut a quantisation group
+        from engine.core import quant, quant_load
+
+        quant.check_inputs(cfg.quantization, quant_load.layer_inputs(cfg), world)
     if dst.exists() and any(dst.iterdir()) and not force:
         raise ValueError(f"{dst} exists and is not empty (give --force to overwrite)")
     # Cloned: safetensors slices can share the mapped file's memory, which save_file refuses.
@@ -50,7 +54,7 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
                 kinds[name] = tp.kind_of(name)
                 originals[name] = (path, stored)
                 for r in range(world):
-                    parts[r][name] = tp.take(f.get_slice(stored), kinds[name], r, world, cfg).clone()
+                    parts[r][name] = tp.take(f.get_slice(stored), kinds[name], r, world, cfg, name=name).clone()
             if "lm_head.weight" not in raw and "model.embed_tokens.weight" in raw:
                 if not cfg.tie_word_embeddings:
                     raise ValueError("no lm_head.weight and the config does not tie it to the embeddings")
@@ -111,10 +115,10 @@ def verify(dst: Path, world: int, kinds: dict[str, str], originals: dict[str, tu
         with safe_open(str(path), framework="pt", device="cpu") as f:
             full = f.get_tensor(src_name)
         pieces = [h.get_tensor(name) for h in handles]
-        if tp.split_dim(kind) is None:
+        if tp.split_dim(kind, name) is None:
             ok = all(torch.equal(_bits(p), _bits(full)) for p in pieces)
         else:
-            ok = torch.equal(_bits(tp.join(pieces, kind, cfg)), _bits(full))
+            ok = torch.equal(_bits(tp.join(pieces, kind, cfg, name)), _bits(full))
         if not ok:
             raise RuntimeError(f"shard verification failed: {name} does not reassemble bit-exactly")
 

@@ -22,12 +22,12 @@ RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^model\.norm\.weight$"), "replicated"),
     (re.compile(r"^lm_head\.weight$"), "vocab"),
     (re.compile(r"^model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight$"), "replicated"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias)$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.weight$"), "rowwise"),
+    (re.compile(r"^model\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
+    (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
     (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.bias$"), "replicated"),
     (re.compile(r"^model\.layers\.\d+\.self_attn\.(q_norm|k_norm)\.weight$"), "replicated"),
-    (re.compile(r"^model\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias)$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.weight$"), "rowwise"),
+    (re.compile(r"^model\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
+    (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
     (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.bias$"), "replicated"),
     # Gated DeltaNet (linear attention) layers
     (re.compile(r"^model\.layers\.\d+\.linear_attn\.(in_proj_qkv|conv1d)\.weight$"), "colwise_qkv"),
@@ -36,6 +36,9 @@ RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^model\.layers\.\d+\.linear_attn\.out_proj\.weight$"), "rowwise"),
     (re.compile(r"^model\.layers\.\d+\.linear_attn\.norm\.weight$"), "replicated"),
 ]
+
+# GPTQ / AWQ tensors (engine.core.quant): stored [inputs, outputs], so their split dims are the dense ones' swapped
+PACKED = re.compile(r"\.(qweight|qzeros|scales|g_idx)$")
 
 # Tensors some checkpoints carry that the decoder recomputes itself or does not run: RoPE tables, the
 # multimodal wrapper's vision tower, the MTP draft layer.
@@ -86,11 +89,23 @@ def qkv_segments(cfg: ModelConfig) -> list[int]:
     return [cfg.linear_key_dim, cfg.linear_key_dim, cfg.linear_value_dim]
 
 
-def take(source, kind: str, rank: int, world: int, cfg: ModelConfig | None = None):
-    """This rank's part of ``source`` (a tensor or a safetensors slice, read lazily)."""
+def take(source, kind: str, rank: int, world: int, cfg: ModelConfig | None = None, name: str | None = None):
+    """This rank's part of ``source`` (a tensor or a safetensors slice, read lazily). ``name``: the tensor's
+    name, which says whether it is packed (GPTQ / AWQ: split along split_dim's dimension, in whole words and
+    groups)."""
     if kind == "replicated" or world == 1:
         return source[:]
     shape = source.get_shape() if hasattr(source, "get_shape") else list(source.shape)
+    if name is not None and PACKED.search(name) and kind in ("colwise", "rowwise"):
+        dim = split_dim(kind, name)
+        if dim is None:
+            return source[:]
+        if shape[dim] % world:
+            what = "groups" if dim == 0 and not name.endswith("g_idx") else "values or packed words"
+            raise ShardError(f"{name}: its {shape[dim]} {what} along dim {dim} do not split into {world} equal "
+                             f"parts: a split would cut a packed word or a quantisation group")
+        a, b = rank_range(shape[dim], rank, world)
+        return source[a:b] if dim == 0 else source[:, a:b]
     if kind == "colwise_qkv":
         import torch
 
@@ -113,12 +128,18 @@ def take(source, kind: str, rank: int, world: int, cfg: ModelConfig | None = Non
     raise ShardError(f"unknown split kind {kind!r}")
 
 
-def split_dim(kind: str) -> int | None:
-    """The dimension along which the ranks' parts concatenate back, or None if replicated."""
+def split_dim(kind: str, name: str | None = None) -> int | None:
+    """The dimension along which the ranks' parts concatenate back, or None if replicated. Packed tensors
+    (GPTQ / AWQ, stored [inputs, outputs]): colwise along dim 1 (g_idx, over the inputs, replicated),
+    rowwise along dim 0."""
+    if name is not None and PACKED.search(name) and kind in ("colwise", "rowwise"):
+        if kind == "colwise":
+            return None if name.endswith("g_idx") else 1
+        return 0
     return {"colwise": 0, "vocab": 0, "rowwise": 1, "colwise_qkv": 0}.get(kind)
 
 
-def join(pieces: list, kind: str, cfg: ModelConfig):
+def join(pieces: list, kind: str, cfg: ModelConfig, name: str | None = None):
     """The ranks' parts put back together (the inverse of ``take`` over every rank)."""
     import torch
 
@@ -126,5 +147,5 @@ def join(pieces: list, kind: str, cfg: ModelConfig):
         per = [n // len(pieces) for n in qkv_segments(cfg)]
         segs = [p.split(per, 0) for p in pieces]
         return torch.cat([segs[r][i] for i in range(len(per)) for r in range(len(pieces))], 0)
-    dim = split_dim(kind)
+    dim = split_dim(kind, name)
     return pieces[0] if dim is None else torch.cat(pieces, dim=dim)

@@ -124,10 +124,20 @@ def load_into(model: Model, model_dir: str | Path) -> None:
     cfg = model.cfg
     filled: dict[int, int] = {}
     names: set[str] = set()
+    store = None
+    if cfg.quantization is not None:  # GPTQ / AWQ: packed modules go to engine.core.quant_load
+        from engine.core import quant_load
+
+        store = quant_load.Store(model, cfg.quantization)
+        store.prepare({tp.canonical(n, cfg) for path in safetensors_files(src) for n in _keys(path)})
     for path in safetensors_files(src):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             raw = {tp.canonical(n, cfg): n for n in f.keys() if not tp.IGNORED.search(n)}
             for name, stored in raw.items():
+                if store is not None and quant_load.packed_part(name):
+                    store.add(name, f.get_slice(stored), pre_sliced)
+                    names.add(name)
+                    continue
                 kind = tp.kind_of(name)
                 names.add(name)
                 if pre_sliced:
@@ -142,10 +152,19 @@ def load_into(model: Model, model_dir: str | Path) -> None:
                     names.add("lm_head.weight")
     if "lm_head.weight" not in names:
         raise WeightsError("no lm_head.weight and the config does not tie it to the embeddings")
+    if store is not None:
+        store.finish()
     for label, t in expected_tensors(model):
         if filled.get(id(t), 0) != t.numel():
             raise WeightsError(f"checkpoint in {src} does not fill {label} ({filled.get(id(t), 0)} of "
                                f"{t.numel()} values)")
+
+
+def _keys(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return list(f.keys())
 
 
 def expected_tensors(model: Model) -> list[tuple[str, torch.Tensor]]:

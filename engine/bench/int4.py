@@ -1,0 +1,306 @@
+"""`python -m engine.bench.int4`: the int4 GEMV (engine.core.gemv_int4) on the 27B shape's matrices against the
+card's read bandwidth, the prefill product on packed weights, and the fused decode kernels in fp16 against bf16
+(the V100's dtype, timed on this card as a stand-in), printed as one JSON document.
+
+What each number is (every time a median over CUDA-graph replays: engine.core.timing):
+  read_bw_gbps             sum over a 4 GiB float32 buffer: the card's measured read bandwidth
+  int4[set][matrix]        per form of the loop (engine.core.gemv_int4.ELEMENTWISE) and block configuration
+                           (BLOCK_N, BLOCK_K, num_warps): L distinct packed matrices (one
+                           per layer, together well past L2) multiplied by one row in one graph, us per matrix;
+                           bytes = packed weights + zero points + scales; gbps = bytes / time; fraction = gbps /
+                           read_bw_gbps. Every configuration is first checked against dequantise-then-matmul in
+                           float32 (relative L2 error < 1e-2, else not timed). "best" = the fastest per matrix,
+                           also with the norm (q/k/v, gate/up) or SiLU (down) prologue the decode step runs;
+                           "best_blocks" is the table the engine reads (V100PLAN_ENGINE_INT4_BLOCKS=this file).
+  prefill[set][matrix]     a chunk of --chunk tokens: the matrix dequantised by one kernel (gemv_int4.dequantise)
+                           then cuBLAS, against cuBLAS on a bf16 matrix already in memory: ms and TFLOP/s
+  fp16_vs_bf16             the dense fused kernels (norm + GEMV, SiLU + GEMV, the one-query attention) on the
+                           27B shape at TP1 in fp16 and bf16: us each and the fp16 / bf16 ratio
+  step[ctx]                the whole decode step of --config (the 27B hybrid shape) with every layer matrix packed
+                           (MLP, attention, and the Gated DeltaNet in/out projections; embedding and head dense),
+                           as the service replays it (engine.bench.decode.decode: the Decoder's graphs), against
+                           its floor (weights + K/V + linear-attention state bytes) / read bandwidth
+The weights are random (shapes and bytes are what the speed depends on), made on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+# the 27B hybrid shape (hidden 5120, intermediate 17408; full attention 24 q heads (with the output gate: 2 x 24),
+# 4 kv heads of 256), per rank: (N outputs, K inputs); TP2 splits N of column-parallel, K of row-parallel matrices
+SHAPES = {
+    "27b-tp1": {"gate_up": (2 * 17408, 5120), "down": (5120, 17408), "q_gate": (2 * 24 * 256, 5120),
+                "k_or_v": (4 * 256, 5120), "o_proj": (5120, 24 * 256)},
+    "27b-tp2": {"gate_up": (17408, 5120), "down": (5120, 8704), "q_gate": (24 * 256, 5120),
+                "k_or_v": (2 * 256, 5120), "o_proj": (5120, 12 * 256)},
+}
+PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "silu", "o_proj": "plain"}
+CONFIGS = [(16, 128, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (32, 64, 4), (64, 64, 4),
+           (16, 256, 4), (32, 256, 8), (8, 512, 4), (16, 512, 4), (64, 256, 8)]  # (BLOCK_N, BLOCK_K, num_warps)
+L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
+
+
+def _packed(n: int, k: int, group: int, dev, g):
+    import torch
+
+    from engine.core import quant
+
+    words = torch.randint(-2 ** 31, 2 ** 31 - 1, (n, k // 8), dtype=torch.int32, device=dev, generator=g)
+    zeros = torch.randint(-2 ** 31, 2 ** 31 - 1, (k // group, n // 8), dtype=torch.int32, device=dev, generator=g)
+    scales = (0.001 + 0.002 * torch.rand(k // group, n, device=dev, generator=g)).half()
+    return quant.PackedLinear(words, zeros, scales, None, group, 1, f"gptq-int4-g{group}")
+
+
+def _us(fn, count: int) -> float:
+    """us per call of ``count`` calls in one CUDA graph (engine.bench.gemv's timing)."""
+    from engine.bench.gemv import _us as graph_us
+
+    return graph_us(fn, count)
+
+
+def int4_gemv(args, doc: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from engine.core import gemv, gemv_int4
+
+    dev = torch.device(args.device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    act = getattr(torch, args.dtype)
+    read = doc["read_bw_gbps"]
+    for set_name in args.shapes.split(","):
+        doc["int4"][set_name] = {}
+        for name, (n, k) in SHAPES[set_name].items():
+            one = _packed(n, k, args.group, dev, g)
+            count = max(2, min(64, -(-L2_SPAN_BYTES // one.nbytes)))
+            ws = [one] + [_packed(n, k, args.group, dev, g) for _ in range(count - 1)]
+            x = torch.randn(k, device=dev, generator=g).to(act)
+            ref = F.linear(x.float(), one.dequantise(torch.float32))
+            outs = [torch.empty(n, device=dev, dtype=act) for _ in ws]
+            row = {"n": n, "k": k, "matrices": count, "bytes": one.nbytes, "configs": {}}
+            best = None
+            seen = set()
+            for ew, cfg0 in [(ew, c) for ew in (True, False) for c in CONFIGS]:
+                cfg = (cfg0[0], min(cfg0[1], args.group), cfg0[2]) if ew else cfg0  # a tile inside one group
+                key = ("elementwise:" if ew else "per-tile:") + "x".join(map(str, cfg))
+                if key in seen:
+                    continue
+                seen.add(key)
+                try:
+                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg, elementwise=ew)
+                    err = float((outs[0].float() - ref).norm() / ref.norm())
+                    if err > 1e-2:
+                        row["configs"][key] = {"rel_err": round(err, 6), "skipped": "error over 1e-2"}
+                        continue
+                    us = _us(lambda c=cfg, e=ew: [gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, o, blocks=c,
+                                                                   elementwise=e) for w, o in zip(ws, outs)], count)
+                except Exception as e:  # noqa: BLE001 - a configuration that does not compile is reported
+                    row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    continue
+                gbps = one.nbytes / (us * 1e-6) / 1e9
+                row["configs"][key] = {"us": round(us, 3), "gbps": round(gbps, 1), "fraction": round(gbps / read, 4),
+                                       "rel_err": round(err, 6)}
+                if best is None or us < best[1]:
+                    best = (cfg, us, ew)
+            if best is not None:
+                cfg, us, ew = best
+                pro = PROLOGUE_OF[name]
+                d = torch.randn(k, device=dev, generator=g).to(act)
+                nw = torch.ones(k, device=dev, dtype=act)
+                gu = torch.randn(2 * k, device=dev, generator=g).to(act)
+                xo = torch.empty(k, device=dev, dtype=act)
+                if pro == "norm":
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg,
+                                                         elementwise=ew) for w, o in zip(ws, outs)], count)
+                elif pro == "silu":
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, o, blocks=cfg,
+                                                         elementwise=ew) for w, o in zip(ws, outs)], count)
+                else:
+                    us_p = us
+                gbps = one.nbytes / (us * 1e-6) / 1e9
+                row["best"] = {"blocks": list(cfg), "elementwise": ew, "us": round(us, 3), "gbps": round(gbps, 1),
+                               "fraction": round(gbps / read, 4), "prologue": pro, "prologue_us": round(us_p, 3),
+                               "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4)}
+                doc["best_blocks"][f"{pro}:{n}x{k}"] = [*cfg, ew]
+            doc["int4"][set_name][name] = row
+            ws = outs = None  # freed before the next matrix
+            torch.cuda.empty_cache()
+    fr = [r["best"]["fraction"] for s in doc["int4"].values() for r in s.values() if "best" in r]
+    tot_b = sum(r["bytes"] for s in doc["int4"].values() for r in s.values() if "best" in r)
+    tot_us = sum(r["best"]["us"] for s in doc["int4"].values() for r in s.values() if "best" in r)
+    doc["int4_summary"] = {"min_fraction": min(fr) if fr else None,
+                           "bytes_weighted_fraction": round(tot_b / (tot_us * 1e-6) / 1e9 / read, 4) if fr else None,
+                           "target_fraction": 0.75}
+
+
+def prefill(args, doc: dict) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from engine.core import gemv_int4
+
+    dev = torch.device(args.device)
+    g = torch.Generator(device=dev).manual_seed(1)
+    act = getattr(torch, args.dtype)
+    for set_name in args.shapes.split(","):
+        doc["prefill"][set_name] = {}
+        for name, (n, k) in SHAPES[set_name].items():
+            w = _packed(n, k, args.group, dev, g)
+            x = torch.randn(args.chunk, k, device=dev, generator=g).to(act)
+            dense = w.dequantise_held(act)
+            flops = 2.0 * args.chunk * n * k
+            deq_us = _us(lambda: gemv_int4.dequantise(w, act), 1)
+            packed_us = _us(lambda: F.linear(x, gemv_int4.dequantise(w, act)), 1)
+            dense_us = _us(lambda: F.linear(x, dense), 1)
+            doc["prefill"][set_name][name] = {
+                "tokens": args.chunk, "dequantise_us": round(deq_us, 1), "packed_us": round(packed_us, 1),
+                "dense_us": round(dense_us, 1), "packed_tflops": round(flops / (packed_us * 1e-6) / 1e12, 1),
+                "dense_tflops": round(flops / (dense_us * 1e-6) / 1e12, 1)}
+            dense = x = None
+            torch.cuda.empty_cache()
+
+
+def fp16_vs_bf16(args, doc: dict) -> None:
+    """The dense fused kernels of one 27B full-attention layer at TP1, fp16 against bf16 (random weights)."""
+    import torch
+
+    from engine.core import attention, gemv
+
+    dev = torch.device(args.device)
+    d, ff, heads, kv, hd = 5120, 17408, 24, 4, 256
+    window = args.window
+    out = {}
+    for dt in (torch.bfloat16, torch.float16):
+        g = torch.Generator(device=dev).manual_seed(2)
+        e = dict(device=dev, dtype=dt)
+        count = 4  # four layers' weights per graph (gate/up alone is 356 MB in 16 bits)
+        wqkv = [torch.empty((heads + 2 * kv) * hd, d, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
+        w13 = [torch.empty(2 * ff, d, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
+        w2 = [torch.empty(d, ff, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
+        x, dl = torch.randn(1, 1, d, **e), torch.randn(1, 1, d, **e)
+        nw = torch.ones(d, **e)
+        gu = torch.randn(1, 1, 2 * ff, **e)
+        qkv = torch.randn(1, 1, (heads + 2 * kv) * hd, **e)
+        kc, vc = torch.randn(1, kv, window, hd, **e), torch.randn(1, kv, window, hd, **e)
+        cos, sin = torch.ones(1, hd, **e), torch.zeros(1, hd, **e)
+        pos = torch.tensor([window - 1], device=dev)
+        qn = kn = torch.ones(hd, **e)
+        attention.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6,
+                                   window=window)  # the counters, before capture
+        name = str(dt).removeprefix("torch.")
+        out[name] = {
+            "norm_qkv_us": round(_us(lambda: [gemv.linear_norm(x, dl, nw, 1e-6, w) for w in wqkv], count), 2),
+            "norm_gate_up_us": round(_us(lambda: [gemv.linear_norm(x, dl, nw, 1e-6, w) for w in w13], count), 2),
+            "silu_down_us": round(_us(lambda: [gemv.linear_silu(gu, w) for w in w2], count), 2),
+            "attention_us": round(_us(lambda: attention.decode_attention(
+                qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6, window=window), 1), 2)}
+        wqkv = w13 = w2 = None
+        torch.cuda.empty_cache()
+    bf, fp = out["bfloat16"], out["float16"]
+    out["ratio_fp16_over_bf16"] = {k: round(fp[k] / bf[k], 4) for k in bf}
+    out["window"] = window
+    doc["fp16_vs_bf16"] = out
+
+
+PACKED_ATTRS = ("wqkv", "wo", "w13", "w2", "w_in", "w_out")  # every layer matrix the step can run packed
+
+
+def step(args, doc: dict) -> None:
+    import dataclasses
+    import json as _json
+    from pathlib import Path
+
+    import torch
+
+    from engine.bench import decode as dbench
+    from engine.core import config as ecfg
+    from engine.core import quant_config, weights
+    from engine.core.model import Model
+
+    dev = torch.device(args.device)
+    g = torch.Generator(device=dev).manual_seed(3)
+    cfg = ecfg.from_dict(_json.loads(Path(args.config).read_text()))
+    q = quant_config.parse({"quant_method": "gptq", "bits": 4, "group_size": args.group, "sym": True,
+                            "desc_act": False})
+    cfg = dataclasses.replace(cfg, quantization=q)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    with torch.inference_mode():
+        model = Model(cfg, dtype=getattr(torch, args.dtype), device=dev)
+        for layer in model.layers:
+            for attr in PACKED_ATTRS:
+                t = getattr(layer, attr, None)
+                if t is not None:
+                    setattr(layer, attr, _packed(*t.shape, args.group, dev, g))
+        weights.init_random(model)
+        model.setup_cache(max(contexts) + 256)
+    packed = sum(p.nbytes for p in model.packed())
+    doc["step"] = {"config": args.config, "weight_bytes": model.weight_bytes(), "packed_bytes": packed,
+                   "contexts": dbench.decode(model, contexts, None, doc["read_bw_gbps"])}
+    del model
+    torch.cuda.empty_cache()
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.int4", description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--group", type=int, default=128, choices=(32, 64, 128), help="group size (default: 128)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help="activations (bfloat16)")
+    p.add_argument("--chunk", type=int, default=2048, help="prefill tokens per chunk (default: 2048)")
+    p.add_argument("--window", type=int, default=4096, help="the attention's window in fp16_vs_bf16 (default: 4096)")
+    p.add_argument("--skip", default="", help="comma-separated parts to leave out: int4, prefill, fp16, step")
+    p.add_argument("--config", default="engine/data/qwen3.5-27b.config.json", help="step: the model shape")
+    p.add_argument("--contexts", default="1024,131072", help="step: contexts to time (default: 1024,131072)")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    args.device = "cuda:0"
+    bad = [s for s in args.shapes.split(",") if s not in SHAPES]
+    if bad:
+        print(f"Error: unknown shape set(s) {bad}; choose from {', '.join(SHAPES)}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("Error: this bench needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 4
+    from engine.core import timing
+    from profiles.document import utc_now
+
+    dev = torch.device(args.device)
+    torch.cuda.set_device(dev)
+    torch.set_grad_enabled(False)
+    doc: dict = {"kind": "engine_bench_int4", "created_utc": utc_now(), "device": torch.cuda.get_device_name(dev),
+                 "capability": list(torch.cuda.get_device_capability(dev)), "torch": torch.__version__,
+                 "group_size": args.group, "dtype": args.dtype, "method": __doc__.strip(),
+                 "read_bw_gbps": round(timing.read_bandwidth_gbps(dev), 1), "int4": {}, "best_blocks": {},
+                 "prefill": {}}
+    try:
+        import triton
+
+        doc["triton"] = triton.__version__
+    except ImportError:
+        print("Error: the int4 kernels need Triton (pip install triton)", file=sys.stderr)
+        return 4
+    t0 = time.perf_counter()
+    skip = set(filter(None, args.skip.split(",")))
+    if "int4" not in skip:
+        int4_gemv(args, doc)
+    if "prefill" not in skip:
+        prefill(args, doc)
+    if "fp16" not in skip:
+        fp16_vs_bf16(args, doc)
+    if "step" not in skip:
+        step(args, doc)
+    doc["wall_s"] = round(time.perf_counter() - t0, 1)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,192 @@
+"""4-bit groupwise weights as users download them (GPTQ, AWQ): the config, the packed weight, its products.
+
+A checkpoint's ``quantization_config`` is parsed by ``parse`` (QuantError naming the field for anything this
+engine cannot run). Each quantised module becomes one ``PackedLinear`` that stays packed where the model
+lives: 4-bit values eight to an int32 word, one scale and one 4-bit zero point per group of ``group_size``
+inputs and output. Nothing dequantised is kept: the products dequantise as they go.
+
+The checkpoint layouts (W is the module's [out N, in K] weight; q the 4-bit values, z the zero points,
+s the scales; w[n, k] = s[g(k), n] * (q[n, k] - z[g(k), n]), g(k) = g_idx[k], else k // group_size):
+
+  GPTQ (AutoGPTQ / GPTQModel, checkpoint_format "gptq"):
+    qweight int32 [K / 8, N]: nibble j of word [i, n] is q[n, 8 i + j]
+    qzeros  int32 [G, N / 8]: nibble j of word [g, c] is z[g, 8 c + j] - 1 ("v1": stored minus one, so a
+                              zero point of 0 cannot be written; "gptq_v2" stores z itself)
+    scales  fp16  [G, N];  g_idx int32 [K] (desc_act: the input order the quantiser walked, per input)
+  AWQ (AutoAWQ, version "gemm"):
+    qweight int32 [K, N / 8]: nibble i of word [k, c] is q[8 c + AWQ_ORDER[i], k]
+    qzeros  int32 [G, N / 8]: the same order, z itself;  scales fp16 [G, N]; no g_idx
+
+Held here as one layout for both (the kernels' layout; the same bytes as the file's tensors):
+    qweight int32 [N, K / 8]  nibble j of word [n, i] = q[n, 8 i + j]  (rows of W, as the bf16 GEMV reads W)
+    qzeros  int32 [G, N / 8]  nibble j of word [g, c] = stored z[g, 8 c + j]; ``zero_offset`` added (1 for v1)
+    scales        [G, N]      as stored (fp16)
+    perm    int32 [K] or None an input order that makes groups contiguous (desc_act): input column c of the
+                              held weight is the module's input perm[c]; None when g(k) = k // group_size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.core.quant_config import QuantConfig, QuantError, check_inputs, parse  # noqa: F401 (re-exported)
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's packing: nibble i of a word holds column AWQ_ORDER[i]
+AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word sits in nibble AWQ_REVERSE[j]
+PARTS = ("qweight", "qzeros", "scales", "g_idx")  # a module with a qweight is quantised; one with weight dense
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble j at bits 4 j
+
+
+# ---- nibbles ----------------------------------------------------------------------------------------------
+def unpack(words: torch.Tensor) -> torch.Tensor:
+    """int32 [..., M] -> uint8 [..., 8 M]: nibble j of word m is value 8 m + j. Through the words' bytes (little-
+    endian: byte b holds nibbles 2 b and 2 b + 1), a quarter of the work of shifting int32s."""
+    b = words.to(torch.int32).contiguous().view(torch.uint8)  # [..., 4 M]
+    return torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*words.shape[:-1], words.shape[-1] * 8)
+
+
+def pack(values: torch.Tensor) -> torch.Tensor:
+    """int [..., 8 M] in [0, 16) -> int32 [..., M], the inverse of unpack."""
+    v = values.to(torch.int64).reshape(*values.shape[:-1], -1, 8) << _SHIFTS.to(values.device).to(torch.int64)
+    w = v.sum(-1)  # disjoint bits: the sum is the OR
+    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
+
+
+def awq_to_natural(words: torch.Tensor) -> torch.Tensor:
+    """AWQ-ordered words [..., M] -> the same values unpacked in column order [..., 8 M]."""
+    v = unpack(words).reshape(*words.shape[:-1], -1, 8)
+    return v[..., list(AWQ_REVERSE)].reshape(*words.shape[:-1], -1)
+
+
+# ---- the packed weight ------------------------------------------------------------------------------------
+class PackedLinear:
+    """One quantised matrix [out_features, in_features] of this rank, packed (see the module docstring)."""
+
+    def __init__(self, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, perm: torch.Tensor | None,
+                 group_size: int, zero_offset: int, fmt: str):
+        self.qweight, self.qzeros, self.scales, self.perm = qweight, qzeros, scales, perm
+        self.out_features, self.in_features = qweight.shape[0], qweight.shape[1] * 8
+        self.group_size = group_size if group_size != -1 else self.in_features
+        self.zero_offset, self.format = zero_offset, fmt
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.qweight, self.qzeros, self.scales, self.perm) if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: packed weights, zero points, scales (and the input order, when there is one)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def to(self, device: torch.device | str) -> PackedLinear:
+        move = [None if t is None else t.to(device) for t in (self.qweight, self.qzeros, self.scales, self.perm)]
+        return PackedLinear(*move, self.group_size, self.zero_offset, self.format)
+
+    def dequantise_held(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[N, K] in the held input order (perm applied), computed in float32, rounded once to dtype."""
+        n, k = self.shape
+        q = unpack(self.qweight).view(n, k // self.group_size, self.group_size).float()  # [N, G, gs]
+        z = unpack(self.qzeros)[:, :n].t().float() + self.zero_offset  # [N, G]
+        s = self.scales.t().float()  # [N, G]
+        return ((q - z[:, :, None]) * s[:, :, None]).view(n, k).to(dtype)
+
+    def dequantise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The reference: the module's weight [N, K] in its own input order (what transformers would hold)."""
+        w = self.dequantise_held(dtype)
+        if self.perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.perm.long()] = w
+        return out
+
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] @ W^T + b. One row on a GPU: the dequantising GEMV (engine.core.gemv_int4); otherwise (a
+        prefill chunk, the CPU) the chunk's product through the weight dequantised for this call only."""
+        if x.device.type == "cuda" and x.numel() == self.in_features:
+            from engine.core import gemv_int4
+
+            return gemv_int4.linear(x, self, b)
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm.long())
+        if x.device.type == "cuda":
+            from engine.core import gemv_int4
+
+            return F.linear(x, gemv_int4.dequantise(self, x.dtype), b)
+        return F.linear(x, self.dequantise_held(x.dtype), b)
+
+
+def cat(parts: list[PackedLinear]) -> PackedLinear:
+    """Fused q/k/v or gate/up: the matrices stacked along the output (whole words of zero points each)."""
+    first = parts[0]
+    for p in parts[1:]:
+        if (p.in_features, p.group_size, p.zero_offset) != (first.in_features, first.group_size, first.zero_offset):
+            raise QuantError("matrices fused along the output must share input size, group size and format")
+        if (p.perm is None) != (first.perm is None) or (p.perm is not None and not torch.equal(p.perm, first.perm)):
+            raise QuantError("matrices fused along the output (q/k/v, gate/up) must share one g_idx order")
+    for p in parts[:-1]:
+        if p.out_features % 8:
+            raise QuantError(f"a fused part of {p.out_features} outputs is not a whole number of zero-point words")
+    return PackedLinear(torch.cat([p.qweight for p in parts]), torch.cat([p.qzeros for p in parts], dim=1),
+                        torch.cat([p.scales for p in parts], dim=1), first.perm, first.group_size, first.zero_offset,
+                        first.format)
+
+
+def from_checkpoint(q: QuantConfig, parts: dict[str, torch.Tensor], name: str, group_offset: int = 0) -> PackedLinear:
+    """One module's tensors as stored (this rank's slice) -> PackedLinear on CPU. ``group_offset``: the first
+    group this rank's rows belong to (row-parallel slices), subtracted from g_idx."""
+    missing = [p for p in ("qweight", "qzeros", "scales") if p not in parts]
+    if missing:
+        raise QuantError(f"{name}: quantised module without {', '.join(missing)}")
+    qw, qz, sc = parts["qweight"], parts["qzeros"], parts["scales"]
+    if qw.dtype != torch.int32 or qz.dtype != torch.int32:
+        raise QuantError(f"{name}: qweight and qzeros must be int32, got {qw.dtype} and {qz.dtype}")
+    if q.method == "gptq":
+        k, n = qw.shape[0] * 8, qw.shape[1]
+        held = qw.t().contiguous()  # [N, K / 8]
+        zeros = qz
+    else:
+        k, n = qw.shape[0], qw.shape[1] * 8
+        if k % 8:
+            raise QuantError(f"{name}: {k} inputs are not a whole number of 8-value words")
+        held = pack(awq_to_natural(qw).t().contiguous())  # [N, K] values -> [N, K / 8] words
+        zeros = pack(awq_to_natural(qz))
+    groups = 1 if q.group_size == -1 else k // q.group_size
+    gs = k if q.group_size == -1 else q.group_size
+    if tuple(sc.shape) != (groups, n) or tuple(zeros.shape) != (groups, n // 8):
+        raise QuantError(f"{name}: scales {tuple(sc.shape)} / qzeros {tuple(qz.shape)} do not fit {k} inputs, {n} "
+                         f"outputs in groups of {gs} (quantization_config.group_size = {q.group_size})")
+    perm = None
+    g_idx = parts.get("g_idx")
+    if g_idx is not None:
+        local = g_idx.to(torch.int64) - group_offset
+        if tuple(local.shape) != (k,):
+            raise QuantError(f"{name}: g_idx has shape {tuple(g_idx.shape)}, expected ({k},)")
+        if not torch.equal(local, torch.arange(k) // gs):
+            if local.min() < 0 or local.max() >= groups:
+                raise QuantError(f"{name}: g_idx (desc_act) refers to groups outside this rank's {groups}; a "
+                                 f"desc_act checkpoint runs row-parallel modules only unsplit (tp 1)")
+            if not torch.equal(torch.bincount(local, minlength=groups), torch.full((groups,), gs)):
+                raise QuantError(f"{name}: g_idx gives groups of unequal size; expected {gs} inputs per group")
+            perm = torch.argsort(local, stable=True)
+            held = pack(unpack(held)[:, perm])
+            perm = perm.to(torch.int32)
+    return PackedLinear(held, zeros.contiguous(), sc.contiguous(), perm, q.group_size, q.zero_offset, q.format)
+
+
+def is_packed(w: Any) -> bool:
+    return isinstance(w, PackedLinear)
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor | PackedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for a dense or packed weight: where the model's products dispatch."""
+    return w.linear(x, b) if isinstance(w, PackedLinear) else F.linear(x, w, b)

@@ -1,0 +1,213 @@
+"""The V100 path (compute capability 7.0, fp16): a ptxas that still targets sm_70, and every Triton kernel of the
+fused decode step compiled for it, which needs no GPU.
+
+CUDA 13 no longer targets sm_70; CUDA 12's ptxas does (the pip wheel nvidia-cuda-nvcc-cu12 carries one in
+nvidia/cuda_nvcc/bin/ptxas; Triton's own bundled ptxas is a CUDA 12.9 one up to at least Triton 3.9). ``ptxas()``
+finds one that really turns sm_70 PTX into a cubin; ``use()`` points Triton at it (TRITON_PTXAS_PATH). On sm_70
+Triton's NVIDIA backend makes FMA code instead of MMA for tl.dot (no mma.m16n8k16 on Volta), which the batch-1
+GEMVs never use and the one-query attention uses on [16, 128]-sized tiles.
+
+``python -m engine.core.sm70`` compiles every kernel the V100 runs (kernel choice "fused": the dense GEMVs and
+their prologues and exchange, the one-query attention and its combine, the int4 GEMV and the prefill dequantise)
+for sm_70 in fp16 and prints, per kernel, the cubin's size, as JSON (tests/test_engine_sm70.py runs it in CI).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PTXAS_ENV = "TRITON_PTXAS_PATH"
+V100_SHARED_BYTES = 96 * 1024  # shared memory a V100 block may use (opt-in above 48 KB): a kernel asking more fails
+_PTX = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry v100plan_probe() { ret; }\n"
+
+
+def _candidates() -> list[tuple[str, str]]:
+    out = []
+    if os.environ.get(PTXAS_ENV):
+        out.append((os.environ[PTXAS_ENV], PTXAS_ENV))
+    for base in sys.path:
+        p = Path(base) / "nvidia" / "cuda_nvcc" / "bin" / "ptxas"
+        if p.exists():
+            out.append((str(p), "the nvidia-cuda-nvcc-cu12 wheel"))
+            break
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        if p.exists():
+            out.append((str(p), f"Triton {triton.__version__}'s bundled ptxas"))
+    except ImportError:
+        pass
+    return out
+
+
+def _version(path: str) -> str | None:
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+\.\d+)", text)
+    return m.group(1) if m else None
+
+
+@functools.cache
+def ptxas() -> tuple[str | None, str]:
+    """(path of a ptxas that compiles sm_70, why) or (None, why not): each candidate is asked to compile a
+    one-instruction sm_70 kernel."""
+    tried = []
+    for path, source in _candidates():
+        version = _version(path)
+        with tempfile.TemporaryDirectory() as d:
+            src, out = Path(d) / "probe.ptx", Path(d) / "probe.cubin"
+            src.write_text(_PTX)
+            try:
+                ok = subprocess.run([path, "-arch=sm_70", str(src), "-o", str(out)], capture_output=True,
+                                    timeout=60).returncode == 0 and out.exists()
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+        if ok:
+            return path, f"ptxas {version} ({source}) compiles sm_70"
+        tried.append(f"{source}: ptxas {version or 'unknown version'} does not compile sm_70")
+    if not tried:
+        return None, "no ptxas found (pip install nvidia-cuda-nvcc-cu12, or set TRITON_PTXAS_PATH)"
+    return None, "; ".join(tried) + " (CUDA 13 dropped sm_70: pip install nvidia-cuda-nvcc-cu12)"
+
+
+def use() -> tuple[bool, str]:
+    """Point Triton at an sm_70 ptxas (TRITON_PTXAS_PATH) if one is found: (found, why)."""
+    path, why = ptxas()
+    if path is not None:
+        os.environ[PTXAS_ENV] = path
+    return path is not None, why
+
+
+# ---- the kernels the V100 runs, with the constexpr variants the fused decode step launches --------------------
+_FLOATS = ("eps", "scale")
+_I64 = ("xs_peer", "xs_inbox", "xs_ser", "xs_ready", "pos_ptr", "xs_timeout")
+_I32 = ("xs_failed", "count_ptr", "qw_ptr", "qz_ptr", "perm_ptr")
+_F32 = ("part_acc", "part_ml")
+
+
+def _signature(fn, constexprs: dict, types: dict | None = None) -> dict[str, str]:
+    sig = {}
+    for name in fn.arg_names:
+        if types and name in types:
+            sig[name] = types[name]
+        elif name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _FLOATS:
+            sig[name] = "fp32"
+        elif name in ("xs_timeout",):
+            sig[name] = "i64"
+        elif name in _I64:
+            sig[name] = "*i64"
+        elif name in _I32:
+            sig[name] = "*i32"
+        elif name in _F32:
+            sig[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            sig[name] = "*fp16"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def variants() -> list[tuple[str, object, dict, int]]:
+    """(label, triton kernel, constexprs, num_warps[, argument types]) of every kernel the fused decode step runs,
+    fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
+    zero-centred norms, the Gated DeltaNet decode kernel), the int8 K/V cache's attention."""
+    from engine.core import attention, gdn_fused, gemv, gemv_int4
+
+    dense = gemv._kernel()
+    pro, finish = gemv._prologue_kernel()
+    attn, comb = attention._kernels()
+    int4, deq = gemv_int4._kernels()
+    base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
+                RECV=False, EPW=2, INTERP=False)
+    q4 = dict(HAS_BIAS=False, HAS_PERM=False, BLOCK_N=16, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, STATS_BLOCK=4096,
+              SEND=False, EPW=2, ELEMENTWISE=True)
+    attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
+                  DOT_F32=False, ONE_KERNEL=True, EMU=False)
+    return [
+        ("gemv", dense, dict(HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True), 4),
+        ("gemv_prologue:norm", pro, {**base, "PROLOGUE": 1}, 4),
+        ("gemv_prologue:silu+send", pro, {**base, "PROLOGUE": 2, "SEND": True}, 4),
+        ("gemv_prologue:plain+send", pro, {**base, "PROLOGUE": 0, "SEND": True}, 4),
+        ("gemv_prologue:norm+recv", pro, {**base, "PROLOGUE": 1, "RECV": True}, 4),
+        ("exchange_finish:norm", finish, dict(BLOCK=4096, EPW=2, EMU=False, INTERP=False, BUMP=True, NORM=True), 8),
+        ("exchange_finish:sum", finish, dict(BLOCK=512, EPW=2, EMU=False, INTERP=False, BUMP=False, NORM=False), 4),
+        ("attention", attn, attn_c, 8),
+        ("attention:combine", comb, dict(SPLITS=8, G=4, G_PAD=16, HD=128, EMU=False), 4),
+        ("attention:27b gated, rotary 64, zero-centred (tiles of attention.VOLTA_TILE / 256 positions)", attn,
+         {**attn_c, "N_HEADS": 24, "N_KV": 4, "G": 6, "HD": 256, "ROT": 64, "GATED": True, "ZC": True,
+          "BLOCK_S": attention.VOLTA_TILE // 256, "CHUNK": attention.VOLTA_TILE // 256}, 8),
+        ("attention:int8 K/V", attn, {**attn_c, "INT8": True}, 8,
+         {"kc_ptr": "*i8", "vc_ptr": "*i8", "ksc_ptr": "*fp32", "vsc_ptr": "*fp32"}),
+        ("attention:combine gated", comb, dict(SPLITS=8, G=6, G_PAD=16, HD=256, EMU=False, GATED=True), 4),
+        ("gdn_decode:27b", gdn_fused._kernel(), dict(NK=16, NV=48, DK=128, DV=128, KSIZE=4, EMU=False), 8,
+         {"state_ptr": "*fp32", "pos_ptr": "*i64"}),
+        ("gemv_prologue:norm zero-centred", pro, {**base, "PROLOGUE": 1, "ZC": True}, 4),
+        ("int4_gemv:norm zero-centred", int4, {**q4, "PROLOGUE": 1, "ZC": True}, 4),
+        ("int4_gemv:norm", int4, {**q4, "PROLOGUE": 1}, 4),
+        ("int4_gemv:silu+send", int4, {**q4, "PROLOGUE": 2, "SEND": True}, 4),
+        ("int4_gemv:plain+send", int4, {**q4, "PROLOGUE": 0, "SEND": True, "HAS_PERM": True, "GS": 32,
+                                         "BLOCK_K": 32}, 4),
+        ("int4_gemv:norm, per-tile sums", int4, {**q4, "PROLOGUE": 1, "ELEMENTWISE": False}, 4),
+        ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128), 4),
+    ]
+
+
+def sass_arch(cubin: bytes) -> int | None:
+    """The SM a cubin's machine code is for (its ELF header's e_flags, low byte, for the CUDA ELF ABI up to 7), or
+    None when it is not a CUDA ELF."""
+    import struct
+
+    if len(cubin) < 52 or cubin[:4] != b"\x7fELF" or cubin[7] != 0x33:  # ELFOSABI_CUDA
+        return None
+    return struct.unpack_from("<I", cubin, 48)[0] & 0xFF
+
+
+def compile_all(capability: tuple[int, int] = (7, 0)) -> dict:
+    """Compile every variant for the capability (no GPU needed): per kernel its cubin's bytes and target."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    found, why = use()
+    cc = capability[0] * 10 + capability[1]
+    results = []
+    for label, kern, constexprs, warps, *types in variants():
+        src = ASTSource(fn=kern, signature=_signature(kern, constexprs, types[0] if types else None),
+                        constexprs=constexprs)
+        try:
+            c = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": warps})
+            targets = re.findall(r"\.target\s+(sm_\w+)", c.asm["ptx"])
+            results.append({"kernel": label, "cubin_bytes": len(c.asm["cubin"]), "sass_arch": sass_arch(c.asm["cubin"]),
+                            "ptx_target": targets[0] if targets else None, "num_warps": warps,
+                            "shared_bytes": c.metadata.shared, "error": None})
+        except Exception as e:  # noqa: BLE001 - one kernel's failure is reported, the others still compile
+            results.append({"kernel": label, "cubin_bytes": None, "sass_arch": None, "ptx_target": None,
+                            "num_warps": warps, "shared_bytes": None,
+                            "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
+    return {"target": f"sm_{cc}", "dtype": "float16", "triton": triton.__version__, "ptxas": why,
+            "ptxas_found": found, "kernels": results,
+            "shared_limit_bytes": V100_SHARED_BYTES,
+            "all_compiled": all(r["error"] is None and r["sass_arch"] == cc and r["shared_bytes"] <= V100_SHARED_BYTES
+                                for r in results)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    out = compile_all()
+    print(json.dumps(out, indent=1))
+    return 0 if out["all_compiled"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

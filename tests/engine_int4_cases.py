@@ -1,0 +1,174 @@
+"""Cases run by tests/test_engine_int4_kernels.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
+before triton is first imported: hence a process of its own; the file name keeps the main run from collecting it).
+
+engine/core/gemv_int4.py's kernels on packed weights (engine.core.quant.PackedLinear) against dequantise-then-
+matmul: the plain, norm and SiLU prologues, group sizes 32 / 64 / 128 / one group, a desc_act input order, the
+send epilogue's tagged words, the prefill dequantisation; and whole decode steps of a GPTQ and an AWQ model through
+the fused blocks against the plain blocks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.core import quant, runner
+from engine.core.model import rms_norm
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("run by tests/test_engine_int4_kernels.py with TRITON_INTERPRET=1", allow_module_level=True)
+
+EPS = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def kernels_on_cpu(monkeypatch):
+    from engine.core import attention
+
+    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+
+
+def rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def packed(n: int, k: int, group: int, g, zero_offset: int = 1, desc_act: bool = False) -> quant.PackedLinear:
+    gs = k if group == -1 else group
+    q = torch.randint(0, 16, (n, k), generator=g)
+    z = torch.randint(0, 15, (k // gs, n), generator=g)
+    s = (0.01 + 0.02 * torch.rand(k // gs, n, generator=g)).half()
+    perm = torch.randperm(k, generator=g).to(torch.int32) if desc_act else None
+    return quant.PackedLinear(quant.pack(q), quant.pack(z), s, perm, group, zero_offset, "test")
+
+
+@pytest.mark.parametrize("group,desc_act,n,k,blocks", [
+    (32, False, 96, 256, (32, 128, 4)),  # four groups per tile
+    (64, False, 80, 192, (16, 64, 4)),  # a tile per group; K not a multiple of the blocks
+    (128, True, 64, 256, (32, 32, 4)),  # four tiles per group, desc_act order
+    (-1, False, 48, 200, (16, 64, 4)),  # one group over all 200 inputs, a masked tail
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("elementwise", [True, False])
+def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k, blocks, dtype, elementwise):
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(n + k)
+    w = packed(n, k, group, g, desc_act=desc_act)
+    wd = w.dequantise(torch.float32)  # the module's weight, its own input order
+    b = torch.randn(n, generator=g).to(dtype)
+    x, d = torch.randn(k, generator=g).to(dtype), torch.randn(k, generator=g).to(dtype)
+    nw = (1.0 + 0.1 * torch.randn(k, generator=g)).to(dtype)
+    tol = 1e-5 if dtype is torch.float32 else 1e-2
+    out = torch.empty(n, dtype=dtype)
+    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, b, out, blocks=blocks, elementwise=elementwise)
+    assert rel(out, F.linear(x.float(), wd, b.float())) < tol
+    xo = torch.empty(k, dtype=dtype)
+    gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, out, d, nw, EPS, xo, blocks=blocks, elementwise=elementwise)
+    assert torch.equal(xo, x + d)
+    assert rel(out, F.linear(rms_norm(x + d, nw, EPS).float(), wd)) < tol
+    gu = torch.randn(2 * k, generator=g).to(dtype)
+    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=blocks, elementwise=elementwise)
+    gate, up = gu.chunk(2)
+    assert rel(out, F.linear((F.silu(gate) * up).float(), wd)) < tol
+    again = torch.empty(n, dtype=dtype)
+    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, again, blocks=blocks, elementwise=elementwise)
+    assert torch.equal(out, again)  # fixed reduction order
+
+
+def test_prefill_dequantise_kernel_is_the_reference_dequantise():
+    from engine.core import gemv_int4
+
+    g = torch.Generator().manual_seed(5)
+    for group, zoff in ((32, 1), (128, 0), (-1, 0)):
+        w = packed(40, 256, group, g, zero_offset=zoff)
+        assert torch.equal(gemv_int4.dequantise(w, torch.float32), w.dequantise_held(torch.float32))
+
+
+def test_send_epilogue_writes_the_rows_tagged_into_the_peer_inbox():
+    """The TP2 exchange from the int4 GEMV (mode "send"): 8-byte words, tag above, two bf16 values below."""
+    from engine.core import gemv, gemv_int4
+
+    class Xs:  # the fields engine.allreduce.epilogue's exchange hands the kernels
+        def __init__(self):
+            self.peer_inbox = torch.zeros(64, dtype=torch.int64)
+            self.inbox = torch.zeros(64, dtype=torch.int64)
+            self.serial = torch.tensor([41], dtype=torch.int64)
+            self.failed = torch.zeros(1, dtype=torch.int32)
+            self.ready = torch.zeros(2, dtype=torch.int64)
+            self.slot_words, self.timeout_ns = 32, 10 ** 9
+
+    class Ticket:
+        def __init__(self, xs):
+            self.xs, self.slot, self.e = xs, 1, 3
+
+    g = torch.Generator().manual_seed(9)
+    w = packed(64, 128, 32, g)
+    x = torch.randn(128, generator=g).to(torch.bfloat16)
+    xs = Xs()
+    out = torch.empty(64, dtype=torch.bfloat16)
+    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, send=Ticket(xs), blocks=(16, 64, 4))
+    words = xs.peer_inbox[32:64]
+    tag = ((41 & 0x3FFFFF) + 1) << 8 | 3
+    assert ((words >> 32) == tag).all()
+    vals = torch.stack([words & 0xFFFF, (words >> 16) & 0xFFFF], 1).reshape(-1).to(torch.int16).view(torch.bfloat16)
+    assert torch.equal(vals, out)
+
+
+@pytest.mark.parametrize("method,group", [("gptq", 32), ("awq", 128)])
+def test_fused_decode_step_on_packed_weights_is_the_plain_step(method, group, tmp_path):
+    from engine.core import config as ecfg
+    from engine.core import weights
+    from engine.core.model import Model
+    from tests.quant_helpers import make_quantised
+
+    make_quantised("llama-3.1-8b", tmp_path, method, group, sym=False)
+    model = Model(ecfg.load(tmp_path))
+    weights.load_into(model, tmp_path)
+    model.setup_cache(96)
+    assert model.packed()
+    model.forward(torch.tensor([[1, 17, 300, 42, 5]]), 0)
+    caches = [(lay.k_cache.clone(), lay.v_cache.clone()) for lay in model.layers]
+    tok, pos = torch.tensor([9]), torch.tensor([5])
+    with torch.inference_mode():
+        want = model.decode_step(tok, pos, 64)
+        for lay, (k, v) in zip(model.layers, caches):
+            lay.k_cache.copy_(k)
+            lay.v_cache.copy_(v)
+        got = model.decode_step(tok, pos, 64, runner.fused_blocks())
+    assert rel(got, want) < 1e-5 and int(got.argmax()) == int(want.argmax())
+
+
+def test_fused_hybrid_decode_step_on_packed_weights_is_the_step_on_their_dequantised_weights():
+    """The 27B class at toy size: every layer matrix packed (MLP, gated attention, the Gated DeltaNet in/out
+    projections, as engine.bench.int4's step runs them) through the fused blocks, against the plain step on the
+    same weights dequantised; the linear-attention states and K/V caches end up the same too."""
+    from tests.engine_hybrid_cases import _model, _restore, _states
+
+    model = _model()
+    g = torch.Generator().manual_seed(21)
+    swaps = []
+    for layer in model.layers:
+        for attr in ("wqkv", "wo", "w13", "w2", "w_in", "w_out"):
+            t = getattr(layer, attr, None)
+            if t is not None and t.shape[0] % 8 == 0:  # zero points come in words of eight outputs
+                n, k = t.shape
+                p = packed(n, k, 32, g)
+                p.scales = (p.scales.float() * 3).half()  # weights of ~0.08, as the dense ones
+                swaps.append((layer, attr, p))
+    assert {attr for _, attr, _ in swaps} >= {"wqkv", "wo", "w13", "w2", "w_out"}
+    start = _states(model)
+    tok, pos = torch.tensor([7]), torch.tensor([40])
+    with torch.inference_mode():
+        for layer, attr, p in swaps:
+            setattr(layer, attr, p.dequantise(torch.float32))
+        want = model.decode_step(tok, pos, 64)
+        want_states = _states(model)
+        _restore(model, start)
+        for layer, attr, p in swaps:
+            setattr(layer, attr, p)
+        got = model.decode_step(tok, pos, 64, runner.fused_blocks())
+    assert rel(got, want) < 1e-4 and int(got.argmax()) == int(want.argmax())
+    for a, b in zip(_states(model), want_states):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4)

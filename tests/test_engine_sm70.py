@@ -1,0 +1,57 @@
+"""The V100 path: every Triton kernel of the fused decode step compiled for sm_70 in fp16 without a GPU
+(engine/core/sm70.py, in a process of its own), and the kernel choice per card with and without Triton and an
+sm_70 ptxas."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.core import runner
+from tests.engine_helpers import REPO
+
+FOUND = (True, "ptxas 12.9 (the nvidia-cuda-nvcc-cu12 wheel) compiles sm_70")
+MISSING = (False, "Triton 3.9's bundled ptxas: ptxas 13.0 does not compile sm_70")
+
+
+@pytest.mark.parametrize("cap,triton,ptxas,want,why", [
+    ((7, 0), True, FOUND, "fused", "compiled for sm_70 by ptxas 12.9"),
+    ((7, 0), True, MISSING, "eager", "compute capability 7.0 < 8.0 and Triton 3.9's bundled ptxas: ptxas 13.0"),
+    ((7, 0), True, None, "eager", "no ptxas for sm_70 was looked for"),
+    ((7, 0), False, FOUND, "eager", "Triton is not installed"),
+    ((8, 0), True, None, "fused", "five Triton kernels per layer"),
+    ((8, 0), False, None, "eager", "Triton is not installed"),
+    ((9, 0), True, MISSING, "fused", "five Triton kernels per layer"),  # sm_90 needs no CUDA 12 ptxas
+    ((9, 0), False, None, "eager", "Triton is not installed"),
+    ((6, 1), True, FOUND, "eager", "compute capability 6.1 < 7.0"),
+])
+def test_kernel_choice_per_card(cap, triton, ptxas, want, why):
+    got, reason = runner.kernel_choice("cuda", cap, triton, None, ptxas)
+    assert got == want and why in reason, reason
+
+
+def test_a_v100_asked_for_compiled_blocks_says_why_it_runs_eager_ones():
+    got, reason = runner.kernel_choice("cuda", (7, 0), True, "gemv", FOUND)
+    assert got == "eager" and "not offered on this card" in reason
+    assert runner.kernel_choice("cuda", (7, 0), True, "eager", FOUND)[0] == "eager"
+    assert runner.dtype_for("cuda", (7, 0)) == "float16"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed: nothing to compile")
+def test_every_v100_kernel_compiles_to_sm70_sass_in_fp16():
+    res = subprocess.run([sys.executable, "-m", "engine.core.sm70"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, env={**__import__("os").environ, "TRITON_DEFAULT_FP_FUSION": "1"})
+    out = json.loads(res.stdout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert out["target"] == "sm_70" and out["ptxas_found"], out["ptxas"]
+    names = {k["kernel"] for k in out["kernels"]}
+    assert {"gemv", "gemv_prologue:norm", "gemv_prologue:silu+send", "attention", "int4_gemv:norm",
+            "int4_gemv:silu+send", "int4_dequant", "exchange_finish:norm", "gdn_decode:27b",
+            "attention:int8 K/V"} <= names and any(n.startswith("attention:27b gated") for n in names)
+    for k in out["kernels"]:
+        assert k["error"] is None and k["sass_arch"] == 70 and k["ptx_target"] == "sm_70" and k["cubin_bytes"] > 0, k
+        assert k["shared_bytes"] <= 96 * 1024, k  # what a V100 block can have
