@@ -96,12 +96,14 @@ def _kernels():
         kt2 = tl.load(kp + i2[None, :], mask=old, other=0)
         vt = tl.load(vc_ptr + kvh * stride_vh + offs[:, None] * stride_vs + tl.arange(0, HD)[None, :], mask=old,
                      other=0)
+        ksc = offs.to(tl.float32)  # placeholders without an int8 cache (one return: Triton types every return)
+        vsc = ksc
         if INT8:  # the int8 values (exact in 16-bit floats); their scales multiply the scores and the weights
             omask = offs < pos
-            ksc = tl.load(ksc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)
-            vsc = tl.load(vsc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0)
-            return kt1.to(dt), kt2.to(dt), vt.to(dt), ksc, vsc
-        return kt1, kt2, vt, offs, offs
+            ksc = tl.load(ksc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0).to(tl.float32)
+            vsc = tl.load(vsc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0).to(tl.float32)
+            kt1, kt2, vt = kt1.to(dt), kt2.to(dt), vt.to(dt)
+        return kt1, kt2, vt, ksc, vsc
 
     @triton.jit
     def _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt: tl.constexpr,
@@ -245,10 +247,10 @@ def _kernels():
             ksc_new, vsc_new = ksc, vsc
         else:
             ksc_new, vsc_new = scale, scale
-        if not INT8 and sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
-            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i1, k1)
-            tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i2, k2)
-            tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, v_new)
+            if sp == 0:  # one program per kv head writes this position's K/V; nobody reads them back
+                tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i1, k1)
+                tl.store(kc_ptr + kvh * stride_kh + pos * stride_ks + i2, k2)
+                tl.store(vc_ptr + kvh * stride_vh + pos * stride_vs + ds, v_new)
 
         m_i = tl.full((G_PAD,), -1.0e30, tl.float32)
         l_i = tl.zeros((G_PAD,), tl.float32)
