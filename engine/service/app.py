@@ -68,10 +68,10 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         pair = service.pair
         if pair is not None and service.state == "up" and pair.failure is None:
             # Judge now, not at the watchdog's next tick: a rank found dead turns this 503 at once.
-            reason = watchdog.pair_failure(pair, service._busy_since(), cfg.stall_timeout_s,
-                                           liveness_timeout_s=cfg.liveness_timeout_s or None)
-            if reason is not None:
-                pair.fail(reason)
+            failure = watchdog.pair_failure(pair, service._busy_since(), cfg.stall_timeout_s,
+                                            liveness_timeout_s=cfg.liveness_timeout_s or None)
+            if failure is not None:
+                pair.fail(failure)
         up = service.state == "up" and pair is not None and pair.failure is None
         status = "ok" if up else service.state
         if not has_api_key(request, cfg.api_key):

@@ -18,15 +18,15 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from engine.service.app_http import ApiError, check_api_key
+from engine.service.causes import ACTIONS
 from engine.service.proxy_service import Service, Unavailable
 from engine.service.serve_config import host_is_loopback
 
+# The actions are engine/service/causes.py's fault table. kill_proxy: the supervisor must bring the
+# proxy back. fail_starts: the next `count` rank starts fail their allreduce self-test on rank 1 (real
+# rank processes that refuse to come up), so a kill now starts a restart storm that reaches
+# --max-restarts and makes serve exit non-zero.
 SIGNALS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP, "thaw": signal.SIGCONT}
-RANK_FAULTS = ("corrupt_hash", "stall_allreduce", "exit")
-# kill_proxy: the supervisor must bring the proxy back. fail_starts: the next `count` rank starts fail
-# their allreduce self-test on rank 1 (real rank processes that refuse to come up), so a kill now
-# starts a restart storm that reaches --max-restarts and makes serve exit non-zero.
-ACTIONS = tuple(SIGNALS) + RANK_FAULTS + ("kill_proxy", "fail_starts")
 
 
 class Injection(BaseModel):

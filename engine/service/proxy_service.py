@@ -18,6 +18,7 @@ from collections import deque
 from typing import Callable
 
 from engine.service import protocol, watchdog
+from engine.service.causes import Cause, Failure
 from engine.service.proxy_decode import DecodeReport
 from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_log import StructuredLog
@@ -82,6 +83,7 @@ class Service:
         # names one pair of rank processes for the life of the state directory.
         self.generation = _previous_generation(cfg.state_dir)
         self.last_failure: str | None = None
+        self.last_cause: Cause | None = None
         self.queue: deque[Job] = deque()
         self.running: Job | None = None
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
@@ -135,16 +137,16 @@ class Service:
         self.log.emit("serve_stop", generation=self.generation, rank_pids_stopped=pids)
 
     async def _lifecycle(self) -> None:
-        previous_reason: str | None = None
+        previous: Failure | None = None
         while True:
-            pair = await self._bring_up(previous_reason)
+            pair = await self._bring_up(previous.reason if previous else None)
             if pair is None:
                 return
-            previous_reason = await watchdog.watch(
+            previous = await watchdog.watch(
                 pair, self._busy_since, self.cfg.stall_timeout_s, self.cfg.ping_interval_s,
                 self.cfg.liveness_timeout_s or None,
             )
-            await self._take_down(pair, previous_reason)
+            await self._take_down(pair, previous)
             if self.state in ("draining", "exiting"):
                 return  # shutting down: no new generation
 
@@ -162,7 +164,7 @@ class Service:
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
                 self.last_failure = str(exc)
-                self.log.emit("rank_start_failed", generation=self.generation, reason=str(exc),
+                self.log.emit("rank_start_failed", generation=self.generation, reason=str(exc), cause=exc.cause.value,
                               consecutive_failures=self.budget.consecutive_failures,
                               max_restarts=self.cfg.max_restarts)
                 if self.budget.exhausted:
@@ -208,23 +210,17 @@ class Service:
         paths = ALLREDUCE_PATHS[1:] if self.cfg.allreduce == "auto" else (self.cfg.allreduce,)
         return tuple(arg for p in paths for arg in ("--fail-selftest", p))
 
-    async def _take_down(self, pair: RankPair, reason: str) -> None:
+    async def _take_down(self, pair: RankPair, failure: Failure) -> None:
+        reason = failure.reason
         self.last_failure = reason
-        lockstep = "LOCKSTEP FAILURE" in reason
-        if lockstep:
+        self.last_cause = failure.cause
+        if failure.cause is Cause.LOCKSTEP:
             self.metrics.inc("v100plan_lockstep_failures_total")
-        if lockstep:
-            cause = "lockstep"
-        elif "heartbeat" in reason or "stalled:" in reason:
-            cause = "liveness"
-        elif "no progress" in reason or "ping" in reason:
-            cause = "stall"
-        else:
-            cause = "exit"
-        self.metrics.inc("v100plan_rank_failures_total", cause=cause)
+        self.metrics.inc("v100plan_rank_failures_total", cause=failure.cause.value)
         self._publish_down("restarting" if self.state not in ("draining", "exiting") else self.state)
         self.log.emit("rank_failure", generation=pair.generation, rank_pids=pair.pids, reason=reason,
-                      cause=cause, in_flight=self.running.id if self.running else None)
+                      cause=failure.cause.value, rank=failure.rank,
+                      in_flight=self.running.id if self.running else None)
         self._fail_pending(503, _restarting(reason) if self.state == "restarting" else
                            "the service is shutting down")
         await pair.close()
@@ -270,7 +266,7 @@ class Service:
 
     def submit(self, params: GenerateParams, endpoint: str) -> Job:
         if self.state == "up" and self.pair is not None and self.pair.failure is not None:
-            self.last_failure = self.pair.failure  # found dead a moment ago; the watchdog is on it
+            self.last_failure = self.pair.failure.reason  # found dead a moment ago; the watchdog is on it
             self.state = "restarting"
         if self.state != "up":
             raise Unavailable(
@@ -317,8 +313,8 @@ class Service:
             try:
                 await self._run(job, pair)
             except (ConnectionError, OSError) as exc:
-                pair.fail(f"rank control socket: {exc}")
-                job.finish(("error", 503, _restarting(pair.failure)))
+                pair.fail(Failure(Cause.CONTROL, f"rank control socket: {exc}"))
+                job.finish(("error", 503, _restarting(pair.failure.reason)))
             finally:
                 self.running = None
                 self.metrics.set("v100plan_requests_running", 0)
@@ -340,7 +336,7 @@ class Service:
         try:
             while not (done[0] and done[1]):
                 if pair.failure is not None:
-                    job.finish(("error", 503, _restarting(pair.failure)))
+                    job.finish(("error", 503, _restarting(pair.failure.reason)))
                     return
                 if job.state == "finished":
                     return

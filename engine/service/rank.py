@@ -31,6 +31,7 @@ import time
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES
 from engine.service import protocol
+from engine.service.causes import RANK_HOOKS, Cause
 
 EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
 DTYPES = ("float32", "float16", "bfloat16")
@@ -59,6 +60,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-bw-gbps", type=float, default=float(env_bw) if env_bw else None,
                    help=f"the card's read bandwidth in GB/s, for the achieved fraction the service reports "
                         f"(default: ${READ_BW_ENV}, else measured by the rank at start)")
+
+
+class StartFailed(Exception):
+    """Start-up failed for a reason with a cause of its own (the allreduce self-test)."""
+
+    def __init__(self, cause: Cause, message: str):
+        super().__init__(message)
+        self.cause = cause
 
 
 def log(rank: int, msg: str) -> None:
@@ -115,6 +124,7 @@ class Rank:
     def start(self) -> dict:
         import torch
 
+        from engine.allreduce.base import PathError
         from engine.allreduce.comm import Comm
         from engine.core import config, weights
         from engine.core.lockstep import Lockstep
@@ -151,10 +161,13 @@ class Rank:
             os.makedirs(a.rendezvous, exist_ok=True)
             store = init_control(a.rendezvous, a.generation, self.r, 2, a.allreduce_timeout_s)
             marks.append(("rendezvous", time.monotonic()))
-            self.choice = select.choose(
-                a.allreduce, rank=self.r, device=device, dtype=dtype, timeout_s=a.allreduce_timeout_s,
-                abort=self.abort, rendezvous_dir=a.rendezvous, generation=a.generation, store=store,
-                fail_selftest=set(a.fail_selftest), log=lambda m: log(self.r, m))
+            try:
+                self.choice = select.choose(
+                    a.allreduce, rank=self.r, device=device, dtype=dtype, timeout_s=a.allreduce_timeout_s,
+                    abort=self.abort, rendezvous_dir=a.rendezvous, generation=a.generation, store=store,
+                    fail_selftest=set(a.fail_selftest), log=lambda m: log(self.r, m))
+            except PathError as e:
+                raise StartFailed(Cause.SELFTEST, str(e)) from None
             self.path = self.choice.path
             self._time_waits(self.path)
             marks.append(("allreduce_choice", time.monotonic()))
@@ -238,6 +251,9 @@ class Rank:
             elif t == "fault":
                 if not self.args.enable_fault_injection:
                     server.send(protocol.error(None, "fault injection is disabled (start with --enable-fault-injection)"))
+                    continue
+                if msg["what"] not in RANK_HOOKS:
+                    server.send(protocol.error(None, f"fault must be one of {', '.join(RANK_HOOKS)}"))
                     continue
                 self.faults.append({"what": msg["what"], "at_step": msg.get("at_step")})
                 server.send(protocol.fault_armed(msg["what"], msg.get("at_step")))
@@ -356,7 +372,7 @@ def main(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - every start-up failure becomes one fatal message
         msg = f"start-up failed: {type(e).__name__}: {e}" if not isinstance(e, ValueError) else f"start-up failed: {e}"
         log(args.rank, msg)
-        server.send(protocol.fatal(msg))
+        server.send(protocol.fatal(msg, getattr(e, "cause", Cause.STARTUP)))
         time.sleep(0.2)
         return EXIT_STARTUP
     server.send(ready)
@@ -370,13 +386,13 @@ def main(args: argparse.Namespace) -> int:
         rank.serve(server)
     except LockstepFailure as e:
         log(args.rank, str(e))
-        server.send(protocol.fatal(str(e)))
+        server.send(protocol.fatal(str(e), Cause.LOCKSTEP))
         time.sleep(0.2)
         return EXIT_LOCKSTEP
     except PathError as e:
         msg = f"allreduce failed: {e}"
         log(args.rank, msg)
-        server.send(protocol.fatal(msg))
+        server.send(protocol.fatal(msg, Cause.ALLREDUCE))
         time.sleep(0.2)
         return EXIT_ALLREDUCE
     return 0

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine.service.causes import SCENARIOS
 from v100plan.accept.cases import Outcome, Repetition, case
 from v100plan.accept.context import PROMPTS, REF_TOKENS, Context
 from v100plan.accept.http import Stream
@@ -217,21 +218,12 @@ def _failure_cause(*causes: str) -> Callable[[Context, list[dict]], str | None]:
     return check
 
 
-# (key, description, action, rank, the failure causes the service log may give)
-RANK_FAULTS = (
-    ("kill_rank1", "SIGKILL rank 1 mid-stream: error to the client, both ranks restarted", "kill", 1, ("exit",)),
-    ("kill_rank0", "SIGKILL rank 0 mid-stream: error to the client, both ranks restarted", "kill", 0, ("exit",)),
-    ("freeze_rank1", "SIGSTOP rank 1 mid-stream until the watchdog acts: error, restart", "freeze", 1,
-     ("exit", "stall")),
-    ("corrupt_hash", "rank 1's lockstep hash corrupted: a LOCKSTEP FAILURE, no wrong token served, restart",
-     "corrupt_hash", 1, ("lockstep",)),
-    ("stall_allreduce", "rank 1's allreduce stalls past its timeout: error, restart", "stall_allreduce", 1,
-     ("exit", "stall")),
-)
-
-for _key, _description, _action, _rank, _causes in RANK_FAULTS:
-    case(_key, _description, group=G, timeout_s=_timeout, applicable=_needs_control)(
-        lambda ctx, a=_action, r=_rank, c=_causes: _run_fault(ctx, _rank_action(a, r), log_check=_failure_cause(*c)))
+# The engine's scenario table (engine/service/causes.py, stdlib only): the action, the rank, and
+# every failure cause that is a correct detection of the fault.
+for _sc in SCENARIOS:
+    case(_sc.key, _sc.description, group=G, timeout_s=_timeout, applicable=_needs_control)(
+        lambda ctx, sc=_sc: _run_fault(ctx, _rank_action(sc.action, sc.rank),
+                                       log_check=_failure_cause(*(c.value for c in sc.detected_by))))
 
 
 def _kill_proxy(ctx: Context) -> tuple[bool, str]:
