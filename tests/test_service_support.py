@@ -136,6 +136,8 @@ class ServiceProcess:
                  stall_timeout_s: float = 5.0, allreduce_timeout_s: float = 3.0):
         self.port = free_port()
         self.state_dir = short_dir("state")
+        if api_key is None and "--enable-fault-injection" in extra:
+            api_key = "sk-test-" + os.urandom(8).hex()  # serve refuses fault injection without a key
         self.api_key = api_key
         self.log_path = os.path.join(self.state_dir, "serve.log")
         cmd = [sys.executable, "-m", "engine", "serve", "--model", model or demo_model(), "--tp", "2",

@@ -40,6 +40,7 @@ from engine.service.app_schemas import GREEDY_BELOW, SEED_MAX, ChatRequest, Comp
 from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_service import QueueFull, Service, Unavailable
 from engine.service.proxy_text import ModelText, TextAssembler
+from engine.service.serve_config import service_limits
 
 # OpenAI's documented default for /v1/completions; chat defaults to the rest of the context.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -79,6 +80,9 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         body = {"status": status, "state": service.state, "generation": service.generation,
                 "rank_pids": pair.pids if pair else [], "allreduce": pair.allreduce if pair else None,
                 "selftest": "passed" if up else None, "last_failure": service.last_failure,
+                "last_cause": service.last_cause.value if service.last_cause else None,
+                "previous_exit": service.previous_exit, "limits": service_limits(cfg),
+                "max_heartbeat_gap_s": [round(link.max_heartbeat_gap_s, 3) for link in pair.links] if pair else None,
                 "decode": service.decode.health() if pair else None}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 

@@ -18,6 +18,7 @@ _HELP = {
     "v100plan_rank_restarts_total": ("counter", "rank pair starts after the first, successful or not"),
     "v100plan_rank_restart_failures_total": ("counter", "rank pair starts that did not come up"),
     "v100plan_cancelled_total": ("counter", "requests cancelled on both ranks (client gone or stop string)"),
+    "v100plan_connections_refused_total": ("counter", "connections over --max-connections, answered 503 and closed"),
     "v100plan_request_errors_total": ("counter", "requests the ranks answered with an error (the ranks stayed up)"),
     "v100plan_ranks_up": ("gauge", "1 when both ranks are up and their self-test passed"),
     "v100plan_rank_generation": ("gauge", "generation number of the current rank pair"),

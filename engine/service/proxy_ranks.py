@@ -87,6 +87,8 @@ class RankLink:
     last_progress_monotonic: float = field(default_factory=time.monotonic)  # when the counter last moved
     last_counter: int | None = None
     wait_s: float = 0.0            # from the last heartbeat: how long this rank has waited for its peer
+    last_heartbeat_monotonic: float | None = None
+    max_heartbeat_gap_s: float = 0.0  # the longest silence between two heartbeats so far (the liveness margin)
     eof: bool = False
     fatal_message: str | None = None
     fatal_cause: Cause | None = None  # the cause the rank's fatal message names
@@ -132,6 +134,9 @@ class RankLink:
             kind = msg.get("type")
             if kind == "heartbeat":
                 self.wait_s = float(msg.get("wait_s") or 0.0)
+                if self.last_heartbeat_monotonic is not None:
+                    self.max_heartbeat_gap_s = max(self.max_heartbeat_gap_s, now - self.last_heartbeat_monotonic)
+                self.last_heartbeat_monotonic = now
                 continue
             if kind == "pong":
                 self.ping_sent_monotonic = None

@@ -61,12 +61,15 @@ def _restarting(reason: str) -> str:
     return f"the engine's ranks failed ({public_reason(reason)}); the service is restarting them"
 
 
-def _previous_generation(state_dir: str) -> int:
+def _previous_state(state_dir: str) -> dict:
+    """The service.json the previous proxy of this state directory left (its generation, and its
+    exit record when it gave up at the restart cap), or {}."""
     try:
         with open(os.path.join(state_dir, "service.json")) as fh:
-            return int(json.load(fh).get("generation") or 0)
-    except (OSError, ValueError, AttributeError):
-        return 0
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 class Service:
@@ -81,7 +84,14 @@ class Service:
         self.pair: RankPair | None = None
         # Generations keep counting across proxy restarts (supervisor), so a generation number
         # names one pair of rank processes for the life of the state directory.
-        self.generation = _previous_generation(cfg.state_dir)
+        previous = _previous_state(cfg.state_dir)
+        try:
+            self.generation = int(previous.get("generation") or 0)
+        except (TypeError, ValueError):
+            self.generation = 0
+        # How the previous proxy ended when it gave up (the restart storm's end): kept in /health.
+        self.previous_exit: dict | None = previous.get("exit") if isinstance(previous.get("exit"), dict) else None
+        self.exit_record: dict | None = None
         self.last_failure: str | None = None
         self.last_cause: Cause | None = None
         self.queue: deque[Job] = deque()
@@ -101,6 +111,8 @@ class Service:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.loop = loop
+        if self.previous_exit is not None:
+            self.log.emit("previous_exit", **self.previous_exit)
         self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(self._worker())]
 
     async def drain(self, timeout_s: float) -> None:
@@ -157,6 +169,12 @@ class Service:
                 self.metrics.inc("v100plan_rank_restarts_total")
             self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
+            if self._forks is not None and self._forks.proc is None:
+                # The first start of this proxy forks its ranks too: one import of torch (the fork
+                # server's) instead of one per rank at once, which is most of a start after the
+                # proxy itself was restarted (kill_proxy). A fork server that died later is only
+                # started again once a pair runs (below).
+                await self._start_forks()
             try:
                 forks = self._forks if self._forks is not None and self._forks.alive else None
                 pair = await start_pair(self.cfg, self.generation, self._start_fault(), forks)
@@ -169,9 +187,11 @@ class Service:
                               max_restarts=self.cfg.max_restarts)
                 if self.budget.exhausted:
                     self.state = "exiting"
-                    self.log.emit("exit", code=EXIT_RESTARTS_EXHAUSTED,
-                                  reason=f"{self.budget.consecutive_failures} consecutive failed rank starts "
-                                         f"(--max-restarts {self.cfg.max_restarts})")
+                    self.exit_record = {
+                        "code": EXIT_RESTARTS_EXHAUSTED, "cause": exc.cause.value, "unix": round(time.time(), 3),
+                        "reason": f"{self.budget.consecutive_failures} consecutive failed rank starts "
+                                  f"(--max-restarts {self.cfg.max_restarts}); the last: {public_reason(str(exc))}"}
+                    self.log.emit("exit", **self.exit_record)
                     self._write_state()
                     self.on_exit(EXIT_RESTARTS_EXHAUSTED)
                     return None
@@ -195,12 +215,15 @@ class Service:
             self._write_state()
             self._wake.set()
             if self._forks is not None and not self._forks.alive and self.state == "up":
-                try:
-                    await self._forks.start()
-                    self.log.emit("rank_forks_started", pid=self._forks.proc.pid)
-                except OSError as exc:
-                    self.log.emit("rank_forks_failed", reason=str(exc))
+                await self._start_forks()
             return pair
+
+    async def _start_forks(self) -> None:
+        try:
+            await self._forks.start()
+            self.log.emit("rank_forks_started", pid=self._forks.proc.pid)
+        except OSError as exc:
+            self.log.emit("rank_forks_failed", reason=str(exc))
 
     def _start_fault(self) -> tuple[str, ...]:
         """Rank 1's flags that make this start's allreduce self-test fail, while a storm is armed."""
@@ -251,6 +274,8 @@ class Service:
             "host": self.cfg.host, "port": self.cfg.port, "last_failure": self.last_failure,
             "updated_unix": round(time.time(), 3),
         }
+        if self.exit_record is not None:
+            doc["exit"] = self.exit_record
         os.makedirs(self.cfg.state_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.cfg.state_dir, "service.json")
         tmp = path + f".{os.getpid()}.tmp"

@@ -32,6 +32,7 @@ import time
 from engine.allreduce.paths import ALLREDUCE_CHOICES
 from engine.service import protocol
 from engine.service.causes import RANK_HOOKS, Cause
+from engine.service.serve_config import DEFAULT_ALLREDUCE_TIMEOUT_S, HEARTBEAT_INTERVAL_S
 
 EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
 DTYPES = ("float32", "float16", "bfloat16")
@@ -50,9 +51,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
-    p.add_argument("--allreduce-timeout-s", type=float, default=60.0)
+    p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
     p.add_argument("--prefill-chunk", type=int, default=256)
-    p.add_argument("--heartbeat-interval-s", type=float, default=1.0,
+    p.add_argument("--heartbeat-interval-s", type=float, default=HEARTBEAT_INTERVAL_S,
                    help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
                    help="(fault injection only) make this path's self-test fail on this rank")
