@@ -18,10 +18,6 @@ from typing import Any
 from v100plan import output
 from v100plan.errors import V100planError
 
-# Shorter than the field defaults so a CPU run ends in minutes; the report's notes say so.
-QUALIFY_SERVE_FLAGS = ["--max-restarts", "1", "--stall-timeout-s", "10", "--allreduce-timeout-s", "3",
-                       "--start-timeout-s", "120"]
-
 
 class _Phases:
     def __init__(self, show: bool):
@@ -155,10 +151,9 @@ class LocalRun:
         if devices == "cpu":
             notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
                          "a GPU's and no plan applies")
-        notes.append("watchdog limits shortened so the run ends in minutes: " + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
-        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype,
-                                      allreduce="auto",
-                                      serve_flags=QUALIFY_SERVE_FLAGS)
+        # The service's own limits, as deploy deploys them (no qualify-only watchdog flags): the report's
+        # target.limits records them from its /health.
+        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype, allreduce="auto")
         self.secrets.append(svc.api_key)
         self.endpoint = svc.endpoint
         svc.start()
