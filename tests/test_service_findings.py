@@ -12,12 +12,14 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 
-from tests.test_service_support import demo_model, service_fixture, short_dir, wait_until
+from tests.test_service_support import REPO, demo_model, service_fixture, short_dir, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -129,3 +131,107 @@ def test_protocol_level_400s_are_the_documented_json_errors(svc, request_bytes):
     assert b"content-type: application/json" in head.lower(), head
     err = json.loads(body)["error"]
     assert err["code"] == 400 and err["type"] == "invalid_request_error" and "HTTP/1.1" in err["message"]
+
+
+def test_ps_tells_rank_0_from_rank_1(svc):
+    pids = svc.wait_healthy()["rank_pids"]
+    for rank, pid in enumerate(pids):
+        with open(f"/proc/{pid}/comm") as fh:
+            assert fh.read().strip() == f"v100plan-rank{rank}"
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            assert fh.read().startswith(f"v100plan-engine rank {rank} generation ".encode())
+
+
+# ----- finding 1: a state directory another user could have prepared -------------------------------
+
+
+def _serve_on(state_dir: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", "serve", "--model", demo_model(), "--port", "9",
+                           "--state-dir", state_dir], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_a_state_dir_others_can_write_or_own_or_link_into_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    r = _serve_on(str(shared))
+    assert r.returncode == 2 and "writable by other users" in r.stderr and "chmod 700" in r.stderr, r.stderr
+    # another user's directory (made here as root, given to uid 1005)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 1005, 1005)
+    r = _serve_on(str(foreign))
+    assert r.returncode == 2 and "belongs to uid 1005" in r.stderr, r.stderr
+    # a link inside: serve must not reap "stale runs" through it
+    victim = tmp_path / "victim"
+    (victim / "precious").mkdir(parents=True)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    os.symlink(victim, mine / "run")
+    r = _serve_on(str(mine))
+    assert r.returncode == 2 and "symbolic link" in r.stderr and str(mine / "run") in r.stderr, r.stderr
+    assert (victim / "precious").is_dir()
+    r = subprocess.run([sys.executable, "-m", "engine", "supervise", "start", "--state-dir", str(mine), "--",
+                        "--model", demo_model()], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "symbolic link" in r.stderr, r.stderr
+
+
+def test_supervise_stop_signals_a_pid_only_when_it_is_provably_ours(tmp_path):
+    from engine.service.state_dir import start_time
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    stranger = subprocess.Popen(["sleep", "60"])
+    mine = subprocess.Popen(["sleep", "60"])
+    try:
+        # service.json names both; only `mine` has the start time recorded when it was ours
+        doc = {"proxy_pid": None, "rank_pids": [stranger.pid, mine.pid],
+               "start_times": {str(stranger.pid): 12345, str(mine.pid): start_time(mine.pid)}}
+        (state / "service.json").write_text(json.dumps(doc))
+        r = subprocess.run([sys.executable, "-m", "engine", "supervise", "stop", "--state-dir", str(state)],
+                           cwd=REPO, capture_output=True, text=True, timeout=90)
+        out = json.loads(r.stdout)
+        assert out["had_to_kill"] == ["rank1"] and out["not_ours"] == ["rank0"], out
+        assert mine.wait(10) == -9
+        assert stranger.poll() is None  # left alone: its start time is not the recorded one
+    finally:
+        for p in (stranger, mine):
+            p.kill()
+            p.wait()
+
+
+# ----- finding 6: mailbox names nobody else can see or pre-create -----------------------------------
+
+
+def test_mailbox_files_live_in_a_private_directory_of_the_start(tmp_path):
+    import shutil
+    import stat
+
+    from engine.allreduce import host_mailbox
+    from engine.allreduce.base import PathError
+    from engine.service.proxy_ranks import new_mailbox_key, remove_run_dir
+
+    run = tmp_path / "run"
+    (run / "rdv").mkdir(parents=True, mode=0o700)
+    key = new_mailbox_key(str(run / "rdv"))
+    name = host_mailbox.mailbox_file(str(run / "rdv"), 3, 1)
+    folder = os.path.dirname(name)
+    st = os.lstat(folder)
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    host_mailbox._create(name, 64)
+    # a listing of the shared directory shows no file name of this start, only its closed directory
+    shared = os.path.dirname(folder)
+    assert [n for n in os.listdir(shared) if key in n] == [os.path.basename(folder)]
+    remove_run_dir(str(run))  # the proxy's clean-up after killed ranks takes the directory along
+    assert not os.path.exists(folder)
+    # a directory of that name that is not this user's private one is refused, never used
+    other = tmp_path / "other-rdv"
+    other.mkdir(mode=0o700)
+    trap = os.path.join(shared, f"v100plan-mbox-{new_mailbox_key(str(other))}")
+    os.mkdir(trap, 0o777)
+    os.chown(trap, 1005, 1005)
+    try:
+        with pytest.raises(PathError, match="not this user's private directory"):
+            host_mailbox.mailbox_file(str(other), 1, 0)
+    finally:
+        shutil.rmtree(trap)

@@ -248,7 +248,7 @@ class RankPair:
 # of one start, read from the rendezvous directory, is part of every name. Spelled again here so
 # the proxy can clean up after killed ranks without importing torch.
 MAILBOX_KEY_FILE = "mailbox.key"
-MAILBOX_GLOB = "v100plan-mbox-{key}-*"
+MAILBOX_GLOB = "v100plan-mbox-{key}*"  # the start's private directory (and files of older versions)
 
 
 def new_mailbox_key(rendezvous_dir: str) -> str:
@@ -276,7 +276,10 @@ def remove_run_dir(run_dir: str) -> None:
         for d in _mailbox_dirs():
             for path in glob.glob(os.path.join(d, MAILBOX_GLOB.format(key=key))):
                 try:
-                    os.unlink(path)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)  # the start's private directory, with what killed ranks left
+                    else:
+                        os.unlink(path)
                 except OSError:
                     pass
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -26,6 +26,7 @@ from engine.service.proxy_metrics import Metrics
 from engine.service.proxy_ranks import RankPair, RankStartError, die_with_parent, rank_env, start_pair
 from engine.service.rank_forks import RankForks
 from engine.service.serve_config import ALLREDUCE_PATHS, ServeConfig
+from engine.service.state_dir import start_time
 
 EXIT_RESTARTS_EXHAUSTED = 3
 
@@ -276,10 +277,12 @@ class Service:
         }
         if self.exit_record is not None:
             doc["exit"] = self.exit_record
+        # Each PID's start time: `supervise stop` signals a PID only when it is still that process.
+        doc["start_times"] = {str(pid): start_time(pid) for pid in [os.getpid(), *doc["rank_pids"]]}
         os.makedirs(self.cfg.state_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.cfg.state_dir, "service.json")
         tmp = path + f".{os.getpid()}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as fh:
             json.dump(doc, fh, indent=1)
         os.replace(tmp, path)
 

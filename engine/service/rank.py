@@ -362,6 +362,11 @@ def describe_stats(s: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from engine.service.proctitle import set_title
+
+    # `ps` tells rank 0 from rank 1 (a forked rank would show its fork server's command line).
+    set_title(f"v100plan-engine rank {args.rank} generation {args.generation} {args.control_socket}",
+              f"v100plan-rank{args.rank}")
     why = protocol.socket_path_ok(args.control_socket)
     if why:
         log(args.rank, why)

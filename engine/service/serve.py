@@ -27,6 +27,7 @@ import sys
 import threading
 
 from engine.service.serve_config import ServeConfigError, add_serve_arguments, config_from_args
+from engine.service.state_dir import StateDirError, make_state_dir
 
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_SERVE = 4
@@ -86,9 +87,8 @@ def cuda_problem(devices: tuple[str, str]) -> str | None:
 def prepare_state_dir(state_dir: str):
     """Make the state directory private and take its lock (one serve per state directory).
     Returns the open lock file (kept for the life of the process) or raises OSError/RuntimeError."""
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    os.chmod(state_dir, 0o700)
-    fd = os.open(os.path.join(state_dir, "serve.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    make_state_dir(state_dir)  # StateDirError: not this user's, writable by others, or a link in it
+    fd = os.open(os.path.join(state_dir, "serve.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     lock = os.fdopen(fd, "r+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -146,6 +146,9 @@ def _run(cfg) -> int:
     os.umask(0o077)  # state files, logs and sockets: the user's only (ranks inherit it)
     try:
         lock = prepare_state_dir(cfg.state_dir)
+    except StateDirError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (OSError, RuntimeError) as exc:
         print(f"Error: state directory {cfg.state_dir}: {exc}", file=sys.stderr)
         return EXIT_CANNOT_SERVE

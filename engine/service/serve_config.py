@@ -25,10 +25,10 @@ DTYPES = ("float32", "float16", "bfloat16")
 # counter does not move for 180 s is treated as stalled.
 DEFAULT_STALL_TIMEOUT_S = 180.0
 # A rank sends a heartbeat every HEARTBEAT_INTERVAL_S from a thread of its own; this much silence (or
-# this long waiting for its peer in one allreduce) ends the pair. Six heartbeats: the longest gap the
-# proxy saw between two heartbeats of a busy rank on a loaded 2-core CPU host was well under a
-# second (docs/acceptance.md), and 3 s keeps a frozen rank's recovery within 5 s.
-DEFAULT_LIVENESS_TIMEOUT_S = 3.0
+# this long waiting for its peer in one allreduce) ends the pair. Five heartbeats: the longest gap the
+# proxy saw between two heartbeats of busy ranks on a 2-core CPU host at load average 10 was 0.87 s
+# (/health max_heartbeat_gap_s, docs/acceptance.md), and 2.5 s keeps a frozen rank's recovery within 5 s.
+DEFAULT_LIVENESS_TIMEOUT_S = 2.5
 HEARTBEAT_INTERVAL_S = 0.5
 # An allreduce that waits this long for the peer fails the rank (the heartbeat finds a stalled peer
 # long before: this is the backstop for a rank whose heartbeat thread still runs).
