@@ -191,7 +191,7 @@ def test_metrics_text_escapes_label_values():
     m = Metrics()
     m.inc("v100plan_requests_total", endpoint='a"b\\c\nv100plan_lockstep_failures_total 999', status="200")
     line = [x for x in m.render().splitlines() if x.startswith("v100plan_requests_total{")][0]
-    assert line == 'v100plan_requests_total{endpoint="a\\"b\\\\c\\nv100plan_lockstep_failures_total 999",status="200"} 1'
+    assert line == 'v100plan_requests_total{endpoint="a\\"b\\\\c\\nv100plan_lockstep_failures_total 999",status="200"} 1.0'
 
 
 # ----- finding 10: secrets and exposure ----------------------------------------------------------

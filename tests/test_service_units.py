@@ -149,16 +149,32 @@ def test_restart_budget_counts_consecutive_failures_only():
     assert watchdog.RestartBudget(0).backoff_s() == 0.5
 
 
-def test_metrics_text_format():
+def test_metrics_through_prometheus_client():
+    from prometheus_client.parser import text_string_to_metric_families
+
     m = Metrics()
     m.inc("v100plan_requests_total", endpoint="/v1/completions", status="200")
     m.inc("v100plan_requests_total", endpoint="/v1/completions", status="200")
     m.set_only("v100plan_allreduce_path", 1, path="gloo")
     m.set_only("v100plan_allreduce_path", 1, path="host_mailbox")
+    m.inc("v100plan_rank_restarts_total", cause="signal")
+    m.inc("v100plan_request_outcomes_total", outcome="length")
+    for s in (0.04, 0.2, 3.0):
+        m.observe("v100plan_time_to_first_token_seconds", s)
+    m.observe("v100plan_time_per_output_token_seconds", 0.004)
     text = m.render()
-    assert 'v100plan_requests_total{endpoint="/v1/completions",status="200"} 2\n' in text
-    assert 'path="host_mailbox"} 1' in text and 'path="gloo"' not in text
-    assert "# TYPE v100plan_ranks_up gauge" in text and "v100plan_lockstep_failures_total 0" in text
+    assert 'v100plan_requests_total{endpoint="/v1/completions",status="200"} 2.0\n' in text
+    assert 'path="host_mailbox"} 1.0' in text and 'path="gloo"' not in text
+    assert "# TYPE v100plan_ranks_up gauge" in text and "v100plan_lockstep_failures_total 0.0" in text
+    assert 'v100plan_rank_restarts_total{cause="signal"} 1.0' in text and "_created" not in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # the official parser reads it all
+    ttft = families["v100plan_time_to_first_token_seconds"]
+    assert ttft.type == "histogram"
+    buckets = {s.labels["le"]: s.value for s in ttft.samples if s.name.endswith("_bucket")}
+    assert buckets["0.05"] == 1 and buckets["0.25"] == 2 and buckets["+Inf"] == 3
+    assert m.get("v100plan_time_to_first_token_seconds") == 3
+    assert m.get("v100plan_requests_total", endpoint="/v1/completions", status="200") == 2
+    assert families["v100plan_request_outcomes"].type == "counter"
 
 
 def _cfg(*argv):

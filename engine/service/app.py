@@ -38,6 +38,7 @@ from engine.service.app_http import (
 )
 from engine.service.app_schemas import GREEDY_BELOW, SEED_MAX, ChatRequest, CompletionRequest
 from engine.service.proxy_jobs import GenerateParams, Job
+from engine.service.proxy_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from engine.service.proxy_service import QueueFull, Service, Unavailable
 from engine.service.proxy_text import ModelText, TextAssembler
 from engine.service.serve_config import service_limits
@@ -89,7 +90,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request):
         check_api_key(request, cfg.api_key)
-        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -74,7 +74,8 @@ def _previous_state(state_dir: str) -> dict:
 
 
 class Service:
-    def __init__(self, cfg: ServeConfig, log: StructuredLog, on_exit: Callable[[int], None]):
+    def __init__(self, cfg: ServeConfig, log: StructuredLog, on_exit: Callable[[int], None],
+                 forks: RankForks | None = None):
         self.cfg = cfg
         self.log = log
         self.metrics = Metrics()
@@ -100,9 +101,10 @@ class Service:
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        # Restarts fork their ranks from a process that imported torch once (started after the first pair).
-        self._forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent,
-                                rank_env()) if cfg.standby_ranks else None
+        # Every start forks its ranks from a process that imported torch once (the first too)
+        # (serve passes the one it started before its own imports)
+        self._forks = forks or (RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent,
+                                          rank_env()) if cfg.standby_ranks else None)
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
@@ -152,7 +154,7 @@ class Service:
     async def _lifecycle(self) -> None:
         previous: Failure | None = None
         while True:
-            pair = await self._bring_up(previous.reason if previous else None)
+            pair = await self._bring_up(previous)
             if pair is None:
                 return
             previous = await watchdog.watch(
@@ -163,11 +165,13 @@ class Service:
             if self.state in ("draining", "exiting"):
                 return  # shutting down: no new generation
 
-    async def _bring_up(self, after_failure: str | None) -> RankPair | None:
+    async def _bring_up(self, failure: Failure | None) -> RankPair | None:
+        after_failure = failure.reason if failure is not None else None
+        cause = failure.cause if failure is not None else None  # of the failure this start follows
         while True:
             self.generation += 1
-            if after_failure is not None or self.budget.consecutive_failures:
-                self.metrics.inc("v100plan_rank_restarts_total")
+            if cause is not None:
+                self.metrics.inc("v100plan_rank_restarts_total", cause=cause.value)
             self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
             if self._forks is not None and self._forks.proc is None:
@@ -180,6 +184,7 @@ class Service:
                 forks = self._forks if self._forks is not None and self._forks.alive else None
                 pair = await start_pair(self.cfg, self.generation, self._start_fault(), forks)
             except RankStartError as exc:
+                cause = exc.cause
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
                 self.last_failure = str(exc)
@@ -297,6 +302,7 @@ class Service:
             self.last_failure = self.pair.failure.reason  # found dead a moment ago; the watchdog is on it
             self.state = "restarting"
         if self.state != "up":
+            self._count_outcome("unavailable")
             raise Unavailable(
                 f"the engine is {self.state}"
                 + (f" after: {public_reason(self.last_failure)}"
@@ -304,13 +310,17 @@ class Service:
                 retry_after_s=10 if self.state == "starting" else 5,
             )
         if len(self.queue) >= self.cfg.queue_cap and (self.running is not None or self.queue):
+            self._count_outcome("queue_full")
             raise QueueFull(f"{len(self.queue)} requests are already waiting (--queue-cap {self.cfg.queue_cap})",
                             retry_after_s=self.retry_after_s())
-        job = Job(params=params, endpoint=endpoint)
+        job = Job(params=params, endpoint=endpoint, on_outcome=self._count_outcome)
         self.queue.append(job)
         self.metrics.set("v100plan_queue_depth", len(self.queue))
         self._wake.set()
         return job
+
+    def _count_outcome(self, outcome: str) -> None:
+        self.metrics.inc("v100plan_request_outcomes_total", outcome=outcome)
 
     def withdraw(self, job: Job) -> None:
         """The client went away: drop a queued job, cancel a running one on both ranks."""
@@ -395,6 +405,12 @@ class Service:
         if rank != 0:
             return  # rank 1's tokens are read (to keep its socket drained) and dropped
         if kind == "token":
+            now = time.monotonic()
+            if job.last_token_monotonic is None:
+                self.metrics.observe("v100plan_time_to_first_token_seconds", now - job.submitted_monotonic)
+            else:
+                self.metrics.observe("v100plan_time_per_output_token_seconds", now - job.last_token_monotonic)
+            job.last_token_monotonic = now
             job.completion_tokens += 1
             job.events.put_nowait(("token", msg["token_id"]))
         elif kind == "progress":

@@ -51,6 +51,7 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_BAD_INPUT
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401  (checked before anything starts)
     except ImportError as exc:
         print(f"Error: the service needs the serve extra ({exc.name} is missing): pip install 'v100plan[serve]'",
@@ -133,15 +134,8 @@ def _raise_fd_limit(wanted: int) -> int:
 
 
 def _run(cfg) -> int:
-    import uvicorn
-
-    from engine.service.app import create_app
-    from engine.service.app_http import RateLimitFilter, guarded_h11_protocol
-    from engine.service.control import register_control
-    from engine.service.proxy_log import StructuredLog
-    from engine.service.proxy_ranks import reap_stale_runs
-    from engine.service.proxy_service import Service
-    from engine.service.proxy_text import load_model_text
+    from engine.service.proxy_ranks import die_with_parent, rank_env, reap_stale_runs
+    from engine.service.rank_forks import RankForks
 
     os.umask(0o077)  # state files, logs and sockets: the user's only (ranks inherit it)
     try:
@@ -152,6 +146,22 @@ def _run(cfg) -> int:
     except (OSError, RuntimeError) as exc:
         print(f"Error: state directory {cfg.state_dir}: {exc}", file=sys.stderr)
         return EXIT_CANNOT_SERVE
+    forks = None
+    if cfg.standby_ranks:
+        # The fork server imports torch while this process imports its web stack below: a proxy
+        # restarted by its supervisor has its first pair up about a second sooner.
+        os.makedirs(os.path.join(cfg.state_dir, "logs"), mode=0o700, exist_ok=True)
+        forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env())
+        forks.spawn_early()
+
+    import uvicorn
+
+    from engine.service.app import create_app
+    from engine.service.app_http import RateLimitFilter, guarded_h11_protocol
+    from engine.service.control import register_control
+    from engine.service.proxy_log import StructuredLog
+    from engine.service.proxy_service import Service
+    from engine.service.proxy_text import load_model_text
     log = StructuredLog(cfg.log_file)
     reaped = reap_stale_runs(cfg.state_dir)
     if reaped:
@@ -166,7 +176,7 @@ def _run(cfg) -> int:
         if server is not None:
             server.should_exit = True
 
-    service = Service(cfg, log, on_exit)
+    service = Service(cfg, log, on_exit, forks)
     app = create_app(service, text)
     if cfg.enable_fault_injection:
         register_control(app, service)
