@@ -134,7 +134,7 @@ def _raise_fd_limit(wanted: int) -> int:
 
 
 def _run(cfg) -> int:
-    from engine.service.proxy_ranks import die_with_parent, rank_env, reap_stale_runs
+    from engine.service.proxy_ranks import die_with_parent, rank_env
     from engine.service.rank_forks import RankForks
 
     os.umask(0o077)  # state files, logs and sockets: the user's only (ranks inherit it)
@@ -153,16 +153,26 @@ def _run(cfg) -> int:
         os.makedirs(os.path.join(cfg.state_dir, "logs"), mode=0o700, exist_ok=True)
         forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env())
         forks.spawn_early()
+    from engine.service.proxy_log import StructuredLog
+    log = StructuredLog(cfg.log_file)
+    try:
+        return _serve(cfg, log, lock, forks)
+    except KeyboardInterrupt:  # Ctrl-C before uvicorn took the signal over: still one serve_exit line
+        log.emit("serve_exit", code=0, signal="SIGINT", reason="interrupted while starting")
+        log.close()
+        return 0
 
+
+def _serve(cfg, log, lock, forks) -> int:
     import uvicorn
 
     from engine.service.app import create_app
     from engine.service.app_http import RateLimitFilter, guarded_h11_protocol
     from engine.service.control import register_control
-    from engine.service.proxy_log import StructuredLog
+    from engine.service.proxy_ranks import reap_stale_runs
     from engine.service.proxy_service import Service
     from engine.service.proxy_text import load_model_text
-    log = StructuredLog(cfg.log_file)
+
     reaped = reap_stale_runs(cfg.state_dir)
     if reaped:
         log.emit("reaped_stale_runs", count=len(reaped))
