@@ -19,7 +19,15 @@ import time
 import httpx
 import pytest
 
-from tests.test_service_support import REPO, demo_model, service_fixture, short_dir, wait_until
+from tests.test_service_support import (
+    REPO,
+    demo_model,
+    raw_request,
+    read_all,
+    service_fixture,
+    short_dir,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -65,23 +73,6 @@ CAP = 3
 svc = service_fixture("--enable-fault-injection", "--max-connections", str(CAP), api_key=KEY)
 
 
-def _raw(svc, data: bytes, timeout: float = 5.0) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", svc.port), timeout=timeout)
-    s.sendall(data)
-    return s
-
-
-def _reply(s: socket.socket) -> bytes:
-    out = b""
-    try:
-        while chunk := s.recv(65536):
-            out += chunk
-    except (socket.timeout, ConnectionResetError):
-        pass
-    s.close()
-    return out
-
-
 def test_the_fault_hooks_answer_the_key_holder_only(svc):
     r = httpx.post(f"{svc.url}/control/inject", json={"action": "kill", "rank": 0}, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
@@ -97,7 +88,7 @@ def test_openapi_lists_no_control_route(svc):
 
 def test_the_connection_cap_503_has_retry_after_and_is_counted_and_logged(svc):
     before = svc.metric("v100plan_connections_refused_total")
-    held = [_raw(svc, b"GET /health HTTP/1.1\r\nHost: x\r\n") for _ in range(CAP + 4)]
+    held = [raw_request(svc, b"GET /health HTTP/1.1\r\nHost: x\r\n") for _ in range(CAP + 4)]
     refused = []
     for s in held[CAP + 1:]:
         s.settimeout(2.0)
@@ -125,7 +116,7 @@ def test_the_connection_cap_503_has_retry_after_and_is_counted_and_logged(svc):
     b"GET /health HTTP/1.1\r\n\r\n",
 ], ids=["bad_chunk_size", "negative_content_length", "obs_fold", "no_host"])
 def test_protocol_level_400s_are_the_documented_json_errors(svc, request_bytes):
-    reply = _reply(_raw(svc, request_bytes))
+    reply = read_all(raw_request(svc, request_bytes))
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), reply[:300]
     assert b"content-type: application/json" in head.lower(), head

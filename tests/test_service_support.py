@@ -251,3 +251,27 @@ def stream_until_fault(svc, payload: dict, inject, after_chunks: int = 2) -> tup
                 inject()
                 injected = True
     return text, tail
+
+
+# ----- raw HTTP/1.1 on a socket (what no client library would send) ---------------------------------
+
+
+def raw_request(svc, data: bytes, timeout: float = 10.0) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", svc.port), timeout=timeout)
+    if data:
+        s.sendall(data)
+    return s
+
+
+def read_all(s: socket.socket) -> bytes:
+    out = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except (socket.timeout, ConnectionResetError):
+        pass
+    s.close()
+    return out
