@@ -7,7 +7,8 @@ report records the limits in force. Times print with pytest -s (docs/acceptance.
 
 kill_proxy is held to KILL_PROXY_WITHIN_S, not 5 s: a proxy its supervisor restarts needs
 supervisord's 1 s tick, its own start and a fresh fork server's torch import before its first pair
-(6.2-6.8 s on the shared 2-core machine at load average 7; docs/acceptance.md says what would cut it)."""
+(3.8 s on the shared 2-core machine at load average 3.6, 6.5-8 s at load 7; docs/acceptance.md says
+what would cut it)."""
 
 from __future__ import annotations
 
