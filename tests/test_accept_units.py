@@ -141,7 +141,8 @@ def test_qualify_out_must_be_a_directory(cli, tmp_path):
 
 
 def test_service_log_events_are_taken_after_the_mark_even_in_a_tail():
-    from v100plan.accept.faults import _events_after, _exited_at_cap, _failure_cause
+    from v100plan.accept.events import events_after as _events_after
+    from v100plan.accept.faults import _exited_at_cap, _failure_cause
 
     old = '{"ts": 1, "event": "rank_failure", "cause": "exit"}'
     log = "\n".join([old, '{"ts": 2, "event": "request"}', "not json",
@@ -152,10 +153,13 @@ def test_service_log_events_are_taken_after_the_mark_even_in_a_tail():
     assert "expected" in _failure_cause("exit")(None, after)
     # the mark scrolled out of a tail: every event of the tail counts
     assert len(_events_after(log, '{"ts": 0, "event": "gone"}')) == 3
-    storm = [{"event": "rank_start_failed"}, {"event": "exit", "code": 3}]
+    storm = [{"event": "rank_start_failed"}, {"event": "exit", "code": 3, "cause": "selftest"}]
     assert _exited_at_cap(None, storm) is None
+    # the proxy started afresh reports the exit of the one that gave up (all /control/events still has)
+    assert _exited_at_cap(None, [{"event": "previous_exit", "code": 3, "cause": "selftest"}]) is None
     assert "exited 0" in _exited_at_cap(None, [{"event": "rank_start_failed"}, {"event": "exit", "code": 0}])
-    assert "no failed rank start" in _exited_at_cap(None, [{"event": "exit", "code": 3}])
+    assert "no exit" in _exited_at_cap(None, [{"event": "rank_start_failed"}])
+    assert "'startup'" in _exited_at_cap(None, [{"event": "exit", "code": 3, "cause": "startup"}])
 
 
 def test_qualify_serves_tp2_with_the_race_whatever_the_plan_recommends():

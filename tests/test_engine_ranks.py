@@ -160,7 +160,8 @@ def test_forced_selftest_failure_falls_back_under_auto(demo_dir):
     finally:
         rk.close()
     _, errs = rk.wait()
-    assert "self-test host_mailbox: rank 0: allreduce_sum of 8k known data is not bit-exact (forced" in errs[0]
+    assert "self-test host_mailbox: rank 0: allreduce_sum of 8k known data is not bit-exact;" in errs[0]
+    assert "(forced by fault injection)" in errs[0]
 
 
 def test_explicit_path_that_fails_its_selftest_stops_startup(demo_dir):

@@ -31,6 +31,12 @@ from tests.test_service_support import (
     service_fixture,
     wait_until,
 )
+from tests.test_service_support import (
+    raw_request as _raw,
+)
+from tests.test_service_support import (
+    read_all as _read_all,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +197,7 @@ def test_metrics_text_escapes_label_values():
     m = Metrics()
     m.inc("v100plan_requests_total", endpoint='a"b\\c\nv100plan_lockstep_failures_total 999', status="200")
     line = [x for x in m.render().splitlines() if x.startswith("v100plan_requests_total{")][0]
-    assert line == 'v100plan_requests_total{endpoint="a\\"b\\\\c\\nv100plan_lockstep_failures_total 999",status="200"} 1'
+    assert line == 'v100plan_requests_total{endpoint="a\\"b\\\\c\\nv100plan_lockstep_failures_total 999",status="200"} 1.0'
 
 
 # ----- finding 10: secrets and exposure ----------------------------------------------------------
@@ -262,27 +268,6 @@ def test_a_reused_connection_answers_without_the_delayed_ack_wait(svc):
 
 
 # ----- finding 6: read timeouts, connection cap, conflicting framing, rate-limited logs -------------
-
-
-def _raw(svc, data: bytes, timeout: float = 10.0) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", svc.port), timeout=timeout)
-    if data:
-        s.sendall(data)
-    return s
-
-
-def _read_all(s: socket.socket) -> bytes:
-    out = b""
-    try:
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            out += chunk
-    except (socket.timeout, ConnectionResetError):
-        pass
-    s.close()
-    return out
 
 
 def test_half_sent_headers_and_bodies_time_out_with_408(svc):

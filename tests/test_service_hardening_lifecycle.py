@@ -111,6 +111,7 @@ def test_mailbox_names_are_secret_per_start_and_the_key_file_private(tmp_path):
     assert len(key) == 32 and stat.S_IMODE(os.stat(a / "mailbox.key").st_mode) == 0o600
     name = host_mailbox.mailbox_file(str(a), 3, 1)
     assert key in name and os.path.basename(name).startswith(MAILBOX_GLOB.split("{")[0])
+    os.rmdir(os.path.dirname(name))  # the start's private mailbox directory
     # Without a key file the first rank to look creates one; both ranks, racing, read the same.
     got: list[str] = []
     threads = [threading.Thread(target=lambda: got.append(host_mailbox.mailbox_key(str(b)))) for _ in range(8)]
@@ -119,6 +120,7 @@ def test_mailbox_names_are_secret_per_start_and_the_key_file_private(tmp_path):
     for t in threads:
         t.join()
     assert len(set(got)) == 1 and got[0] != key
+    shutil.rmtree(host_mailbox.private_dir(got[0]))
     assert stat.S_IMODE(os.stat(b / "mailbox.key").st_mode) == 0o600
     assert sorted(os.listdir(b)) == ["mailbox.key"]
 

@@ -41,6 +41,9 @@ def test_refuses_public_bind_without_key_and_other_tp():
     assert r.returncode == 2 and "without --api-key-file" in r.stderr
     r = _serve("--model", demo_model(), "--tp", "1")
     assert r.returncode == 2 and "--tp 2" in r.stderr
+    # Fault hooks without a key would let every local user kill the ranks.
+    r = _serve("--model", demo_model(), "--enable-fault-injection")
+    assert r.returncode == 2 and "--enable-fault-injection needs --api-key-file" in r.stderr
     r = _serve("--model", "/nonexistent/model")
     assert r.returncode == 2 and "config.json" in r.stderr
 
@@ -76,12 +79,17 @@ def _supervise(*args: str, timeout: float = 120) -> dict:
 def test_supervisord_restarts_a_killed_proxy_and_stop_leaves_nothing():
     state = short_dir("sup")
     port = free_port()
+    key_file = os.path.join(short_dir("supkey"), "key")
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("sk-supervised-test\n")
     started = _supervise("start", "--state-dir", state, "--wait-healthy-s", "90", "--",
                          "--model", demo_model(), "--port", str(port), "--enable-fault-injection",
-                         "--stall-timeout-s", "5")
+                         "--api-key-file", key_file, "--stall-timeout-s", "5")
     try:
         assert started["program_state"] in ("STARTING", "RUNNING") and started["health_status"] == 200
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                              headers={"Authorization": "Bearer sk-supervised-test"})
         before = client.get("/control/targets").json()
         old_ranks = [r["pid"] for r in before["ranks"]]
         client.post("/control/inject", json={"action": "kill_proxy"})

@@ -136,6 +136,8 @@ class ServiceProcess:
                  stall_timeout_s: float = 5.0, allreduce_timeout_s: float = 3.0):
         self.port = free_port()
         self.state_dir = short_dir("state")
+        if api_key is None and "--enable-fault-injection" in extra:
+            api_key = "sk-test-" + os.urandom(8).hex()  # serve refuses fault injection without a key
         self.api_key = api_key
         self.log_path = os.path.join(self.state_dir, "serve.log")
         cmd = [sys.executable, "-m", "engine", "serve", "--model", model or demo_model(), "--tp", "2",
@@ -249,3 +251,27 @@ def stream_until_fault(svc, payload: dict, inject, after_chunks: int = 2) -> tup
                 inject()
                 injected = True
     return text, tail
+
+
+# ----- raw HTTP/1.1 on a socket (what no client library would send) ---------------------------------
+
+
+def raw_request(svc, data: bytes, timeout: float = 10.0) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", svc.port), timeout=timeout)
+    if data:
+        s.sendall(data)
+    return s
+
+
+def read_all(s: socket.socket) -> bytes:
+    out = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except (socket.timeout, ConnectionResetError):
+        pass
+    s.close()
+    return out

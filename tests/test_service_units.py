@@ -70,10 +70,10 @@ def test_demo_tokenizer_pieces_concatenate_to_the_whole():
     assert "".join(asm.add(i) for i in ids) + asm.flush() == text.decode(ids)
 
 
-def _link(rank, *, exited=None, eof=False, fatal=None, last=0.0, ping=None, progress=None, wait_s=0.0):
+def _link(rank, *, exited=None, eof=False, fatal=None, cause=None, last=0.0, ping=None, progress=None, wait_s=0.0):
     proc = SimpleNamespace(returncode=exited, pid=1000 + rank)
     return SimpleNamespace(rank=rank, proc=proc, pid=proc.pid, exited=exited is not None, eof=eof,
-                           fatal_message=fatal, last_message_monotonic=last, last_counter=7,
+                           fatal_message=fatal, fatal_cause=cause, last_message_monotonic=last, last_counter=7,
                            last_progress_monotonic=last if progress is None else progress,
                            ping_sent_monotonic=ping, wait_s=wait_s)
 
@@ -82,24 +82,61 @@ def _pair(*links):
     return SimpleNamespace(links=list(links))
 
 
-def test_watchdog_verdicts():
+def test_watchdog_verdicts_carry_a_typed_cause():
+    from engine.service.causes import Cause
+
+    def verdict(pair, *args, **kw):
+        f = watchdog.pair_failure(pair, *args, **kw)
+        return (f.cause, f.rank, f.reason) if f is not None else None
+
     ok = _pair(_link(0, last=99.0), _link(1, last=99.0))
-    assert watchdog.pair_failure(ok, busy_since_monotonic=98.0, stall_timeout_s=5, now=100.0) is None
-    dead = _pair(_link(0, last=99.0), _link(1, exited=-9, last=99.0))
-    assert "rank 1 (pid 1001) exited with code -9" in watchdog.pair_failure(dead, None, 5, now=100.0)
-    lock = _pair(_link(0, fatal="LOCKSTEP FAILURE step 3"), _link(1))
-    assert "LOCKSTEP FAILURE" in watchdog.pair_failure(lock, None, 5, now=100.0)
+    assert verdict(ok, busy_since_monotonic=98.0, stall_timeout_s=5, now=100.0) is None
+    cause, rank, reason = verdict(_pair(_link(0, last=99.0), _link(1, exited=-9, last=99.0)), None, 5, now=100.0)
+    assert (cause, rank) == (Cause.SIGNAL, 1) and "rank 1 (pid 1001) exited with code -9" in reason
+    assert verdict(_pair(_link(0, last=99.0), _link(1, exited=17, last=99.0)), None, 5, now=100.0)[:2] == \
+        (Cause.EXIT, 1)
+    # The rank that died is the origin, not its peer whose allreduce then failed.
+    killed = _pair(_link(0, fatal="allreduce failed: peer gone", cause=Cause.ALLREDUCE), _link(1, eof=True))
+    assert verdict(killed, None, 5, now=100.0)[:2] == (Cause.EXIT, 1)
+    assert verdict(_pair(_link(0, fatal="allreduce failed: timed out", cause=Cause.ALLREDUCE), _link(1)),
+                   None, 5, now=100.0)[:2] == (Cause.ALLREDUCE, 0)
+    # A lockstep failure wins over the exit that follows it, whatever the text says.
+    lock = _pair(_link(0, fatal="step 3 disagrees", cause=Cause.LOCKSTEP, exited=3), _link(1, eof=True))
+    assert verdict(lock, None, 5, now=100.0)[:2] == (Cause.LOCKSTEP, 0)
+    assert verdict(_pair(_link(0, exited=3), _link(1)), None, 5, now=100.0)[0] is Cause.LOCKSTEP
     # Busy: a rank silent longer than the stall timeout since the request started.
     stalled = _pair(_link(0, last=99.0), _link(1, last=90.0))
-    assert "rank 1 (pid 1001) made no progress for 6.0 s" in watchdog.pair_failure(stalled, 94.0, 5, now=100.0)
-    assert watchdog.pair_failure(stalled, 96.0, 5, now=100.0) is None  # the request started 4 s ago
+    cause, rank, reason = verdict(stalled, 94.0, 5, now=100.0)
+    assert (cause, rank) == (Cause.STALL, 1) and "rank 1 (pid 1001) made no progress for 6.0 s" in reason
+    assert verdict(stalled, 96.0, 5, now=100.0) is None  # the request started 4 s ago
+    # Heartbeats: silence is liveness; a live rank waiting for its peer names the peer.
+    assert verdict(stalled, 94.0, 50, now=100.0, liveness_timeout_s=3)[:2] == (Cause.LIVENESS, 1)
+    waiting = _pair(_link(0, last=99.9, wait_s=3.5), _link(1, last=99.9))
+    assert verdict(waiting, 99.0, 50, now=100.0, liveness_timeout_s=3)[:2] == (Cause.PEER_WAIT, 1)
     # Heartbeats keep coming from a rank whose counter does not move: still no progress.
     beating = _pair(_link(0, last=99.9), _link(1, last=99.9, progress=90.0))
-    assert "made no progress" in watchdog.pair_failure(beating, 94.0, 5, now=100.0, liveness_timeout_s=3)
+    assert verdict(beating, 94.0, 5, now=100.0, liveness_timeout_s=3)[0] is Cause.STALL
     # Idle: an unanswered ping older than the stall timeout.
     frozen = _pair(_link(0, ping=94.0), _link(1))
-    assert "did not answer a ping" in watchdog.pair_failure(frozen, None, 5, now=100.0)
-    assert watchdog.pair_failure(frozen, None, 10, now=100.0) is None
+    cause, _, reason = verdict(frozen, None, 5, now=100.0)
+    assert cause is Cause.STALL and "did not answer a ping" in reason
+    assert verdict(frozen, None, 10, now=100.0) is None
+
+
+def test_one_fault_table_for_the_control_the_ranks_and_the_suite():
+    from engine.service import control, protocol
+    from engine.service.causes import ACTIONS, FAULTS, RANK_HOOKS, SCENARIOS, SIGNAL_ACTIONS
+
+    assert set(control.SIGNALS) == set(SIGNAL_ACTIONS)
+    assert set(RANK_HOOKS) | set(SIGNAL_ACTIONS) | {"kill_proxy", "fail_starts"} == set(ACTIONS)
+    for hook in RANK_HOOKS:
+        assert protocol.fault(hook)["what"] == hook
+    with pytest.raises(ValueError):
+        protocol.fault("kill")  # a signal, not a hook the rank arms
+    assert len({f.action for f in FAULTS}) == len(FAULTS)
+    for sc in SCENARIOS:
+        assert sc.action in ACTIONS and sc.detected_by
+    assert protocol.fatal("x")["cause"] == "startup"
 
 
 def test_restart_budget_counts_consecutive_failures_only():
@@ -112,16 +149,32 @@ def test_restart_budget_counts_consecutive_failures_only():
     assert watchdog.RestartBudget(0).backoff_s() == 0.5
 
 
-def test_metrics_text_format():
+def test_metrics_through_prometheus_client():
+    from prometheus_client.parser import text_string_to_metric_families
+
     m = Metrics()
     m.inc("v100plan_requests_total", endpoint="/v1/completions", status="200")
     m.inc("v100plan_requests_total", endpoint="/v1/completions", status="200")
     m.set_only("v100plan_allreduce_path", 1, path="gloo")
     m.set_only("v100plan_allreduce_path", 1, path="host_mailbox")
+    m.inc("v100plan_rank_restarts_total", cause="signal")
+    m.inc("v100plan_request_outcomes_total", outcome="length")
+    for s in (0.04, 0.2, 3.0):
+        m.observe("v100plan_time_to_first_token_seconds", s)
+    m.observe("v100plan_time_per_output_token_seconds", 0.004)
     text = m.render()
-    assert 'v100plan_requests_total{endpoint="/v1/completions",status="200"} 2\n' in text
-    assert 'path="host_mailbox"} 1' in text and 'path="gloo"' not in text
-    assert "# TYPE v100plan_ranks_up gauge" in text and "v100plan_lockstep_failures_total 0" in text
+    assert 'v100plan_requests_total{endpoint="/v1/completions",status="200"} 2.0\n' in text
+    assert 'path="host_mailbox"} 1.0' in text and 'path="gloo"' not in text
+    assert "# TYPE v100plan_ranks_up gauge" in text and "v100plan_lockstep_failures_total 0.0" in text
+    assert 'v100plan_rank_restarts_total{cause="signal"} 1.0' in text and "_created" not in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # the official parser reads it all
+    ttft = families["v100plan_time_to_first_token_seconds"]
+    assert ttft.type == "histogram"
+    buckets = {s.labels["le"]: s.value for s in ttft.samples if s.name.endswith("_bucket")}
+    assert buckets["0.05"] == 1 and buckets["0.25"] == 2 and buckets["+Inf"] == 3
+    assert m.get("v100plan_time_to_first_token_seconds") == 3
+    assert m.get("v100plan_requests_total", endpoint="/v1/completions", status="200") == 2
+    assert families["v100plan_request_outcomes"].type == "counter"
 
 
 def _cfg(*argv):

@@ -11,11 +11,12 @@ which the peer writes only after it has finished reading k.
 
 The file is created 0600 under a temporary name, sized, and renamed into place:
 never truncated while the peer maps it; once both ranks have mapped both files the
-names are unlinked (the mappings stay), so nothing is left behind in /dev/shm. Its name carries a
-secret 128-bit key of this start (mailbox.key in the 0700 rendezvous directory, written by
-the proxy or, when absent, by whichever rank comes first) and the generation: another
-local user can neither guess nor pre-create the names, and a restarted pair starts from
-fresh zeroed files. Every wait is bounded by the timeout and an abort flag.
+names are unlinked (the mappings stay), so nothing is left behind in /dev/shm. The files live in
+a private directory of this start (0700, checked to be this user's after it is made), named by a
+secret 128-bit key of this start (mailbox.key in the 0700 rendezvous directory, written by the
+proxy or, when absent, by whichever rank comes first): a /dev/shm listing shows no file name
+another user could pre-create, and nobody else can create anything inside. A restarted pair
+starts from fresh zeroed files. Every wait is bounded by the timeout and an abort flag.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import stat
 import tempfile
 import time
 
@@ -35,8 +37,22 @@ HDR = 16
 TRAILER = 8
 
 
-def _dir() -> str:
+def _base() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def private_dir(key: str) -> str:
+    """This start's 0700 directory for its mailbox files, made by the first rank to look; refused
+    (PathError) when what is there is not a directory of this user's that only it can enter."""
+    path = os.path.join(_base(), f"v100plan-mbox-{key}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        raise PathError(f"the mailbox directory {path} is not this user's private directory: not used")
+    return path
 
 
 KEY_FILE = "mailbox.key"  # engine/service/proxy_ranks.py MAILBOX_KEY_FILE
@@ -66,8 +82,9 @@ def mailbox_key(rendezvous_dir: str) -> str:
 
 
 def mailbox_file(rendezvous_dir: str, generation: int, rank: int) -> str:
-    # engine/service/proxy_ranks.py MAILBOX_GLOB matches these names to clean up after killed ranks.
-    return os.path.join(_dir(), f"v100plan-mbox-{mailbox_key(rendezvous_dir)}-g{generation}-r{rank}")
+    # engine/service/proxy_ranks.py MAILBOX_GLOB matches the directory to clean up after killed ranks.
+    key = mailbox_key(rendezvous_dir)
+    return os.path.join(private_dir(key), f"v100plan-mbox-{key}-g{generation}-r{rank}")
 
 
 def _create(path: str, size: int) -> None:
@@ -111,6 +128,10 @@ class HostMailbox(Path):
         # that dies later leaves nothing behind in /dev/shm.
         barrier()
         os.unlink(self.mine_path)
+        try:
+            os.rmdir(os.path.dirname(self.mine_path))  # the second rank to get here removes it
+        except OSError:
+            pass
         self.step = 0
 
     def _u64(self, buf: np.ndarray, off: int) -> np.ndarray:

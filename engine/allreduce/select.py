@@ -84,7 +84,12 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def selftest(path: Path, rank: int, device: torch.device, dtype: torch.dtype, force_fail: bool = False) -> str | None:
-    """Known data through allreduce_sum and gather_last, compared bit for bit; None if it passed."""
+    """Known data through allreduce_sum and gather_last, compared bit for bit; None if it passed.
+
+    Every collective runs on both ranks whatever an earlier check found (a failed check is noted,
+    not returned early): a rank that left while its peer still waited in the next collective would
+    cost that peer the whole allreduce timeout. The caller then agrees on the verdict."""
+    failures: list[str] = []
     for label, nbytes in RACE_BYTES.items():
         n = nbytes // torch.tensor([], dtype=dtype).element_size()
         # Both sides of the comparison round the same float32 values to dtype the same way.
@@ -95,11 +100,11 @@ def selftest(path: Path, rank: int, device: torch.device, dtype: torch.dtype, fo
         if force_fail:
             got = got + 1
         if not torch.equal(_bits(got), _bits(expect)):
-            return f"allreduce_sum of {label} known data is not bit-exact"
+            failures.append(f"allreduce_sum of {label} known data is not bit-exact")
         cat = path.gather_last(mine.view(1, -1))
         expect_cat = torch.cat(((base + 0.0).to(dtype), (base + 1000.0).to(dtype))).to(device).view(1, -1)
         if not torch.equal(_bits(cat), _bits(expect_cat)):
-            return f"gather of {label} known data is not bit-exact"
+            failures.append(f"gather of {label} known data is not bit-exact")
         if device.type == "cuda" and path.capturable:
             # The way the decode step runs it: captured in a CUDA graph, result read after a replay.
             out = {}
@@ -109,9 +114,9 @@ def selftest(path: Path, rank: int, device: torch.device, dtype: torch.dtype, fo
             if hasattr(path, "check"):
                 path.check()
             if not torch.equal(_bits(out["y"]), _bits(expect)):
-                return f"allreduce_sum of {label} known data inside a CUDA graph is not bit-exact"
+                failures.append(f"allreduce_sum of {label} known data inside a CUDA graph is not bit-exact")
             del g
-    return None
+    return "; ".join(failures) or None
 
 
 def race(path: Path, device: torch.device, dtype: torch.dtype, iters: int) -> dict[str, float]:

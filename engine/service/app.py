@@ -38,8 +38,10 @@ from engine.service.app_http import (
 )
 from engine.service.app_schemas import GREEDY_BELOW, SEED_MAX, ChatRequest, CompletionRequest
 from engine.service.proxy_jobs import GenerateParams, Job
+from engine.service.proxy_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from engine.service.proxy_service import QueueFull, Service, Unavailable
 from engine.service.proxy_text import ModelText, TextAssembler
+from engine.service.serve_config import service_limits
 
 # OpenAI's documented default for /v1/completions; chat defaults to the rest of the context.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -68,10 +70,10 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         pair = service.pair
         if pair is not None and service.state == "up" and pair.failure is None:
             # Judge now, not at the watchdog's next tick: a rank found dead turns this 503 at once.
-            reason = watchdog.pair_failure(pair, service._busy_since(), cfg.stall_timeout_s,
-                                           liveness_timeout_s=cfg.liveness_timeout_s or None)
-            if reason is not None:
-                pair.fail(reason)
+            failure = watchdog.pair_failure(pair, service._busy_since(), cfg.stall_timeout_s,
+                                            liveness_timeout_s=cfg.liveness_timeout_s or None)
+            if failure is not None:
+                pair.fail(failure)
         up = service.state == "up" and pair is not None and pair.failure is None
         status = "ok" if up else service.state
         if not has_api_key(request, cfg.api_key):
@@ -79,13 +81,16 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         body = {"status": status, "state": service.state, "generation": service.generation,
                 "rank_pids": pair.pids if pair else [], "allreduce": pair.allreduce if pair else None,
                 "selftest": "passed" if up else None, "last_failure": service.last_failure,
+                "last_cause": service.last_cause.value if service.last_cause else None,
+                "previous_exit": service.previous_exit, "limits": service_limits(cfg),
+                "max_heartbeat_gap_s": [round(link.max_heartbeat_gap_s, 3) for link in pair.links] if pair else None,
                 "decode": service.decode.health() if pair else None}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/metrics")
     async def metrics(request: Request):
         check_api_key(request, cfg.api_key)
-        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -156,11 +156,15 @@ class EdgeMiddleware:
 # ----- the connection layer (uvicorn's h11 protocol with limits) ------------------------------
 
 
-def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_timeout_s: float):
+def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_timeout_s: float,
+                         metrics: Metrics | None = None, log: StructuredLog | None = None):
     """uvicorn's h11 protocol class with what a reverse proxy would add in front of it:
 
-    - a connection cap: one connection more than `max_connections` is answered 503 and closed
-      at once (descriptors are never exhausted by idle clients);
+    - a connection cap: one connection more than `max_connections` is answered 503 with
+      Retry-After and closed at once (descriptors are never exhausted by idle clients), counted
+      in v100plan_connections_refused_total and logged (one line a second at most, with the count);
+    - a request h11 cannot parse (bad chunk size, negative Content-Length, obs-fold, no Host) is
+      answered with the documented JSON 400, not uvicorn's plain text;
     - read timeouts: a request's headers must arrive within `header_timeout_s` of the
       connection opening (or of its first byte after a keep-alive pause), its body within
       `body_timeout_s` of the headers; otherwise 408 and close. Idle kept-alive connections
@@ -169,14 +173,26 @@ def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_tim
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    def _canned(status: int, reason: str, message: str) -> bytes:
+    def _canned(status: int, reason: str, message: str, extra: str = "") -> bytes:
         body = json.dumps(error_body(status, message, None, "service_unavailable" if status == 503
                                      else "invalid_request_error")).encode()
         return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                f"content-length: {len(body)}\r\n\r\n").encode() + body
+                f"{extra}content-length: {len(body)}\r\n\r\n").encode() + body
 
     busy = _canned(503, "Service Unavailable", f"too many open connections (the cap is {max_connections}); "
-                                               "retry shortly")
+                                               "retry shortly", extra="retry-after: 1\r\n")
+    malformed = _canned(400, "Bad Request", "the request is not valid HTTP/1.1 (its framing, Content-Length, "
+                                            "chunk sizes, header lines or Host header)")
+    refused = {"count": 0, "logged": 0.0}
+
+    def _refused() -> None:
+        if metrics is not None:
+            metrics.inc("v100plan_connections_refused_total")
+        refused["count"] += 1
+        now = time.monotonic()
+        if log is not None and now - refused["logged"] >= 1.0:
+            log.emit("connections_refused", count=refused["count"], max_connections=max_connections)
+            refused["count"], refused["logged"] = 0, now
 
     class GuardedH11Protocol(H11Protocol):
         def connection_made(self, transport) -> None:
@@ -186,6 +202,7 @@ def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_tim
             if len(self.connections) > max_connections:
                 transport.write(busy)
                 transport.close()
+                _refused()
                 return
             self._enter("headers")
 
@@ -218,6 +235,11 @@ def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_tim
                 self._enter("body")
             elif state is not h11.IDLE:
                 self._enter(None)  # the request is complete: the app's time is not a read timeout
+
+        def send_400_response(self, msg: str) -> None:
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(malformed)
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

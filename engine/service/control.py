@@ -1,7 +1,8 @@
 """Fault-injection control for the acceptance suite: /control/* routes.
 
-Mounted only with `serve --enable-fault-injection`, answered only to loopback
-clients (and with the API key when one is configured). The targets are the
+Mounted only with `serve --enable-fault-injection`, which needs an API key: answered only to
+loopback clients that send it (another local user cannot kill a rank), and listed in no
+/openapi.json. The targets are the
 processes of the current rank generation; the injections are signals (kill,
 freeze, thaw), the ranks' own fault hooks (corrupt_hash, stall_allreduce, exit at a
 step; the ranks were started with --enable-fault-injection too), and killing the
@@ -18,15 +19,15 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from engine.service.app_http import ApiError, check_api_key
+from engine.service.causes import ACTIONS
 from engine.service.proxy_service import Service, Unavailable
 from engine.service.serve_config import host_is_loopback
 
+# The actions are engine/service/causes.py's fault table. kill_proxy: the supervisor must bring the
+# proxy back. fail_starts: the next `count` rank starts fail their allreduce self-test on rank 1 (real
+# rank processes that refuse to come up), so a kill now starts a restart storm that reaches
+# --max-restarts and makes serve exit non-zero.
 SIGNALS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP, "thaw": signal.SIGCONT}
-RANK_FAULTS = ("corrupt_hash", "stall_allreduce", "exit")
-# kill_proxy: the supervisor must bring the proxy back. fail_starts: the next `count` rank starts fail
-# their allreduce self-test on rank 1 (real rank processes that refuse to come up), so a kill now
-# starts a restart storm that reaches --max-restarts and makes serve exit non-zero.
-ACTIONS = tuple(SIGNALS) + RANK_FAULTS + ("kill_proxy", "fail_starts")
 
 
 class Injection(BaseModel):
@@ -46,7 +47,7 @@ def register_control(app: FastAPI, service: Service) -> None:
             raise ApiError(403, "the control interface answers loopback clients only", kind="permission_error")
         check_api_key(request, cfg.api_key)
 
-    @app.get("/control/targets")
+    @app.get("/control/targets", include_in_schema=False)
     async def targets(request: Request):
         guard(request)
         pair = service.pair
@@ -58,14 +59,21 @@ def register_control(app: FastAPI, service: Service) -> None:
             "actions": list(ACTIONS),
         }
 
-    @app.post("/control/inject")
+    @app.get("/control/events", include_in_schema=False)
+    async def events(request: Request, since: int = 0):
+        """The structured log's recent events after sequence number `since` (the acceptance suite
+        reads each fault's rank_failure here when it cannot read the state directory)."""
+        guard(request)
+        return {"events": service.log.since(since), "last_seq": service.log.seq, "proxy_pid": os.getpid()}
+
+    @app.post("/control/inject", include_in_schema=False)
     async def inject(body: Injection, request: Request):
         guard(request)
         if body.action not in ACTIONS:
             raise ApiError(400, f"action {body.action!r}: choose one of {', '.join(ACTIONS)}", "action")
         if body.action == "kill_proxy":
             # Answer first, then die by SIGKILL (no clean-up: that is the point of the test).
-            asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGKILL)
+            asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGKILL)
             return {"action": "kill_proxy", "pid": os.getpid(), "generation": service.generation}
         if body.action == "fail_starts":
             if body.count is None:

@@ -17,10 +17,9 @@ import socket
 import time
 from typing import Any
 
+from engine.service.causes import RANK_HOOKS, Cause
+
 FINISH_REASONS = ("length", "stop", "cancelled")
-FAULTS = ("corrupt_hash", "stall_allreduce", "exit")
-PATHS = ("nccl", "gloo", "host_mailbox", "device_mailbox", "none")
-LOCKSTEP_FAILURE = "LOCKSTEP FAILURE"
 
 
 class ProtocolError(Exception):
@@ -40,8 +39,9 @@ def ready(rank: int, pid: int, generation: int, allreduce: str, selftest: str,
             "decode": decode, "choice": choice}
 
 
-def fatal(message: str) -> dict[str, Any]:
-    return {"type": "fatal", "message": message}
+def fatal(message: str, cause: Cause = Cause.STARTUP) -> dict[str, Any]:
+    """``cause``: why the rank gives up, from engine/service/causes.py (the proxy reads it, never the text)."""
+    return {"type": "fatal", "message": message, "cause": Cause(cause).value}
 
 
 def progress(req_id: str, done_tokens: int, counter: int) -> dict[str, Any]:
@@ -103,8 +103,8 @@ def ping() -> dict[str, Any]:
 
 
 def fault(what: str, at_step: int | None = None) -> dict[str, Any]:
-    if what not in FAULTS:
-        raise ValueError(f"fault must be one of {FAULTS}, got {what!r}")
+    if what not in RANK_HOOKS:
+        raise ValueError(f"fault must be one of {RANK_HOOKS}, got {what!r}")
     return {"type": "fault", "what": what, "at_step": at_step}
 
 

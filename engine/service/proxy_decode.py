@@ -35,7 +35,7 @@ class DecodeReport:
         self.ranks = {}
         self._logged = None
         for name in ("v100plan_decode_mode", "v100plan_decode_read_bw_gbps", *(g for g, _ in GAUGES)):
-            self.metrics.values.pop(name, None)
+            self.metrics.clear(name)
         for link in links:
             info = (link.ready or {}).get("decode")
             if not isinstance(info, dict):
@@ -65,9 +65,7 @@ class DecodeReport:
         d, r = self.ranks[rank], str(rank)
         self.metrics.set("v100plan_decode_mode", 1, rank=r, mode=str(d.get("mode")), kernels=str(d.get("kernels")))
         if d.get("read_bw_gbps"):
-            series = self.metrics.values["v100plan_decode_read_bw_gbps"]
-            for key in [k for k in series if ("rank", r) in k]:
-                del series[key]
+            self.metrics.clear("v100plan_decode_read_bw_gbps", rank=r)
             self.metrics.set("v100plan_decode_read_bw_gbps", d["read_bw_gbps"], rank=r,
                              source=str(d.get("read_bw_source")))
         for gauge, key in GAUGES:

@@ -21,6 +21,13 @@ from engine.service import protocol
 _ids = itertools.count(1)
 
 
+def outcome(event: tuple) -> str:
+    """How a request ended, for /metrics: its finish reason, or what its error status means."""
+    if event[0] == "done":
+        return str(event[1])
+    return {503: "unavailable", 500: "failed"}.get(event[1], f"error_{event[1]}")
+
+
 @dataclass(frozen=True)
 class GenerateParams:
     prompt_ids: tuple[int, ...]
@@ -51,6 +58,8 @@ class Job:
     completion_tokens: int = 0
     rank_finish: list[str | None] = field(default_factory=lambda: [None, None])
     on_finish: Callable[[tuple], None] | None = None   # e.g. the deferred request log line
+    on_outcome: Callable[[str], None] | None = None    # counts how it ended (/metrics)
+    last_token_monotonic: float | None = None
 
     def log_fields(self) -> dict:
         return {"id": self.id, "generation": self.generation, "rank_pids": self.rank_pids,
@@ -65,5 +74,7 @@ class Job:
         if self.state != "finished":
             self.state = "finished"
             self.events.put_nowait(event)
+            if self.on_outcome is not None:
+                self.on_outcome(outcome(event))
             if self.on_finish is not None:
                 self.on_finish(event)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from engine import BUNDLE_ROOT
 from engine.service import protocol
+from engine.service.causes import Cause, Failure, exit_cause
 from engine.service.rank_forks import ForkedRank, RankForks
 from engine.service.serve_config import ServeConfig, rank_command
 
@@ -52,7 +53,11 @@ def die_with_parent() -> None:
 
 
 class RankStartError(Exception):
-    """The pair did not come up; the message says which rank and why (its log tail)."""
+    """The pair did not come up; the message says which rank and why (its log tail), ``cause`` its kind."""
+
+    def __init__(self, message: str, cause: Cause = Cause.STARTUP):
+        super().__init__(message)
+        self.cause = cause
 
 
 class RankRequestError(Exception):
@@ -82,8 +87,11 @@ class RankLink:
     last_progress_monotonic: float = field(default_factory=time.monotonic)  # when the counter last moved
     last_counter: int | None = None
     wait_s: float = 0.0            # from the last heartbeat: how long this rank has waited for its peer
+    last_heartbeat_monotonic: float | None = None
+    max_heartbeat_gap_s: float = 0.0  # the longest silence between two heartbeats so far (the liveness margin)
     eof: bool = False
     fatal_message: str | None = None
+    fatal_cause: Cause | None = None  # the cause the rank's fatal message names
     ping_sent_monotonic: float | None = None  # an unanswered ping's send time
     fault_replies: asyncio.Queue = field(default_factory=asyncio.Queue)  # fault_armed answers only
     _reader_task: asyncio.Task | None = None
@@ -126,6 +134,9 @@ class RankLink:
             kind = msg.get("type")
             if kind == "heartbeat":
                 self.wait_s = float(msg.get("wait_s") or 0.0)
+                if self.last_heartbeat_monotonic is not None:
+                    self.max_heartbeat_gap_s = max(self.max_heartbeat_gap_s, now - self.last_heartbeat_monotonic)
+                self.last_heartbeat_monotonic = now
                 continue
             if kind == "pong":
                 self.ping_sent_monotonic = None
@@ -135,6 +146,10 @@ class RankLink:
                 continue
             if kind == "fatal":
                 self.fatal_message = str(msg.get("message"))
+                try:
+                    self.fatal_cause = Cause(msg.get("cause"))
+                except ValueError:
+                    self.fatal_cause = Cause.EXIT  # a rank of another version: it did give up
             msg["_rank"] = self.rank
             await (self.inbox if self.sink is None else self.sink).put(msg)
 
@@ -157,11 +172,11 @@ class RankPair:
     vocab_size: int | None = None
     started_unix: float = field(default_factory=time.time)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # both ranks' messages, tagged "_rank"
-    failure: str | None = None                                   # set once, by whoever sees it first
+    failure: Failure | None = None                               # set once, by whoever sees it first
 
-    def fail(self, reason: str) -> None:
+    def fail(self, failure: Failure) -> None:
         if self.failure is None:
-            self.failure = reason
+            self.failure = failure
 
     @property
     def pids(self) -> list[int]:
@@ -233,7 +248,7 @@ class RankPair:
 # of one start, read from the rendezvous directory, is part of every name. Spelled again here so
 # the proxy can clean up after killed ranks without importing torch.
 MAILBOX_KEY_FILE = "mailbox.key"
-MAILBOX_GLOB = "v100plan-mbox-{key}-*"
+MAILBOX_GLOB = "v100plan-mbox-{key}*"  # the start's private directory (and files of older versions)
 
 
 def new_mailbox_key(rendezvous_dir: str) -> str:
@@ -261,7 +276,10 @@ def remove_run_dir(run_dir: str) -> None:
         for d in _mailbox_dirs():
             for path in glob.glob(os.path.join(d, MAILBOX_GLOB.format(key=key))):
                 try:
-                    os.unlink(path)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)  # the start's private directory, with what killed ranks left
+                    else:
+                        os.unlink(path)
                 except OSError:
                     pass
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -340,12 +358,13 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
     for link in links:
         if link.ready.get("selftest") != "passed":
             await pair.close(grace_s=0.5)
-            raise RankStartError(f"rank {link.rank}: allreduce self-test {link.ready.get('selftest')!r}")
+            raise RankStartError(f"rank {link.rank}: allreduce self-test {link.ready.get('selftest')!r}",
+                                 Cause.SELFTEST)
     if links[1].ready.get("allreduce") != pair.allreduce:
         await pair.close(grace_s=0.5)
         raise RankStartError(
-            f"ranks disagree on the allreduce path: {pair.allreduce} vs {links[1].ready.get('allreduce')}"
-        )
+            f"ranks disagree on the allreduce path: {pair.allreduce} vs {links[1].ready.get('allreduce')}",
+            Cause.SELFTEST)
     for link in links:  # from now on both ranks feed one queue, in arrival order
         link.sink = pair.queue
         while not link.inbox.empty():
@@ -357,8 +376,8 @@ async def _connect_and_wait_ready(link: RankLink) -> None:
     while True:
         if link.exited:
             raise RankStartError(
-                f"rank {link.rank} exited with code {link.proc.returncode} before it was ready:\n{link.log_tail()}"
-            )
+                f"rank {link.rank} exited with code {link.proc.returncode} before it was ready:\n{link.log_tail()}",
+                link.fatal_cause or exit_cause(link.proc.returncode))
         if os.path.exists(link.socket_path):
             try:
                 link.reader, link.writer = await asyncio.open_unix_connection(link.socket_path, limit=1 << 24)
@@ -376,4 +395,4 @@ async def _connect_and_wait_ready(link: RankLink) -> None:
         if kind in ("fatal", "eof"):
             await asyncio.sleep(0.2)  # let the log receive the rank's last words
             detail = msg.get("message") or f"closed its socket\n{link.log_tail()}"
-            raise RankStartError(f"rank {link.rank} failed to start: {detail}")
+            raise RankStartError(f"rank {link.rank} failed to start: {detail}", link.fatal_cause or Cause.STARTUP)

@@ -18,6 +18,7 @@ from collections import deque
 from typing import Callable
 
 from engine.service import protocol, watchdog
+from engine.service.causes import Cause, Failure
 from engine.service.proxy_decode import DecodeReport
 from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_log import StructuredLog
@@ -25,6 +26,7 @@ from engine.service.proxy_metrics import Metrics
 from engine.service.proxy_ranks import RankPair, RankStartError, die_with_parent, rank_env, start_pair
 from engine.service.rank_forks import RankForks
 from engine.service.serve_config import ALLREDUCE_PATHS, ServeConfig
+from engine.service.state_dir import start_time
 
 EXIT_RESTARTS_EXHAUSTED = 3
 
@@ -60,16 +62,20 @@ def _restarting(reason: str) -> str:
     return f"the engine's ranks failed ({public_reason(reason)}); the service is restarting them"
 
 
-def _previous_generation(state_dir: str) -> int:
+def _previous_state(state_dir: str) -> dict:
+    """The service.json the previous proxy of this state directory left (its generation, and its
+    exit record when it gave up at the restart cap), or {}."""
     try:
         with open(os.path.join(state_dir, "service.json")) as fh:
-            return int(json.load(fh).get("generation") or 0)
-    except (OSError, ValueError, AttributeError):
-        return 0
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 class Service:
-    def __init__(self, cfg: ServeConfig, log: StructuredLog, on_exit: Callable[[int], None]):
+    def __init__(self, cfg: ServeConfig, log: StructuredLog, on_exit: Callable[[int], None],
+                 forks: RankForks | None = None):
         self.cfg = cfg
         self.log = log
         self.metrics = Metrics()
@@ -80,16 +86,25 @@ class Service:
         self.pair: RankPair | None = None
         # Generations keep counting across proxy restarts (supervisor), so a generation number
         # names one pair of rank processes for the life of the state directory.
-        self.generation = _previous_generation(cfg.state_dir)
+        previous = _previous_state(cfg.state_dir)
+        try:
+            self.generation = int(previous.get("generation") or 0)
+        except (TypeError, ValueError):
+            self.generation = 0
+        # How the previous proxy ended when it gave up (the restart storm's end): kept in /health.
+        self.previous_exit: dict | None = previous.get("exit") if isinstance(previous.get("exit"), dict) else None
+        self.exit_record: dict | None = None
         self.last_failure: str | None = None
+        self.last_cause: Cause | None = None
         self.queue: deque[Job] = deque()
         self.running: Job | None = None
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        # Restarts fork their ranks from a process that imported torch once (started after the first pair).
-        self._forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent,
-                                rank_env()) if cfg.standby_ranks else None
+        # Every start forks its ranks from a process that imported torch once (the first too)
+        # (serve passes the one it started before its own imports)
+        self._forks = forks or (RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent,
+                                          rank_env()) if cfg.standby_ranks else None)
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
@@ -99,6 +114,8 @@ class Service:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.loop = loop
+        if self.previous_exit is not None:
+            self.log.emit("previous_exit", **self.previous_exit)
         self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(self._worker())]
 
     async def drain(self, timeout_s: float) -> None:
@@ -135,41 +152,52 @@ class Service:
         self.log.emit("serve_stop", generation=self.generation, rank_pids_stopped=pids)
 
     async def _lifecycle(self) -> None:
-        previous_reason: str | None = None
+        previous: Failure | None = None
         while True:
-            pair = await self._bring_up(previous_reason)
+            pair = await self._bring_up(previous)
             if pair is None:
                 return
-            previous_reason = await watchdog.watch(
+            previous = await watchdog.watch(
                 pair, self._busy_since, self.cfg.stall_timeout_s, self.cfg.ping_interval_s,
                 self.cfg.liveness_timeout_s or None,
             )
-            await self._take_down(pair, previous_reason)
+            await self._take_down(pair, previous)
             if self.state in ("draining", "exiting"):
                 return  # shutting down: no new generation
 
-    async def _bring_up(self, after_failure: str | None) -> RankPair | None:
+    async def _bring_up(self, failure: Failure | None) -> RankPair | None:
+        after_failure = failure.reason if failure is not None else None
+        cause = failure.cause if failure is not None else None  # of the failure this start follows
         while True:
             self.generation += 1
-            if after_failure is not None or self.budget.consecutive_failures:
-                self.metrics.inc("v100plan_rank_restarts_total")
+            if cause is not None:
+                self.metrics.inc("v100plan_rank_restarts_total", cause=cause.value)
             self._publish_down("restarting" if after_failure is not None else "starting")
             t0 = time.monotonic()
+            if self._forks is not None and self._forks.proc is None:
+                # The first start of this proxy forks its ranks too: one import of torch (the fork
+                # server's) instead of one per rank at once, which is most of a start after the
+                # proxy itself was restarted (kill_proxy). A fork server that died later is only
+                # started again once a pair runs (below).
+                await self._start_forks()
             try:
                 forks = self._forks if self._forks is not None and self._forks.alive else None
                 pair = await start_pair(self.cfg, self.generation, self._start_fault(), forks)
             except RankStartError as exc:
+                cause = exc.cause
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
                 self.last_failure = str(exc)
-                self.log.emit("rank_start_failed", generation=self.generation, reason=str(exc),
+                self.log.emit("rank_start_failed", generation=self.generation, reason=str(exc), cause=exc.cause.value,
                               consecutive_failures=self.budget.consecutive_failures,
                               max_restarts=self.cfg.max_restarts)
                 if self.budget.exhausted:
                     self.state = "exiting"
-                    self.log.emit("exit", code=EXIT_RESTARTS_EXHAUSTED,
-                                  reason=f"{self.budget.consecutive_failures} consecutive failed rank starts "
-                                         f"(--max-restarts {self.cfg.max_restarts})")
+                    self.exit_record = {
+                        "code": EXIT_RESTARTS_EXHAUSTED, "cause": exc.cause.value, "unix": round(time.time(), 3),
+                        "reason": f"{self.budget.consecutive_failures} consecutive failed rank starts "
+                                  f"(--max-restarts {self.cfg.max_restarts}); the last: {public_reason(str(exc))}"}
+                    self.log.emit("exit", **self.exit_record)
                     self._write_state()
                     self.on_exit(EXIT_RESTARTS_EXHAUSTED)
                     return None
@@ -193,12 +221,15 @@ class Service:
             self._write_state()
             self._wake.set()
             if self._forks is not None and not self._forks.alive and self.state == "up":
-                try:
-                    await self._forks.start()
-                    self.log.emit("rank_forks_started", pid=self._forks.proc.pid)
-                except OSError as exc:
-                    self.log.emit("rank_forks_failed", reason=str(exc))
+                await self._start_forks()
             return pair
+
+    async def _start_forks(self) -> None:
+        try:
+            await self._forks.start()
+            self.log.emit("rank_forks_started", pid=self._forks.proc.pid)
+        except OSError as exc:
+            self.log.emit("rank_forks_failed", reason=str(exc))
 
     def _start_fault(self) -> tuple[str, ...]:
         """Rank 1's flags that make this start's allreduce self-test fail, while a storm is armed."""
@@ -208,23 +239,17 @@ class Service:
         paths = ALLREDUCE_PATHS[1:] if self.cfg.allreduce == "auto" else (self.cfg.allreduce,)
         return tuple(arg for p in paths for arg in ("--fail-selftest", p))
 
-    async def _take_down(self, pair: RankPair, reason: str) -> None:
+    async def _take_down(self, pair: RankPair, failure: Failure) -> None:
+        reason = failure.reason
         self.last_failure = reason
-        lockstep = "LOCKSTEP FAILURE" in reason
-        if lockstep:
+        self.last_cause = failure.cause
+        if failure.cause is Cause.LOCKSTEP:
             self.metrics.inc("v100plan_lockstep_failures_total")
-        if lockstep:
-            cause = "lockstep"
-        elif "heartbeat" in reason or "stalled:" in reason:
-            cause = "liveness"
-        elif "no progress" in reason or "ping" in reason:
-            cause = "stall"
-        else:
-            cause = "exit"
-        self.metrics.inc("v100plan_rank_failures_total", cause=cause)
+        self.metrics.inc("v100plan_rank_failures_total", cause=failure.cause.value)
         self._publish_down("restarting" if self.state not in ("draining", "exiting") else self.state)
         self.log.emit("rank_failure", generation=pair.generation, rank_pids=pair.pids, reason=reason,
-                      cause=cause, in_flight=self.running.id if self.running else None)
+                      cause=failure.cause.value, rank=failure.rank,
+                      in_flight=self.running.id if self.running else None)
         self._fail_pending(503, _restarting(reason) if self.state == "restarting" else
                            "the service is shutting down")
         await pair.close()
@@ -255,10 +280,14 @@ class Service:
             "host": self.cfg.host, "port": self.cfg.port, "last_failure": self.last_failure,
             "updated_unix": round(time.time(), 3),
         }
+        if self.exit_record is not None:
+            doc["exit"] = self.exit_record
+        # Each PID's start time: `supervise stop` signals a PID only when it is still that process.
+        doc["start_times"] = {str(pid): start_time(pid) for pid in [os.getpid(), *doc["rank_pids"]]}
         os.makedirs(self.cfg.state_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.cfg.state_dir, "service.json")
         tmp = path + f".{os.getpid()}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as fh:
             json.dump(doc, fh, indent=1)
         os.replace(tmp, path)
 
@@ -270,9 +299,10 @@ class Service:
 
     def submit(self, params: GenerateParams, endpoint: str) -> Job:
         if self.state == "up" and self.pair is not None and self.pair.failure is not None:
-            self.last_failure = self.pair.failure  # found dead a moment ago; the watchdog is on it
+            self.last_failure = self.pair.failure.reason  # found dead a moment ago; the watchdog is on it
             self.state = "restarting"
         if self.state != "up":
+            self._count_outcome("unavailable")
             raise Unavailable(
                 f"the engine is {self.state}"
                 + (f" after: {public_reason(self.last_failure)}"
@@ -280,13 +310,17 @@ class Service:
                 retry_after_s=10 if self.state == "starting" else 5,
             )
         if len(self.queue) >= self.cfg.queue_cap and (self.running is not None or self.queue):
+            self._count_outcome("queue_full")
             raise QueueFull(f"{len(self.queue)} requests are already waiting (--queue-cap {self.cfg.queue_cap})",
                             retry_after_s=self.retry_after_s())
-        job = Job(params=params, endpoint=endpoint)
+        job = Job(params=params, endpoint=endpoint, on_outcome=self._count_outcome)
         self.queue.append(job)
         self.metrics.set("v100plan_queue_depth", len(self.queue))
         self._wake.set()
         return job
+
+    def _count_outcome(self, outcome: str) -> None:
+        self.metrics.inc("v100plan_request_outcomes_total", outcome=outcome)
 
     def withdraw(self, job: Job) -> None:
         """The client went away: drop a queued job, cancel a running one on both ranks."""
@@ -317,8 +351,8 @@ class Service:
             try:
                 await self._run(job, pair)
             except (ConnectionError, OSError) as exc:
-                pair.fail(f"rank control socket: {exc}")
-                job.finish(("error", 503, _restarting(pair.failure)))
+                pair.fail(Failure(Cause.CONTROL, f"rank control socket: {exc}"))
+                job.finish(("error", 503, _restarting(pair.failure.reason)))
             finally:
                 self.running = None
                 self.metrics.set("v100plan_requests_running", 0)
@@ -340,7 +374,7 @@ class Service:
         try:
             while not (done[0] and done[1]):
                 if pair.failure is not None:
-                    job.finish(("error", 503, _restarting(pair.failure)))
+                    job.finish(("error", 503, _restarting(pair.failure.reason)))
                     return
                 if job.state == "finished":
                     return
@@ -371,6 +405,12 @@ class Service:
         if rank != 0:
             return  # rank 1's tokens are read (to keep its socket drained) and dropped
         if kind == "token":
+            now = time.monotonic()
+            if job.last_token_monotonic is None:
+                self.metrics.observe("v100plan_time_to_first_token_seconds", now - job.submitted_monotonic)
+            else:
+                self.metrics.observe("v100plan_time_per_output_token_seconds", now - job.last_token_monotonic)
+            job.last_token_monotonic = now
             job.completion_tokens += 1
             job.events.put_nowait(("token", msg["token_id"]))
         elif kind == "progress":

@@ -31,6 +31,8 @@ import time
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES
 from engine.service import protocol
+from engine.service.causes import RANK_HOOKS, Cause
+from engine.service.serve_config import DEFAULT_ALLREDUCE_TIMEOUT_S, HEARTBEAT_INTERVAL_S
 
 EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
 DTYPES = ("float32", "float16", "bfloat16")
@@ -51,10 +53,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="auto: the model's dtype; int8: engine.core.kvquant (default: auto)")
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
-    p.add_argument("--allreduce-timeout-s", type=float, default=60.0)
+    p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt tokens per prefill step (default: 2048 on a GPU, as the field's engine, 256 on CPU)")
-    p.add_argument("--heartbeat-interval-s", type=float, default=1.0,
+    p.add_argument("--heartbeat-interval-s", type=float, default=HEARTBEAT_INTERVAL_S,
                    help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
                    help="(fault injection only) make this path's self-test fail on this rank")
@@ -62,6 +64,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-bw-gbps", type=float, default=float(env_bw) if env_bw else None,
                    help=f"the card's read bandwidth in GB/s, for the achieved fraction the service reports "
                         f"(default: ${READ_BW_ENV}, else measured by the rank at start)")
+
+
+class StartFailed(Exception):
+    """Start-up failed for a reason with a cause of its own (the allreduce self-test)."""
+
+    def __init__(self, cause: Cause, message: str):
+        super().__init__(message)
+        self.cause = cause
 
 
 def log(rank: int, msg: str) -> None:
@@ -118,6 +128,7 @@ class Rank:
     def start(self) -> dict:
         import torch
 
+        from engine.allreduce.base import PathError
         from engine.allreduce.comm import Comm
         from engine.core import config, weights
         from engine.core.lockstep import Lockstep
@@ -154,10 +165,13 @@ class Rank:
             os.makedirs(a.rendezvous, exist_ok=True)
             store = init_control(a.rendezvous, a.generation, self.r, 2, a.allreduce_timeout_s)
             marks.append(("rendezvous", time.monotonic()))
-            self.choice = select.choose(
-                a.allreduce, rank=self.r, device=device, dtype=dtype, timeout_s=a.allreduce_timeout_s,
-                abort=self.abort, rendezvous_dir=a.rendezvous, generation=a.generation, store=store,
-                fail_selftest=set(a.fail_selftest), log=lambda m: log(self.r, m))
+            try:
+                self.choice = select.choose(
+                    a.allreduce, rank=self.r, device=device, dtype=dtype, timeout_s=a.allreduce_timeout_s,
+                    abort=self.abort, rendezvous_dir=a.rendezvous, generation=a.generation, store=store,
+                    fail_selftest=set(a.fail_selftest), log=lambda m: log(self.r, m))
+            except PathError as e:
+                raise StartFailed(Cause.SELFTEST, str(e)) from None
             self.path = self.choice.path
             self._time_waits(self.path)
             marks.append(("allreduce_choice", time.monotonic()))
@@ -248,6 +262,9 @@ class Rank:
             elif t == "fault":
                 if not self.args.enable_fault_injection:
                     server.send(protocol.error(None, "fault injection is disabled (start with --enable-fault-injection)"))
+                    continue
+                if msg["what"] not in RANK_HOOKS:
+                    server.send(protocol.error(None, f"fault must be one of {', '.join(RANK_HOOKS)}"))
                     continue
                 self.faults.append({"what": msg["what"], "at_step": msg.get("at_step")})
                 server.send(protocol.fault_armed(msg["what"], msg.get("at_step")))
@@ -355,6 +372,11 @@ def describe_stats(s: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from engine.service.proctitle import set_title
+
+    # `ps` tells rank 0 from rank 1 (a forked rank would show its fork server's command line).
+    set_title(f"v100plan-engine rank {args.rank} generation {args.generation} {args.control_socket}",
+              f"v100plan-rank{args.rank}")
     why = protocol.socket_path_ok(args.control_socket)
     if why:
         log(args.rank, why)
@@ -366,7 +388,7 @@ def main(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - every start-up failure becomes one fatal message
         msg = f"start-up failed: {type(e).__name__}: {e}" if not isinstance(e, ValueError) else f"start-up failed: {e}"
         log(args.rank, msg)
-        server.send(protocol.fatal(msg))
+        server.send(protocol.fatal(msg, getattr(e, "cause", Cause.STARTUP)))
         time.sleep(0.2)
         return EXIT_STARTUP
     server.send(ready)
@@ -380,13 +402,13 @@ def main(args: argparse.Namespace) -> int:
         rank.serve(server)
     except LockstepFailure as e:
         log(args.rank, str(e))
-        server.send(protocol.fatal(str(e)))
+        server.send(protocol.fatal(str(e), Cause.LOCKSTEP))
         time.sleep(0.2)
         return EXIT_LOCKSTEP
     except PathError as e:
         msg = f"allreduce failed: {e}"
         log(args.rank, msg)
-        server.send(protocol.fatal(msg))
+        server.send(protocol.fatal(msg, Cause.ALLREDUCE))
         time.sleep(0.2)
         return EXIT_ALLREDUCE
     return 0

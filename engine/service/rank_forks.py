@@ -22,6 +22,7 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
 import traceback
 
@@ -132,6 +133,27 @@ class ForkedRank:
         return self.returncode  # type: ignore[return-value]
 
 
+class _Adopted:
+    """A fork server started with subprocess.Popen before serve's event loop ran (serve starts it
+    before its own imports, so torch's import overlaps them), with the part of
+    asyncio.subprocess.Process that RankForks uses."""
+
+    def __init__(self, popen: subprocess.Popen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.popen, self.stdout, self.stdin, self.pid = popen, reader, writer, popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    async def wait(self) -> int:
+        while self.popen.poll() is None:
+            await asyncio.sleep(0.05)
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+
 class RankForks:
     """Serve's handle on one fork server: started once, started again if it died."""
 
@@ -144,6 +166,23 @@ class RankForks:
         self._forks: asyncio.Queue = asyncio.Queue()    # pids in request order
         self._ranks: dict[int, ForkedRank] = {}
         self._reader: asyncio.Task | None = None
+        self._early: subprocess.Popen | None = None
+
+    def spawn_early(self) -> None:
+        """Start the server now, before an event loop runs: serve calls this before its own imports,
+        so the server's import of torch runs while serve imports its web stack (a restarted proxy's
+        first pair is up that much sooner). start() adopts it."""
+        with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+            self._early = subprocess.Popen([sys.executable, "-m", "engine.service.rank_forks"], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=log, preexec_fn=self.preexec_fn,
+                                           env=self.env)
+
+    async def _adopt(self, popen: subprocess.Popen) -> _Adopted:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), popen.stdout)
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
+        return _Adopted(popen, reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
     @property
     def alive(self) -> bool:
@@ -156,11 +195,15 @@ class RankForks:
             return
         self.ready = asyncio.Event()
         self._forks = asyncio.Queue()
-        with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "engine.service.rank_forks", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=self.preexec_fn,
-                env=self.env)
+        early, self._early = self._early, None
+        if early is not None and early.poll() is None:
+            self.proc = await self._adopt(early)
+        else:
+            with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+                self.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "engine.service.rank_forks", stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=self.preexec_fn,
+                    env=self.env)
         self._reader = asyncio.get_running_loop().create_task(self._read(self.proc))
 
     async def fork(self, argv: list[str], log_path: str, ready_timeout_s: float = 60.0) -> ForkedRank | None:

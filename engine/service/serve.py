@@ -27,6 +27,7 @@ import sys
 import threading
 
 from engine.service.serve_config import ServeConfigError, add_serve_arguments, config_from_args
+from engine.service.state_dir import StateDirError, make_state_dir
 
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_SERVE = 4
@@ -50,6 +51,7 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_BAD_INPUT
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401  (checked before anything starts)
     except ImportError as exc:
         print(f"Error: the service needs the serve extra ({exc.name} is missing): pip install 'v100plan[serve]'",
@@ -86,9 +88,8 @@ def cuda_problem(devices: tuple[str, str]) -> str | None:
 def prepare_state_dir(state_dir: str):
     """Make the state directory private and take its lock (one serve per state directory).
     Returns the open lock file (kept for the life of the process) or raises OSError/RuntimeError."""
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    os.chmod(state_dir, 0o700)
-    fd = os.open(os.path.join(state_dir, "serve.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    make_state_dir(state_dir)  # StateDirError: not this user's, writable by others, or a link in it
+    fd = os.open(os.path.join(state_dir, "serve.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     lock = os.fdopen(fd, "r+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -133,23 +134,45 @@ def _raise_fd_limit(wanted: int) -> int:
 
 
 def _run(cfg) -> int:
+    from engine.service.proxy_ranks import die_with_parent, rank_env
+    from engine.service.rank_forks import RankForks
+
+    os.umask(0o077)  # state files, logs and sockets: the user's only (ranks inherit it)
+    try:
+        lock = prepare_state_dir(cfg.state_dir)
+    except StateDirError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (OSError, RuntimeError) as exc:
+        print(f"Error: state directory {cfg.state_dir}: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_SERVE
+    forks = None
+    if cfg.standby_ranks:
+        # The fork server imports torch while this process imports its web stack below: a proxy
+        # restarted by its supervisor has its first pair up about a second sooner.
+        os.makedirs(os.path.join(cfg.state_dir, "logs"), mode=0o700, exist_ok=True)
+        forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env())
+        forks.spawn_early()
+    from engine.service.proxy_log import StructuredLog
+    log = StructuredLog(cfg.log_file)
+    try:
+        return _serve(cfg, log, lock, forks)
+    except KeyboardInterrupt:  # Ctrl-C before uvicorn took the signal over: still one serve_exit line
+        log.emit("serve_exit", code=0, signal="SIGINT", reason="interrupted while starting")
+        log.close()
+        return 0
+
+
+def _serve(cfg, log, lock, forks) -> int:
     import uvicorn
 
     from engine.service.app import create_app
     from engine.service.app_http import RateLimitFilter, guarded_h11_protocol
     from engine.service.control import register_control
-    from engine.service.proxy_log import StructuredLog
     from engine.service.proxy_ranks import reap_stale_runs
     from engine.service.proxy_service import Service
     from engine.service.proxy_text import load_model_text
 
-    os.umask(0o077)  # state files, logs and sockets: the user's only (ranks inherit it)
-    try:
-        lock = prepare_state_dir(cfg.state_dir)
-    except (OSError, RuntimeError) as exc:
-        print(f"Error: state directory {cfg.state_dir}: {exc}", file=sys.stderr)
-        return EXIT_CANNOT_SERVE
-    log = StructuredLog(cfg.log_file)
     reaped = reap_stale_runs(cfg.state_dir)
     if reaped:
         log.emit("reaped_stale_runs", count=len(reaped))
@@ -163,7 +186,7 @@ def _run(cfg) -> int:
         if server is not None:
             server.should_exit = True
 
-    service = Service(cfg, log, on_exit)
+    service = Service(cfg, log, on_exit, forks)
     app = create_app(service, text)
     if cfg.enable_fault_injection:
         register_control(app, service)
@@ -178,7 +201,8 @@ def _run(cfg) -> int:
              stall_timeout_s=cfg.stall_timeout_s, liveness_timeout_s=cfg.liveness_timeout_s,
              max_restarts=cfg.max_restarts, max_connections=max_connections,
              fault_injection=cfg.enable_fault_injection, api_key=cfg.api_key is not None)
-    protocol = guarded_h11_protocol(max_connections, cfg.header_timeout_s, cfg.body_timeout_s)
+    protocol = guarded_h11_protocol(max_connections, cfg.header_timeout_s, cfg.body_timeout_s,
+                                    metrics=service.metrics, log=log)
     server = _DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                             access_log=False, lifespan="on", timeout_graceful_shutdown=5,
                                             http=protocol, timeout_keep_alive=cfg.keep_alive_timeout_s,

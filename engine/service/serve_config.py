@@ -18,13 +18,25 @@ from engine.core.config import files_dir  # stdlib-only too
 
 DTYPES = ("float32", "float16", "bfloat16")
 
+# The service's watchdog limits: the one set `serve`, `supervise`, `deploy` and `qualify` run with
+# (deploy and qualify pass none of these flags). docs/acceptance.md has the recovery times they give.
+#
 # docs/field-figures.md, "How the two-process engine stayed safe": a request whose progress
 # counter does not move for 180 s is treated as stalled.
 DEFAULT_STALL_TIMEOUT_S = 180.0
-# A rank sends a heartbeat every second; this much silence (or this long waiting for its peer
-# in one allreduce) ends the pair. Within the 10 s the service promises for a frozen rank.
-DEFAULT_LIVENESS_TIMEOUT_S = 5.0
-HEARTBEAT_INTERVAL_S = 1.0
+# A rank sends a heartbeat every HEARTBEAT_INTERVAL_S from a thread of its own; this much silence (or
+# this long waiting for its peer in one allreduce) ends the pair. Five heartbeats: the longest gap the
+# proxy saw between two heartbeats of busy ranks on a 2-core CPU host at load average 10 was 0.87 s
+# (/health max_heartbeat_gap_s, docs/acceptance.md), and 2.5 s keeps a frozen rank's recovery within 5 s.
+DEFAULT_LIVENESS_TIMEOUT_S = 2.5
+HEARTBEAT_INTERVAL_S = 0.5
+# An allreduce that waits this long for the peer fails the rank (the heartbeat finds a stalled peer
+# long before: this is the backstop for a rank whose heartbeat thread still runs).
+DEFAULT_ALLREDUCE_TIMEOUT_S = 60.0
+# Consecutive failed rank starts before serve gives up and exits 3 (its supervisor then starts it afresh).
+DEFAULT_MAX_RESTARTS = 3
+DEFAULT_START_TIMEOUT_S = 600.0
+SERVICE_LOG = "service.log"  # the structured log's file in the state directory, unless --log-file
 
 
 class ServeConfigError(Exception):
@@ -52,7 +64,7 @@ class ServeConfig:
     start_timeout_s: float
     allreduce_timeout_s: float | None
     ping_interval_s: float
-    log_file: str | None
+    log_file: str                     # the structured log's file (default: STATE_DIR/service.log)
     liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S
     drain_timeout_s: float = 10.0      # SIGTERM/SIGINT: how long running requests may finish
     header_timeout_s: float = 10.0     # a request's headers must arrive within this
@@ -135,11 +147,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "half the bytes (default: auto)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
-                        help="a request making no progress this long restarts both ranks (default: %(default)s)")
-    parser.add_argument("--max-restarts", type=int, default=3,
+                        help="a rank making no progress this long during a request (or not answering an "
+                             "idle ping) ends the pair (default: %(default)s)")
+    parser.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS,
                         help="consecutive failed rank starts before serve exits non-zero (default: %(default)s)")
     parser.add_argument("--enable-fault-injection", action="store_true",
-                        help="expose /control/* on loopback and pass the fault hooks to the ranks (default: off)")
+                        help="expose /control/* on loopback (with the API key: needs --api-key-file) and pass "
+                             "the fault hooks to the ranks (default: off)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or two devices such as cuda:0,cuda:0 (default: %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES,
                         help="weights and activations (default: float32 on CPU, float16 on CUDA)")
@@ -149,13 +163,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model name /v1/models lists (default: the model directory's name)")
     parser.add_argument("--body-limit-bytes", type=int, default=1 << 20,
                         help="largest request body; a larger one is answered 413 (default: %(default)s)")
-    parser.add_argument("--start-timeout-s", type=float, default=600.0,
-                        help="how long the ranks may take to load and answer /health (default: %(default)s)")
-    parser.add_argument("--allreduce-timeout-s", type=float, default=None,
-                        help="one allreduce waiting longer ends the pair (default: the ranks' own, 60 s)")
+    parser.add_argument("--start-timeout-s", type=float, default=DEFAULT_START_TIMEOUT_S,
+                        help="both ranks must be ready within this (default: %(default)s)")
+    parser.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S,
+                        help="an allreduce waiting this long for the peer fails its rank (default: %(default)s)")
     parser.add_argument("--ping-interval-s", type=float, default=None,
                         help="idle liveness ping period (default: a quarter of the stall timeout, at most 10 s)")
-    parser.add_argument("--log-file", default=None, help="also append the structured log lines here (default: stderr only)")
+    parser.add_argument("--log-file", default=None, help="where the structured log lines are appended besides "
+                        "stderr (default: service.log in the state directory)")
     parser.add_argument("--liveness-timeout-s", type=float, default=DEFAULT_LIVENESS_TIMEOUT_S,
                         help="a rank silent this long (no heartbeat), or waiting this long for its peer in "
                              "one allreduce, ends the pair; 0: no heartbeat check (default: %(default)s)")
@@ -188,6 +203,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ServeConfigError(
             f"--host {args.host} is not a loopback address: refusing to serve it without --api-key-file"
         )
+    if args.enable_fault_injection and api_key is None:
+        raise ServeConfigError("--enable-fault-injection needs --api-key-file: without a key every local user "
+                               "could kill or freeze the ranks through /control/inject")
     for name in ("queue_cap", "max_restarts"):
         if getattr(args, name) < 0:
             raise ServeConfigError(f"--{name.replace('_', '-')} must be 0 or more")
@@ -208,13 +226,15 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     devices = parse_devices(args.device)
     dtype = args.dtype or ("float32" if devices[0] == "cpu" else "float16")
     ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
+    state_dir = str(Path(args.state_dir or default_state_dir(args.port)).resolve())
     computed = {
         "model_dir": str(model.resolve()),
         "api_key": api_key,
         "devices": devices,
         "dtype": dtype,
-        "state_dir": str(Path(args.state_dir or default_state_dir(args.port)).resolve()),
+        "state_dir": state_dir,
         "ping_interval_s": ping,
+        "log_file": args.log_file or os.path.join(state_dir, SERVICE_LOG),
     }
     # Every other field is the flag of the same name (a new field without one fails here, at once).
     flags = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if f.name not in computed}
@@ -244,6 +264,12 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.enable_fault_injection:
         cmd.append("--enable-fault-injection")
-    if cfg.allreduce_timeout_s is not None:
-        cmd += ["--allreduce-timeout-s", str(cfg.allreduce_timeout_s)]
+    cmd += ["--allreduce-timeout-s", str(cfg.allreduce_timeout_s or DEFAULT_ALLREDUCE_TIMEOUT_S)]
     return cmd + list(extra)
+
+
+def service_limits(cfg: ServeConfig) -> dict[str, float | int]:
+    """The watchdog limits in force (keyed /health; the acceptance report records them)."""
+    return {"liveness_timeout_s": cfg.liveness_timeout_s, "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
+            "stall_timeout_s": cfg.stall_timeout_s, "allreduce_timeout_s": cfg.allreduce_timeout_s
+            or DEFAULT_ALLREDUCE_TIMEOUT_S, "max_restarts": cfg.max_restarts, "start_timeout_s": cfg.start_timeout_s}

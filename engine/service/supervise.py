@@ -43,6 +43,7 @@ from engine.service.serve_config import (
     config_from_args,
     default_state_dir,
 )
+from engine.service.state_dir import StateDirError, is_same_process, make_state_dir, start_time
 
 PROGRAM = "engine"
 # The directory that holds the engine package: supervisord and systemd start `-m engine` from there.
@@ -124,7 +125,9 @@ command={_conf_value(shlex.join(command))}
 directory={_conf_value(BUNDLE_ROOT)}
 environment=PYTHONUNBUFFERED="1"
 autostart=true
-; restart the proxy whenever it exits, however it exits (SIGKILL included)
+; restart the proxy whenever it exits, however it exits (SIGKILL included). supervisord spawns it
+; again at its next 1 s tick (measured: 1.0 s from exit to spawn); startsecs is only how long a
+; start must last to count as one (a shorter one is retried with supervisord's backoff).
 autorestart=true
 startsecs=2
 startretries=10
@@ -150,7 +153,8 @@ WorkingDirectory={BUNDLE_ROOT}
 Environment=PYTHONUNBUFFERED=1
 ExecStart={shlex.join(command)}
 Restart=always
-RestartSec=2
+# Back within the 5 s a killed proxy is allowed (the proxy's imports and its ranks' start follow).
+RestartSec=0.5
 # SIGTERM to the proxy alone (it drains, stops its watchdog, then its ranks); the final SIGKILL
 # reaches the whole cgroup, so no rank outlives the proxy (they also die with it by PR_SET_PDEATHSIG).
 KillMode=mixed
@@ -233,10 +237,13 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
         raise SuperviseError(f"supervisord already runs for {state_dir} (pid {_supervisord_pid(state_dir)}); "
                              "`supervise stop` first")
     command = serve_command(serve_args, state_dir)
+    try:
+        make_state_dir(state_dir)
+    except StateDirError as exc:
+        raise SuperviseError(str(exc)) from None
     os.makedirs(os.path.join(state_dir, "logs"), mode=0o700, exist_ok=True)
-    os.chmod(state_dir, 0o700)
     conf = os.path.join(state_dir, "supervisord.conf")
-    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(supervisord_conf(state_dir, command))
     try:
@@ -274,6 +281,28 @@ def status(state_dir: str) -> dict:
     return out
 
 
+def _ours(state_dir: str, service: dict) -> dict[int, int | None]:
+    """PID -> start time of the processes service.json and supervisord's pid file name, where each
+    is provably the one we started: the recorded start time matches (a PID reused since is not),
+    or for supervisord, its command line names this state directory's config."""
+    started = {}
+    for pid, t in (service.get("start_times") or {}).items():
+        try:
+            if is_same_process(int(pid), t):
+                started[int(pid)] = t
+        except (TypeError, ValueError):
+            continue
+    sup = _supervisord_pid(state_dir)
+    if sup is not None:
+        try:
+            cmdline = Path(f"/proc/{sup}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            cmdline = []
+        if os.fsencode(os.path.join(state_dir, "supervisord.conf")) in cmdline:
+            started[sup] = start_time(sup)
+    return started
+
+
 def stop(state_dir: str, timeout_s: float = 30.0) -> dict:
     sup = _supervisord_pid(state_dir)
     service = _read_json(os.path.join(state_dir, "service.json"))
@@ -281,21 +310,25 @@ def stop(state_dir: str, timeout_s: float = 30.0) -> dict:
     watched = {"supervisord": sup, "proxy": program.get("proxy_pid") or service.get("proxy_pid")}
     for i, pid in enumerate(service.get("rank_pids") or []):
         watched[f"rank{i}"] = pid
+    ours = _ours(state_dir, service)  # before the shutdown: only these may be SIGKILLed afterwards
     if sup is not None:
         _ctl(state_dir, "shutdown", timeout_s=timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in watched.values()):
+    # Without a supervisord nothing is stopping them: no point waiting before the SIGKILL.
+    deadline = time.monotonic() + (timeout_s if sup is not None else 0.0)
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in watched.values() if p in ours):
         time.sleep(0.1)
     killed = []
     for name, pid in watched.items():
-        if _pid_alive(pid):
+        if _pid_alive(pid) and pid in ours and is_same_process(pid, ours[pid]):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(name)
             except ProcessLookupError:
                 pass
     return {"stopped": {k: v for k, v in watched.items() if v}, "had_to_kill": killed,
-            "left_running": [k for k, p in watched.items() if _pid_alive(p)]}
+            "left_running": [k for k, p in watched.items() if _pid_alive(p) and p in ours],
+            # a PID service.json names that runs but is not provably the process we started: left alone
+            "not_ours": [k for k, p in watched.items() if _pid_alive(p) and p not in ours]}
 
 
 def unit(state_dir: str, serve_args: list[str], install: bool) -> dict:

@@ -19,41 +19,52 @@ import time
 from dataclasses import dataclass
 
 from engine.service import protocol
+from engine.service.causes import Cause, Failure, exit_cause
 from engine.service.proxy_ranks import RankPair
 
 
 def pair_failure(pair: RankPair, busy_since_monotonic: float | None, stall_timeout_s: float,
-                 now: float | None = None, liveness_timeout_s: float | None = None) -> str | None:
-    """Why this pair is dead, or None. `busy_since_monotonic` is when the running request
-    was sent to the ranks (None when idle); `liveness_timeout_s` None: no heartbeat check."""
+                 now: float | None = None, liveness_timeout_s: float | None = None) -> Failure | None:
+    """Why this pair is dead, with its cause, or None. `busy_since_monotonic` is when the running
+    request was sent to the ranks (None when idle); `liveness_timeout_s` None: no heartbeat check.
+
+    A rank that died or broke the lockstep is the failure's origin; a peer's fatal message (its
+    allreduce failed because the other rank is gone) is only read when neither is seen."""
     now = time.monotonic() if now is None else now
     for link in pair.links:
+        if link.fatal_cause is Cause.LOCKSTEP:
+            return Failure(Cause.LOCKSTEP, f"rank {link.rank} fatal: {link.fatal_message}", link.rank)
+    for link in pair.links:
+        if link.exited and link.fatal_message is None:
+            return Failure(exit_cause(link.proc.returncode),
+                           f"rank {link.rank} (pid {link.pid}) exited with code {link.proc.returncode}", link.rank)
+        if link.eof and link.fatal_message is None:
+            return Failure(Cause.EXIT, f"rank {link.rank} (pid {link.pid}) closed its control socket", link.rank)
+    for link in pair.links:
         if link.fatal_message is not None:
-            return f"rank {link.rank} fatal: {link.fatal_message}"
-        if link.exited:
-            return f"rank {link.rank} (pid {link.pid}) exited with code {link.proc.returncode}"
-        if link.eof:
-            return f"rank {link.rank} (pid {link.pid}) closed its control socket"
+            return Failure(link.fatal_cause or Cause.EXIT, f"rank {link.rank} fatal: {link.fatal_message}", link.rank)
     if liveness_timeout_s:
         for link in pair.links:
             silent_s = now - link.last_message_monotonic
             if silent_s > liveness_timeout_s:
-                return (f"rank {link.rank} (pid {link.pid}) sent no heartbeat for {silent_s:.1f} s "
-                        f"(frozen or stuck; liveness timeout {liveness_timeout_s:g} s)")
+                return Failure(Cause.LIVENESS, f"rank {link.rank} (pid {link.pid}) sent no heartbeat for "
+                               f"{silent_s:.1f} s (frozen or stuck; liveness timeout {liveness_timeout_s:g} s)",
+                               link.rank)
         for link in pair.links:
             if link.wait_s > liveness_timeout_s:
                 peer = pair.links[1 - link.rank]
-                return (f"rank {peer.rank} (pid {peer.pid}) stalled: rank {link.rank} has waited "
-                        f"{link.wait_s:.1f} s for it in an allreduce (liveness timeout {liveness_timeout_s:g} s)")
+                return Failure(Cause.PEER_WAIT, f"rank {peer.rank} (pid {peer.pid}) stalled: rank {link.rank} has "
+                               f"waited {link.wait_s:.1f} s for it in an allreduce (liveness timeout "
+                               f"{liveness_timeout_s:g} s)", peer.rank)
     for link in pair.links:
         if busy_since_monotonic is not None:
             quiet_s = now - max(link.last_progress_monotonic, busy_since_monotonic)
             if quiet_s > stall_timeout_s:
-                return (f"rank {link.rank} (pid {link.pid}) made no progress for {quiet_s:.1f} s "
-                        f"(counter {link.last_counter}, stall timeout {stall_timeout_s:g} s)")
+                return Failure(Cause.STALL, f"rank {link.rank} (pid {link.pid}) made no progress for {quiet_s:.1f} s "
+                               f"(counter {link.last_counter}, stall timeout {stall_timeout_s:g} s)", link.rank)
         elif link.ping_sent_monotonic is not None and now - link.ping_sent_monotonic > stall_timeout_s:
-            return (f"rank {link.rank} (pid {link.pid}) did not answer a ping for "
-                    f"{now - link.ping_sent_monotonic:.1f} s (stall timeout {stall_timeout_s:g} s)")
+            return Failure(Cause.STALL, f"rank {link.rank} (pid {link.pid}) did not answer a ping for "
+                           f"{now - link.ping_sent_monotonic:.1f} s (stall timeout {stall_timeout_s:g} s)", link.rank)
     return None
 
 
@@ -93,8 +104,8 @@ def tick_s(stall_timeout_s: float) -> float:
 
 
 async def watch(pair: RankPair, busy_since, stall_timeout_s: float, ping_interval_s: float,
-                liveness_timeout_s: float | None = None) -> str:
-    """Return the reason once `pair` is dead. `busy_since()` gives the running request's start."""
+                liveness_timeout_s: float | None = None) -> Failure:
+    """Return the failure once `pair` is dead. `busy_since()` gives the running request's start."""
     step = min(tick_s(stall_timeout_s), tick_s(liveness_timeout_s or stall_timeout_s))
     while True:
         if pair.failure is not None:

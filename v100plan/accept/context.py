@@ -157,6 +157,7 @@ class Context:
         self.fault_control = False         # its /control routes answer
         self.server: str | None = None
         self.decode: dict | None = None    # the engine's ranks: how they decode (its keyed /health)
+        self.limits: dict | None = None    # the engine's watchdog limits in force (its keyed /health)
         self.ignore_eos = True             # the server takes vLLM's ignore_eos extension (known lengths)
         self.refs = References(self)
         self.shared: dict[str, Any] = {}   # figures one case leaves for another (e.g. stream gaps)
@@ -194,6 +195,9 @@ class Context:
         if self.is_engine:  # what code served: the keyed /health names each rank's decode mode, kernels, exchange
             h = self.client.get("/health", timeout_s=10)
             dec = h.body.get("decode") if h.ok and isinstance(h.body, dict) else None
+            limits = h.body.get("limits") if h.ok and isinstance(h.body, dict) else None
+            if isinstance(limits, dict):
+                self.limits = {k: v for k, v in limits.items() if isinstance(v, (int, float)) or v is None}
             if isinstance(dec, dict):
                 self.decode = {r: {k: d.get(k) for k in DECODE_FIELDS if k in d}
                                for r, d in dec.items() if isinstance(d, dict)} or None

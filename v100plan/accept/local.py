@@ -51,8 +51,9 @@ def state_dir_readers(state_dir: Path):
         return out
 
     def service_log() -> str:
-        # --log-file as qualify and deploy set it; else what the supervisor or a wrapper captured of stdout.
-        for name in ("service.log", "logs/serve.stdout.log", "serve.log"):
+        # Where serve writes it by default (or --log-file as deploy sets it); else what the supervisor
+        # or a wrapper captured of its stderr, where every structured line also goes.
+        for name in ("service.log", "logs/serve.stderr.log", "logs/serve.stdout.log", "serve.log"):
             try:
                 text = (Path(state_dir) / name).read_text(errors="replace")
             except OSError:
@@ -80,8 +81,7 @@ class LocalService:
         self.model_dir = model_dir
         self.flags = ["--model", str(model_dir), "--tp", "2", "--host", "127.0.0.1", "--port", str(self.port),
                       "--api-key-file", str(key_file), "--device", devices, "--dtype", dtype,
-                      "--allreduce", allreduce, "--enable-fault-injection",
-                      "--log-file", str(self.state_dir / "service.log"), *(serve_flags or [])]
+                      "--allreduce", allreduce, "--enable-fault-injection", *(serve_flags or [])]
         if max_context is not None:
             self.flags += ["--max-context", str(max_context)]
         self.started = False

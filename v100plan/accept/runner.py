@@ -105,7 +105,7 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
             "partial_reason": partial_reason,
             "target": {"mode": target.mode, "endpoint": target.endpoint, "host": target.host,
                        "model": ctx.model or (target.model or "unknown"), "server": ctx.server,
-                       "fault_control": ctx.fault_control, "decode": ctx.decode,
+                       "fault_control": ctx.fault_control, "decode": ctx.decode, "limits": ctx.limits,
                        "engine": {**target.engine, "max_context": ctx.max_context} if target.engine else None,
                        "notes": notes}}
 

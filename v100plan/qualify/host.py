@@ -11,12 +11,11 @@ over SFTP and copied next to the report) -> stop that deployment, whatever happe
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from v100plan.errors import BadInput, EnvironmentProblem, V100planError
-from v100plan.qualify.phases import QUALIFY_SERVE_FLAGS, Phases
+from v100plan.qualify.phases import Phases
 
 HEALTH_TIMEOUT_S = 180.0
 PURPOSE = "qualify"  # what the deployment's history records; `deploy` and `stop` check it
@@ -73,7 +72,7 @@ class HostRun:
             settings = rel.EngineSettings(device="cpu", allreduce="gloo", port=self.port, fault_injection=True,
                                           chosen_by="--device cpu")
             chose = "--device cpu: both ranks on the host's CPU (float32, gloo)"
-        return dataclasses.replace(settings, serve_extra=tuple(QUALIFY_SERVE_FLAGS)), chose
+        return settings, chose  # the watchdog limits deploy deploys: serve's defaults
 
     def start(self, model_dir: Path, probe: dict | None, plan: dict | None, notes: list[str], say):  # noqa: ANN001, ANN201
         """Deploy and reach the service; returns (the acceptance suite's Target, launch settings, a detail)."""
@@ -85,7 +84,6 @@ class HostRun:
         dep = self.target.deployment
         notes.append(f"qualify deployed the engine to {self.label} as its own deployment {dep!r} (stopped at the "
                      f"end; a production deployment is never used); chose: {chose}")
-        notes.append("watchdog limits shortened so the run ends in minutes: " + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
         self.deployed = True  # from here on finish() stops it (stop() itself refuses a production deployment)
         out = dp.deploy(self.target, model_dir, settings, health_timeout_s=HEALTH_TIMEOUT_S, say=say, chose=chose,
                         purpose=PURPOSE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from v100plan.qualify.phases import DEMO_ARCH, QUALIFY_SERVE_FLAGS, Phases, note_plan_allreduce
+from v100plan.qualify.phases import DEMO_ARCH, Phases, note_plan_allreduce
 
 
 def _devices(device: str, probe: dict | None) -> str:
@@ -69,10 +69,9 @@ class LocalRun:
         if devices == "cpu":
             notes.append("no GPU: both ranks run on CPU (float32, gloo or the host mailbox); speeds are not "
                          "a GPU's and no plan applies")
-        notes.append("watchdog limits shortened so the run ends in minutes: " + " ".join(QUALIFY_SERVE_FLAGS[:-2]))
-        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype,
-                                      allreduce="auto",
-                                      serve_flags=QUALIFY_SERVE_FLAGS)
+        # The service's own limits, as deploy deploys them (no qualify-only watchdog flags): the report's
+        # target.limits records them from its /health.
+        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype, allreduce="auto")
         self.secrets.append(svc.api_key)
         self.endpoint = svc.endpoint
         svc.start()

@@ -13,11 +13,8 @@ from typing import Any
 from v100plan import output
 from v100plan.errors import V100planError
 
-# Shorter than the field defaults so a CPU run ends in minutes; the report's notes say so.
 # qualify's default model when none is given: the hybrid class the field serves (engine/core/demo.py)
 DEMO_ARCH, DEMO_ID = "qwen3_5", "v100plan-demo-hybrid"
-QUALIFY_SERVE_FLAGS = ["--max-restarts", "1", "--stall-timeout-s", "10", "--allreduce-timeout-s", "3",
-                       "--start-timeout-s", "120"]
 
 
 class Phases:
