@@ -87,3 +87,42 @@ def test_the_first_lockstep_record_differs_when_one_rank_reuses_and_the_other_do
         runner.run(m, a, 4, Sampler(), set(), 256, hook=lambda ph, k, toks, pos: seen.append((ph, len(toks), pos)))
         records.append(seen[0])
     assert records[0] != records[1]  # (phase, tokens, position) of the first step: what the ranks exchange
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5"])
+def test_the_service_reuses_a_conversation_at_tp2_and_reports_it(arch, tmp_path):
+    """Through HTTP at TP2: a follow-up turn and a repeated prompt report cached tokens and answer exactly as a
+    service started with --no-prefix-cache, which reports none."""
+    from tests.test_service_support import ServiceProcess
+
+    d = tmp_path / "m"
+    demo.make(d, arch=arch)
+    conv = _turns()[:400]
+    answers: dict[str, list] = {}
+    for flags in ((), ("--no-prefix-cache",)):
+        svc = ServiceProcess(*flags, model=str(d))
+        try:
+            svc.wait_healthy()
+            model_id = svc.client.get("/v1/models").json()["data"][0]["id"]
+
+            def ask(prompt, svc=svc, model_id=model_id):
+                r = svc.client.post("/v1/completions", json={"model": model_id, "prompt": prompt, "max_tokens": 12,
+                                                             "temperature": 0.0, "ignore_eos": True})
+                assert r.status_code == 200, r.text
+                body = r.json()
+                return body["v100plan"]["token_ids"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+            first, c0 = ask(conv)
+            follow, c1 = ask(conv + first + [30, 31, 32])
+            again, c2 = ask(conv + first + [30, 31, 32])
+            answers[flags and "cold" or "warm"] = [first, follow, again, (c0, c1, c2)]
+            hits = svc.metric("v100plan_prefix_cache_hits_total")
+            answers[(flags and "cold" or "warm") + "_hits"] = hits
+        finally:
+            svc.stop()
+    warm, cold = answers["warm"], answers["cold"]
+    assert warm[:3] == cold[:3]  # token for token
+    assert cold[3] == (0, 0, 0) and answers["cold_hits"] == 0
+    c0, c1, c2 = warm[3]
+    assert c0 == 0 and c1 >= len(conv) + 11 and c2 == len(conv) + 12 + 3 - 1
+    assert answers["warm_hits"] == 2

@@ -338,7 +338,8 @@ def _log(request: Request, job: Job, outcome: str, **extra) -> None:
 
 def _usage(usage: dict) -> dict:
     return {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_tokens") or 0)}}
 
 
 def _extension(job: Job, assembler: TextAssembler) -> dict:

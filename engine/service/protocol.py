@@ -53,13 +53,13 @@ def token(req_id: str, step: int, token_id: int, counter: int) -> dict[str, Any]
 
 
 def done(req_id: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
-         decode: dict[str, Any] | None = None) -> dict[str, Any]:
+         decode: dict[str, Any] | None = None, cached_tokens: int = 0) -> dict[str, Any]:
     """``decode``: the rank's decode figures so far (engine.core.runner.Decoder.stats: ms per step and
     per token, achieved GB/s, fraction of the read bandwidth), for /metrics, /health and the log."""
     if finish_reason not in FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
     msg = {"type": "done", "id": req_id, "finish_reason": finish_reason, "prompt_tokens": prompt_tokens,
-           "completion_tokens": completion_tokens}
+           "completion_tokens": completion_tokens, "cached_tokens": cached_tokens}
     if decode is not None:
         msg["decode"] = decode
     return msg

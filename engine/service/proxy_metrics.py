@@ -19,6 +19,9 @@ SERIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "v100plan_request_outcomes_total": ("counter", "generation requests by how they ended: length, stop, cancelled, "
                                         "unavailable (503), failed (500), queue_full (429)", ("outcome",)),
     "v100plan_prompt_tokens_total": ("counter", "prompt tokens sent to the ranks", ()),
+    "v100plan_prefix_cache_hits_total": ("counter", "requests whose prompt started with what the ranks held (prefix "
+                                         "reuse)", ()),
+    "v100plan_prefix_cache_reused_tokens_total": ("counter", "prompt tokens not prefilled again (prefix reuse)", ()),
     "v100plan_completion_tokens_total": ("counter", "generated tokens served to clients (rank 0's, after lockstep)", ()),
     "v100plan_lockstep_failures_total": ("counter", "LOCKSTEP FAILURE reports from either rank", ()),
     "v100plan_rank_failures_total": ("counter", "rank generations ended by the watchdog, by cause", ("cause",)),

@@ -430,11 +430,15 @@ class Service:
         self.decode.after_request(done)
         r0 = done[0]
         usage = {"prompt_tokens": r0.get("prompt_tokens", len(job.params.prompt_ids)),
-                 "completion_tokens": r0.get("completion_tokens", job.completion_tokens)}
+                 "completion_tokens": r0.get("completion_tokens", job.completion_tokens),
+                 "cached_tokens": int(r0.get("cached_tokens") or 0)}
         reason = r0.get("finish_reason")
         if reason == "cancelled":
             self.metrics.inc("v100plan_cancelled_total")
         self.metrics.inc("v100plan_prompt_tokens_total", usage["prompt_tokens"])
+        if usage["cached_tokens"]:
+            self.metrics.inc("v100plan_prefix_cache_hits_total")
+            self.metrics.inc("v100plan_prefix_cache_reused_tokens_total", usage["cached_tokens"])
         self.metrics.inc("v100plan_completion_tokens_total", job.completion_tokens)
         job.finish(("done", reason, usage))
 

@@ -51,6 +51,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                    help="auto: the model's dtype; int8: engine.core.kvquant (default: auto)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt from its first token (default: reuse what the ranks hold, "
+                        "engine.core.prefix)")
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
@@ -182,7 +185,7 @@ class Rank:
         self.model.setup_cache(a.max_context)
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
-        decoder = runner.prepare(self.model)
+        decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None)
         log(self.r, runner.describe(decoder.info) + f"; read bandwidth {self.read_bw['read_bw_gbps']} GB/s "
                     f"({self.read_bw['read_bw_source']})")
         self.lockstep = Lockstep(self.path, device, self.r) if self.path else None
@@ -333,10 +336,11 @@ class Rank:
                 return int(rid in self.cancelled), int(corrupt)
 
             reply = None
+            info: dict = {}
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
                                          set(req.get("stop_token_ids") or []), self.prefill_chunk(), hook,
-                                         flags=flags)
+                                         flags=flags, info=info)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both
             except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
@@ -352,7 +356,8 @@ class Rank:
                             f"hash={token_hash(out, 0):016x}")
                 stats = self.decode_stats()
                 log(self.r, describe_stats(stats))
-                reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out), decode=stats)
+                reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out), decode=stats,
+                                      cached_tokens=int(info.get("cached_tokens", 0)))
             finally:
                 self.cancelled.discard(rid)
                 self.busy = False  # idle before the answer leaves: a ping after "done" finds the rank idle

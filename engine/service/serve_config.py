@@ -73,6 +73,7 @@ class ServeConfig:
     max_connections: int = 256         # open client connections; beyond: 503 and close
     standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
+    no_prefix_cache: bool = False      # True: every prompt prefilled from its first token
 
     @property
     def is_loopback(self) -> bool:
@@ -145,6 +146,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                         help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head, "
                              "half the bytes (default: auto)")
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="prefill every prompt from its first token (default: a prompt that starts with what the "
+                             "ranks last processed prefills only the rest; usage.prompt_tokens_details.cached_tokens)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a rank making no progress this long during a request (or not answering an "
@@ -262,6 +266,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd += ["--max-context", str(cfg.max_context)]
     if cfg.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
+    if cfg.no_prefix_cache:
+        cmd.append("--no-prefix-cache")
     if cfg.enable_fault_injection:
         cmd.append("--enable-fault-injection")
     cmd += ["--allreduce-timeout-s", str(cfg.allreduce_timeout_s or DEFAULT_ALLREDUCE_TIMEOUT_S)]
