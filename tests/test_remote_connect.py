@@ -197,6 +197,32 @@ def test_rsync_uses_the_same_host_key_trust(server, tmp_path):
             r.rsync(src, str(dest), ["a.bin"])
 
 
+@pytest.mark.skipif(not __import__("shutil").which("rsync"), reason="rsync is not installed (.ci/run installs it)")
+def test_rsync_honours_an_alias_only_ssh_config(server, tmp_path, monkeypatch):
+    """A `Host box` alias whose HostName, Port, User, IdentityFile and UserKnownHostsFile live only in
+    ~/.ssh/config: Fabric resolves them, and rsync's ssh must reach the host with the same key and the
+    same trust (strict checking against that known_hosts), or the upload fails with Permission denied."""
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.hosts import parse_host
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    (home / ".ssh" / "config").write_text(
+        f"Host box\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}\n"
+        f"  IdentityFile {server.user_key}\n  UserKnownHostsFile {server.known_hosts}\n")
+    monkeypatch.setenv("HOME", str(home))
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"y" * 50_000)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with Remote(parse_host("box"), SshOptions()) as r:
+        ssh = r.rsync_command()
+        assert ssh is not None and str(server.user_key) in ssh and f"UserKnownHostsFile={server.known_hosts}" in ssh
+        assert r.rsync(src, str(dest), ["a.bin"]) > 0
+    assert (dest / "a.bin").read_bytes() == b"y" * 50_000
+
+
 def test_commands_on_a_host_with_nothing_deployed(cli, env, server, tmp_path, monkeypatch):
     """status, stop and rollback where nothing was ever deployed: said plainly, nothing created."""
     root = tmp_path / "empty-root"

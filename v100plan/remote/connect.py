@@ -289,18 +289,41 @@ class Remote:
         return sent
 
     def rsync_command(self) -> list[str] | None:
-        """The ssh command rsync should use to reach this host with the same trust and key (OpenSSH with
-        strict host-key checking against our known_hosts), or None when rsync or ssh is missing here."""
+        """The ssh command rsync should use to reach this host with the same trust, identity and route
+        Fabric used (OpenSSH with strict host-key checking against our known_hosts), or None when rsync or
+        ssh is missing here.
+
+        It names what Fabric resolved from ~/.ssh/config (HostName, User, Port, every IdentityFile, a
+        ProxyJump or ProxyCommand) explicitly, and hands ssh the same config file with ``-F``: OpenSSH
+        reads the passwd entry's ~/.ssh/config, Fabric the one under $HOME, and a ProxyJump's hops are
+        resolved through it."""
         import shutil
 
         if not (shutil.which("rsync") and shutil.which("ssh")) or self._conn is None:
             return None
-        cmd = ["ssh", "-p", str(self._conn.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-               "-o", f"UserKnownHostsFile={self.known_hosts_path}",
-               "-o", f"ConnectTimeout={max(1, int(self.options.connect_timeout_s))}"]
-        if self.options.identity:
-            cmd += ["-i", os.path.expanduser(self.options.identity), "-o", "IdentitiesOnly=yes"]
+        conn = self._conn
+        cmd = ["ssh"]
+        config = next((os.path.expanduser(p) for p in ("~/.ssh/config", "/etc/ssh/ssh_config")
+                       if os.path.isfile(os.path.expanduser(p))), os.devnull)
+        cmd += ["-F", config, "-p", str(conn.port), "-l", conn.user, "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={self.known_hosts_path}",
+                "-o", f"ConnectTimeout={max(1, int(self.options.connect_timeout_s))}"]
+        keys = conn.connect_kwargs.get("key_filename") or []
+        for key in [keys] if isinstance(keys, str) else keys:
+            cmd += ["-i", os.path.expanduser(key)]
+        if self.options.identity or str(conn.ssh_config.get("identitiesonly", "")).lower() == "yes":
+            cmd += ["-o", "IdentitiesOnly=yes"]
+        if conn.ssh_config.get("proxyjump"):
+            cmd += ["-o", f"ProxyJump={conn.ssh_config['proxyjump']}"]
+        elif conn.ssh_config.get("proxycommand"):
+            cmd += ["-o", f"ProxyCommand={conn.ssh_config['proxycommand']}"]
         return cmd
+
+    def rsync_destination(self, remote_dir: str) -> str:
+        """``user@host:dir/`` for rsync, the host as Fabric resolved it (HostName; IPv6 in brackets)."""
+        assert self._conn is not None
+        host = f"[{self._conn.host}]" if ":" in self._conn.host else self._conn.host
+        return f"{self._conn.user}@{host}:{remote_dir}/"
 
     def rsync(self, local_dir: str | Path, remote_dir: str, files: list[str]) -> int:
         """Send ``files`` (relative to ``local_dir``) with rsync over ssh, resumable (--partial
@@ -309,7 +332,7 @@ class Remote:
 
         ssh = self.rsync_command()
         assert ssh is not None and self._conn is not None
-        dest = f"{self._conn.user}@{self._conn.host}:{remote_dir}/"
+        dest = self.rsync_destination(remote_dir)
         proc = subprocess.run(["rsync", "-rt", "--partial", "--append-verify", "--protect-args", "--stats",
                                "--files-from=-", "-e", shlex.join(ssh), f"{local_dir}/", dest],
                               input="\n".join(files) + "\n", capture_output=True, text=True,
