@@ -116,6 +116,46 @@ def test_hung_remote_command_is_stopped_and_exit_4(cli, env, server, tmp_path, m
     assert not Path(f"/proc/{pid}").exists(), "the hung remote process was left running"
 
 
+@pytest.mark.parametrize("command,sig", [(("probe", "--quick"), "SIGINT"), (("deploy", "--demo-model"), "SIGTERM")])
+def test_an_interrupt_stops_the_remote_command_too(server, tmp_path, command, sig):
+    """Ctrl-C (or SIGTERM, for deploy) while a remote command runs (here an interpreter that hangs, as a
+    long venv build does): the command stops on the host at once, not when it ends by itself, and the
+    CLI exits 130."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.accept_support import REPO
+
+    pidfile = tmp_path / "hung.pid"
+    fake = tmp_path / "hanging-python"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 300\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "V100PLAN_KNOWN_HOSTS": str(server.known_hosts), "V100PLAN_SSH_IDENTITY": str(server.user_key),
+           "V100PLAN_REMOTE_ROOT": str(tmp_path / "root"), "V100PLAN_REMOTE_PYTHON": str(fake),
+           "V100PLAN_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "v100plan", command[0], server.host_spec, *command[1:]]
+                            if command[0] == "deploy" else
+                            [sys.executable, "-m", "v100plan", *command, "--host", server.host_spec],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not pidfile.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert pidfile.exists(), proc.stderr.read() if proc.poll() is not None else "the remote command never started"
+    pid = int(pidfile.read_text())
+    t0 = time.monotonic()
+    os.killpg(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert time.monotonic() - t0 < 15
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the remote command was left running after the interrupt"
+
+
 def test_remote_arguments_are_quoted(cli, env, server, tmp_path, monkeypatch):
     """A remote root with spaces and shell syntax is one path on the host, never a command."""
     root = tmp_path / "odd root $(touch pwned) ; touch pwned2"

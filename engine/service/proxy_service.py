@@ -25,8 +25,10 @@ from engine.service.proxy_metrics import Metrics
 from engine.service.proxy_ranks import RankPair, RankStartError, die_with_parent, rank_env, start_pair
 from engine.service.rank_forks import RankForks
 from engine.service.serve_config import ALLREDUCE_PATHS, ServeConfig
+from engine.service.supervise import start_ticks
 
 EXIT_RESTARTS_EXHAUSTED = 3
+
 
 
 class Unavailable(Exception):
@@ -254,6 +256,9 @@ class Service:
             "rank_pids": self.pair.pids if self.pair else [], "allreduce": self.pair.allreduce if self.pair else None,
             "host": self.cfg.host, "port": self.cfg.port, "last_failure": self.last_failure,
             "updated_unix": round(time.time(), 3),
+            # when each recorded process started (/proc/PID/stat field 22): `supervise stop` signals a PID
+            # only while it is still that process, never one that got the PID after it
+            "start_ticks": {str(pid): start_ticks(pid) for pid in [os.getpid(), *(self.pair.pids if self.pair else [])]},
         }
         os.makedirs(self.cfg.state_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.cfg.state_dir, "service.json")

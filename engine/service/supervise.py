@@ -167,12 +167,24 @@ def _ctl(state_dir: str, *args: str, timeout_s: float = 30) -> subprocess.Comple
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-def _pid_alive(pid: int | None) -> bool:
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot (None: not readable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int | None, ticks: int | None = None) -> bool:
+    """``pid`` runs (not a zombie) and, when its recorded start time ``ticks`` is given, is still that
+    process (a PID reused by another process since has a later start time)."""
     if not pid:
         return False
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][:1] != "Z"  # a zombie has exited
+            fields = fh.read().rsplit(") ", 1)[-1].split()
+        return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)  # a zombie has exited
     except FileNotFoundError:
         return False
     except OSError:
@@ -191,11 +203,28 @@ def _read_json(path: str) -> dict:
 
 
 def _supervisord_pid(state_dir: str) -> int | None:
+    """supervisord's PID from its pidfile, if that process still runs and is the one `start` recorded."""
     try:
         pid = int(Path(state_dir, "supervisord.pid").read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _pid_alive(pid) else None
+    rec = _read_json(os.path.join(state_dir, "supervisord.json"))
+    if rec and rec.get("pid") != pid:
+        return None  # the pidfile names another process than the supervisord `start` recorded
+    return pid if _pid_alive(pid, rec.get("start_ticks")) else None
+
+
+def _record_supervisord(state_dir: str) -> None:
+    """supervisord.json: its PID and start time, once its pidfile is there (it daemonizes)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            pid = int(Path(state_dir, "supervisord.pid").read_text().strip())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        Path(state_dir, "supervisord.json").write_text(json.dumps({"pid": pid, "start_ticks": start_ticks(pid)}))
+        return
 
 
 def _program_status(state_dir: str) -> dict:
@@ -239,14 +268,16 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(supervisord_conf(state_dir, command))
-    try:
-        os.remove(os.path.join(state_dir, "service.json"))  # a previous run's PIDs would mislead status
-    except FileNotFoundError:
-        pass
+    for name in ("service.json", "supervisord.json", "supervisord.pid"):  # a previous run's PIDs would mislead
+        try:
+            os.remove(os.path.join(state_dir, name))
+        except FileNotFoundError:
+            pass
     proc = subprocess.run([sys.executable, "-m", "supervisor.supervisord", "-c", conf],
                           capture_output=True, text=True, timeout=60, cwd=BUNDLE_ROOT)
     if proc.returncode != 0:
         raise SuperviseError(f"supervisord did not start: {proc.stderr.strip() or proc.stdout.strip()}")
+    _record_supervisord(state_dir)
     result = {"supervisor": "supervisord", "state_dir": state_dir, "config": conf, "command": command}
     deadline = time.monotonic() + wait_healthy_s
     code = None
@@ -275,27 +306,40 @@ def status(state_dir: str) -> dict:
 
 
 def stop(state_dir: str, timeout_s: float = 30.0) -> dict:
+    """Stop supervisord and every process recorded for this state dir, each only while it is still the
+    process recorded (its start time, /proc/PID/stat field 22): a stale PID that another process took
+    since is left alone. ``stopped`` names only what was running."""
     sup = _supervisord_pid(state_dir)
     service = _read_json(os.path.join(state_dir, "service.json"))
+    ticks = service.get("start_ticks") or {}
     program = _program_status(state_dir) if sup else {}
-    watched = {"supervisord": sup, "proxy": program.get("proxy_pid") or service.get("proxy_pid")}
+    # a recorded PID without its start time in the record is nobody we know (-1 matches no process)
+    recorded = (lambda pid: ticks.get(str(pid), -1)) if ticks else (lambda pid: None)
+    watched = {"supervisord": (sup, None),  # checked against supervisord.json already
+               # the proxy supervisord names now is its child; only a recorded one needs its start time
+               "proxy": (program["proxy_pid"], None) if program.get("proxy_pid") else
+                        (service.get("proxy_pid"), recorded(service.get("proxy_pid")))}
     for i, pid in enumerate(service.get("rank_pids") or []):
-        watched[f"rank{i}"] = pid
+        watched[f"rank{i}"] = (pid, recorded(pid))
+    if ticks or sup is None:  # without start times (an older record) only supervisord's own word counts
+        watched = {k: v for k, v in watched.items() if _pid_alive(*v)}
+    else:
+        watched = {k: v for k, v in watched.items() if k in ("supervisord", "proxy") and _pid_alive(*v)}
     if sup is not None:
         _ctl(state_dir, "shutdown", timeout_s=timeout_s)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in watched.values()):
+    while time.monotonic() < deadline and any(_pid_alive(*v) for v in watched.values()):
         time.sleep(0.1)
     killed = []
-    for name, pid in watched.items():
-        if _pid_alive(pid):
+    for name, (pid, t) in watched.items():
+        if _pid_alive(pid, t):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(name)
             except ProcessLookupError:
                 pass
-    return {"stopped": {k: v for k, v in watched.items() if v}, "had_to_kill": killed,
-            "left_running": [k for k, p in watched.items() if _pid_alive(p)]}
+    return {"stopped": {k: v[0] for k, v in watched.items()}, "had_to_kill": killed,
+            "left_running": [k for k, v in watched.items() if _pid_alive(*v)]}
 
 
 def unit(state_dir: str, serve_args: list[str], install: bool) -> dict:

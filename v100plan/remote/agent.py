@@ -67,6 +67,14 @@ def state(a):
         out["releases"] = sorted(os.listdir(rel)) if os.path.isdir(rel) else []
         out["history"] = _read_json(os.path.join(d, "history.json"), [])
         out["api_key"] = os.path.isfile(os.path.join(d, "api_key"))
+        run = os.path.join(d, "run")
+        # the live slot (its release's upstream port behind the front), the front, and a service an
+        # earlier v100plan started in run/ itself (before the front and slots)
+        out["live"] = _read_json(os.path.join(run, "upstream.json"), None)
+        out["front"] = _front_now(run)
+        out["legacy"] = _alive(_read_int(os.path.join(run, "supervisord.pid")))
+        out["slots"] = {s: _alive(_read_int(os.path.join(run, s, "supervisord.pid"))) for s in ("a", "b")}
+        out["lock"] = _lock_holder(os.path.join(d, "deploy.lock"))
         if a.get("model"):
             out["model"] = os.path.isfile(os.path.join(d, "models", a["model"], ".v100plan-verified"))
         if out["current"]:
@@ -347,7 +355,10 @@ def switch(a):
     os.symlink(os.path.join("releases", rel), tmp)
     os.replace(tmp, os.path.join(d, "current"))
     hist = [h for h in _read_json(os.path.join(d, "history.json"), []) if h.get("release") != rel]
-    hist.append({"release": rel, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": a.get("why")})
+    entry = {"release": rel, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": a.get("why")}
+    if a.get("from"):
+        entry["from"] = a["from"]  # a rollback: the release it left (the next rollback walks further back)
+    hist.append(entry)
     _write_json(os.path.join(d, "history.json"), hist)
     keep = set(h["release"] for h in hist[-a.get("keep", 5):])
     removed = []
@@ -465,11 +476,205 @@ def rotate_logs(a):
         if os.path.isfile(src):
             os.replace(src, os.path.join(prev, os.path.basename(src)))
             moved.append(os.path.basename(src))
-    _out({"moved": moved, "to": prev})
+    if not a.get("quiet"):
+        _out({"moved": moved, "to": prev})
+
+
+# -- the front and the two slots (blue/green) -------------------------------------------------------
+
+def _start_ticks(pid):
+    """Field 22 of /proc/PID/stat: when the process started (clock ticks since boot), or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
+
+
+def _alive(pid, ticks=None):
+    """``pid`` runs (not a zombie) and, when ``ticks`` is given, is still the process that started then."""
+    if not pid:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except (OSError, IndexError):
+        return False
+    return ticks is None or _start_ticks(pid) == ticks
+
+
+def _read_int(path):
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _front_now(run):
+    """The front recorded in run/front.json, if that very process still runs."""
+    doc = _read_json(os.path.join(run, "front.json"), None)
+    if not doc or not _alive(doc.get("pid"), doc.get("start_ticks")):
+        return None
+    return doc
+
+
+def _lock_holder(path):
+    """Who holds the deployment's lock now (its line: what, by whom, when), else None. Takes no lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        with os.fdopen(fd) as fh:
+            return fh.read().strip() or "?"
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    return None
+
+
+def free_port(a):
+    """A port nothing on the host's 127.0.0.1 listens on now (for a release behind the front)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        _out({"port": s.getsockname()[1]})
+
+
+def front(a):
+    """Make sure a front listens on 127.0.0.1:``port`` for the deployment (front.py in ``run``). A front
+    on another port is left running (the deploy stops it once the new one serves): it is returned as
+    ``replaced``. A port that cannot be bound is the front's own message (Address already in use)."""
+    run = os.path.expanduser(a["run"])
+    os.makedirs(run, mode=0o700, exist_ok=True)
+    now = _front_now(run)
+    if now and now.get("port") == a["port"]:
+        _out({"running": True, "started": False, "front": now})
+        return
+    src = os.path.join(run, "front.py")
+    tmp = "%s.tmp-%d" % (src, os.getpid())
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(a["source"])
+    os.replace(tmp, src)
+    log = open(os.path.join(run, "front.log"), "ab")
+    proc = subprocess.Popen([sys.executable, "-B", src, "--port", str(a["port"]), "--run", run],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + a.get("wait", 10)
+    while time.monotonic() < deadline:
+        doc = _read_json(os.path.join(run, "front.json"), {})
+        if doc.get("pid") == proc.pid:
+            _out({"running": True, "started": True, "front": doc, "replaced": now})
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.terminate()  # our own child, not yet recorded
+    with open(os.path.join(run, "front.log"), "rb") as fh:
+        lines = fh.read()[-4000:].decode(errors="replace").strip().splitlines()
+    _out({"running": False, "error": lines[-1] if lines else "the front exited with %s" % proc.poll()})
+
+
+def front_stop(a):
+    """Stop the front ``front`` (a front.json record), or the one recorded in ``run``: only while its PID is
+    still the process that started at the recorded time."""
+    doc = a.get("front") or _read_json(os.path.join(os.path.expanduser(a["run"]), "front.json"), None)
+    if not doc or not _alive(doc.get("pid"), doc.get("start_ticks")):
+        _out({"stopped": None})
+        return
+    os.kill(doc["pid"], 15)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(doc["pid"], doc["start_ticks"]):
+        time.sleep(0.05)
+    if _alive(doc["pid"], doc["start_ticks"]):
+        os.kill(doc["pid"], 9)
+    _out({"stopped": doc["pid"]})
+
+
+def route(a):
+    """Point the front at a release's port: upstream.json replaced in one rename (the switch)."""
+    run = os.path.expanduser(a["run"])
+    doc = {"port": a["port"], "release": a["release"], "slot": a["slot"],
+           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write_json(os.path.join(run, "upstream.json"), doc)
+    _out(doc)
+
+
+def slot_prepare(a):
+    """Before a release starts in a slot: is a supervisord still running there (the caller stops it), and
+    the slot's earlier logs moved to logs.prev so this start writes empty ones."""
+    slot = os.path.expanduser(a["slot"])
+    os.makedirs(slot, mode=0o700, exist_ok=True)
+    pid = _read_int(os.path.join(slot, "supervisord.pid"))
+    if _alive(pid):
+        _out({"busy": pid})
+        return
+    rotate_logs({"run": slot, "quiet": True})
+    _out({"busy": None})
+
+
+_EXIT_LINE = re.compile(r"(exited|gave up): engine\b(.*)")
+
+
+def _cause(slot):
+    """The line of serve.stderr.log that says why the proxy ended (the exception, else the last line)."""
+    try:
+        with open(os.path.join(slot, "logs", "serve.stderr.log"), "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None, []
+    hits = [ln for ln in lines if re.search(r"(Error|Exception|error:)", ln)]
+    return (hits[-1] if hits else (lines[-1] if lines else None)), lines[-15:]
+
+
+def await_health(a):
+    """Wait for /health 200 on a new release's port while watching its processes: the first exit of the
+    proxy (supervisord logs `exited: engine`) or supervisord gone ends the wait at once, with the cause
+    from the proxy's log. Read-only."""
+    slot = os.path.expanduser(a["slot"])
+    url = "http://127.0.0.1:%d/health" % a["port"]
+    sup_log = os.path.join(slot, "logs", "supervisord.log")
+    t0 = time.monotonic()
+    deadline = t0 + a["timeout"]
+    last = None
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    _out({"ok": True, "seconds": round(time.monotonic() - t0, 2)})
+                    return
+        except urllib.error.HTTPError as e:
+            last = "/health answered %d" % e.code
+        except (OSError, ValueError) as e:
+            last = "/health: %s" % e
+        try:
+            with open(sup_log, errors="replace") as fh:
+                ended = [m.group(0) for m in map(_EXIT_LINE.search, fh) if m]
+        except OSError:
+            ended = []
+        sup_pid = _read_int(os.path.join(slot, "supervisord.pid"))
+        if ended or not _alive(sup_pid):
+            cause, tail = _cause(slot)
+            _out({"ok": False, "exited": True, "seconds": round(time.monotonic() - t0, 2),
+                  "event": ended[-1] if ended else "supervisord is not running", "cause": cause, "tail": tail})
+            return
+        if time.monotonic() >= deadline:
+            _, tail = _cause(slot)
+            _out({"ok": False, "exited": False, "seconds": round(time.monotonic() - t0, 2), "cause": last,
+                  "tail": tail})
+            return
+        time.sleep(0.2)
 
 
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha256, unlink, verified, lock, switch, discard,
-                                   keygen, smoke, health, logs, rotate_logs)}
+                                   keygen, smoke, health, logs, rotate_logs, free_port, front, front_stop, route,
+                                   slot_prepare, await_health)}
 
 if __name__ == "__main__":
     ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

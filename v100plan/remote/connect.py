@@ -14,12 +14,14 @@ backstop. Fabric is imported only inside v100plan/remote.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shlex
+import signal
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +30,21 @@ from v100plan.remote.hosts import HostSpec
 
 # exit status of coreutils `timeout` when it had to stop the command
 TIMEOUT_EXIT = 124
+_PID_MARK = "@v100plan-remote-pid "
 _KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM acts as Ctrl-C for the rest of this process (a deploy stopped by a service manager or
+    `kill` cleans up as an interrupted one does). Main thread only."""
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm.handler)
+
+
+def _raise_interrupt(_signum, _frame):  # noqa: ANN001 - a signal handler
+    raise KeyboardInterrupt
+
+
+interrupt_on_sigterm.handler = _raise_interrupt
 
 
 @dataclass(frozen=True)
@@ -199,12 +215,16 @@ class Remote:
             command = f"cd {shlex.quote(cwd)} && {command}"
         limit = self.options.command_timeout_s if timeout_s == -1 else timeout_s
         if limit is not None:
-            # stopped on the host by `timeout` (TERM, then KILL 5 s later), locally 15 s after that
-            command = f"timeout -k 5 {max(1, int(limit))} sh -c {shlex.quote(command)}"
+            # stopped on the host by `timeout` (TERM, then KILL 5 s later), locally 15 s after that. Its PID
+            # comes first on stderr, so Ctrl-C here can stop it there (and everything in its process group)
+            command = (f"echo {_PID_MARK}$$ >&2; exec timeout -k 5 {max(1, int(limit))} "
+                       f"sh -c {shlex.quote(command)}")
         label = what or shlex.join(argv[:3])
+        runner = conn.config.runners.remote(context=conn, inline_env=conn.inline_ssh_env)
         try:
-            r = conn.run(command, hide=True, warn=True, in_stream=False,
-                         timeout=None if limit is None else limit + 20)
+            with self._interruptible(runner):
+                r = runner.run(command, hide=True, warn=True, in_stream=False,
+                               timeout=None if limit is None else limit + 20)
         except invoke.exceptions.CommandTimedOut:
             raise RemoteTimeout(f"{self.label}: `{label}` did not finish within {limit:g} s",
                                 hint="the host may be overloaded or the command hung; --command-timeout "
@@ -216,12 +236,50 @@ class Remote:
             raise RemoteTimeout(f"{self.label}: `{label}` did not finish within {limit:g} s and was stopped there",
                                 hint="the host may be overloaded or the command hung; --command-timeout "
                                      "allows longer")
-        result = Result(label, r.exited, r.stdout, r.stderr)
+        stderr = r.stderr[r.stderr.index("\n") + 1:] if r.stderr.startswith(_PID_MARK) else r.stderr
+        result = Result(label, r.exited, r.stdout, stderr)
         if check and r.exited != 0:
-            tail = (r.stderr.strip() or r.stdout.strip())[-800:]
+            tail = (stderr.strip() or r.stdout.strip())[-800:]
             raise RemoteFailed(f"{self.label}: `{label}` exited with {r.exited}: {tail}",
                                hint=f"run it by hand to see the whole output: {self.ssh_hint}")
         return result
+
+    @contextlib.contextmanager
+    def _interruptible(self, runner) -> Iterator[None]:  # noqa: ANN001 - a fabric.runners.Remote
+        """While ``runner`` runs a command: Ctrl-C (or SIGTERM) stops that command on the host too (TERM to
+        the `timeout` whose PID it printed first, which passes it to its process group), then raises
+        KeyboardInterrupt here. Without this the SSH channel stays open until the command ends by itself.
+        Signals that a caller is holding back (``bluegreen.shielded``) stay held back."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop_there(_signum, _frame):  # noqa: ANN001 - a signal handler
+            text = "".join(runner.stderr)
+            if text.startswith(_PID_MARK) and "\n" in text:
+                with contextlib.suppress(Exception):  # the connection itself may be the problem
+                    self._kill_remote(int(text[len(_PID_MARK):text.index("\n")]))
+            raise KeyboardInterrupt
+
+        mine = {}
+        for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            if signal.getsignal(sig) in (default, interrupt_on_sigterm.handler):
+                mine[sig] = signal.signal(sig, stop_there)
+        try:
+            yield
+        finally:
+            for sig, old in mine.items():
+                signal.signal(sig, old)
+
+    def _kill_remote(self, pid: int) -> None:
+        """TERM to the host's `timeout` with this PID (only while that PID is a `timeout`), on a channel of its
+        own; waits up to 5 s for it."""
+        chan = self.open().client.get_transport().open_session(timeout=5)
+        chan.settimeout(10)
+        chan.exec_command(f'[ "$(cat /proc/{pid}/comm 2>/dev/null)" = timeout ] && kill -TERM {pid}; '
+                          f'for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.5; done')
+        chan.recv_exit_status()
+        chan.close()
 
     def stream(self, argv: Sequence[str], on_line: Callable[[str], None], *, cwd: str | None = None) -> int:
         """Run ``argv`` with no timeout, passing stdout lines to ``on_line`` as they arrive (logs --follow)."""
