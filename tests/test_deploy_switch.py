@@ -10,6 +10,7 @@ deployment's port on this machine (the sshd's host is this machine) through ever
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,8 @@ from tests import sshd as sshd_mod
 from tests.deploy_support import *  # noqa: F403 - the shared fixtures
 from tests.deploy_support import HealthPoller, live_slot
 
+needs_crontab = pytest.mark.skipif(__import__("shutil").which("crontab") is None,
+                                   reason="crontab is missing (apt-get install cron)")
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(sshd_mod.available() is not None, reason=str(sshd_mod.available()))]
 
@@ -106,7 +109,11 @@ def test_a_release_that_cannot_start_gives_up_at_once_and_the_old_one_serves_on(
     assert "the new release's proxy ended" in headline, err  # its exit ended the wait, not the 120 s timeout
     assert gave_up < 60, gave_up
     assert poll.failed == 0 and poll.polls > 20, (poll.polls, poll.failures)
-    print(f"failed deploy gave up in {gave_up:.1f} s; {poll.polls} polls, {poll.failed} failed")
+    import re
+
+    ended = re.search(r"proxy ended ([0-9.]+) s after its start", headline)
+    print(f"failed deploy gave up in {gave_up:.1f} s (the proxy ended {ended and ended[1]} s after its start); "
+          f"{poll.polls} polls, {poll.failed} failed")
     assert _serving(first) == serving
     assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] == "healthy"
 
@@ -174,6 +181,45 @@ def test_rollback_walks_back_and_goes_to_a_named_release(cli, env, first, server
     assert r.exit_code == 2 and "names no release" in sshd_mod.flat(r.stderr)
 
 
+def _kill(pid: int) -> None:
+    """SIGKILL one of the service's processes by its recorded PID (a power cut, for this test)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@needs_crontab
+def test_after_a_reboot_the_crontab_entry_brings_the_service_back(cli, env, first, server, port):
+    st = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert st["after_reboot"] == "cron @reboot"
+    run = first["dir"] / "run"
+    entry = next(ln for ln in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout.splitlines()
+                 if ln.endswith(f"# v100plan-boot {run}"))
+    assert entry.startswith("@reboot ") and "boot.sh" in entry
+    # everything the deployment runs dies at once, by its recorded PIDs
+    slot = live_slot(first["dir"])
+    svc = json.loads((slot / "service.json").read_text())
+    pids = [json.loads((run / "front.json").read_text())["pid"], int((slot / "supervisord.pid").read_text()),
+            svc["proxy_pid"], *svc["rank_pids"]]
+    for pid in pids:
+        _kill(pid)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and
+                                              Path(f"/proc/{p}/stat").read_text().split(") ")[-1][0] != "Z"
+                                              for p in pids):
+        time.sleep(0.1)
+    assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] != "healthy"
+    # what cron does at boot: the entry's command, in cron's bare environment
+    subprocess.run(["sh", "-c", entry[len("@reboot "):]], env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+                   timeout=120, check=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        st = cli.json("status", server.host_spec, "--deployment", DEP)
+        if st["state"] == "healthy":
+            break
+        time.sleep(1)
+    assert st["state"] == "healthy" and st["release"] == _serving(first), st
+
+
 def test_stop_signals_only_its_own_processes_and_a_second_stop_says_nothing_ran(cli, env, first, server):
     r = cli("stop", server.host_spec, "--deployment", DEP, "--json")
     assert r.exit_code == 0, r.stderr
@@ -200,3 +246,6 @@ def test_stop_signals_only_its_own_processes_and_a_second_stop_says_nothing_ran(
         stranger.kill()
         stranger.wait()
     assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] == "stopped"
+    # stopped stays stopped: the crontab line is gone
+    crontab = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+    assert f"# v100plan-boot {first['dir'] / 'run'}" not in crontab

@@ -181,6 +181,9 @@ def register(app: typer.Typer) -> None:
         doc = dp.status(target)
         rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
                                           "allreduce", "generation", "uptime_s", "port", "releases")]
+        rows.append(("after a reboot", doc.get("after_reboot") or "nothing brings it back"))
+        if doc.get("lock_holder"):
+            rows.append(("lock held by", doc["lock_holder"]))
         if doc.get("site_packages") is not None:
             rows.append(("from the host's site",
                          ", ".join(f"{p['name']} {p['version']}" for p in doc["site_packages"]) or "nothing"))

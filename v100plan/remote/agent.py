@@ -75,6 +75,8 @@ def state(a):
         out["legacy"] = _alive(_read_int(os.path.join(run, "supervisord.pid")))
         out["slots"] = {s: _alive(_read_int(os.path.join(run, s, "supervisord.pid"))) for s in ("a", "b")}
         out["lock"] = _lock_holder(os.path.join(d, "deploy.lock"))
+        if a.get("site"):  # status: how the deployment comes back after a reboot
+            out["boot"] = _boot_now(run)
         if a.get("model"):
             out["model"] = os.path.isfile(os.path.join(d, "models", a["model"], ".v100plan-verified"))
         if out["current"]:
@@ -672,9 +674,79 @@ def await_health(a):
         time.sleep(0.2)
 
 
+# -- after a reboot ---------------------------------------------------------------------------------
+
+def _cron_mark(run):
+    return "# v100plan-boot " + run
+
+
+def _crontab():
+    """The user's crontab lines, or None when this host has no `crontab`."""
+    if shutil.which("crontab") is None:
+        return None
+    r = subprocess.run(["crontab", "-l"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    return r.stdout.splitlines() if r.returncode == 0 else []
+
+
+def _boot_now(run):
+    """How the deployment comes back after a reboot: "cron @reboot" when the user's crontab has its line."""
+    lines = _crontab()
+    return "cron @reboot" if lines and any(ln.endswith(_cron_mark(run)) for ln in lines) else None
+
+
+def _sh(word):
+    return "'" + str(word).replace("'", "'\\''") + "'"
+
+
+def boot(a):
+    """Write run/boot.sh (the front on its port, then the serving slot's release under its supervisor) and
+    make sure the user's crontab starts it @reboot; ``remove``: take the crontab line out (`stop`)."""
+    run = os.path.expanduser(a["run"])
+    lines = _crontab()
+    mark = _cron_mark(run)
+    if a.get("remove"):
+        if lines and any(ln.endswith(mark) for ln in lines):
+            _set_crontab([ln for ln in lines if not ln.endswith(mark)])
+        _out({"boot": None})
+        return
+    script = os.path.join(run, "boot.sh")
+    slot = os.path.expanduser(a["slot"])
+    text = "\n".join([
+        "#!/bin/sh",
+        "# written by v100plan at each switch: brings this deployment back after a reboot (its front on",
+        "# 127.0.0.1:%d, then release %s in %s); `v100plan stop` takes its crontab line out" % (
+            a["port"], a["release"], slot),
+        "%s -B %s --port %d --run %s >> %s 2>&1 < /dev/null &" % (
+            _sh(sys.executable), _sh(os.path.join(run, "front.py")), a["port"], _sh(run),
+            _sh(os.path.join(run, "front.log"))),
+        "cd %s || exit 1" % _sh(os.path.expanduser(a["release_dir"])),
+        "exec ./venv/bin/python -m engine supervise start --state-dir %s --wait-healthy-s 0 -- %s >> %s 2>&1" % (
+            _sh(slot), " ".join(_sh(f) for f in a["flags"]), _sh(os.path.join(run, "boot.log"))),
+        ""])
+    tmp = "%s.tmp-%d" % (script, os.getpid())
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700), "w") as fh:
+        fh.write(text)
+    os.replace(tmp, script)
+    if lines is None:
+        _out({"boot": None, "script": script, "why": "this host has no crontab: run %s at boot yourself "
+              "(or a systemd user unit with lingering)" % script})
+        return
+    entry = "@reboot %s %s" % (_sh(script), mark)
+    if entry not in lines:
+        _set_crontab([ln for ln in lines if not ln.endswith(mark)] + [entry])
+    _out({"boot": "cron @reboot", "script": script, "entry": entry})
+
+
+def _set_crontab(lines):
+    r = subprocess.run(["crontab", "-"], input="".join(ln + "\n" for ln in lines), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=30)
+    if r.returncode != 0:
+        raise SystemExit("crontab - failed: %s" % r.stderr.strip()[-300:])
+
+
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha256, unlink, verified, lock, switch, discard,
                                    keygen, smoke, health, logs, rotate_logs, free_port, front, front_stop, route,
-                                   slot_prepare, await_health)}
+                                   slot_prepare, await_health, boot)}
 
 if __name__ == "__main__":
     ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

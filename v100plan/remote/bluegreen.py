@@ -30,7 +30,7 @@ from v100plan.errors import ChecksFailed
 from v100plan.remote import release as rel
 from v100plan.remote.connect import Remote
 from v100plan.remote.host import RemoteSettings, agent
-from v100plan.remote.supervisor import Paths, Say, start_service, stop_service, switch
+from v100plan.remote.supervisor import Paths, Say, serve_flags, start_service, stop_service, switch
 
 FRONT_SOURCE = (Path(__file__).resolve().parent / "front.py").read_text()
 SLOTS = ("a", "b")
@@ -127,4 +127,11 @@ def bring_up(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any
             stop_service(remote, paths, old_rid, old_dir)
         if front.get("replaced") or (old_front and old_front.get("port") != settings.port):
             agent(remote, rs, "front_stop", {"run": paths.run, "front": front.get("replaced") or old_front})
+    if why not in ("deploy", "rollback"):
+        return True, None  # qualify's own deployment is stopped when it ends: nothing to bring back
+    rdir = paths.release(rid)
+    boot = agent(remote, rs, "boot", {"run": paths.run, "port": settings.port, "release": rid, "slot": sdir,
+                                      "release_dir": rdir, "flags": serve_flags(paths, rid, settings, sdir, port)})
+    say(f"after a reboot: {boot['boot']} runs {boot['script']}" if boot.get("boot") else
+        f"after a reboot: nothing brings the service back ({boot.get('why')})")
     return True, None

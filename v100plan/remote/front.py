@@ -100,6 +100,19 @@ def forward(listener, run):
         threading.Thread(target=_handle, args=(client, port), daemon=True).start()
 
 
+def _die_with(parent):
+    """The forwarder ends when the parent does, however it ends (SIGKILL too): the port is the parent's
+    (PR_SET_PDEATHSIG, Linux; elsewhere the forwarder outlives a killed parent until its next accept)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="front.py", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
@@ -134,10 +147,12 @@ def main(argv=None):
     print("front: 127.0.0.1:%d, upstream from %s/upstream.json (pid %d)" % (args.port, args.run, os.getpid()),
           file=sys.stderr, flush=True)
     while True:
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            _die_with(parent)
             try:
                 forward(listener, args.run)
             finally:

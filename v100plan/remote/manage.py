@@ -100,6 +100,7 @@ def status(target: Target) -> dict[str, Any]:
             # None: an isolated venv; else what the venv takes from the host's site (--remote-site-packages)
             "site_packages": st.get("current_venv_from_site"),
             "front": front, "serving": live or None, "lock_holder": st.get("lock"),
+            "after_reboot": st.get("boot"),  # "cron @reboot", or None: nothing brings it back
         })
         if doc["state"] != "healthy" and st.get("lock"):
             doc["state"] = f"busy: {st['lock']}"  # a deploy, rollback or stop at work (it holds the lock)
@@ -154,6 +155,7 @@ def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) 
                 killed += doc.get("had_to_kill", [])
                 left += doc.get("left_running", [])
             front = agent(remote, target.remote, "front_stop", {"run": paths.run}).get("stopped")
+            agent(remote, target.remote, "boot", {"run": paths.run, "remove": True})  # stopped stays stopped
             if front:
                 stopped["front"] = front
         out.extra["stopped"] = stopped

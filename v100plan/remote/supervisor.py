@@ -183,6 +183,12 @@ def stop_service(remote: Remote, paths: Paths, release: str, state_dir: str) -> 
     return doc
 
 
+def serve_flags(paths: Paths, release: str, settings: rel.EngineSettings, state_dir: str, port: int) -> list[str]:
+    """`serve`'s flags for ``release`` in the slot ``state_dir``, listening on its own ``port``."""
+    return replace(settings, port=port).serve_flags(f"{paths.release(release)}/model", paths.key,
+                                                    log_file=f"{state_dir}/service.log")
+
+
 def start_service(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, settings: rel.EngineSettings,
                   health_timeout_s: float, state_dir: str, port: int) -> tuple[bool, str | None]:
     """Start ``release`` under the supervisor of ``state_dir`` on 127.0.0.1:``port`` (its own port, behind
@@ -190,7 +196,7 @@ def start_service(remote: Remote, rs: RemoteSettings, paths: Paths, release: str
     with the cause from its log), then send one smoke completion. (True, None) when both passed, else
     (False, why)."""
     rdir = paths.release(release)
-    flags = replace(settings, port=port).serve_flags(f"{rdir}/model", paths.key, log_file=f"{state_dir}/service.log")
+    flags = serve_flags(paths, release, settings, state_dir, port)
     r = run_engine(remote, rdir, ["supervise", "start", "--state-dir", state_dir, "--wait-healthy-s", "0",
                                   "--", *flags])
     if r.exit_code != 0:
