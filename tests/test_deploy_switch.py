@@ -83,6 +83,7 @@ def test_a_changed_deploy_switches_with_no_failed_poll(cli, env, first, server, 
         time.sleep(0.5)
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
+    assert doc["kind"] == "deploy_outcome" and doc["schema_version"] == "1.0" and "provenance" in doc
     assert doc["switch"] == "blue-green" and doc["previous"] == first["release"]
     assert poll.polls > 50 and poll.failed == 0, (poll.polls, poll.failures)
     print(f"changed deploy: {poll.polls} polls of /health in {wall:.1f} s, {poll.failed} failed")
@@ -111,8 +112,8 @@ def test_a_release_that_cannot_start_gives_up_at_once_and_the_old_one_serves_on(
     assert poll.failed == 0 and poll.polls > 20, (poll.polls, poll.failures)
     import re
 
-    ended = re.search(r"proxy ended ([0-9.]+) s after its start", headline)
-    print(f"failed deploy gave up in {gave_up:.1f} s (the proxy ended {ended and ended[1]} s after its start); "
+    ended = re.search(r"proxy ended ([0-9.]+) s into the health wait", headline)
+    print(f"failed deploy gave up in {gave_up:.1f} s (the proxy ended {ended and ended[1]} s into the health wait); "
           f"{poll.polls} polls, {poll.failed} failed")
     assert _serving(first) == serving
     assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] == "healthy"
@@ -179,6 +180,15 @@ def test_rollback_walks_back_and_goes_to_a_named_release(cli, env, first, server
     assert _serving(first) == r256
     r = cli("rollback", server.host_spec, "--deployment", DEP, "--to", "zzzz")
     assert r.exit_code == 2 and "names no release" in sshd_mod.flat(r.stderr)
+
+
+def test_status_documents_and_a_mistyped_deployment(cli, env, first, server):
+    doc = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert doc["kind"] == "deployment_status" and doc["schema_version"] == "1.0"
+    assert doc["provenance"]["tool"] == "v100plan" and doc["provenance"]["inputs"]["deployment"] == DEP
+    r = cli("status", server.host_spec, "--deployment", DEP + "-typo")
+    assert r.exit_code == 2, r.stdout
+    assert f"no deployment '{DEP}-typo'" in sshd_mod.flat(r.stderr) and DEP in sshd_mod.flat(r.stderr)
 
 
 def _kill(pid: int) -> None:

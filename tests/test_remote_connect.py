@@ -60,6 +60,12 @@ def test_unknown_host_key_is_refused_then_recorded_explicitly(cli, env, server, 
 
     r = _probe(cli, "--host", server.host_spec, "--accept-new-host-key")
     assert r.exit_code == 3, r.stderr  # connected and probed: no GPU here, every case waived
+    import subprocess
+
+    fp = subprocess.run([sshd_mod.SSH_KEYGEN, "-lf", str(server.host_key.with_suffix(".pub"))], capture_output=True,
+                        text=True, check=True).stdout.split()[1]  # SHA256:...
+    assert f"recorded the host key of [127.0.0.1]:{server.port}" in sshd_mod.flat(r.stderr)
+    assert fp in sshd_mod.flat(r.stderr)  # the fingerprint recorded is printed, to check with the owner
     line = known.read_text()
     assert line == server.known_hosts_line()  # the [host]:port form, the server's real key
     assert stat.S_IMODE(os.stat(known).st_mode) == 0o600
@@ -94,6 +100,47 @@ def test_unreachable_host_is_exit_4(cli, env):
     assert f"root@127.0.0.1:{port}: cannot open an SSH session" in sshd_mod.flat(r.stderr)
     assert "Hint:" in sshd_mod.flat(r.stderr) and "Traceback" not in sshd_mod.flat(r.stderr)
     assert time.monotonic() - t0 < 15
+
+
+def test_a_missing_identity_file_is_bad_input(cli, env, tmp_path):
+    r = _probe(cli, "--host", "root@127.0.0.1:2", "-i", str(tmp_path / "no-such-key"))
+    assert r.exit_code == 2, r.stderr
+    assert "no such key file here" in sshd_mod.flat(r.stderr) and "Traceback" not in r.stderr
+
+
+def test_no_key_to_offer_says_so(cli, env, server, tmp_path, monkeypatch):
+    """No -i, no agent, no ~/.ssh keys: the message is about keys, not "check that sshd runs there"."""
+    monkeypatch.delenv("V100PLAN_SSH_IDENTITY")
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    r = _probe(cli, "--host", server.host_spec)
+    assert r.exit_code == 4, r.stderr
+    err = sshd_mod.flat(r.stderr)
+    assert "no SSH key to offer" in err and "-i/--identity" in err and "sshd runs there" not in err, err
+
+
+def test_a_port_that_does_not_speak_ssh_says_so(cli, env):
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        t0 = time.monotonic()
+        r = _probe(cli, "--host", f"root@127.0.0.1:{silent.getsockname()[1]}", "--connect-timeout", "2")
+    assert r.exit_code == 4, r.stderr
+    err = sshd_mod.flat(r.stderr)
+    assert "does not speak SSH" in err and "No existing session" not in err.split("(")[0], err
+    assert time.monotonic() - t0 < 30
+
+
+def test_the_lock_names_a_user_without_USER(monkeypatch):
+    import pwd
+
+    from v100plan.remote import release as rel
+
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.setattr(rel.os, "getlogin", lambda: (_ for _ in ()).throw(OSError("no controlling terminal")))
+    assert rel.local_user() == pwd.getpwuid(os.getuid()).pw_name != "?"
 
 
 def test_hung_remote_command_is_stopped_and_exit_4(cli, env, server, tmp_path, monkeypatch):

@@ -60,6 +60,8 @@ def state(a):
         if out["venv"]:
             out["venv_from_site"] = _site_now(os.path.join(root, "venvs", a["venv"]))
     if a.get("dep"):
+        names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+        out["deployments"] = [n for n in names if os.path.isdir(os.path.join(root, n, "releases"))]
         d = os.path.join(root, a["dep"])
         rel = os.path.join(d, "releases")
         out["exists"] = os.path.isdir(d)

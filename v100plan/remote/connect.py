@@ -102,6 +102,10 @@ def _policy(known_hosts: str, accept_new: bool):
                 finally:
                     os.close(fd)
             client.get_host_keys().add(hostname, key.get_name(), key)
+            from v100plan import output
+
+            output.hint(f"recorded the host key of {hostname} in {known_hosts}: {_fingerprint(key)} "
+                        "(compare it with the one its owner gave you)")
 
     return Policy()
 
@@ -174,7 +178,19 @@ class Remote:
         except socket.gaierror as e:
             raise Unreachable(f"{where}: host name cannot be resolved ({e.strerror})",
                               hint="check the spelling, or add the host to ~/.ssh/config") from None
-        except (OSError, paramiko.SSHException, EOFError) as e:
+        except paramiko.SSHException as e:
+            text = str(e)
+            if "No authentication methods available" in text or "no keys" in text.lower():
+                raise Unreachable(f"{where}: no SSH key to offer ({text})",
+                                  hint="give one with -i/--identity, an IdentityFile in ~/.ssh/config, or load it "
+                                       "into ssh-agent") from None
+            if "banner" in text or "No existing session" in text:
+                raise Unreachable(f"{where}: something answers on port {self.spec.port or 22} but does not speak SSH "
+                                  f"within {self.options.connect_timeout_s:g} s ({text})",
+                                  hint="check the port: is it sshd's? (`ssh -v` shows what answers)") from None
+            raise Unreachable(f"{where}: cannot open an SSH session ({text or type(e).__name__})",
+                              hint=f"check that sshd runs there: {self.ssh_hint}") from None
+        except (OSError, EOFError) as e:
             raise Unreachable(f"{where}: cannot open an SSH session ({e or type(e).__name__})",
                               hint=f"check that sshd runs there: {self.ssh_hint}") from None
         self._conn = conn

@@ -69,10 +69,16 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
 def status(target: Target) -> dict[str, Any]:
     with session(target, site="1") as (remote, st, paths):
         current = st.get("current")
-        doc: dict[str, Any] = {"host": target.spec.label, "deployment": target.deployment, "root": paths.dir,
+        doc: dict[str, Any] = {**sv.document("deployment_status", {"host": target.spec.label,
+                                                                   "deployment": target.deployment}),
+                               "host": target.spec.label, "deployment": target.deployment, "root": paths.dir,
                                "release": current, "releases": st.get("releases", []),
                                "history": st.get("history", [])}
         if not st.get("exists"):
+            there = st.get("deployments") or []
+            if there:  # a name that is not there, next to ones that are: a typo, said so (exit 2)
+                raise BadInput(f"{remote.label}: no deployment {target.deployment!r} under {paths.root}",
+                               hint=f"deployments there: {', '.join(there)} (give one with -d/--deployment)")
             doc["state"] = "not deployed"
             return doc
         live = st.get("live") or {}

@@ -94,10 +94,21 @@ class Outcome:
     started: float = field(default_factory=time.perf_counter, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("extra", "started")}
+        d = document(f"{self.action}_outcome", {"host": self.host, "deployment": self.deployment})
+        d.update({k: v for k, v in self.__dict__.items() if k not in ("extra", "started")})
         d.update(self.extra)
         d["wall_s"] = round(self.wall_s, 3)
         return d
+
+
+OUTCOME_SCHEMA_VERSION = "1.0"
+
+
+def document(kind: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The head every remote command's --json document starts with: kind, schema_version, provenance."""
+    from profiles.document import provenance
+
+    return {"kind": kind, "schema_version": OUTCOME_SCHEMA_VERSION, "provenance": provenance(inputs)}
 
 
 
@@ -208,7 +219,7 @@ def start_service(remote: Remote, rs: RemoteSettings, paths: Paths, release: str
         tail = f"\nserve.stderr.log (last lines):\n  {tail}" if tail else ""
         if doc.get("exited"):
             return False, (f"{doc.get('cause') or doc.get('event')} (the new release's proxy ended "
-                           f"{doc['seconds']:g} s after its start: {doc.get('event')}){tail}")
+                           f"{doc['seconds']:g} s into the health wait: {doc.get('event')}){tail}")
         return False, f"/health did not pass within {health_timeout_s:g} s ({doc.get('cause')}){tail}"
     return smoke(remote, rs, paths, port)
 
