@@ -7,6 +7,7 @@ A test module takes them with ``from tests.deploy_support import *`` (pytest fin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ import pytest
 from tests import sshd as sshd_mod
 
 __all__ = ["server", "port", "demo_model", "local_home", "env", "bundle_snapshot", "tree", "HealthPoller",
-           "live_slot"]
+           "live_slot", "module_env"]
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +65,29 @@ def bundle_snapshot(tmp_path_factory):
     return snap
 
 
+def point_at(mp: pytest.MonkeyPatch, server, tmp_path_factory, bundle_snapshot, local_home) -> Path:  # noqa: ANN001
+    """Every remote command at this sshd and the session's remote root, the bundle at its snapshot, the
+    local home at the module's; returns the remote root."""
+    root = sshd_mod.shared_remote_root(tmp_path_factory)
+    sshd_mod.remote_env(mp, server, root)
+    mp.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
+    mp.setenv("V100PLAN_HOME", str(local_home))
+    return root
+
+
+@contextlib.contextmanager
+def module_env(server, tmp_path_factory, bundle_snapshot, local_home) -> Iterator[Path]:  # noqa: ANN001
+    """``point_at`` for a module-scoped fixture (its own MonkeyPatch, undone when the block ends)."""
+    mp = pytest.MonkeyPatch()
+    try:
+        yield point_at(mp, server, tmp_path_factory, bundle_snapshot, local_home)
+    finally:
+        mp.undo()
+
+
 @pytest.fixture
 def env(monkeypatch, server, tmp_path_factory, bundle_snapshot, local_home):
-    root = sshd_mod.shared_remote_root(tmp_path_factory)
-    sshd_mod.remote_env(monkeypatch, server, root)
-    monkeypatch.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
-    monkeypatch.setenv("V100PLAN_HOME", str(local_home))
-    return root
+    return point_at(monkeypatch, server, tmp_path_factory, bundle_snapshot, local_home)
 
 
 def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:

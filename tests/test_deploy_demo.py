@@ -23,7 +23,7 @@ import pytest
 
 from tests import sshd as sshd_mod
 from tests.deploy_support import *  # noqa: F403 - the shared fixtures
-from tests.deploy_support import live_slot, tree
+from tests.deploy_support import live_slot, module_env, tree
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(sshd_mod.available() is not None, reason=str(sshd_mod.available()))]
@@ -51,14 +51,9 @@ def _deploy(cli, server, port, model, *extra):
 @pytest.fixture(scope="module")
 def first(tmp_path_factory, server, port, demo_model, bundle_snapshot, local_home):
     """The first deploy, as the CLI reports it (run once; the tests below build on it)."""
-    root = sshd_mod.shared_remote_root(tmp_path_factory)
-    mp = pytest.MonkeyPatch()
-    sshd_mod.remote_env(mp, server, root)
-    mp.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
-    mp.setenv("V100PLAN_HOME", str(local_home))
-    try:
-        from tests.conftest import Cli
+    from tests.conftest import Cli
 
+    with module_env(server, tmp_path_factory, bundle_snapshot, local_home) as root:
         before, home_before = tree(root), tree(local_home)
         dry = Cli()("deploy", server.host_spec, "--model", demo_model, "--deployment", DEP, "--port", port,
                     "--dry-run", "--json")
@@ -67,8 +62,6 @@ def first(tmp_path_factory, server, port, demo_model, bundle_snapshot, local_hom
         yield {"dry": dry, "dry_unchanged": before == after_dry, "dry_split_nothing": home_before == home_after_dry,
                "result": r, "root": root}
         Cli()("stop", server.host_spec, "--deployment", DEP)  # whatever the tests left running
-    finally:
-        mp.undo()
 
 
 def test_dry_run_on_a_fresh_host_changes_nothing(first):
@@ -119,6 +112,7 @@ def test_first_deploy_passes_health_and_smoke(first, server, port, demo_model):
 def test_status_reports_a_healthy_service(cli, env, first, server):
     doc = cli.json("status", server.host_spec, "--deployment", DEP)
     assert doc["state"] == "healthy" and doc["health_status"] == 200
+    assert doc["allreduce"] == "gloo"  # /health asked with the key: its details, not only its status
     assert doc["release"] == json.loads(first["result"].stdout)["release"]
     assert len(doc["ranks"]) == 2 and all(isinstance(p, int) for p in doc["ranks"])
     assert doc["uptime_s"] is not None and doc["uptime_s"] >= 0
@@ -423,6 +417,11 @@ def test_logs_then_stop(cli, env, first, server):
     assert r.exit_code == 0, r.stderr
     logs = json.loads(r.stdout)["logs"]
     assert any(logs.values())
+    assert {"logs/serve.stderr.log", "service.log", "logs/supervisord.log", "front.log"} <= set(logs), logs.keys()
+    assert any(re.fullmatch(r"logs/rank0\.g\d+\.log", k) and v for k, v in logs.items()), logs.keys()
+    assert any(re.fullmatch(r"logs/rank1\.g\d+\.log", k) and v for k, v in logs.items()), logs.keys()
+    shown = [tuple(v) for v in logs.values() if v]
+    assert len(shown) == len(set(shown)), "two logs shown with the same lines"
     st = cli.json("status", server.host_spec, "--deployment", DEP)
     pids = [st["supervisord_pid"], st["proxy_pid"], *st["ranks"]]
     r = cli("stop", server.host_spec, "--deployment", DEP, "--json")

@@ -24,7 +24,7 @@ import pytest
 
 from tests import sshd as sshd_mod
 from tests.deploy_support import *  # noqa: F403 - the shared fixtures
-from tests.deploy_support import HealthPoller, live_slot
+from tests.deploy_support import HealthPoller, live_slot, module_env
 
 needs_crontab = pytest.mark.skipif(__import__("shutil").which("crontab") is None,
                                    reason="crontab is missing (apt-get install cron)")
@@ -41,20 +41,13 @@ def _deploy(cli, server, port, model, *extra):
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory, server, port, demo_model, bundle_snapshot, local_home):
-    root = sshd_mod.shared_remote_root(tmp_path_factory)
-    mp = pytest.MonkeyPatch()
-    sshd_mod.remote_env(mp, server, root)
-    mp.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
-    mp.setenv("V100PLAN_HOME", str(local_home))
-    try:
-        from tests.conftest import Cli
+    from tests.conftest import Cli
 
+    with module_env(server, tmp_path_factory, bundle_snapshot, local_home) as root:
         r = _deploy(Cli(), server, port, demo_model)
         assert r.exit_code == 0, r.stderr
         yield {"root": root, "dir": root / DEP, "release": json.loads(r.stdout)["release"], "ids": {}}
         Cli()("stop", server.host_spec, "--deployment", DEP)
-    finally:
-        mp.undo()
 
 
 @pytest.fixture(scope="module")

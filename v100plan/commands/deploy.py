@@ -206,7 +206,7 @@ def register(app: typer.Typer) -> None:
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """The service's logs on HOST (supervisor, proxy stdout and stderr)."""
+        """The serving release's logs on HOST: the proxy's stderr and structured log, the supervisor's, each rank's latest, the front's."""
         from v100plan.remote import deploy as dp
 
         if lines < 0:

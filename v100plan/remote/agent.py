@@ -435,10 +435,17 @@ def smoke(a):
 def health(a):
     """GET /health on the local service, patiently (a loaded host answers slowly). Read-only."""
     url = "http://127.0.0.1:%d/health" % a["port"]
+    req = urllib.request.Request(url)
+    if a.get("key_file"):  # with the key /health has the details (ranks, allreduce path); without, its status
+        try:
+            with open(os.path.expanduser(a["key_file"])) as fh:
+                req.add_header("Authorization", "Bearer " + fh.read().strip())
+        except OSError:
+            pass
     last = None
     for _ in range(a.get("tries", 3)):
         try:
-            with urllib.request.urlopen(url, timeout=a.get("timeout", 10)) as resp:
+            with urllib.request.urlopen(req, timeout=a.get("timeout", 10)) as resp:
                 _out({"status": resp.status, "body": json.loads(resp.read())})
                 return
         except urllib.error.HTTPError as e:
@@ -453,7 +460,15 @@ def logs(a):
     """The last ``lines`` lines of each service log. Read-only."""
     run = os.path.expanduser(a["run"])
     out = {}
-    for rel in a["files"]:
+    files = list(a["files"])
+    if a.get("rank_logs"):  # each rank's log of the latest generation (the watchdog's restarts make new ones)
+        latest = {}
+        names = os.listdir(os.path.join(run, "logs")) if os.path.isdir(os.path.join(run, "logs")) else []
+        for m in filter(None, (re.match(r"^rank(\d+)\.g(\d+)\.log$", n) for n in names)):
+            if int(m.group(2)) >= latest.get(m.group(1), (-1, ""))[0]:
+                latest[m.group(1)] = (int(m.group(2)), m.group(0))
+        files += ["logs/" + latest[r][1] for r in sorted(latest, key=int)]
+    for rel in files:
         p = os.path.join(run, rel)
         try:
             with open(p, "rb") as fh:

@@ -86,7 +86,7 @@ def status(target: Target) -> dict[str, Any]:
         man = st.get("current_manifest") or {}
         front = st.get("front")
         if sup.get("running") and front and man.get("engine"):
-            h = agent(remote, target.remote, "health", {"port": front["port"]})  # through the front, patiently
+            h = agent(remote, target.remote, "health", {"port": front["port"], "key_file": paths.key})  # patiently
             sup["health_status"], sup["health"] = h.get("status"), h.get("body") or sup.get("health")
         elif not front:
             sup["health_status"] = None  # nothing serves the deployment's port
@@ -113,16 +113,23 @@ def status(target: Target) -> dict[str, Any]:
         return doc
 
 
-LOG_FILES = ("logs/serve.stderr.log", "logs/serve.stdout.log", "service.log", "logs/supervisord.log")
+# the proxy's stderr, its structured log (serve --log-file; its stdout stays empty then), the supervisor's;
+# `logs` adds each rank's latest log and the front's
+LOG_FILES = ("logs/serve.stderr.log", "service.log", "logs/supervisord.log")
 
 
 def logs(target: Target, lines: int = 50) -> dict[str, Any]:
     """The serving release's logs (its slot's), and the front's."""
     with session(target) as (remote, st, paths):
         doc = agent(remote, target.remote, "logs", {"run": paths.live_slot(st) or paths.run,
-                                                    "files": list(LOG_FILES), "lines": lines})
+                                                    "files": list(LOG_FILES), "lines": lines, "rank_logs": True})
         doc["logs"].update(agent(remote, target.remote, "logs", {"run": paths.run, "files": ["front.log"],
                                                                  "lines": lines})["logs"])
+        # the proxy writes its structured events to stderr and to service.log: stderr shows the rest only
+        # (tracebacks, warnings), so no event is shown twice
+        err = doc["logs"].get("logs/serve.stderr.log")
+        if err is not None and doc["logs"].get("service.log") is not None:
+            doc["logs"]["logs/serve.stderr.log"] = [ln for ln in err if not ln.startswith('{"ts":')]
         return doc
 
 
