@@ -175,6 +175,22 @@ def test_rollback_walks_back_and_goes_to_a_named_release(cli, env, first, server
     assert r.exit_code == 2 and "names no release" in sshd_mod.flat(r.stderr)
 
 
+def test_stop_start_names_its_outage(cli, env, first, server, port, demo_model):
+    """The fallback for hosts where two releases do not fit (GPUs, `--switch auto`): stop, then start. The
+    outage is said, and the deploy still ends with the new release serving."""
+    with HealthPoller(port) as poll:
+        r = _deploy(cli, server, port, demo_model, "--max-context", "128", "--switch", "stop-start")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["switch"] == "stop-start"
+    assert "the service is down until" in sshd_mod.flat(r.stderr)
+    assert poll.failed > 0  # what blue/green avoids: the outage is real, and named
+    st = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert st["state"] == "healthy" and st["engine"]["max_context"] == 128
+    r = cli("deploy", server.host_spec, "--demo-model", "--switch", "sideways")
+    assert r.exit_code == 2 and "--switch 'sideways'" in sshd_mod.flat(r.stderr)
+
+
 def test_status_documents_and_a_mistyped_deployment(cli, env, first, server):
     doc = cli.json("status", server.host_spec, "--deployment", DEP)
     assert doc["kind"] == "deployment_status" and doc["schema_version"] == "1.0"

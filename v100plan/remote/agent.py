@@ -555,6 +555,15 @@ def _lock_holder(path):
     return None
 
 
+def free_bytes(a):
+    """Bytes free for this user on the filesystem that holds ``path`` (or its nearest existing parent)."""
+    p = os.path.expanduser(a["path"])
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    st = os.statvfs(p)
+    _out({"free_bytes": st.f_bavail * st.f_frsize, "path": p})
+
+
 def free_port(a):
     """A port nothing on the host's 127.0.0.1 listens on now (for a release behind the front)."""
     import socket
@@ -763,7 +772,7 @@ def _set_crontab(lines):
 
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha256, unlink, verified, lock, switch, discard,
                                    keygen, smoke, health, logs, rotate_logs, free_port, front, front_stop, route,
-                                   slot_prepare, await_health, boot)}
+                                   slot_prepare, await_health, boot, free_bytes)}
 
 if __name__ == "__main__":
     ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

@@ -174,6 +174,7 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
         say(f"removing {len(damaged)} damaged file(s) on the host to send them anew: {', '.join(damaged)}")
         agent(remote, target.remote, "unlink", {"dir": mdir, "files": damaged})
     total = sum(files[f]["bytes"] for f in todo)
+    _check_room(remote, target, mdir, total)
     use_rsync = bool(todo) and has_rsync and remote.rsync_command() is not None
     say(f"uploading {len(todo)} shard file(s), {total / 1e6:.1f} MB "
         f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
@@ -188,6 +189,20 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
         raise EnvironmentProblem(f"{remote.label}: shard file(s) {', '.join(bad)} in {mdir} do not match their "
                                  "SHA-256 after upload", hint="run the deploy again (it resumes and re-checks)")
     agent(remote, target.remote, "verified", {"dir": mdir})
+
+
+def _check_room(remote: Remote, target: Target, where: str, needed: int) -> None:
+    """Refuse an upload the host's disk cannot hold (checked before sending, not found out half-way)."""
+    if needed <= 0:
+        return
+    doc = agent(remote, target.remote, "free_bytes", {"path": where})
+    margin = max(16 << 20, needed // 50)  # the rest of the release (manifest, logs) and the filesystem's own
+    if doc["free_bytes"] < needed + margin:
+        raise EnvironmentProblem(
+            f"{remote.label}: {needed / 1e6:.1f} MB of shards to upload, but only {doc['free_bytes'] / 1e6:.1f} MB "
+            f"are free on the filesystem of {doc['path']}; nothing was sent",
+            hint=f"free some space there (old venvs under {target.remote.root}/venvs, releases of other "
+                 "deployments), or deploy with another --remote-root")
 
 
 def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, rid, settings, health_timeout_s,
