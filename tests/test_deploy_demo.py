@@ -22,31 +22,13 @@ from pathlib import Path
 import pytest
 
 from tests import sshd as sshd_mod
+from tests.deploy_support import *  # noqa: F403 - the shared fixtures
+from tests.deploy_support import live_slot, module_env, tree
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(sshd_mod.available() is not None, reason=str(sshd_mod.available()))]
 
 DEP = f"demo-{os.getpid()}"  # fresh in a kept remote root too
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = sshd_mod.make_sshd(tmp_path_factory.mktemp("sshd-deploy")).start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def port():
-    return sshd_mod.free_port()
-
-
-@pytest.fixture(scope="module")
-def demo_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models") / "demo"
-    subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(d)], check=True, capture_output=True,
-                   timeout=300)
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -61,65 +43,17 @@ def broken_model(tmp_path_factory, demo_model):
     return d
 
 
-@pytest.fixture(scope="module")
-def local_home(tmp_path_factory):
-    """The module's local v100plan home: where the split shards are cached."""
-    return tmp_path_factory.mktemp("v100plan-home-deploy")
-
-
-@pytest.fixture
-def env(monkeypatch, server, tmp_path_factory, bundle_snapshot, local_home):
-    root = sshd_mod.shared_remote_root(tmp_path_factory)
-    sshd_mod.remote_env(monkeypatch, server, root)
-    monkeypatch.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
-    monkeypatch.setenv("V100PLAN_HOME", str(local_home))
-    return root
-
-
 def _deploy(cli, server, port, model, *extra):
     return cli("deploy", server.host_spec, "--model", model, "--deployment", DEP, "--port", port,
                "--health-timeout", "90", "--json", *extra)
 
 
-def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:
-    """Every path under ``root`` with its type, size, mode, mtime and link target."""
-    out = {}
-    for base, dirs, files in os.walk(root):
-        rel_base = os.path.relpath(base, root)
-        if any(rel_base == s or rel_base.startswith(s + "/") for s in skip):
-            dirs[:] = []
-            continue
-        for name in dirs + files:
-            p = os.path.join(base, name)
-            st = os.lstat(p)
-            out[os.path.relpath(p, root)] = (st.st_mode, st.st_size if not os.path.isdir(p) else 0,
-                                             st.st_mtime_ns, os.readlink(p) if os.path.islink(p) else None)
-    return out
-
-
-@pytest.fixture(scope="module")
-def bundle_snapshot(tmp_path_factory):
-    """probes/, engine/ and profiles/ as they are now: edits made to the working tree while this module
-    runs must not turn "nothing changed" into a new release."""
-    from v100plan.remote.bundle import PACKAGES, source_root
-
-    snap = tmp_path_factory.mktemp("bundle-src")
-    for pkg in PACKAGES:
-        shutil.copytree(source_root() / pkg, snap / pkg, ignore=shutil.ignore_patterns("__pycache__", ".*"))
-    return snap
-
-
 @pytest.fixture(scope="module")
 def first(tmp_path_factory, server, port, demo_model, bundle_snapshot, local_home):
     """The first deploy, as the CLI reports it (run once; the tests below build on it)."""
-    root = sshd_mod.shared_remote_root(tmp_path_factory)
-    mp = pytest.MonkeyPatch()
-    sshd_mod.remote_env(mp, server, root)
-    mp.setenv("V100PLAN_BUNDLE_ROOT", str(bundle_snapshot))
-    mp.setenv("V100PLAN_HOME", str(local_home))
-    try:
-        from tests.conftest import Cli
+    from tests.conftest import Cli
 
+    with module_env(server, tmp_path_factory, bundle_snapshot, local_home) as root:
         before, home_before = tree(root), tree(local_home)
         dry = Cli()("deploy", server.host_spec, "--model", demo_model, "--deployment", DEP, "--port", port,
                     "--dry-run", "--json")
@@ -128,8 +62,6 @@ def first(tmp_path_factory, server, port, demo_model, bundle_snapshot, local_hom
         yield {"dry": dry, "dry_unchanged": before == after_dry, "dry_split_nothing": home_before == home_after_dry,
                "result": r, "root": root}
         Cli()("stop", server.host_spec, "--deployment", DEP)  # whatever the tests left running
-    finally:
-        mp.undo()
 
 
 def test_dry_run_on_a_fresh_host_changes_nothing(first):
@@ -180,6 +112,7 @@ def test_first_deploy_passes_health_and_smoke(first, server, port, demo_model):
 def test_status_reports_a_healthy_service(cli, env, first, server):
     doc = cli.json("status", server.host_spec, "--deployment", DEP)
     assert doc["state"] == "healthy" and doc["health_status"] == 200
+    assert doc["allreduce"] == "gloo"  # /health asked with the key: its details, not only its status
     assert doc["release"] == json.loads(first["result"].stdout)["release"]
     assert len(doc["ranks"]) == 2 and all(isinstance(p, int) for p in doc["ranks"])
     assert doc["uptime_s"] is not None and doc["uptime_s"] >= 0
@@ -286,7 +219,7 @@ def test_service_is_reached_through_an_ssh_forward(first, server, env):
             assert json.loads(resp.read())["data"][0]["id"] == "v100plan-demo"
         # the rank logs read are this session's: the files hold earlier requests (the deploy's smoke
         # completion at least; request ids restart with every proxy), the reader only the one made now
-        held = (first["root"] / DEP / "run" / "logs" / "rank0.g1.log").read_text()
+        held = (live_slot(first["root"] / DEP) / "logs" / "rank0.g1.log").read_text()
         assert "request r1 " in held
         body = json.dumps({"model": "v100plan-demo", "prompt": "Hello", "max_tokens": 3, "temperature": 0}).encode()
         with urllib.request.urlopen(urllib.request.Request(svc.endpoint + "/v1/completions", body, auth),
@@ -322,6 +255,8 @@ def test_a_second_deploy_waits_for_the_lock(cli, env, first, server, port, demo_
         assert r.exit_code == 4, r.stderr
         err = sshd_mod.flat(r.stderr)
         assert "another operation holds" in err and "deploy by another operator" in err
+        st = cli.json("status", server.host_spec, "--deployment", DEP)  # names who holds the lock
+        assert st["state"] == "healthy" and "deploy by another operator" in st["lock_holder"]
     # the lock went with the other session: the same deploy now gets it (dry run: read-only)
     r = _deploy(cli, server, port, demo_model, "--max-context", "512", "--dry-run")
     assert r.exit_code == 0, r.stderr
@@ -333,7 +268,8 @@ def test_dry_run_of_a_change_leaves_the_deployment_untouched(cli, env, first, se
     r = _deploy(cli, server, port, demo_model, "--max-context", "512", "--dry-run")
     assert r.exit_code == 0, r.stderr
     acts = "\n".join(json.loads(r.stdout)["actions"])
-    assert "reuse venv" in acts and "reuse model" in acts and "stop the service of release" in acts
+    assert "reuse venv" in acts and "reuse model" in acts and "; stop release" in acts
+    assert "which keeps serving" in acts  # blue/green on CPU: the new release starts beside the serving one
     assert tree(root, skip=(f"{DEP}/run",)) == before
 
 
@@ -392,8 +328,9 @@ def test_release_failing_its_health_check_is_rolled_back(cli, env, first, server
     r = cli("deploy", server.host_spec, "--model", broken_model, "--deployment", DEP, "--port", port,
             "--health-timeout", "20", "--json")
     assert r.exit_code == 1, r.stderr
-    assert "failed its checks and was rolled back to" in sshd_mod.flat(r.stderr)
-    assert "/health did not pass" in sshd_mod.flat(r.stderr)
+    err = sshd_mod.flat(r.stderr)
+    assert "failed its checks; release" in err and "kept serving throughout" in err, err
+    assert "/health did not pass" in err or "the new release's proxy ended" in err, err
     assert os.readlink(d / "current") == current
     st = cli.json("status", server.host_spec, "--deployment", DEP)
     assert st["state"] == "healthy" and f"releases/{st['release']}" == current
@@ -480,6 +417,11 @@ def test_logs_then_stop(cli, env, first, server):
     assert r.exit_code == 0, r.stderr
     logs = json.loads(r.stdout)["logs"]
     assert any(logs.values())
+    assert {"logs/serve.stderr.log", "service.log", "logs/supervisord.log", "front.log"} <= set(logs), logs.keys()
+    assert any(re.fullmatch(r"logs/rank0\.g\d+\.log", k) and v for k, v in logs.items()), logs.keys()
+    assert any(re.fullmatch(r"logs/rank1\.g\d+\.log", k) and v for k, v in logs.items()), logs.keys()
+    shown = [tuple(v) for v in logs.values() if v]
+    assert len(shown) == len(set(shown)), "two logs shown with the same lines"
     st = cli.json("status", server.host_spec, "--deployment", DEP)
     pids = [st["supervisord_pid"], st["proxy_pid"], *st["ranks"]]
     r = cli("stop", server.host_spec, "--deployment", DEP, "--json")

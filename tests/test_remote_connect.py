@@ -60,6 +60,12 @@ def test_unknown_host_key_is_refused_then_recorded_explicitly(cli, env, server, 
 
     r = _probe(cli, "--host", server.host_spec, "--accept-new-host-key")
     assert r.exit_code == 3, r.stderr  # connected and probed: no GPU here, every case waived
+    import subprocess
+
+    fp = subprocess.run([sshd_mod.SSH_KEYGEN, "-lf", str(server.host_key.with_suffix(".pub"))], capture_output=True,
+                        text=True, check=True).stdout.split()[1]  # SHA256:...
+    assert f"recorded the host key of [127.0.0.1]:{server.port}" in sshd_mod.flat(r.stderr)
+    assert fp in sshd_mod.flat(r.stderr)  # the fingerprint recorded is printed, to check with the owner
     line = known.read_text()
     assert line == server.known_hosts_line()  # the [host]:port form, the server's real key
     assert stat.S_IMODE(os.stat(known).st_mode) == 0o600
@@ -96,6 +102,47 @@ def test_unreachable_host_is_exit_4(cli, env):
     assert time.monotonic() - t0 < 15
 
 
+def test_a_missing_identity_file_is_bad_input(cli, env, tmp_path):
+    r = _probe(cli, "--host", "root@127.0.0.1:2", "-i", str(tmp_path / "no-such-key"))
+    assert r.exit_code == 2, r.stderr
+    assert "no such key file here" in sshd_mod.flat(r.stderr) and "Traceback" not in r.stderr
+
+
+def test_no_key_to_offer_says_so(cli, env, server, tmp_path, monkeypatch):
+    """No -i, no agent, no ~/.ssh keys: the message is about keys, not "check that sshd runs there"."""
+    monkeypatch.delenv("V100PLAN_SSH_IDENTITY")
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    r = _probe(cli, "--host", server.host_spec)
+    assert r.exit_code == 4, r.stderr
+    err = sshd_mod.flat(r.stderr)
+    assert "no SSH key to offer" in err and "-i/--identity" in err and "sshd runs there" not in err, err
+
+
+def test_a_port_that_does_not_speak_ssh_says_so(cli, env):
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        t0 = time.monotonic()
+        r = _probe(cli, "--host", f"root@127.0.0.1:{silent.getsockname()[1]}", "--connect-timeout", "2")
+    assert r.exit_code == 4, r.stderr
+    err = sshd_mod.flat(r.stderr)
+    assert "does not speak SSH" in err and "No existing session" not in err.split("(")[0], err
+    assert time.monotonic() - t0 < 30
+
+
+def test_the_lock_names_a_user_without_USER(monkeypatch):
+    import pwd
+
+    from v100plan.remote import release as rel
+
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.setattr(rel.os, "getlogin", lambda: (_ for _ in ()).throw(OSError("no controlling terminal")))
+    assert rel.local_user() == pwd.getpwuid(os.getuid()).pw_name != "?"
+
+
 def test_hung_remote_command_is_stopped_and_exit_4(cli, env, server, tmp_path, monkeypatch):
     """A remote interpreter that hangs: the command timeout stops it on the host, by the host's `timeout`."""
     pidfile = tmp_path / "hung.pid"
@@ -114,6 +161,46 @@ def test_hung_remote_command_is_stopped_and_exit_4(cli, env, server, tmp_path, m
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
         time.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists(), "the hung remote process was left running"
+
+
+@pytest.mark.parametrize("command,sig", [(("probe", "--quick"), "SIGINT"), (("deploy", "--demo-model"), "SIGTERM")])
+def test_an_interrupt_stops_the_remote_command_too(server, tmp_path, command, sig):
+    """Ctrl-C (or SIGTERM, for deploy) while a remote command runs (here an interpreter that hangs, as a
+    long venv build does): the command stops on the host at once, not when it ends by itself, and the
+    CLI exits 130."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.accept_support import REPO
+
+    pidfile = tmp_path / "hung.pid"
+    fake = tmp_path / "hanging-python"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 300\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "V100PLAN_KNOWN_HOSTS": str(server.known_hosts), "V100PLAN_SSH_IDENTITY": str(server.user_key),
+           "V100PLAN_REMOTE_ROOT": str(tmp_path / "root"), "V100PLAN_REMOTE_PYTHON": str(fake),
+           "V100PLAN_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "v100plan", command[0], server.host_spec, *command[1:]]
+                            if command[0] == "deploy" else
+                            [sys.executable, "-m", "v100plan", *command, "--host", server.host_spec],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not pidfile.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert pidfile.exists(), proc.stderr.read() if proc.poll() is not None else "the remote command never started"
+    pid = int(pidfile.read_text())
+    t0 = time.monotonic()
+    os.killpg(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert time.monotonic() - t0 < 15
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the remote command was left running after the interrupt"
 
 
 def test_remote_arguments_are_quoted(cli, env, server, tmp_path, monkeypatch):
@@ -195,6 +282,32 @@ def test_rsync_uses_the_same_host_key_trust(server, tmp_path):
         r.known_hosts_path = str(other)  # a known_hosts without this host
         with pytest.raises(RemoteFailed, match="rsync exited"):
             r.rsync(src, str(dest), ["a.bin"])
+
+
+@pytest.mark.skipif(not __import__("shutil").which("rsync"), reason="rsync is not installed (.ci/run installs it)")
+def test_rsync_honours_an_alias_only_ssh_config(server, tmp_path, monkeypatch):
+    """A `Host box` alias whose HostName, Port, User, IdentityFile and UserKnownHostsFile live only in
+    ~/.ssh/config: Fabric resolves them, and rsync's ssh must reach the host with the same key and the
+    same trust (strict checking against that known_hosts), or the upload fails with Permission denied."""
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.hosts import parse_host
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    (home / ".ssh" / "config").write_text(
+        f"Host box\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}\n"
+        f"  IdentityFile {server.user_key}\n  UserKnownHostsFile {server.known_hosts}\n")
+    monkeypatch.setenv("HOME", str(home))
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"y" * 50_000)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with Remote(parse_host("box"), SshOptions()) as r:
+        ssh = r.rsync_command()
+        assert ssh is not None and str(server.user_key) in ssh and f"UserKnownHostsFile={server.known_hosts}" in ssh
+        assert r.rsync(src, str(dest), ["a.bin"]) > 0
+    assert (dest / "a.bin").read_bytes() == b"y" * 50_000
 
 
 def test_commands_on_a_host_with_nothing_deployed(cli, env, server, tmp_path, monkeypatch):

@@ -258,3 +258,33 @@ def test_a_site_torch_without_kernels_for_the_card_stops_the_deploy():
     # a venv that installed its own torch (the site had no torch): the venv's wording, not the site's
     plain = torch_gap(v100, "ops@v100-box", {"python": "python3", "from_site": []})
     assert plain is not None and "in the host's venv" in plain.message
+
+
+def test_a_host_without_room_for_the_shards_is_told_before_the_upload(env, cli, server, tmp_path, monkeypatch):
+    """A remote root on a 12 MB filesystem (a real tmpfs; the venvs see the site, so they are tiny): the
+    13.4 MB of shards do not fit, which the deploy says before it sends any of them (exit 4), instead of
+    a disk-full error half-way through the transfer."""
+    small = tmp_path / "small-root"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root and a mountable tmpfs for a small filesystem")
+    try:
+        monkeypatch.setenv("V100PLAN_REMOTE_ROOT", str(small))
+        r = cli("deploy", server.host_spec, "--demo-model", "--deployment", DEP + "-small", "--port",
+                sshd_mod.free_port(), "--remote-site-packages", "--health-timeout", "60")
+        assert r.exit_code == 4, r.stderr
+        err = sshd_mod.flat(r.stderr)
+        assert "MB of shards to upload, but only" in err and "nothing was sent" in err, err
+        assert "rsync resumes" not in err
+        models = small / (DEP + "-small") / "models"
+        assert not [p for p in models.rglob("*") if p.is_file()], "shard bytes were sent anyway"
+    finally:
+        import time
+
+        deadline = time.monotonic() + 15  # the host side of the SSH session (the lock's helper) ends just after
+        while subprocess.run(["umount", str(small)], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                subprocess.run(["umount", "-l", str(small)], check=False)
+                break
+            time.sleep(0.2)

@@ -31,6 +31,7 @@ from engine.service.state_dir import start_time
 EXIT_RESTARTS_EXHAUSTED = 3
 
 
+
 class Unavailable(Exception):
     """The ranks are not up (starting, restarting or stopping): 503 with Retry-After."""
 

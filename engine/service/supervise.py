@@ -171,12 +171,15 @@ def _ctl(state_dir: str, *args: str, timeout_s: float = 30) -> subprocess.Comple
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-def _pid_alive(pid: int | None) -> bool:
+def _pid_alive(pid: int | None, ticks: int | None = None) -> bool:
+    """``pid`` runs (not a zombie) and, when its recorded start time ``ticks`` is given, is still that
+    process (a PID reused by another process since has a later start time)."""
     if not pid:
         return False
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][:1] != "Z"  # a zombie has exited
+            fields = fh.read().rsplit(") ", 1)[-1].split()
+        return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)  # a zombie has exited
     except FileNotFoundError:
         return False
     except OSError:
@@ -195,11 +198,28 @@ def _read_json(path: str) -> dict:
 
 
 def _supervisord_pid(state_dir: str) -> int | None:
+    """supervisord's PID from its pidfile, if that process still runs and is the one `start` recorded."""
     try:
         pid = int(Path(state_dir, "supervisord.pid").read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _pid_alive(pid) else None
+    rec = _read_json(os.path.join(state_dir, "supervisord.json"))
+    if rec and rec.get("pid") != pid:
+        return None  # the pidfile names another process than the supervisord `start` recorded
+    return pid if _pid_alive(pid, rec.get("start_ticks")) else None
+
+
+def _record_supervisord(state_dir: str) -> None:
+    """supervisord.json: its PID and start time, once its pidfile is there (it daemonizes)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            pid = int(Path(state_dir, "supervisord.pid").read_text().strip())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        Path(state_dir, "supervisord.json").write_text(json.dumps({"pid": pid, "start_ticks": start_time(pid)}))
+        return
 
 
 def _program_status(state_dir: str) -> dict:
@@ -246,14 +266,16 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(supervisord_conf(state_dir, command))
-    try:
-        os.remove(os.path.join(state_dir, "service.json"))  # a previous run's PIDs would mislead status
-    except FileNotFoundError:
-        pass
+    for name in ("service.json", "supervisord.json", "supervisord.pid"):  # a previous run's PIDs would mislead
+        try:
+            os.remove(os.path.join(state_dir, name))
+        except FileNotFoundError:
+            pass
     proc = subprocess.run([sys.executable, "-m", "supervisor.supervisord", "-c", conf],
                           capture_output=True, text=True, timeout=60, cwd=BUNDLE_ROOT)
     if proc.returncode != 0:
         raise SuperviseError(f"supervisord did not start: {proc.stderr.strip() or proc.stdout.strip()}")
+    _record_supervisord(state_dir)
     result = {"supervisor": "supervisord", "state_dir": state_dir, "config": conf, "command": command}
     deadline = time.monotonic() + wait_healthy_s
     code = None
@@ -304,6 +326,9 @@ def _ours(state_dir: str, service: dict) -> dict[int, int | None]:
 
 
 def stop(state_dir: str, timeout_s: float = 30.0) -> dict:
+    """Stop supervisord and every process recorded for this state dir, each only while it is provably the
+    process recorded (its start time, /proc/PID/stat field 22): a stale PID that another process took since
+    is left alone (``not_ours``). ``stopped`` names only what was running."""
     sup = _supervisord_pid(state_dir)
     service = _read_json(os.path.join(state_dir, "service.json"))
     program = _program_status(state_dir) if sup else {}
@@ -311,24 +336,28 @@ def stop(state_dir: str, timeout_s: float = 30.0) -> dict:
     for i, pid in enumerate(service.get("rank_pids") or []):
         watched[f"rank{i}"] = pid
     ours = _ours(state_dir, service)  # before the shutdown: only these may be SIGKILLed afterwards
+    if program.get("proxy_pid"):  # the proxy supervisord names now is its own child
+        ours.setdefault(program["proxy_pid"], start_time(program["proxy_pid"]))
+    running = {k: p for k, p in watched.items() if _pid_alive(p) and p in ours}  # what `stopped` may name
+    not_ours = [k for k, p in watched.items() if _pid_alive(p) and p not in ours]
     if sup is not None:
         _ctl(state_dir, "shutdown", timeout_s=timeout_s)
     # Without a supervisord nothing is stopping them: no point waiting before the SIGKILL.
     deadline = time.monotonic() + (timeout_s if sup is not None else 0.0)
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in watched.values() if p in ours):
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in running.values()):
         time.sleep(0.1)
     killed = []
-    for name, pid in watched.items():
-        if _pid_alive(pid) and pid in ours and is_same_process(pid, ours[pid]):
+    for name, pid in running.items():
+        if _pid_alive(pid) and is_same_process(pid, ours[pid]):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(name)
             except ProcessLookupError:
                 pass
-    return {"stopped": {k: v for k, v in watched.items() if v}, "had_to_kill": killed,
-            "left_running": [k for k, p in watched.items() if _pid_alive(p) and p in ours],
+    return {"stopped": running, "had_to_kill": killed,
+            "left_running": [k for k, p in running.items() if _pid_alive(p) and is_same_process(p, ours[p])],
             # a PID service.json names that runs but is not provably the process we started: left alone
-            "not_ours": [k for k, p in watched.items() if _pid_alive(p) and p not in ours]}
+            "not_ours": not_ours}
 
 
 def unit(state_dir: str, serve_args: list[str], install: bool) -> dict:

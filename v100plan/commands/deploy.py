@@ -18,8 +18,20 @@ from v100plan.commands.remote_options import IndexUrlOpt, RemoteArgs, TorchOpt, 
 from v100plan.demo_model import demo_model_dir
 from v100plan.errors import BadInput
 from v100plan.options import JsonOpt, QuietOpt
+from v100plan.remote.connect import interrupt_on_sigterm
 
 HostArg = Annotated[str, typer.Argument(metavar="HOST", help="user@host[:port] (or a Host from ~/.ssh/config)")]
+SwitchOpt = Annotated[str, typer.Option(
+    "--switch", metavar="MODE",
+    help="auto (default): blue-green on CPU, stop-start on GPUs; blue-green: the new release starts beside "
+         "the serving one and takes over with no outage (both must fit in memory); stop-start: stop, then start.")]
+SWITCH_MODES = ("auto", "blue-green", "stop-start")
+
+
+def _switch_mode(text: str) -> str:
+    if text not in SWITCH_MODES:
+        raise BadInput(f"--switch {text!r}: use one of {', '.join(SWITCH_MODES)}", hint="e.g. --switch blue-green")
+    return text
 
 
 def _say(quiet: bool):  # noqa: ANN202
@@ -52,6 +64,7 @@ def register(app: typer.Typer) -> None:
                                                       help="Seconds the new release has to pass /health.")] = 180.0,
         index_url: IndexUrlOpt = None,
         torch_spec: TorchOpt = None,
+        switch: SwitchOpt = "auto",
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
@@ -73,7 +86,9 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--port {port} is out of range", hint="a port is 1-65535")
         if health_timeout <= 0:
             raise BadInput("--health-timeout must be positive", hint="e.g. --health-timeout 300")
+        switch_mode = _switch_mode(switch)
         target = remote.target(host, index_url, torch_spec)
+        interrupt_on_sigterm()  # a TERM cleans up as Ctrl-C does: the old release serving, or the new one switched
         say = _say(quiet)
         model_dir = demo_model_dir() if demo_model else model
         if not Path(model_dir).is_dir():
@@ -100,7 +115,7 @@ def register(app: typer.Typer) -> None:
                                                           max_context)
         say(f"chose: {chose}")
         out = dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout, say=say,
-                        chose=chose)
+                        chose=chose, switch_mode=switch_mode)
         doc = out.to_dict()
         rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
                 ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
@@ -126,14 +141,20 @@ def register(app: typer.Typer) -> None:
         health_timeout: Annotated[float, typer.Option(
             "--health-timeout", metavar="S",
             help="Seconds the previous release may take to pass /health and a smoke request.")] = 180.0,
+        to: Annotated[Optional[str], typer.Option(
+            "--to", metavar="RELEASE", help="The release to go back to (an id, or its unique start; "
+                                           "`v100plan status` lists them). Default: the one before.")] = None,
+        switch: SwitchOpt = "auto",
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
-        """Switch HOST back to the release that was current before this one (health-checked)."""
+        """Switch HOST back to the release that was current before this one (health-checked); again and
+        it goes one further back."""
         from v100plan.remote import deploy as dp
 
-        out = dp.rollback(remote.target(host), health_timeout, _say(quiet))
+        interrupt_on_sigterm()
+        out = dp.rollback(remote.target(host), health_timeout, _say(quiet), to=to, switch_mode=_switch_mode(switch))
         _emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
                               ("wall s", f"{out.wall_s:.1f}")], "Rollback", json_out, quiet)
 
@@ -143,6 +164,9 @@ def register(app: typer.Typer) -> None:
         doc = dp.status(target)
         rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
                                           "allreduce", "generation", "uptime_s", "port", "releases")]
+        rows.append(("after a reboot", doc.get("after_reboot") or "nothing brings it back"))
+        if doc.get("lock_holder"):
+            rows.append(("lock held by", doc["lock_holder"]))
         if doc.get("site_packages") is not None:
             rows.append(("from the host's site",
                          ", ".join(f"{p['name']} {p['version']}" for p in doc["site_packages"]) or "nothing"))
@@ -165,7 +189,7 @@ def register(app: typer.Typer) -> None:
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
     ) -> None:
-        """The service's logs on HOST (supervisor, proxy stdout and stderr)."""
+        """The serving release's logs on HOST: the proxy's stderr and structured log, the supervisor's, each rank's latest, the front's."""
         from v100plan.remote import deploy as dp
 
         if lines < 0:

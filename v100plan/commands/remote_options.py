@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
@@ -77,6 +78,10 @@ class RemoteArgs:
         for name, v in (("--connect-timeout", self.connect_timeout), ("--command-timeout", self.command_timeout)):
             if v <= 0:
                 raise BadInput(f"{name} must be a positive number of seconds, got {v:g}", hint=f"e.g. {name} 30")
+        if self.identity and not os.path.isfile(os.path.expanduser(self.identity)):
+            raise BadInput(f"--identity {self.identity!r}: no such key file here",
+                           hint="give the private key's path (-i ~/.ssh/id_ed25519), or leave -i out to use "
+                                "~/.ssh/config, the agent and ~/.ssh/id_*")
         return SshOptions(known_hosts=self.known_hosts, accept_new_host_key=self.accept_new_host_key,
                           identity=self.identity, connect_timeout_s=self.connect_timeout,
                           command_timeout_s=self.command_timeout)

@@ -60,6 +60,8 @@ def state(a):
         if out["venv"]:
             out["venv_from_site"] = _site_now(os.path.join(root, "venvs", a["venv"]))
     if a.get("dep"):
+        names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+        out["deployments"] = [n for n in names if os.path.isdir(os.path.join(root, n, "releases"))]
         d = os.path.join(root, a["dep"])
         rel = os.path.join(d, "releases")
         out["exists"] = os.path.isdir(d)
@@ -67,6 +69,16 @@ def state(a):
         out["releases"] = sorted(os.listdir(rel)) if os.path.isdir(rel) else []
         out["history"] = _read_json(os.path.join(d, "history.json"), [])
         out["api_key"] = os.path.isfile(os.path.join(d, "api_key"))
+        run = os.path.join(d, "run")
+        # the live slot (its release's upstream port behind the front), the front, and a service an
+        # earlier v100plan started in run/ itself (before the front and slots)
+        out["live"] = _read_json(os.path.join(run, "upstream.json"), None)
+        out["front"] = _front_now(run)
+        out["legacy"] = _alive(_read_int(os.path.join(run, "supervisord.pid")))
+        out["slots"] = {s: _alive(_read_int(os.path.join(run, s, "supervisord.pid"))) for s in ("a", "b")}
+        out["lock"] = _lock_holder(os.path.join(d, "deploy.lock"))
+        if a.get("site"):  # status: how the deployment comes back after a reboot
+            out["boot"] = _boot_now(run)
         if a.get("model"):
             out["model"] = os.path.isfile(os.path.join(d, "models", a["model"], ".v100plan-verified"))
         if out["current"]:
@@ -347,7 +359,10 @@ def switch(a):
     os.symlink(os.path.join("releases", rel), tmp)
     os.replace(tmp, os.path.join(d, "current"))
     hist = [h for h in _read_json(os.path.join(d, "history.json"), []) if h.get("release") != rel]
-    hist.append({"release": rel, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": a.get("why")})
+    entry = {"release": rel, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": a.get("why")}
+    if a.get("from"):
+        entry["from"] = a["from"]  # a rollback: the release it left (the next rollback walks further back)
+    hist.append(entry)
     _write_json(os.path.join(d, "history.json"), hist)
     keep = set(h["release"] for h in hist[-a.get("keep", 5):])
     removed = []
@@ -420,10 +435,17 @@ def smoke(a):
 def health(a):
     """GET /health on the local service, patiently (a loaded host answers slowly). Read-only."""
     url = "http://127.0.0.1:%d/health" % a["port"]
+    req = urllib.request.Request(url)
+    if a.get("key_file"):  # with the key /health has the details (ranks, allreduce path); without, its status
+        try:
+            with open(os.path.expanduser(a["key_file"])) as fh:
+                req.add_header("Authorization", "Bearer " + fh.read().strip())
+        except OSError:
+            pass
     last = None
     for _ in range(a.get("tries", 3)):
         try:
-            with urllib.request.urlopen(url, timeout=a.get("timeout", 10)) as resp:
+            with urllib.request.urlopen(req, timeout=a.get("timeout", 10)) as resp:
                 _out({"status": resp.status, "body": json.loads(resp.read())})
                 return
         except urllib.error.HTTPError as e:
@@ -438,7 +460,15 @@ def logs(a):
     """The last ``lines`` lines of each service log. Read-only."""
     run = os.path.expanduser(a["run"])
     out = {}
-    for rel in a["files"]:
+    files = list(a["files"])
+    if a.get("rank_logs"):  # each rank's log of the latest generation (the watchdog's restarts make new ones)
+        latest = {}
+        names = os.listdir(os.path.join(run, "logs")) if os.path.isdir(os.path.join(run, "logs")) else []
+        for m in filter(None, (re.match(r"^rank(\d+)\.g(\d+)\.log$", n) for n in names)):
+            if int(m.group(2)) >= latest.get(m.group(1), (-1, ""))[0]:
+                latest[m.group(1)] = (int(m.group(2)), m.group(0))
+        files += ["logs/" + latest[r][1] for r in sorted(latest, key=int)]
+    for rel in files:
         p = os.path.join(run, rel)
         try:
             with open(p, "rb") as fh:
@@ -465,11 +495,284 @@ def rotate_logs(a):
         if os.path.isfile(src):
             os.replace(src, os.path.join(prev, os.path.basename(src)))
             moved.append(os.path.basename(src))
-    _out({"moved": moved, "to": prev})
+    if not a.get("quiet"):
+        _out({"moved": moved, "to": prev})
+
+
+# -- the front and the two slots (blue/green) -------------------------------------------------------
+
+def _start_ticks(pid):
+    """Field 22 of /proc/PID/stat: when the process started (clock ticks since boot), or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
+
+
+def _alive(pid, ticks=None):
+    """``pid`` runs (not a zombie) and, when ``ticks`` is given, is still the process that started then."""
+    if not pid:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except (OSError, IndexError):
+        return False
+    return ticks is None or _start_ticks(pid) == ticks
+
+
+def _read_int(path):
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _front_now(run):
+    """The front recorded in run/front.json, if that very process still runs."""
+    doc = _read_json(os.path.join(run, "front.json"), None)
+    if not doc or not _alive(doc.get("pid"), doc.get("start_ticks")):
+        return None
+    return doc
+
+
+def _lock_holder(path):
+    """Who holds the deployment's lock now (its line: what, by whom, when), else None. Takes no lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        with os.fdopen(fd) as fh:
+            return fh.read().strip() or "?"
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    return None
+
+
+def free_bytes(a):
+    """Bytes free for this user on the filesystem that holds ``path`` (or its nearest existing parent)."""
+    p = os.path.expanduser(a["path"])
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    st = os.statvfs(p)
+    _out({"free_bytes": st.f_bavail * st.f_frsize, "path": p})
+
+
+def free_port(a):
+    """A port nothing on the host's 127.0.0.1 listens on now (for a release behind the front)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        _out({"port": s.getsockname()[1]})
+
+
+def front(a):
+    """Make sure a front listens on 127.0.0.1:``port`` for the deployment (front.py in ``run``). A front
+    on another port is left running (the deploy stops it once the new one serves): it is returned as
+    ``replaced``. A port that cannot be bound is the front's own message (Address already in use)."""
+    run = os.path.expanduser(a["run"])
+    os.makedirs(run, mode=0o700, exist_ok=True)
+    now = _front_now(run)
+    if now and now.get("port") == a["port"]:
+        _out({"running": True, "started": False, "front": now})
+        return
+    src = os.path.join(run, "front.py")
+    tmp = "%s.tmp-%d" % (src, os.getpid())
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write(a["source"])
+    os.replace(tmp, src)
+    log = open(os.path.join(run, "front.log"), "ab")
+    proc = subprocess.Popen([sys.executable, "-B", src, "--port", str(a["port"]), "--run", run],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + a.get("wait", 10)
+    while time.monotonic() < deadline:
+        doc = _read_json(os.path.join(run, "front.json"), {})
+        if doc.get("pid") == proc.pid:
+            _out({"running": True, "started": True, "front": doc, "replaced": now})
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.terminate()  # our own child, not yet recorded
+    with open(os.path.join(run, "front.log"), "rb") as fh:
+        lines = fh.read()[-4000:].decode(errors="replace").strip().splitlines()
+    _out({"running": False, "error": lines[-1] if lines else "the front exited with %s" % proc.poll()})
+
+
+def front_stop(a):
+    """Stop the front ``front`` (a front.json record), or the one recorded in ``run``: only while its PID is
+    still the process that started at the recorded time."""
+    doc = a.get("front") or _read_json(os.path.join(os.path.expanduser(a["run"]), "front.json"), None)
+    if not doc or not _alive(doc.get("pid"), doc.get("start_ticks")):
+        _out({"stopped": None})
+        return
+    os.kill(doc["pid"], 15)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(doc["pid"], doc["start_ticks"]):
+        time.sleep(0.05)
+    if _alive(doc["pid"], doc["start_ticks"]):
+        os.kill(doc["pid"], 9)
+    _out({"stopped": doc["pid"]})
+
+
+def route(a):
+    """Point the front at a release's port: upstream.json replaced in one rename (the switch)."""
+    run = os.path.expanduser(a["run"])
+    doc = {"port": a["port"], "release": a["release"], "slot": a["slot"],
+           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write_json(os.path.join(run, "upstream.json"), doc)
+    _out(doc)
+
+
+def slot_prepare(a):
+    """Before a release starts in a slot: is a supervisord still running there (the caller stops it), and
+    the slot's earlier logs moved to logs.prev so this start writes empty ones."""
+    slot = os.path.expanduser(a["slot"])
+    os.makedirs(slot, mode=0o700, exist_ok=True)
+    pid = _read_int(os.path.join(slot, "supervisord.pid"))
+    if _alive(pid):
+        _out({"busy": pid})
+        return
+    rotate_logs({"run": slot, "quiet": True})
+    _out({"busy": None})
+
+
+_EXIT_LINE = re.compile(r"(exited|gave up): engine\b(.*)")
+
+
+def _cause(slot):
+    """The line of serve.stderr.log that says why the proxy ended (the exception, else the last line)."""
+    try:
+        with open(os.path.join(slot, "logs", "serve.stderr.log"), "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None, []
+    hits = [ln for ln in lines if re.search(r"(Error|Exception|error:)", ln)]
+    return (hits[-1] if hits else (lines[-1] if lines else None)), lines[-15:]
+
+
+def await_health(a):
+    """Wait for /health 200 on a new release's port while watching its processes: the first exit of the
+    proxy (supervisord logs `exited: engine`) or supervisord gone ends the wait at once, with the cause
+    from the proxy's log. Read-only."""
+    slot = os.path.expanduser(a["slot"])
+    url = "http://127.0.0.1:%d/health" % a["port"]
+    sup_log = os.path.join(slot, "logs", "supervisord.log")
+    t0 = time.monotonic()
+    deadline = t0 + a["timeout"]
+    last = None
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    _out({"ok": True, "seconds": round(time.monotonic() - t0, 2)})
+                    return
+        except urllib.error.HTTPError as e:
+            last = "/health answered %d" % e.code
+        except (OSError, ValueError) as e:
+            last = "/health: %s" % e
+        try:
+            with open(sup_log, errors="replace") as fh:
+                ended = [m.group(0) for m in map(_EXIT_LINE.search, fh) if m]
+        except OSError:
+            ended = []
+        sup_pid = _read_int(os.path.join(slot, "supervisord.pid"))
+        if ended or not _alive(sup_pid):
+            cause, tail = _cause(slot)
+            _out({"ok": False, "exited": True, "seconds": round(time.monotonic() - t0, 2),
+                  "event": ended[-1] if ended else "supervisord is not running", "cause": cause, "tail": tail})
+            return
+        if time.monotonic() >= deadline:
+            _, tail = _cause(slot)
+            _out({"ok": False, "exited": False, "seconds": round(time.monotonic() - t0, 2), "cause": last,
+                  "tail": tail})
+            return
+        time.sleep(0.2)
+
+
+# -- after a reboot ---------------------------------------------------------------------------------
+
+def _cron_mark(run):
+    return "# v100plan-boot " + run
+
+
+def _crontab():
+    """The user's crontab lines, or None when this host has no `crontab`."""
+    if shutil.which("crontab") is None:
+        return None
+    r = subprocess.run(["crontab", "-l"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    return r.stdout.splitlines() if r.returncode == 0 else []
+
+
+def _boot_now(run):
+    """How the deployment comes back after a reboot: "cron @reboot" when the user's crontab has its line."""
+    lines = _crontab()
+    return "cron @reboot" if lines and any(ln.endswith(_cron_mark(run)) for ln in lines) else None
+
+
+def _sh(word):
+    return "'" + str(word).replace("'", "'\\''") + "'"
+
+
+def boot(a):
+    """Write run/boot.sh (the front on its port, then the serving slot's release under its supervisor) and
+    make sure the user's crontab starts it @reboot; ``remove``: take the crontab line out (`stop`)."""
+    run = os.path.expanduser(a["run"])
+    lines = _crontab()
+    mark = _cron_mark(run)
+    if a.get("remove"):
+        if lines and any(ln.endswith(mark) for ln in lines):
+            _set_crontab([ln for ln in lines if not ln.endswith(mark)])
+        _out({"boot": None})
+        return
+    script = os.path.join(run, "boot.sh")
+    slot = os.path.expanduser(a["slot"])
+    text = "\n".join([
+        "#!/bin/sh",
+        "# written by v100plan at each switch: brings this deployment back after a reboot (its front on",
+        "# 127.0.0.1:%d, then release %s in %s); `v100plan stop` takes its crontab line out" % (
+            a["port"], a["release"], slot),
+        "%s -B %s --port %d --run %s >> %s 2>&1 < /dev/null &" % (
+            _sh(sys.executable), _sh(os.path.join(run, "front.py")), a["port"], _sh(run),
+            _sh(os.path.join(run, "front.log"))),
+        "cd %s || exit 1" % _sh(os.path.expanduser(a["release_dir"])),
+        "exec ./venv/bin/python -m engine supervise start --state-dir %s --wait-healthy-s 0 -- %s >> %s 2>&1" % (
+            _sh(slot), " ".join(_sh(f) for f in a["flags"]), _sh(os.path.join(run, "boot.log"))),
+        ""])
+    tmp = "%s.tmp-%d" % (script, os.getpid())
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700), "w") as fh:
+        fh.write(text)
+    os.replace(tmp, script)
+    if lines is None:
+        _out({"boot": None, "script": script, "why": "this host has no crontab: run %s at boot yourself "
+              "(or a systemd user unit with lingering)" % script})
+        return
+    entry = "@reboot %s %s" % (_sh(script), mark)
+    if entry not in lines:
+        _set_crontab([ln for ln in lines if not ln.endswith(mark)] + [entry])
+    _out({"boot": "cron @reboot", "script": script, "entry": entry})
+
+
+def _set_crontab(lines):
+    r = subprocess.run(["crontab", "-"], input="".join(ln + "\n" for ln in lines), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=30)
+    if r.returncode != 0:
+        raise SystemExit("crontab - failed: %s" % r.stderr.strip()[-300:])
 
 
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha256, unlink, verified, lock, switch, discard,
-                                   keygen, smoke, health, logs, rotate_logs)}
+                                   keygen, smoke, health, logs, rotate_logs, free_port, front, front_stop, route,
+                                   slot_prepare, await_health, boot, free_bytes)}
 
 if __name__ == "__main__":
     ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

@@ -14,12 +14,14 @@ backstop. Fabric is imported only inside v100plan/remote.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shlex
+import signal
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +30,21 @@ from v100plan.remote.hosts import HostSpec
 
 # exit status of coreutils `timeout` when it had to stop the command
 TIMEOUT_EXIT = 124
+_PID_MARK = "@v100plan-remote-pid "
 _KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM acts as Ctrl-C for the rest of this process (a deploy stopped by a service manager or
+    `kill` cleans up as an interrupted one does). Main thread only."""
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm.handler)
+
+
+def _raise_interrupt(_signum, _frame):  # noqa: ANN001 - a signal handler
+    raise KeyboardInterrupt
+
+
+interrupt_on_sigterm.handler = _raise_interrupt
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,10 @@ def _policy(known_hosts: str, accept_new: bool):
                 finally:
                     os.close(fd)
             client.get_host_keys().add(hostname, key.get_name(), key)
+            from v100plan import output
+
+            output.hint(f"recorded the host key of {hostname} in {known_hosts}: {_fingerprint(key)} "
+                        "(compare it with the one its owner gave you)")
 
     return Policy()
 
@@ -158,7 +178,19 @@ class Remote:
         except socket.gaierror as e:
             raise Unreachable(f"{where}: host name cannot be resolved ({e.strerror})",
                               hint="check the spelling, or add the host to ~/.ssh/config") from None
-        except (OSError, paramiko.SSHException, EOFError) as e:
+        except paramiko.SSHException as e:
+            text = str(e)
+            if "No authentication methods available" in text or "no keys" in text.lower():
+                raise Unreachable(f"{where}: no SSH key to offer ({text})",
+                                  hint="give one with -i/--identity, an IdentityFile in ~/.ssh/config, or load it "
+                                       "into ssh-agent") from None
+            if "banner" in text or "No existing session" in text:
+                raise Unreachable(f"{where}: something answers on port {self.spec.port or 22} but does not speak SSH "
+                                  f"within {self.options.connect_timeout_s:g} s ({text})",
+                                  hint="check the port: is it sshd's? (`ssh -v` shows what answers)") from None
+            raise Unreachable(f"{where}: cannot open an SSH session ({text or type(e).__name__})",
+                              hint=f"check that sshd runs there: {self.ssh_hint}") from None
+        except (OSError, EOFError) as e:
             raise Unreachable(f"{where}: cannot open an SSH session ({e or type(e).__name__})",
                               hint=f"check that sshd runs there: {self.ssh_hint}") from None
         self._conn = conn
@@ -199,12 +231,16 @@ class Remote:
             command = f"cd {shlex.quote(cwd)} && {command}"
         limit = self.options.command_timeout_s if timeout_s == -1 else timeout_s
         if limit is not None:
-            # stopped on the host by `timeout` (TERM, then KILL 5 s later), locally 15 s after that
-            command = f"timeout -k 5 {max(1, int(limit))} sh -c {shlex.quote(command)}"
+            # stopped on the host by `timeout` (TERM, then KILL 5 s later), locally 15 s after that. Its PID
+            # comes first on stderr, so Ctrl-C here can stop it there (and everything in its process group)
+            command = (f"echo {_PID_MARK}$$ >&2; exec timeout -k 5 {max(1, int(limit))} "
+                       f"sh -c {shlex.quote(command)}")
         label = what or shlex.join(argv[:3])
+        runner = conn.config.runners.remote(context=conn, inline_env=conn.inline_ssh_env)
         try:
-            r = conn.run(command, hide=True, warn=True, in_stream=False,
-                         timeout=None if limit is None else limit + 20)
+            with self._interruptible(runner):
+                r = runner.run(command, hide=True, warn=True, in_stream=False,
+                               timeout=None if limit is None else limit + 20)
         except invoke.exceptions.CommandTimedOut:
             raise RemoteTimeout(f"{self.label}: `{label}` did not finish within {limit:g} s",
                                 hint="the host may be overloaded or the command hung; --command-timeout "
@@ -216,12 +252,50 @@ class Remote:
             raise RemoteTimeout(f"{self.label}: `{label}` did not finish within {limit:g} s and was stopped there",
                                 hint="the host may be overloaded or the command hung; --command-timeout "
                                      "allows longer")
-        result = Result(label, r.exited, r.stdout, r.stderr)
+        stderr = r.stderr[r.stderr.index("\n") + 1:] if r.stderr.startswith(_PID_MARK) else r.stderr
+        result = Result(label, r.exited, r.stdout, stderr)
         if check and r.exited != 0:
-            tail = (r.stderr.strip() or r.stdout.strip())[-800:]
+            tail = (stderr.strip() or r.stdout.strip())[-800:]
             raise RemoteFailed(f"{self.label}: `{label}` exited with {r.exited}: {tail}",
                                hint=f"run it by hand to see the whole output: {self.ssh_hint}")
         return result
+
+    @contextlib.contextmanager
+    def _interruptible(self, runner) -> Iterator[None]:  # noqa: ANN001 - a fabric.runners.Remote
+        """While ``runner`` runs a command: Ctrl-C (or SIGTERM) stops that command on the host too (TERM to
+        the `timeout` whose PID it printed first, which passes it to its process group), then raises
+        KeyboardInterrupt here. Without this the SSH channel stays open until the command ends by itself.
+        Signals that a caller is holding back (``bluegreen.shielded``) stay held back."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop_there(_signum, _frame):  # noqa: ANN001 - a signal handler
+            text = "".join(runner.stderr)
+            if text.startswith(_PID_MARK) and "\n" in text:
+                with contextlib.suppress(Exception):  # the connection itself may be the problem
+                    self._kill_remote(int(text[len(_PID_MARK):text.index("\n")]))
+            raise KeyboardInterrupt
+
+        mine = {}
+        for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            if signal.getsignal(sig) in (default, interrupt_on_sigterm.handler):
+                mine[sig] = signal.signal(sig, stop_there)
+        try:
+            yield
+        finally:
+            for sig, old in mine.items():
+                signal.signal(sig, old)
+
+    def _kill_remote(self, pid: int) -> None:
+        """TERM to the host's `timeout` with this PID (only while that PID is a `timeout`), on a channel of its
+        own; waits up to 5 s for it."""
+        chan = self.open().client.get_transport().open_session(timeout=5)
+        chan.settimeout(10)
+        chan.exec_command(f'[ "$(cat /proc/{pid}/comm 2>/dev/null)" = timeout ] && kill -TERM {pid}; '
+                          f'for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 {pid} 2>/dev/null || exit 0; sleep 0.5; done')
+        chan.recv_exit_status()
+        chan.close()
 
     def stream(self, argv: Sequence[str], on_line: Callable[[str], None], *, cwd: str | None = None) -> int:
         """Run ``argv`` with no timeout, passing stdout lines to ``on_line`` as they arrive (logs --follow)."""
@@ -289,18 +363,41 @@ class Remote:
         return sent
 
     def rsync_command(self) -> list[str] | None:
-        """The ssh command rsync should use to reach this host with the same trust and key (OpenSSH with
-        strict host-key checking against our known_hosts), or None when rsync or ssh is missing here."""
+        """The ssh command rsync should use to reach this host with the same trust, identity and route
+        Fabric used (OpenSSH with strict host-key checking against our known_hosts), or None when rsync or
+        ssh is missing here.
+
+        It names what Fabric resolved from ~/.ssh/config (HostName, User, Port, every IdentityFile, a
+        ProxyJump or ProxyCommand) explicitly, and hands ssh the same config file with ``-F``: OpenSSH
+        reads the passwd entry's ~/.ssh/config, Fabric the one under $HOME, and a ProxyJump's hops are
+        resolved through it."""
         import shutil
 
         if not (shutil.which("rsync") and shutil.which("ssh")) or self._conn is None:
             return None
-        cmd = ["ssh", "-p", str(self._conn.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-               "-o", f"UserKnownHostsFile={self.known_hosts_path}",
-               "-o", f"ConnectTimeout={max(1, int(self.options.connect_timeout_s))}"]
-        if self.options.identity:
-            cmd += ["-i", os.path.expanduser(self.options.identity), "-o", "IdentitiesOnly=yes"]
+        conn = self._conn
+        cmd = ["ssh"]
+        config = next((os.path.expanduser(p) for p in ("~/.ssh/config", "/etc/ssh/ssh_config")
+                       if os.path.isfile(os.path.expanduser(p))), os.devnull)
+        cmd += ["-F", config, "-p", str(conn.port), "-l", conn.user, "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={self.known_hosts_path}",
+                "-o", f"ConnectTimeout={max(1, int(self.options.connect_timeout_s))}"]
+        keys = conn.connect_kwargs.get("key_filename") or []
+        for key in [keys] if isinstance(keys, str) else keys:
+            cmd += ["-i", os.path.expanduser(key)]
+        if self.options.identity or str(conn.ssh_config.get("identitiesonly", "")).lower() == "yes":
+            cmd += ["-o", "IdentitiesOnly=yes"]
+        if conn.ssh_config.get("proxyjump"):
+            cmd += ["-o", f"ProxyJump={conn.ssh_config['proxyjump']}"]
+        elif conn.ssh_config.get("proxycommand"):
+            cmd += ["-o", f"ProxyCommand={conn.ssh_config['proxycommand']}"]
         return cmd
+
+    def rsync_destination(self, remote_dir: str) -> str:
+        """``user@host:dir/`` for rsync, the host as Fabric resolved it (HostName; IPv6 in brackets)."""
+        assert self._conn is not None
+        host = f"[{self._conn.host}]" if ":" in self._conn.host else self._conn.host
+        return f"{self._conn.user}@{host}:{remote_dir}/"
 
     def rsync(self, local_dir: str | Path, remote_dir: str, files: list[str]) -> int:
         """Send ``files`` (relative to ``local_dir``) with rsync over ssh, resumable (--partial
@@ -309,7 +406,7 @@ class Remote:
 
         ssh = self.rsync_command()
         assert ssh is not None and self._conn is not None
-        dest = f"{self._conn.user}@{self._conn.host}:{remote_dir}/"
+        dest = self.rsync_destination(remote_dir)
         proc = subprocess.run(["rsync", "-rt", "--partial", "--append-verify", "--protect-args", "--stats",
                                "--files-from=-", "-e", shlex.join(ssh), f"{local_dir}/", dest],
                               input="\n".join(files) + "\n", capture_output=True, text=True,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from v100plan.errors import BadInput, ChecksFailed, EnvironmentProblem
+from v100plan.remote import bluegreen as bg
 from v100plan.remote import bundle as bundle_mod
 from v100plan.remote import release as rel
 from v100plan.remote import split as split_mod
@@ -41,16 +42,13 @@ from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, hel
     parse_json,
     session,
     settings_of,
-    start_service,
-    stop_service,
-    switch,
 )
 
 # -- deploy ---------------------------------------------------------------------------------------
 
 def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, *, dry_run: bool = False,
            health_timeout_s: float = 180.0, say: Say = lambda s: None, chose: str | None = None,
-           purpose: str = "deploy") -> Outcome:
+           purpose: str = "deploy", switch_mode: str = "auto") -> Outcome:
     """``purpose`` other than "deploy" (qualify's own deployment) refuses a deployment that
     `v100plan deploy` made: qualify stops what it deploys, and must never stop a production service."""
     out = Outcome(host=target.spec.label, deployment=target.deployment, action="deploy", chose=chose,
@@ -82,18 +80,18 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
             _site_report(out, rs, st.get("venv_from_site"), say if not dry_run else None)
         if dry_run:
             _plan_actions(remote, target.remote, paths, st, b, vid, reqs, Path(model_dir), source, sp, digest,
-                          out.release, settings, out)
+                          out.release, settings, out, switch_mode)
             for a in out.actions:
                 say(f"would: {a}")
             return out
         with held_lock(remote, target.remote, paths.lock, f"{purpose} of {out.release}"):
             _deploy_locked(remote, target, paths, st, b, reqs, sp.dir, sp.files, man, out.release, settings,
-                           health_timeout_s, say, out, purpose)
+                           health_timeout_s, say, out, purpose, switch_mode)
         return out
 
 
 def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, digest, rid, settings,
-                  out) -> None:
+                  out, switch_mode="auto") -> None:
     acts = out.actions
     if sp is None:
         w = split_mod.weight_bytes(source)
@@ -106,7 +104,7 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
         acts.append(f"reuse the local split {sp.dir}: {sp.tp} shards, "
                     f"{', '.join(f'{x / 1e6:.1f}' for x in sp.bytes_per_rank)} MB per rank (nothing to split)")
     if rid is not None and st.get("current") == rid:
-        if healthy(remote, rs, paths, rid, settings.port, dry_run=True):
+        if healthy(remote, rs, paths, st, rid, settings.port, dry_run=True):
             acts.append(f"nothing: release {rid} is current and healthy (0 bytes to upload, no restart)")
             return
         acts.append(f"start release {rid} again: it is current but its service is down")
@@ -141,14 +139,21 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
     rid_text = rid or "<id>"
     acts.append(f"unpack release {rid_text} into {paths.dir}/releases/{rid_text}, its model -> the shards")
     rid = rid_text
+    mode, mode_why = bg.choose_mode(switch_mode, settings)
+    front = st.get("front")
+    if not front or front.get("port") != settings.port:
+        acts.append(f"start the front on 127.0.0.1:{settings.port} (it forwards to the release in service)")
+    if st.get("current") and mode == "stop-start":
+        acts.append(f"stop the service of release {st['current']} first ({mode_why})")
+    acts.append(f"start release {rid} under supervisord in a slot of {paths.run} on a free port ({settings.device})"
+                + (f", beside release {st['current']}, which keeps serving" if st.get("current") and
+                   mode == "blue-green" else "") + "; wait for /health, send one smoke completion")
+    acts.append(f"switch the front to release {rid}, then {paths.dir}/current -> releases/{rid}" +
+                (f"; stop release {st['current']} (kept for rollback)" if st.get("current") and mode == "blue-green"
+                 else ""))
     if st.get("current"):
-        acts.append(f"stop the service of release {st['current']} (recorded PIDs, via the supervisor)")
-    acts.append(f"start release {rid} under supervisord on 127.0.0.1:{settings.port} ({settings.device}), "
-                "wait for /health, send one smoke completion")
-    acts.append(f"switch {paths.dir}/current -> releases/{rid}" +
-                (f" (release {st['current']} kept for rollback)" if st.get("current") else ""))
-    if st.get("current"):
-        acts.append(f"if a check fails: stop {rid} and start {st['current']} again")
+        acts.append(f"if a check fails: stop {rid}" + (f"; release {st['current']} keeps serving" if mode ==
+                                                        "blue-green" else f" and start {st['current']} again"))
 
 
 def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path, files: dict, digest: str,
@@ -169,6 +174,7 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
         say(f"removing {len(damaged)} damaged file(s) on the host to send them anew: {', '.join(damaged)}")
         agent(remote, target.remote, "unlink", {"dir": mdir, "files": damaged})
     total = sum(files[f]["bytes"] for f in todo)
+    _check_room(remote, target, mdir, total)
     use_rsync = bool(todo) and has_rsync and remote.rsync_command() is not None
     say(f"uploading {len(todo)} shard file(s), {total / 1e6:.1f} MB "
         f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
@@ -185,22 +191,36 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
     agent(remote, target.remote, "verified", {"dir": mdir})
 
 
+def _check_room(remote: Remote, target: Target, where: str, needed: int) -> None:
+    """Refuse an upload the host's disk cannot hold (checked before sending, not found out half-way)."""
+    if needed <= 0:
+        return
+    doc = agent(remote, target.remote, "free_bytes", {"path": where})
+    margin = max(16 << 20, needed // 50)  # the rest of the release (manifest, logs) and the filesystem's own
+    if doc["free_bytes"] < needed + margin:
+        raise EnvironmentProblem(
+            f"{remote.label}: {needed / 1e6:.1f} MB of shards to upload, but only {doc['free_bytes'] / 1e6:.1f} MB "
+            f"are free on the filesystem of {doc['path']}; nothing was sent",
+            hint=f"free some space there (old venvs under {target.remote.root}/venvs, releases of other "
+                 "deployments), or deploy with another --remote-root")
+
+
 def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, rid, settings, health_timeout_s,
-                   say, out, purpose) -> None:
+                   say, out, purpose, switch_mode="auto") -> None:
     current = st.get("current")
     fresh = purpose != "deploy"  # qualify: every run starts the service anew, on empty logs
+    mode, mode_why = ("stop-start", "a fresh run") if fresh else bg.choose_mode(switch_mode, settings)
+    out.extra["switch"] = mode
+    old_settings = settings_of(st.get("current_manifest"))
     if current == rid:
-        if not fresh and healthy(remote, target.remote, paths, rid, settings.port):
+        if not fresh and healthy(remote, target.remote, paths, st, rid, settings.port):
             out.reason = "nothing changed"
             say(f"nothing changed: release {rid} is current and healthy; uploaded 0 bytes, restarted nothing")
             return
-        if fresh:
-            say(f"release {rid} is current: starting it afresh, its earlier logs moved to {paths.run}/logs.prev")
-            stop_service(remote, paths, rid)
-            agent(remote, target.remote, "rotate_logs", {"run": paths.run})
-        else:
-            say(f"release {rid} is current but its service is down: starting it")
-        ok, why = start_service(remote, target.remote, paths, rid, settings, health_timeout_s)
+        say(f"release {rid} is current: starting it afresh" if fresh else
+            f"release {rid} is current but not serving: starting it")
+        ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
+                              mode=mode, old_settings=old_settings)
         out.restarted = True
         if not ok:
             raise ChecksFailed(f"{remote.label}: release {rid} did not come back: {why}",
@@ -220,34 +240,24 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
     if settings.device != "cpu":
         _check_stack(remote, paths, rid, out.extra.get("site_packages"))
     out.changed = True
-    if current:
-        say(f"stopping release {current}")
-        stop_service(remote, paths, current)
-    if fresh:
-        agent(remote, target.remote, "rotate_logs", {"run": paths.run})
-    say(f"starting release {rid} ({settings.device}, 127.0.0.1:{settings.port}); waiting for /health")
+    say(f"starting release {rid} ({settings.device}, serving 127.0.0.1:{settings.port}) "
+        + (f"beside release {current}, which serves until {rid} passes /health and a smoke completion"
+           if current and mode == "blue-green" else f"({mode_why})" if current else "")
+        + "; waiting for /health")
     out.restarted = True
-    ok, why = start_service(remote, target.remote, paths, rid, settings, health_timeout_s)
+    ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
+                          mode=mode, old_settings=old_settings)
     if ok:
-        sw = switch(remote, target.remote, paths, rid, purpose)
-        say(f"release {rid} is current" + (f" (previous {current} kept)" if current else ""))
-        out.extra["removed_releases"] = sw.get("removed", [])
+        say(f"release {rid} is current" + (f" (previous {current} kept, stopped)" if current else ""))
         return
     out.reason = why
-    stop_service(remote, paths, rid)
     agent(remote, target.remote, "discard", {"dep": paths.dir, "release": rid})
     if current:
-        prev = settings_of(st.get("current_manifest")) or settings
-        say(f"release {rid} failed its checks; rolling back to {current}")
-        ok_prev, why_prev = start_service(remote, target.remote, paths, current, prev, health_timeout_s)
-        out.rolled_back = True
-        if not ok_prev:
-            raise ChecksFailed(f"{remote.label}: release {rid} failed ({why}) and the previous release "
-                               f"{current} did not come back either ({why_prev})",
-                               hint=f"`v100plan logs {remote.label}` shows both attempts")
-        raise ChecksFailed(f"{remote.label}: release {rid} failed its checks and was rolled back to {current}: "
-                           f"{why}", hint=f"`v100plan logs {remote.label}` shows the failed start")
-    raise ChecksFailed(f"{remote.label}: release {rid} failed its checks (no previous release to roll back to): "
+        out.rolled_back = mode == "stop-start"
+        kept = ("was started again" if mode == "stop-start" else "kept serving throughout")
+        raise ChecksFailed(f"{remote.label}: release {rid} failed its checks; release {current} {kept}: {why}",
+                           hint=f"`v100plan logs {remote.label}` shows the failed start")
+    raise ChecksFailed(f"{remote.label}: release {rid} failed its checks (no previous release to fall back to): "
                        f"{why}", hint=f"`v100plan logs {remote.label}` shows the failed start")
 
 

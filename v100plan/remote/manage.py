@@ -7,37 +7,60 @@ from collections.abc import Callable
 from typing import Any
 
 from v100plan.errors import BadInput, ChecksFailed, EnvironmentProblem
+from v100plan.remote import bluegreen as bg
 from v100plan.remote import supervisor as sv
 from v100plan.remote.host import agent
 from v100plan.remote.supervisor import Outcome, Say, Target, session
 
 
-def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda s: None) -> Outcome:
+def rollback_candidates(st: dict[str, Any]) -> list[str]:
+    """Releases a rollback can go to, the most recent first: those that were current before (and are still
+    on the host), less the ones that rollbacks in a row have left, so rollback after rollback walks back."""
+    hist = st.get("history", [])
+    left = set()
+    for h in reversed(hist):
+        if h.get("why") != "rollback":
+            break
+        if h.get("from"):
+            left.add(h["from"])
+    current = st.get("current")
+    return [h["release"] for h in reversed(hist) if h["release"] != current and h["release"] not in left
+            and h["release"] in st.get("releases", [])]
+
+
+def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda s: None,
+             to: str | None = None, switch_mode: str = "auto") -> Outcome:
+    """Back to the release before this one (``to``: a release id, or a unique prefix, still on the host)."""
     out = Outcome(host=target.spec.label, deployment=target.deployment, action="rollback")
     with session(target, out) as (remote, st, paths):
         current = st.get("current")
-        older = [h["release"] for h in st.get("history", []) if h["release"] != current
-                 and h["release"] in st.get("releases", [])]
+        older = rollback_candidates(st)
+        if to is not None:
+            hits = [r for r in st.get("releases", []) if r.startswith(to) and "." not in r]
+            if len(hits) != 1:
+                raise BadInput(f"{remote.label}: --to {to!r} names {'no' if not hits else 'more than one'} release "
+                               f"of {target.deployment!r}", hint=f"`v100plan status {remote.label}` lists them: "
+                                                                 f"{', '.join(st.get('releases', [])) or 'none'}")
+            if hits[0] == current:
+                raise BadInput(f"{remote.label}: release {current} is already current", hint="nothing to roll back")
+            older = hits
         if not current or not older:
             raise ChecksFailed(f"{remote.label}: no previous release of {target.deployment!r} to roll back to",
                                hint=f"`v100plan status {remote.label}` lists the releases there")
-        prev = older[-1]
+        prev = older[0]
         out.release, out.previous = prev, current
         with sv.held_lock(remote, target.remote, paths.lock, f"rollback to {prev}"):
             settings = sv.settings_of(json.loads(remote.read_text(f"{paths.release(prev)}/manifest.json")))
-            say(f"stopping release {current}")
-            sv.stop_service(remote, paths, current)
-            say(f"starting release {prev}; waiting for /health")
-            ok, why = sv.start_service(remote, target.remote, paths, prev, settings, health_timeout_s)
+            mode, _ = bg.choose_mode(switch_mode, settings)
+            out.extra["switch"] = mode
+            say(f"starting release {prev}" + (f" beside release {current}, which keeps serving until it passes"
+                                              if mode == "blue-green" else "") + "; waiting for /health")
+            ok, why = bg.bring_up(remote, target.remote, paths, st, prev, settings, health_timeout_s, say,
+                                  "rollback", mode=mode, old_settings=sv.settings_of(st.get("current_manifest")))
             out.restarted = True
             if not ok:
-                sv.stop_service(remote, paths, prev)
-                cur_settings = sv.settings_of(st.get("current_manifest"))
-                if cur_settings:
-                    sv.start_service(remote, target.remote, paths, current, cur_settings, health_timeout_s)
-                raise ChecksFailed(f"{remote.label}: release {prev} failed its checks ({why}); {current} "
-                                   "was started again", hint=f"`v100plan logs {remote.label}`")
-            sv.switch(remote, target.remote, paths, prev, "rollback")
+                raise ChecksFailed(f"{remote.label}: release {prev} failed its checks ({why}); release {current} "
+                                   "is still current and serving", hint=f"`v100plan logs {remote.label}`")
             out.changed = True
             say(f"rolled back: release {prev} is current (release {current} kept)")
         return out
@@ -46,17 +69,27 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
 def status(target: Target) -> dict[str, Any]:
     with session(target, site="1") as (remote, st, paths):
         current = st.get("current")
-        doc: dict[str, Any] = {"host": target.spec.label, "deployment": target.deployment, "root": paths.dir,
+        doc: dict[str, Any] = {**sv.document("deployment_status", {"host": target.spec.label,
+                                                                   "deployment": target.deployment}),
+                               "host": target.spec.label, "deployment": target.deployment, "root": paths.dir,
                                "release": current, "releases": st.get("releases", []),
                                "history": st.get("history", [])}
         if not st.get("exists"):
+            there = st.get("deployments") or []
+            if there:  # a name that is not there, next to ones that are: a typo, said so (exit 2)
+                raise BadInput(f"{remote.label}: no deployment {target.deployment!r} under {paths.root}",
+                               hint=f"deployments there: {', '.join(there)} (give one with -d/--deployment)")
             doc["state"] = "not deployed"
             return doc
-        sup = sv.supervise_status(remote, paths, current)
+        live = st.get("live") or {}
+        sup = sv.supervise_status(remote, paths, live.get("release") or current, paths.live_slot(st))
         man = st.get("current_manifest") or {}
-        if sup.get("running") and sup.get("health_status") != 200 and man.get("engine"):
-            h = agent(remote, target.remote, "health", {"port": man["engine"]["port"]})  # patiently
+        front = st.get("front")
+        if sup.get("running") and front and man.get("engine"):
+            h = agent(remote, target.remote, "health", {"port": front["port"], "key_file": paths.key})  # patiently
             sup["health_status"], sup["health"] = h.get("status"), h.get("body") or sup.get("health")
+        elif not front:
+            sup["health_status"] = None  # nothing serves the deployment's port
         health = sup.get("health") if isinstance(sup.get("health"), dict) else {}
         uptime = None
         if sup.get("proxy_pid"):
@@ -72,22 +105,38 @@ def status(target: Target) -> dict[str, Any]:
             "engine": man.get("engine"), "port": (man.get("engine") or {}).get("port"),
             # None: an isolated venv; else what the venv takes from the host's site (--remote-site-packages)
             "site_packages": st.get("current_venv_from_site"),
+            "front": front, "serving": live or None, "lock_holder": st.get("lock"),
+            "after_reboot": st.get("boot"),  # "cron @reboot", or None: nothing brings it back
         })
+        if doc["state"] != "healthy" and st.get("lock"):
+            doc["state"] = f"busy: {st['lock']}"  # a deploy, rollback or stop at work (it holds the lock)
         return doc
 
 
-LOG_FILES = ("logs/serve.stderr.log", "logs/serve.stdout.log", "service.log", "logs/supervisord.log")
+# the proxy's stderr, its structured log (serve --log-file; its stdout stays empty then), the supervisor's;
+# `logs` adds each rank's latest log and the front's
+LOG_FILES = ("logs/serve.stderr.log", "service.log", "logs/supervisord.log")
 
 
 def logs(target: Target, lines: int = 50) -> dict[str, Any]:
-    with session(target) as (remote, _st, paths):
-        return agent(remote, target.remote, "logs", {"run": paths.run, "files": list(LOG_FILES), "lines": lines})
+    """The serving release's logs (its slot's), and the front's."""
+    with session(target) as (remote, st, paths):
+        doc = agent(remote, target.remote, "logs", {"run": paths.live_slot(st) or paths.run,
+                                                    "files": list(LOG_FILES), "lines": lines, "rank_logs": True})
+        doc["logs"].update(agent(remote, target.remote, "logs", {"run": paths.run, "files": ["front.log"],
+                                                                 "lines": lines})["logs"])
+        # the proxy writes its structured events to stderr and to service.log: stderr shows the rest only
+        # (tracebacks, warnings), so no event is shown twice
+        err = doc["logs"].get("logs/serve.stderr.log")
+        if err is not None and doc["logs"].get("service.log") is not None:
+            doc["logs"]["logs/serve.stderr.log"] = [ln for ln in err if not ln.startswith('{"ts":')]
+        return doc
 
 
 def follow_logs(target: Target, on_line: Callable[[str], None], lines: int = 20) -> int:
-    with session(target) as (remote, _st, paths):
-        return remote.stream(["tail", "-n", str(lines), "-F", *(f"{paths.run}/{f}" for f in LOG_FILES[:2])],
-                             on_line)
+    with session(target) as (remote, st, paths):
+        run = paths.live_slot(st) or paths.run
+        return remote.stream(["tail", "-n", str(lines), "-F", *(f"{run}/{f}" for f in LOG_FILES[:2])], on_line)
 
 
 def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) -> Outcome:
@@ -106,12 +155,29 @@ def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) 
             out.reason = "nothing deployed"
             return out
         with sv.held_lock(remote, target.remote, paths.lock, "stop"):
-            doc = sv.stop_service(remote, paths, out.release)
-        out.extra["stopped"] = doc.get("stopped", {})
-        out.extra["had_to_kill"] = doc.get("had_to_kill", [])
-        if doc.get("left_running"):
-            raise EnvironmentProblem(f"{remote.label}: still running after stop: {doc['left_running']}",
+            stopped, killed, left = {}, [], []
+            dirs = [paths.slot(n) for n, up in (st.get("slots") or {}).items() if up]
+            if st.get("legacy"):
+                dirs.append(paths.run)
+            live_slot = paths.live_slot(st)
+            if live_slot and live_slot not in dirs:
+                dirs.append(live_slot)  # its supervisord gone, its recorded processes perhaps not
+            for d in dirs:
+                doc = sv.stop_service(remote, paths, out.release, d)
+                stopped.update(doc.get("stopped", {}))
+                killed += doc.get("had_to_kill", [])
+                left += doc.get("left_running", [])
+            front = agent(remote, target.remote, "front_stop", {"run": paths.run}).get("stopped")
+            agent(remote, target.remote, "boot", {"run": paths.run, "remove": True})  # stopped stays stopped
+            if front:
+                stopped["front"] = front
+        out.extra["stopped"] = stopped
+        out.extra["had_to_kill"] = killed
+        if left:
+            raise EnvironmentProblem(f"{remote.label}: still running after stop: {left}",
                                      hint="look at the host: ps -o pid,pgid,cmd -u $USER")
-        say(f"stopped release {out.release}: " + (", ".join(f"{k} {v}" for k, v in doc.get("stopped", {}).items())
+        if not stopped:
+            out.reason = "nothing was running"
+        say(f"stopped release {out.release}: " + (", ".join(f"{k} {v}" for k, v in stopped.items())
                                                   or "nothing was running"))
         return out

@@ -163,4 +163,10 @@ def local_user() -> str:
     try:
         return os.getlogin()
     except OSError:
-        return os.environ.get("USER", "?")
+        pass
+    try:
+        import pwd
+
+        return os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (a container)
+        return f"uid {os.getuid()}"

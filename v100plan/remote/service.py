@@ -57,7 +57,9 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
         base = f"{st['root']}/{deployment}"
         key = remote.read_text(f"{base}/api_key").strip()
         port = int(man["engine"]["port"])
-        logs_dir = f"{base}/run/logs"
+        live = st.get("live") or {}
+        run = f"{base}/run/{live['slot']}" if live.get("slot") else f"{base}/run"  # the serving release's slot
+        logs_dir = f"{run}/logs"
         # Rank logs are appended across service starts, and request ids restart with each proxy: only
         # what is written from now on is this run's (sizes now; a file that shrank is read whole).
         start = _sizes(remote.sftp(), logs_dir)
@@ -78,7 +80,7 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
         def read_service_log() -> str:
             """The proxy's structured log (the last 1 MiB; the supervisor's stdout capture if absent)."""
             for rel_path in ("service.log", "logs/serve.stdout.log"):
-                text = _tail(remote.sftp(), f"{base}/run/{rel_path}", 4 * RANK_LOG_TAIL_BYTES)
+                text = _tail(remote.sftp(), f"{run}/{rel_path}", 4 * RANK_LOG_TAIL_BYTES)
                 if text:
                     return text
             return ""
@@ -92,7 +94,7 @@ def open_service(host_spec: str | HostSpec, remote_root: str = DEFAULT_ROOT, dep
             except OSError:
                 names = []
             for rel_path in ["service.log", *names]:
-                text = _tail(sftp, f"{base}/run/{rel_path}", 16 * RANK_LOG_TAIL_BYTES)
+                text = _tail(sftp, f"{run}/{rel_path}", 16 * RANK_LOG_TAIL_BYTES)
                 if text is not None:
                     (dest / Path(rel_path).name).write_text(text)
             return dest

@@ -10,10 +10,10 @@ import shlex
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from v100plan.errors import EnvironmentProblem, V100planError
+from v100plan.errors import EnvironmentProblem
 from v100plan.remote import release as rel
 from v100plan.remote.connect import Remote, SshOptions
 from v100plan.remote.host import AGENT_SOURCE, RemoteSettings, agent
@@ -58,9 +58,15 @@ class Paths:
     def model(self, digest: str) -> str:
         return f"{self.dir}/models/{digest}"
 
-    @property
-    def service_log(self) -> str:
-        return f"{self.run}/service.log"
+    def slot(self, name: str) -> str:
+        """A slot's state dir (run/a or run/b): supervisord's files, service.json and logs of the release
+        that runs there. Two slots, so a new release starts beside the one serving (blue/green)."""
+        return f"{self.run}/{name}"
+
+    def live_slot(self, st: dict[str, Any]) -> str | None:
+        """The state dir of the release the front serves now (the agent's ``state``: ``live``), else None."""
+        live = st.get("live") or {}
+        return self.slot(live["slot"]) if live.get("slot") else None
 
     @property
     def lock(self) -> str:
@@ -88,10 +94,21 @@ class Outcome:
     started: float = field(default_factory=time.perf_counter, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("extra", "started")}
+        d = document(f"{self.action}_outcome", {"host": self.host, "deployment": self.deployment})
+        d.update({k: v for k, v in self.__dict__.items() if k not in ("extra", "started")})
         d.update(self.extra)
         d["wall_s"] = round(self.wall_s, 3)
         return d
+
+
+OUTCOME_SCHEMA_VERSION = "1.0"
+
+
+def document(kind: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The head every remote command's --json document starts with: kind, schema_version, provenance."""
+    from profiles.document import provenance
+
+    return {"kind": kind, "schema_version": OUTCOME_SCHEMA_VERSION, "provenance": provenance(inputs)}
 
 
 
@@ -124,9 +141,12 @@ def held_lock(remote: Remote, settings: RemoteSettings, path: str, what: str) ->
         chan.close()
 
 
-def switch(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, why: str) -> dict[str, Any]:
-    """Make ``release`` current (atomically, on the host) and drop releases beyond the last KEEP_RELEASES."""
-    return agent(remote, rs, "switch", {"dep": paths.dir, "release": release, "why": why, "keep": KEEP_RELEASES})
+def switch(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, why: str,
+           from_release: str | None = None) -> dict[str, Any]:
+    """Make ``release`` current (atomically, on the host) and drop releases beyond the last KEEP_RELEASES.
+    ``from_release``: the release a rollback leaves (recorded, so the next rollback walks further back)."""
+    return agent(remote, rs, "switch", {"dep": paths.dir, "release": release, "why": why, "keep": KEEP_RELEASES,
+                                        "from": from_release})
 
 
 def run_engine(remote: Remote, release_dir: str, args: list[str], timeout_s: float | None = -1,
@@ -142,62 +162,71 @@ def parse_json(text: str) -> dict[str, Any]:
         return {}
 
 
-def supervise_status(remote: Remote, paths: Paths, release: str | None, dry_run: bool = False) -> dict[str, Any]:
-    if not release:
+def supervise_status(remote: Remote, paths: Paths, release: str | None, state_dir: str | None,
+                     dry_run: bool = False) -> dict[str, Any]:
+    if not release or not state_dir:
         return {"running": False}
-    r = run_engine(remote, paths.release(release), ["supervise", "status", "--state-dir", paths.run],
+    r = run_engine(remote, paths.release(release), ["supervise", "status", "--state-dir", state_dir],
                 env={"PYTHONDONTWRITEBYTECODE": "1"} if dry_run else None)
     return parse_json(r.stdout) or {"running": False, "error": r.stderr.strip()[-300:]}
 
 
-def healthy(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, port: int,
+def healthy(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any], release: str, port: int,
             dry_run: bool = False) -> bool:
-    """The supervisor runs the service and its /health answers 200 (asked patiently: a busy host is slow)."""
-    sup = supervise_status(remote, paths, release, dry_run=dry_run)
+    """The front serves ``release``, its supervisor runs it and /health through the front answers 200
+    (asked patiently: a busy host is slow)."""
+    live = st.get("live") or {}
+    if not st.get("front") or live.get("release") != release or st["front"].get("port") != port:
+        return False
+    sup = supervise_status(remote, paths, release, paths.live_slot(st), dry_run=dry_run)
     if not sup.get("running"):
         return False
-    if sup.get("health_status") == 200:
-        return True
     return agent(remote, rs, "health", {"port": port}).get("status") == 200
 
 
-def stop_service(remote: Remote, paths: Paths, release: str) -> dict[str, Any]:
-    r = run_engine(remote, paths.release(release), ["supervise", "stop", "--state-dir", paths.run])
+def stop_service(remote: Remote, paths: Paths, release: str, state_dir: str) -> dict[str, Any]:
+    """Stop the supervisord of ``state_dir`` (a slot) and every process it recorded, with ``release``'s venv."""
+    r = run_engine(remote, paths.release(release), ["supervise", "stop", "--state-dir", state_dir])
     doc = parse_json(r.stdout)
     if r.exit_code != 0 and not doc:
         raise EnvironmentProblem(f"{remote.label}: stopping the service failed: {r.stderr.strip()[-500:]}",
-                                 hint=f"look at {paths.run}/logs on the host")
+                                 hint=f"look at {state_dir}/logs on the host")
     return doc
 
 
+def serve_flags(paths: Paths, release: str, settings: rel.EngineSettings, state_dir: str, port: int) -> list[str]:
+    """`serve`'s flags for ``release`` in the slot ``state_dir``, listening on its own ``port``."""
+    return replace(settings, port=port).serve_flags(f"{paths.release(release)}/model", paths.key,
+                                                    log_file=f"{state_dir}/service.log")
+
+
 def start_service(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, settings: rel.EngineSettings,
-                  health_timeout_s: float) -> tuple[bool, str | None]:
-    """Start ``release`` under the supervisor and wait for /health; then one smoke completion.
-    (True, None) when both passed, else (False, why)."""
+                  health_timeout_s: float, state_dir: str, port: int) -> tuple[bool, str | None]:
+    """Start ``release`` under the supervisor of ``state_dir`` on 127.0.0.1:``port`` (its own port, behind
+    the front), wait for /health while watching its processes (the proxy's first exit ends the wait at once,
+    with the cause from its log), then send one smoke completion. (True, None) when both passed, else
+    (False, why)."""
     rdir = paths.release(release)
-    flags = settings.serve_flags(f"{rdir}/model", paths.key, log_file=paths.service_log)
-    r = run_engine(remote, rdir, ["supervise", "start", "--state-dir", paths.run,
-                               "--wait-healthy-s", f"{health_timeout_s:g}", "--", *flags],
-                timeout_s=max(remote.options.command_timeout_s, health_timeout_s + 120))
+    flags = serve_flags(paths, release, settings, state_dir, port)
+    r = run_engine(remote, rdir, ["supervise", "start", "--state-dir", state_dir, "--wait-healthy-s", "0",
+                                  "--", *flags])
     if r.exit_code != 0:
-        tail = _log_tail(remote, rs, paths)
-        return False, f"/health did not pass: {r.stderr.strip()[-600:]}" + (f"\n{tail}" if tail else "")
-    return smoke(remote, rs, paths, settings.port)
+        return False, f"the supervisor did not start: {r.stderr.strip()[-600:]}"
+    doc = agent(remote, rs, "await_health", {"slot": state_dir, "port": port, "timeout": health_timeout_s},
+                timeout_s=health_timeout_s + 60)
+    if not doc.get("ok"):
+        tail = "\n  ".join(doc.get("tail") or [])
+        tail = f"\nserve.stderr.log (last lines):\n  {tail}" if tail else ""
+        if doc.get("exited"):
+            return False, (f"{doc.get('cause') or doc.get('event')} (the new release's proxy ended "
+                           f"{doc['seconds']:g} s into the health wait: {doc.get('event')}){tail}")
+        return False, f"/health did not pass within {health_timeout_s:g} s ({doc.get('cause')}){tail}"
+    return smoke(remote, rs, paths, port)
 
 
 def smoke(remote: Remote, rs: RemoteSettings, paths: Paths, port: int) -> tuple[bool, str | None]:
     doc = agent(remote, rs, "smoke", {"port": port, "key_file": paths.key})
     return (True, None) if doc.get("ok") else (False, f"smoke completion failed: {doc.get('reason')}")
-
-
-def _log_tail(remote: Remote, rs: RemoteSettings, paths: Paths, lines: int = 15) -> str:
-    try:
-        doc = agent(remote, rs, "logs",
-                    {"run": paths.run, "files": ["logs/serve.stderr.log"], "lines": lines})
-    except V100planError:
-        return ""
-    text = doc["logs"].get("logs/serve.stderr.log") or []
-    return "serve.stderr.log (last lines):\n  " + "\n  ".join(text) if text else ""
 
 
 def settings_of(manifest: dict[str, Any] | None) -> rel.EngineSettings | None:
