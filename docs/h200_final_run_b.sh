@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device call B on a lent H200 (2026-12-01, the merged engine): the 27B hybrid decode with the attention tile
+# table and the int8 scales factored out; the int4 GEMV / step bench and its GPU tests; the quick probe's time;
+# time to first token of a long conversation through the service (cold, follow-up, repeat). Results in $OUT.
+set -u
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+for kv in auto int8; do
+  timeout 150 python3 -m engine bench --config engine/data/qwen3.5-27b.config.json --contexts 1024,131072,262144 \
+    --prefill-tokens "" --skip-allreduce --kv-cache-dtype $kv --out "$OUT/bench-27b-$kv.json" > /dev/null 2> "$OUT/bench-27b-$kv.err"
+  echo "bench $kv exit $?"; tail -2 "$OUT/bench-27b-$kv.err"
+done
+python3 - "$OUT" <<'PY'
+import json, sys, os
+for kv in ("auto", "int8"):
+    f = os.path.join(sys.argv[1], f"bench-27b-{kv}.json")
+    if os.path.exists(f):
+        d = json.load(open(f))
+        print(kv, "fit", (d.get("fit") or {}).get("service_graph"))
+        for ctx, r in (d.get("decode", {}).get("service_graph") or {}).items():
+            print(" ", kv, ctx, r.get("ms"), "ms", r.get("of_floor"), "of floor")
+PY
+timeout 80 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_int4_gpu.py tests/test_engine_hybrid_gpu.py \
+  --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -6 | tee "$OUT/gpu-tests.txt"
+timeout 150 python3 -m engine.bench.int4 --out "$OUT/int4.json" > "$OUT/int4.stdout" 2>&1; echo "int4 exit $?"
+tail -c 1500 "$OUT/int4.stdout"
+timeout 60 python3 -m probes.time_quick > "$OUT/quick-probe.json" 2>&1; echo "quick probe exit $?"
+python3 -c "import json;d=json.load(open('$OUT/quick-probe.json'));print({k:(v.get('wall_s') if isinstance(v,dict) else v) for k,v in d.items()})" 2>&1 | tail -2
+timeout 170 python3 -m engine.bench.prefix_ttft --layers 16 --conversation 100000 --out "$OUT/prefix-ttft.json" > /dev/null 2>&1
+echo "prefix exit $?"; python3 -c "import json;d=json.load(open('$OUT/prefix-ttft.json'));print({k:v for k,v in d.items() if 'ttft' in k or k in ('error','checkpoint')})"
