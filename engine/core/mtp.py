@@ -33,9 +33,7 @@ import torch.nn.functional as F
 from engine.core.config import ModelConfig
 from engine.core.model import Layer, rms_norm
 from engine.core.sampling import Sampler, _argmax
-
-MAX_DRAFT_TOKENS = 4
-SPECULATIVE_CHOICES = ("off", "mtp")
+from engine.core.speculative import MAX_DRAFT_TOKENS
 
 
 class MTP:
@@ -84,7 +82,8 @@ def check_draft_tokens(model, k: int) -> None:
         raise ValueError(f"draft tokens must be 1 to {MAX_DRAFT_TOKENS}, got {k}")
     if getattr(model, "mtp", None) is None:
         raise ValueError("speculative decoding with mtp needs a model whose config.json declares an MTP layer "
-                         "(mtp_num_hidden_layers) and whose checkpoint carries its mtp.* tensors")
+                         "(mtp_num_hidden_layers) and whose checkpoint carries its mtp.* tensors (a demo: python -m engine "
+                         "make-demo-model DIR --arch qwen3_5 --mtp)")
 
 
 class Prefill:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
+from engine.core import speculative  # stdlib-only too
 from engine.core.config import files_dir  # stdlib-only too
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -61,6 +62,7 @@ class ServeConfig:
     max_connections: int = 256         # open client connections; beyond: 503 and close
     standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
+    draft_tokens: int = 0              # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
 
     @property
     def is_loopback(self) -> bool:
@@ -133,6 +135,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                         help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head, "
                              "half the bytes (default: auto)")
+    speculative.add_arguments(parser)
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a request making no progress this long restarts both ranks (default: %(default)s)")
@@ -215,10 +218,18 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "dtype": dtype,
         "state_dir": str(Path(args.state_dir or default_state_dir(args.port)).resolve()),
         "ping_interval_s": ping,
+        "draft_tokens": _draft_tokens(args),
     }
     # Every other field is the flag of the same name (a new field without one fails here, at once).
     flags = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if f.name not in computed}
     return ServeConfig(**flags, **computed)
+
+
+def _draft_tokens(args: argparse.Namespace) -> int:
+    try:
+        return speculative.draft_tokens(args)
+    except ValueError as e:
+        raise ServeConfigError(str(e)) from None
 
 
 def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str,
@@ -242,6 +253,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd += ["--max-context", str(cfg.max_context)]
     if cfg.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
+    if cfg.draft_tokens:
+        cmd += ["--speculative", "mtp", "--draft-tokens", str(cfg.draft_tokens)]
     if cfg.enable_fault_injection:
         cmd.append("--enable-fault-injection")
     if cfg.allreduce_timeout_s is not None:
