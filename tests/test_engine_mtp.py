@@ -228,3 +228,23 @@ def test_bad_speculation_flags_exit_2_with_the_reason(demo_dir, tmp_path):
     proc = _generate(plain, "--prompt-ids", "1,2", "--speculative", "mtp")
     assert proc.returncode == 2 and "make-demo-model DIR --arch qwen3_5 --mtp" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_served_speculative_answer_equals_one_token_decoding_and_metrics_count_the_drafts(demo_dir, reference):
+    from tests.test_service_support import ServiceProcess
+
+    svc = ServiceProcess("--speculative", "mtp", "--draft-tokens", "2", model=str(demo_dir))
+    try:
+        svc.wait_healthy()
+        model_id = svc.client.get("/v1/models").json()["data"][0]["id"]
+        r = svc.client.post("/v1/completions", json={"model": model_id, "prompt": PROMPTS[1], "max_tokens": MAX_TOKENS,
+                                                     "temperature": 0.0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["v100plan"]["token_ids"] == reference[1]
+        metrics = svc.client.get("/metrics").text
+        counts = {line.split()[0]: float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("v100plan_spec_")}
+        assert counts["v100plan_spec_draft_tokens_total"] > 0
+        assert 0 <= counts["v100plan_spec_accepted_tokens_total"] <= counts["v100plan_spec_draft_tokens_total"]
+    finally:
+        svc.stop()
