@@ -89,6 +89,23 @@ def test_greedy_speculation_gives_exactly_the_tokens_without_it(models, referenc
         assert len(out) == 1 + s["rounds"] + s["accepted_tokens"]
 
 
+@pytest.mark.parametrize("n", [15, 16, 17, 32, 33])
+def test_greedy_speculation_is_exact_around_every_chunk_boundary(models, n):
+    plain, _ = models
+    prompt = [1] + [(11 * i + 5) % 250 + 3 for i in range(n - 1)]
+    ref, _ = runner.run(plain, prompt, 6, Sampler(), set(), CHUNK)
+    assert runner.run(plain, prompt, 6, Sampler(), set(), CHUNK, spec_tokens=3)[0] == ref
+
+
+def test_greedy_speculation_is_exact_over_an_int8_kv_cache(demo_dir):
+    m = Model(ecfg.load(demo_dir), kv_dtype="int8")
+    weights.load_into(m, demo_dir)
+    m.setup_cache(128)
+    runner.prepare(m, prefix_cache_bytes=0)
+    ref, _ = runner.run(m, PROMPTS[1], MAX_TOKENS, Sampler(), set(), CHUNK)
+    assert runner.run(m, PROMPTS[1], MAX_TOKENS, Sampler(), set(), CHUNK, spec_tokens=2)[0] == ref
+
+
 def test_with_the_prefix_cache_it_holds_exactly_what_was_fed_and_follow_ups_equal_cold(models, reference):
     plain, cached = models
     prompt, ref = PROMPTS[1], reference[1]
