@@ -265,3 +265,20 @@ def test_the_served_speculative_answer_equals_one_token_decoding_and_metrics_cou
         assert 0 <= counts["v100plan_spec_accepted_tokens_total"] <= counts["v100plan_spec_draft_tokens_total"]
     finally:
         svc.stop()
+
+
+def test_serve_passes_the_drafts_to_the_ranks_and_refuses_a_bad_count(demo_dir):
+    import argparse
+
+    from engine.service import serve_config as sc
+
+    p = argparse.ArgumentParser()
+    sc.add_serve_arguments(p)
+    cfg = sc.config_from_args(p.parse_args(["--model", str(demo_dir), "--speculative", "mtp", "--draft-tokens", "2"]))
+    assert cfg.draft_tokens == 2
+    cmd = sc.rank_command(cfg, 0, 1, "/tmp/rv", "/tmp/sock")
+    assert cmd[cmd.index("--speculative") + 1] == "mtp" and cmd[cmd.index("--draft-tokens") + 1] == "2"
+    off = sc.config_from_args(p.parse_args(["--model", str(demo_dir)]))
+    assert off.draft_tokens == 0 and "--speculative" not in sc.rank_command(off, 0, 1, "/tmp/rv", "/tmp/sock")
+    with pytest.raises(sc.ServeConfigError, match="--draft-tokens must be 1 to 4, got 0"):
+        sc.config_from_args(p.parse_args(["--model", str(demo_dir), "--speculative", "mtp", "--draft-tokens", "0"]))
