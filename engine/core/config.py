@@ -53,6 +53,7 @@ class ModelConfig:
     linear_conv_kernel_dim: int = 0
     weight_prefix: str = "model."  # where the decoder's tensors sit ("model.language_model." in the wrapper)
     quantization: Any = None  # engine.core.quant.QuantConfig of a GPTQ / AWQ checkpoint, None when dense
+    mtp_layers: int = 0  # MTP draft layers the checkpoint carries (``mtp.*``; mtp_num_hidden_layers, Qwen3.5)
 
     def __post_init__(self):
         if not self.layer_types:
@@ -242,7 +243,7 @@ def _hybrid(raw: dict[str, Any]) -> ModelConfig:
         mlp_bias=False, qk_norm=True, max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
         bos_token_id=raw.get("bos_token_id", top.get("bos_token_id")), eos_token_ids=eos_ids,
         layer_types=types, attn_output_gate=True, zero_centred_norm=True, rotary_dim=rotary,
-        weight_prefix=prefix, **lin)
+        weight_prefix=prefix, mtp_layers=int(raw.get("mtp_num_hidden_layers") or 0), **lin)
 
 
 def files_dir(model_dir: str | Path) -> Path:

@@ -77,6 +77,9 @@ HYBRID_CONFIG = {
     "v100plan": {"model_id": HYBRID_ID, "seed": HYBRID_SEED, "add_bos_token": True},
 }
 ARCHS = {"llama": (CONFIG, MODEL_ID, SEED), "qwen3_5": (HYBRID_CONFIG, HYBRID_ID, HYBRID_SEED)}
+# ``--mtp``: the hybrid with one MTP draft layer (mtp.*, as Qwen3.5 checkpoints carry it). Its tensors come after
+# the decoder's in the PCG64 stream, so the decoder's weights are those of v100plan-demo-hybrid exactly.
+MTP_ID = "v100plan-demo-hybrid-mtp"
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -97,12 +100,27 @@ def hybrid_tensors(cfg) -> list[tuple[str, tuple[int, ...], str]]:
     """Every tensor of a Qwen3.5 (qwen3_5_text) checkpoint of this engine.core.config.ModelConfig: (name, shape,
     family); families: norm (zero-centred, 0 = unit), one, alog (log decay rates), conv, lin, attn, mlp, down,
     embed, head. The demo and the benches' random checkpoints both write these."""
-    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    d, v = cfg.hidden_size, cfg.vocab_size
+    out = [("model.embed_tokens.weight", (v, d), "embed")]
+    kinds = [(f"model.layers.{i}.", kind) for i, kind in enumerate(cfg.layer_types)]
+    out += _hybrid_layers(cfg, kinds)
+    out += [("model.norm.weight", (d,), "norm")]
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head.weight", (v, d), "head"))
+    if cfg.mtp_layers:  # the draft layer: fc over [embedding | hidden], its norms, full-attention layers
+        out += [("mtp.fc.weight", (d, 2 * d), "attn"), ("mtp.pre_fc_norm_embedding.weight", (d,), "norm"),
+                ("mtp.pre_fc_norm_hidden.weight", (d,), "norm")]
+        out += _hybrid_layers(cfg, [(f"mtp.layers.{i}.", "full_attention") for i in range(cfg.mtp_layers)])
+        out.append(("mtp.norm.weight", (d,), "norm"))
+    return out
+
+
+def _hybrid_layers(cfg, kinds: list[tuple[str, str]]) -> list[tuple[str, tuple[int, ...], str]]:
+    d, f = cfg.hidden_size, cfg.intermediate_size
     hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     nv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
-    out = [("model.embed_tokens.weight", (v, d), "embed")]
-    for i, kind in enumerate(cfg.layer_types):
-        p = f"model.layers.{i}."
+    out = []
+    for p, kind in kinds:
         out.append((p + "input_layernorm.weight", (d,), "norm"))  # zero-centred: applied as 1 + w
         if kind == "linear_attention":
             a = p + "linear_attn."
@@ -120,9 +138,6 @@ def hybrid_tensors(cfg) -> list[tuple[str, tuple[int, ...], str]]:
         out += [(p + "post_attention_layernorm.weight", (d,), "norm"),
                 (p + "mlp.gate_proj.weight", (f, d), "mlp"), (p + "mlp.up_proj.weight", (f, d), "mlp"),
                 (p + "mlp.down_proj.weight", (d, f), "down")]
-    out += [("model.norm.weight", (d,), "norm")]
-    if not cfg.tie_word_embeddings:
-        out.append(("lm_head.weight", (v, d), "head"))
     return out
 
 
@@ -203,11 +218,16 @@ def build_tokenizer():
     return tok
 
 
-def make(out_dir: str | Path, seed: int | None = None, arch: str = "llama") -> dict:
-    """Write the demo model of ``arch`` (ARCHS) into ``out_dir``; returns a summary (files, parameter count)."""
+def make(out_dir: str | Path, seed: int | None = None, arch: str = "llama", mtp: bool = False) -> dict:
+    """Write the demo model of ``arch`` (ARCHS) into ``out_dir``; returns a summary (files, parameter count).
+    ``mtp``: the qwen3_5 demo with one MTP draft layer (MTP_ID)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown demo architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     base, model_id, default_seed = ARCHS[arch]
+    if mtp:
+        if arch != "qwen3_5":
+            raise ValueError("--mtp needs --arch qwen3_5: the MTP draft layer is Qwen3.5's")
+        base, model_id = dict(base, mtp_num_hidden_layers=1, v100plan=dict(base["v100plan"], model_id=MTP_ID)), MTP_ID
     seed = default_seed if seed is None else seed
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
-"""`python -m engine make-demo-model DIR [--arch llama|qwen3_5]`: write a demo model and print a JSON summary."""
+"""`python -m engine make-demo-model DIR [--arch llama|qwen3_5] [--mtp]`: write a demo model and print a JSON summary."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def main(argv: list[str]) -> int:
@@ -15,6 +16,13 @@ def main(argv: list[str]) -> int:
                    help="llama: v100plan-demo, a dense Llama-layout model; qwen3_5: v100plan-demo-hybrid, Gated "
                         "DeltaNet + gated attention layers as Qwen3.5 (default: llama)")
     p.add_argument("--seed", type=int, default=None, help="PCG64 seed (default: the tested one of the --arch)")
+    p.add_argument("--mtp", action="store_true",
+                   help="--arch qwen3_5 only: add one MTP draft layer (mtp.*) for --speculative mtp (default: off)")
     args = p.parse_args(argv)
-    print(json.dumps(demo.make(args.dir, args.seed, args.arch)))
+    try:
+        summary = demo.make(args.dir, args.seed, args.arch, args.mtp)
+    except ValueError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
     return 0

@@ -1,6 +1,7 @@
 """`python -m engine generate`: one-shot generation, a stable contract for users and checks.
 
-The last line of stdout (with --json) is {"token_ids": [...], "text": "...", "weights": {"format", "bytes", ...}}:
+The last line of stdout (with --json) is {"token_ids": [...], "text": "...", "weights": {"format", "bytes", ...}}
+(with --speculative mtp also "spec": {"draft_tokens": N, "accepted_tokens": M}, rank 0's count at --tp 2):
 the generated ids only, exactly --max-tokens of them unless --stop-at-eos;
 --prompt-ids are used verbatim, --prompt gets the model's BOS rule; text is null
 when the model directory has no tokenizer.json; weights is the weight format (e.g. "bfloat16", "gptq-int4-g128
@@ -19,6 +20,7 @@ import json
 import sys
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES
+from engine.core import speculative
 
 
 def _default_dtype(device: str) -> str:
@@ -69,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head (default: auto)")
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="KV cache positions to allocate, at most the model's (default: prompt + max tokens + 1)")
+    speculative.add_arguments(p)
     p.add_argument("--json", action="store_true",
                    help='print {"token_ids": [...], "text": ..., "weights": {"format", "bytes"}} as the last line')
     return p
@@ -151,19 +154,22 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     stop = set(cfg.eos_token_ids) if args.stop_at_eos else set()
     dtype = args.dtype or _default_dtype(args.device)
+    args.spec_tokens = speculative.draft_tokens(args)
+    spec: dict = {}
     if args.tp == 1:
-        out, held = _tp1(args, cfg, ids, stop, dtype, max_context)
+        out, held = _tp1(args, cfg, ids, stop, dtype, max_context, spec)
     else:
-        out, held = _tp2(args, ids, stop, dtype, max_context)
+        out, held = _tp2(args, ids, stop, dtype, max_context, spec)
     text = tok.decode(out) if tok is not None else None
     if args.json:  # "weights": the format and the bytes rank 0 holds (packed tensors for GPTQ / AWQ)
-        print(json.dumps({"token_ids": out, "text": text, "weights": held}))
+        extra = {"spec": {k: spec[k] for k in ("draft_tokens", "accepted_tokens")}} if args.spec_tokens else {}
+        print(json.dumps({"token_ids": out, "text": text, "weights": held, **extra}))
     else:
         print(text if text is not None else " ".join(map(str, out)))
     return 0
 
 
-def _tp1(args, cfg, ids, stop, dtype, max_context) -> tuple[list[int], dict]:
+def _tp1(args, cfg, ids, stop, dtype, max_context, spec: dict) -> tuple[list[int], dict]:
     import torch
 
     from engine.core import runner, weights
@@ -173,7 +179,10 @@ def _tp1(args, cfg, ids, stop, dtype, max_context) -> tuple[list[int], dict]:
     model = Model(cfg, dtype=getattr(torch, dtype), device=args.device, kv_dtype=args.kv_cache_dtype)
     weights.load_into(model, args.model)
     model.setup_cache(max_context)
-    out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256)
+    info: dict = {}
+    out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256,
+                        info=info, spec_tokens=args.spec_tokens)
+    spec.update(info.get("spec") or {})
     return out, model.weights_info()
 
 
@@ -211,7 +220,7 @@ def _batch(args, cfg, tok) -> int:
     return 0
 
 
-def _tp2(args, ids, stop, dtype, max_context) -> tuple[list[int], dict | None]:
+def _tp2(args, ids, stop, dtype, max_context, spec: dict) -> tuple[list[int], dict | None]:
     from engine.service import protocol
     from engine.service.launcher import LaunchError, RankPair
 
@@ -223,7 +232,8 @@ def _tp2(args, ids, stop, dtype, max_context) -> tuple[list[int], dict | None]:
         devices = ["cuda:0", "cuda:1"] if n >= 2 and args.device == "cuda" else [args.device if ":" in args.device
                                                                                  else "cuda:0"] * 2
     try:
-        pair = RankPair(args.model, devices, dtype, args.allreduce, max_context, kv_cache_dtype=args.kv_cache_dtype)
+        pair = RankPair(args.model, devices, dtype, args.allreduce, max_context, kv_cache_dtype=args.kv_cache_dtype,
+                        draft_tokens=args.spec_tokens)
     except LaunchError as e:
         raise RanksFailed(f"the ranks did not start: {e}") from None
     try:
@@ -237,12 +247,13 @@ def _tp2(args, ids, stop, dtype, max_context) -> tuple[list[int], dict | None]:
             from engine.core.runner import describe
 
             print(f"rank 0: {describe(pair.ready[0]['decode'])}", file=sys.stderr)
-        tokens, _ = pair.generate(protocol.generate("g1", ids, args.max_tokens, args.temperature, args.top_p,
+        tokens, done = pair.generate(protocol.generate("g1", ids, args.max_tokens, args.temperature, args.top_p,
                                                     args.seed, sorted(stop)))
     except LaunchError as e:
         raise RanksFailed(f"generation failed: {e}") from None
     finally:
         pair.close()
+    spec.update((done[0].get("decode") or {}).get("spec") or {})
     if tokens[0] != tokens[1]:
         raise RanksFailed("the two ranks produced different tokens (lockstep should have stopped them)")
     return tokens[0], (pair.ready[0].get("decode") or {}).get("weights")

@@ -308,6 +308,11 @@ class Model:
         self.head = torch.empty(cfg.vocab_size // world, cfg.hidden_size, **e)  # this rank's vocabulary rows
         self.norm = torch.empty(cfg.hidden_size, **e)
         self.layers = [Layer(cfg, world, dtype, self.device, kind) for kind in cfg.layer_types]
+        self.mtp = None  # engine.core.mtp.MTP: the checkpoint's draft layer(s), when the config declares them
+        if cfg.mtp_layers:
+            from engine.core.mtp import MTP
+
+            self.mtp = MTP(cfg, world, dtype, self.device)
         self.max_context = 0
         self.decoder = None  # engine.core.runner.Decoder, set by runner.prepare(): how decode_step is run
         self._inv_freq = inv_freq(cfg).to(self.device)
@@ -321,7 +326,7 @@ class Model:
         """Allocate the per-sequence state for positions [0, max_context): the full-attention layers' K/V
         cache, the linear-attention layers' conv ring and recurrent state (fixed size), the RoPE tables."""
         self.max_context = max_context
-        for layer in self.layers:
+        for layer in self.layers + (self.mtp.layers if self.mtp is not None else []):
             if layer.kind == "full_attention":
                 shape = (1, layer.n_kv, max_context, layer.hd)
                 dt = torch.int8 if self.kv_int8 else self.dtype
@@ -388,55 +393,78 @@ class Model:
             a = a * torch.sigmoid(gate)
         return matmul(a, layer.wo, self._bias_once(layer.bo))
 
-    def _linear_attention(self, layer: Layer, h: torch.Tensor, pos0: int) -> torch.Tensor:
+    def _linear_attention(self, layer: Layer, h: torch.Tensor, pos0: int, states: list | None = None) -> torch.Tensor:
         """Prefill of a Gated DeltaNet layer: h [1, T, D] -> out_proj partial [1, T, D]. The chunk continues
-        the layer's conv ring and recurrent state (both reset at position 0: a new sequence)."""
+        the layer's conv ring and recurrent state (both reset at position 0: a new sequence). ``states`` (the
+        verification of speculative decoding): the tokens go through the decode step's recurrence one by one
+        and (conv rings [T, C, K], recurrent states [T, nv, dk, dv]) after each position are appended to it."""
         from engine.core import gdn
 
         t = h.shape[1]
         kd, vd = layer.nk * layer.dk, layer.nv * layer.dv
         proj = F.linear(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]
         mixed, z, b, a = proj.split([2 * kd + vd, vd, layer.nv, layer.nv], dim=-1)
+        rings = None
+        if states is not None:  # ring after position pos0 + i: the ring before with slots pos0..pos0 + i written
+            rings = layer.conv_ring.clone().expand(t, -1, -1).clone()  # [T, C, K]
+            for i in range(t):
+                rings[i:, :, (pos0 + i) % layer.kernel] = mixed[i].to(rings.dtype)
         mixed = gdn.conv_prefill(mixed, layer.conv_ring, layer.conv_w, pos0)
         q, k, v = mixed.split([kd, kd, vd], dim=-1)
         beta = torch.sigmoid(b)
         g = -layer.a_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
         if pos0 == 0:
             layer.rec_state.zero_()
-        o, final = gdn.chunked(q.view(t, layer.nk, layer.dk), k.view(t, layer.nk, layer.dk),
-                               v.view(t, layer.nv, layer.dv), g, beta, layer.rec_state)
-        layer.rec_state.copy_(final)
+        if states is not None:
+            outs, recs = [], []
+            for i in range(t):
+                outs.append(gdn.step(q[i].view(layer.nk, layer.dk), k[i].view(layer.nk, layer.dk),
+                                     v[i].view(layer.nv, layer.dv), g[i], beta[i], layer.rec_state))
+                recs.append(layer.rec_state.clone())
+            o = torch.stack(outs)  # [T, nv, dv] float32
+            states.append((rings, torch.stack(recs)))
+        else:
+            o, final = gdn.chunked(q.view(t, layer.nk, layer.dk), k.view(t, layer.nk, layer.dk),
+                                   v.view(t, layer.nv, layer.dv), g, beta, layer.rec_state)
+            layer.rec_state.copy_(final)
         y = gated_norm(o.to(h.dtype), z.view(t, layer.nv, layer.dv), layer.gnorm, self.cfg.rms_norm_eps)
         return F.linear(y.reshape(1, t, vd), layer.w_out)
 
     # ---- prefill chunks and eager decode ----------------------------------------------------------
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, pos0: int, all_logits: bool = False) -> torch.Tensor:
-        """tokens [1, T] at positions pos0..pos0+T-1 -> float32 logits [V] of the last position
-        (or [T, V] with ``all_logits``). Writes the chunk's K/V (and linear-attention states) into the cache."""
-        cfg = self.cfg
-        t = tokens.shape[1]
+    def chunk_inputs(self, t: int, pos0: int):
+        """(cos [T, rot], sin [T, rot], mask [T, pos0 + T] or None) of a chunk at positions pos0..pos0+T-1."""
         if pos0 + t > self.max_context:
             raise ValueError(f"positions up to {pos0 + t} exceed the allocated context {self.max_context}")
-        x = F.embedding(tokens, self.embed)  # [1, T, D]
-        cos, sin = self.cos[pos0:pos0 + t], self.sin[pos0:pos0 + t]  # [T, rot]
-        end = pos0 + t
         # Causal mask with the cached prefix: query i (position pos0 + i) sees keys 0..pos0 + i.
         mask = None
         if t > 1:
-            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=pos0)
+            mask = torch.ones(t, pos0 + t, dtype=torch.bool, device=self.device).tril(diagonal=pos0)
+        return self.cos[pos0:pos0 + t], self.sin[pos0:pos0 + t], mask
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, pos0: int, all_logits: bool = False, hidden: bool = False,
+                states: list | None = None):
+        """tokens [1, T] at positions pos0..pos0+T-1 -> float32 logits [V] of the last position
+        (or [T, V] with ``all_logits``). Writes the chunk's K/V (and linear-attention states) into the cache.
+        ``hidden``: (logits, the final norm's output [T, D]: what an MTP draft layer reads); ``states``: a list
+        that gets every linear-attention layer's states after each position (``_linear_attention``)."""
+        cfg = self.cfg
+        t = tokens.shape[1]
+        cos, sin, mask = self.chunk_inputs(t, pos0)
+        x = F.embedding(tokens, self.embed)  # [1, T, D]
         eps, zc = cfg.rms_norm_eps, self.zc
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, eps, zc)
             if layer.kind == "full_attention":
                 x = x + self._reduce(self._attention(layer, h, cos, sin, pos0, mask))
             else:
-                x = x + self._reduce(self._linear_attention(layer, h, pos0))
+                x = x + self._reduce(self._linear_attention(layer, h, pos0, states))
             h = rms_norm(x, layer.post_norm, eps, zc)
             x = x + self._reduce(self._mlp(layer, h))
-        x = rms_norm(x if all_logits else x[:, -1:], self.norm, eps, zc)
-        logits = self._gather(F.linear(x, self.head)).float()  # [1, T or 1, V]
-        return logits[0] if all_logits else logits[0, -1]
+        x = rms_norm(x if all_logits or hidden else x[:, -1:], self.norm, eps, zc)
+        logits = self._gather(F.linear(x if all_logits else x[:, -1:], self.head)).float()  # [1, T or 1, V]
+        out = logits[0] if all_logits else logits[0, -1]
+        return (out, x[0]) if hidden else out
 
     # ---- THE decode step: one token with device-side positions (CUDA-graph capturable) -------------
     def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, window: int,

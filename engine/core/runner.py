@@ -389,7 +389,8 @@ def prepare(model: Model, prefix_cache_bytes: int | None = None, **kw) -> Decode
 
 def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, stop_ids: set[int],
         chunk: int, hook: StepHook | None = None, on_token: Callable[[int, int], None] | None = None,
-        flags: Callable[[int], tuple[int, int]] | None = None, info: dict | None = None) -> tuple[list[int], str]:
+        flags: Callable[[int], tuple[int, int]] | None = None, info: dict | None = None,
+        spec_tokens: int = 0) -> tuple[list[int], str]:
     """Returns (generated ids, finish_reason in length | stop | cancelled). With ``model.prefix`` (an
     engine.core.prefix.PrefixCache) the prompt's positions the model already holds are not prefilled again;
     ``info["cached_tokens"]`` says how many (the first prefill chunk then starts there).
@@ -397,17 +398,28 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
     On a guarded decoder (two ranks on graphs, greedy), the step that produces token k carries
     ``flags(k)`` = (cancel, corrupt) into its in-graph lockstep, and ``decoder.checked`` holds token k's
     check when ``hook('decode', k, ...)`` runs (None where the hook must exchange a record itself:
-    token 0, which prefill produces, and sampled tokens)."""
+    token 0, which prefill produces, and sampled tokens).
+
+    ``spec_tokens`` K > 0: speculative decoding with the model's MTP draft layer (engine.core.mtp: K drafts per
+    round, verified in one forward; greedy gives exactly the tokens of K = 0); ``info["spec"]`` counts the
+    drafted and accepted tokens. Its rounds run eagerly (no graph) and every token goes through the hook."""
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt_ids) >= model.max_context:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {model.max_context}")
     decoder = getattr(model, "decoder", None) or prepare(model)
+    drafting = None
+    if spec_tokens:
+        from engine.core import mtp
+
+        mtp.check_draft_tokens(model, spec_tokens)
     max_tokens = min(max_tokens, model.max_context - len(prompt_ids))
     prefix = getattr(model, "prefix", None)
     first = prefix.plan(prompt_ids) if prefix is not None else 0
     if info is not None:
         info["cached_tokens"] = first
+    if spec_tokens:
+        drafting = mtp.Prefill(model, prompt_ids, first)
     logits = None
     n = len(prompt_ids)
     # chunks from the first position to prefill; with a prefix cache the last prompt token is a step of its own,
@@ -417,13 +429,21 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         bounds.insert(-1, n - 1)
     for ci, (start, end) in enumerate(zip(bounds, bounds[1:])):
         piece = prompt_ids[start:end]
-        logits = model.forward(torch.tensor([piece], device=model.device), start)  # [V]
+        logits = model.forward(torch.tensor([piece], device=model.device), start, hidden=drafting is not None)  # [V]
+        if drafting is not None:
+            logits, hidden = logits
+            drafting.chunk(start, hidden)
         if prefix is not None:
             prefix.fed(piece, start)
             if end == n - 1 or (end < n and end // SNAPSHOT_EVERY > start // SNAPSHOT_EVERY):
                 prefix.snapshot(end)
         if hook and hook("prefill", ci, piece, end):
             return [], "cancelled"
+    if drafting is not None:
+        if max_tokens <= 0:
+            return [], "length"
+        return mtp.decode(model, decoder, logits, drafting.pending, n, max_tokens, sampler, stop_ids, spec_tokens,
+                          hook, on_token, info, prefix)
     out: list[int] = []
     pos = len(prompt_ids)
     t_last = None

@@ -38,6 +38,16 @@ class Sampler:
         logits = logits.detach().to("cpu", torch.float32)
         if self.temperature == 0:
             return _argmax(logits)
+        probs = self.probs(logits)
+        self.offset += 1  # one draw, whichever way it is made: both ranks count the same
+        if probs is None:
+            return _argmax(logits)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The distribution a draw is made from (temperature > 0): CPU float32 [V] (unnormalised after top-p),
+        or None where the logits give no finite distribution (the draw is then the argmax)."""
+        logits = logits.detach().to("cpu", torch.float32)
         probs = torch.softmax(logits / self.temperature, dim=-1)  # [V]
         if self.top_p < 1:
             sorted_p, order = torch.sort(probs, descending=True)
@@ -45,11 +55,10 @@ class Sampler:
             keep[0] = True  # the top token always stays (top_p may round to 0 in float32)
             sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-        self.offset += 1  # one draw, whichever way it is made: both ranks count the same
         total = float(probs.sum())
         if not (math.isfinite(total) and total > 0) or not bool(torch.isfinite(probs).all()):
-            return _argmax(logits)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+            return None
+        return probs
 
 
 def _argmax(logits: torch.Tensor) -> int:

@@ -8,7 +8,7 @@
               (rank r gets [q_r | k_r | v_r], so its conv channels follow its heads)
 
 Names are canonical: a multimodal wrapper's ``model.language_model.`` reads as ``model.`` (``canonical``);
-its vision tower and the MTP draft layer are not part of the decoder (``IGNORED``).
+its vision tower is not part of the decoder (``IGNORED``); the MTP draft layer (``mtp.*``) splits as the decoder.
 """
 
 from __future__ import annotations
@@ -21,28 +21,31 @@ RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^model\.embed_tokens\.weight$"), "replicated"),
     (re.compile(r"^model\.norm\.weight$"), "replicated"),
     (re.compile(r"^lm_head\.weight$"), "vocab"),
-    (re.compile(r"^model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight$"), "replicated"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.o_proj\.bias$"), "replicated"),
-    (re.compile(r"^model\.layers\.\d+\.self_attn\.(q_norm|k_norm)\.weight$"), "replicated"),
-    (re.compile(r"^model\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
-    (re.compile(r"^model\.layers\.\d+\.mlp\.down_proj\.bias$"), "replicated"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight$"), "replicated"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.o_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.o_proj\.bias$"), "replicated"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.(q_norm|k_norm)\.weight$"), "replicated"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.down_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.down_proj\.bias$"), "replicated"),
     # Gated DeltaNet (linear attention) layers
-    (re.compile(r"^model\.layers\.\d+\.linear_attn\.(in_proj_qkv|conv1d)\.weight$"), "colwise_qkv"),
-    (re.compile(r"^model\.layers\.\d+\.linear_attn\.in_proj_(z|b|a)\.weight$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.linear_attn\.(A_log|dt_bias)$"), "colwise"),
-    (re.compile(r"^model\.layers\.\d+\.linear_attn\.out_proj\.weight$"), "rowwise"),
-    (re.compile(r"^model\.layers\.\d+\.linear_attn\.norm\.weight$"), "replicated"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.(in_proj_qkv|conv1d)\.weight$"), "colwise_qkv"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_(z|b|a)\.weight$"), "colwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.(A_log|dt_bias)$"), "colwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.out_proj\.weight$"), "rowwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.norm\.weight$"), "replicated"),
+    # the MTP draft layer (Qwen3.5): its fc [D, 2D] over [embedding | hidden] is replicated (every rank computes
+    # the whole input of its attention layer); its layers split as the decoder's above
+    (re.compile(r"^mtp\.(fc|norm|pre_fc_norm_embedding|pre_fc_norm_hidden)\.weight$"), "replicated"),
 ]
 
 # GPTQ / AWQ tensors (engine.core.quant): stored [inputs, outputs], so their split dims are the dense ones' swapped
 PACKED = re.compile(r"\.(qweight|qzeros|scales|g_idx)$")
 
 # Tensors some checkpoints carry that the decoder recomputes itself or does not run: RoPE tables, the
-# multimodal wrapper's vision tower, the MTP draft layer.
-IGNORED = re.compile(r"(rotary_emb\.inv_freq$)|(^model\.visual\.)|(^mtp\.)|(^visual\.)")
+# multimodal wrapper's vision tower.
+IGNORED = re.compile(r"(rotary_emb\.inv_freq$)|(^model\.visual\.)|(^visual\.)")
 
 
 def canonical(name: str, cfg: ModelConfig) -> str:

@@ -18,6 +18,9 @@ from engine.core import tp
 from engine.core.model import Model
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
+MTP_TOP = {"mtp.fc.weight": "fc", "mtp.pre_fc_norm_embedding.weight": "emb_norm",
+           "mtp.pre_fc_norm_hidden.weight": "hid_norm", "mtp.norm.weight": "norm"}
 
 
 class WeightsError(ValueError):
@@ -51,10 +54,20 @@ def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
         return model.head, 0
     if name == "model.norm.weight":
         return model.norm, 0
+    if name.startswith("mtp.") and model.mtp is not None:  # the draft layer: its own norms and fc, then layers
+        if name in MTP_TOP:
+            return getattr(model.mtp, MTP_TOP[name]), 0
+        m = _MTP_LAYER.match(name)
+        if not m or int(m.group(1)) >= len(model.mtp.layers):
+            raise WeightsError(f"unexpected tensor {name} (the config declares {len(model.mtp.layers)} MTP layer(s))")
+        return _layer_slot(model, model.mtp.layers[int(m.group(1))], m.group(2), name)
     m = _LAYER.match(name)
     if not m or int(m.group(1)) >= len(model.layers):
         raise WeightsError(f"unexpected tensor {name}")
-    layer, rest = model.layers[int(m.group(1))], m.group(2)
+    return _layer_slot(model, model.layers[int(m.group(1))], m.group(2), name)
+
+
+def _layer_slot(model: Model, layer, rest: str, name: str) -> tuple[torch.Tensor, int]:
     common = {
         "input_layernorm.weight": (layer.input_norm, 0),
         "post_attention_layernorm.weight": (layer.post_norm, 0),
@@ -80,8 +93,7 @@ def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
             "linear_attn.out_proj.weight": (layer.w_out, 0),
         }
         if rest not in table:
-            raise WeightsError(f"tensor {name} has no place in linear-attention layer {m.group(1)} (the config's "
-                               f"layer_types)")
+            raise WeightsError(f"tensor {name} has no place in a linear-attention layer (the config's layer_types)")
         return table[rest]
     qn, kvn = layer.q_rows, layer.n_kv * layer.hd
     table = {
@@ -132,7 +144,8 @@ def load_into(model: Model, model_dir: str | Path) -> None:
         store.prepare({tp.canonical(n, cfg) for path in safetensors_files(src) for n in _keys(path)})
     for path in safetensors_files(src):
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            raw = {tp.canonical(n, cfg): n for n in f.keys() if not tp.IGNORED.search(n)}
+            raw = {tp.canonical(n, cfg): n for n in f.keys() if not tp.IGNORED.search(n)
+                   and not (n.startswith("mtp.") and model.mtp is None)}  # a draft layer the config does not run
             for name, stored in raw.items():
                 if store is not None and quant_load.packed_part(name):
                     store.add(name, f.get_slice(stored), pre_sliced)
@@ -154,6 +167,8 @@ def load_into(model: Model, model_dir: str | Path) -> None:
         raise WeightsError("no lm_head.weight and the config does not tie it to the embeddings")
     if store is not None:
         store.finish()
+    if model.mtp is not None and not any(n.startswith("mtp.") for n in names):
+        model.mtp = None  # the config declares a draft layer the checkpoint does not carry: nothing to draft with
     for label, t in expected_tensors(model):
         if filled.get(id(t), 0) != t.numel():
             raise WeightsError(f"checkpoint in {src} does not fill {label} ({filled.get(id(t), 0)} of "
@@ -172,6 +187,8 @@ def expected_tensors(model: Model) -> list[tuple[str, torch.Tensor]]:
     for i, layer in enumerate(model.layers):
         for k, t in layer.weights().items():
             out.append((f"layers.{i}.{k}", t))
+    if model.mtp is not None:
+        out += [(f"mtp.{k}", t) for k, t in model.mtp.weights()]
     return out
 
 

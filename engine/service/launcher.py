@@ -21,22 +21,23 @@ class LaunchError(RuntimeError):
 
 
 def _settings(model: str, devices: list[str], dtype: str, allreduce: str, max_context: int,
-              timeout_s: float, state_dir: str, kv_cache_dtype: str = "auto") -> ServeConfig:
+              timeout_s: float, state_dir: str, kv_cache_dtype: str = "auto", draft_tokens: int = 0) -> ServeConfig:
     """The rank settings of a ServeConfig (the serving ones are unused here)."""
     return ServeConfig(model_dir=model, tp=2, host="127.0.0.1", port=0, api_key=None, allreduce=allreduce,
                        max_context=max_context, queue_cap=0, stall_timeout_s=timeout_s, max_restarts=0,
                        enable_fault_injection=False, devices=(devices[0], devices[1]), dtype=dtype,
                        state_dir=state_dir, served_model_name=None, body_limit_bytes=0, start_timeout_s=600.0,
                        allreduce_timeout_s=timeout_s, ping_interval_s=timeout_s, log_file=None,
-                       standby_ranks=False, kv_cache_dtype=kv_cache_dtype)
+                       standby_ranks=False, kv_cache_dtype=kv_cache_dtype, draft_tokens=draft_tokens)
 
 
 class RankPair:
     def __init__(self, model: str, devices: list[str], dtype: str, allreduce: str, max_context: int,
-                 timeout_s: float = 60.0, kv_cache_dtype: str = "auto"):
+                 timeout_s: float = 60.0, kv_cache_dtype: str = "auto", draft_tokens: int = 0):
         self._dir = tempfile.mkdtemp(prefix="v100plan-ranks-")
         self._loop = asyncio.new_event_loop()
-        cfg = _settings(model, devices, dtype, allreduce, max_context, timeout_s, self._dir, kv_cache_dtype)
+        cfg = _settings(model, devices, dtype, allreduce, max_context, timeout_s, self._dir, kv_cache_dtype,
+                        draft_tokens)
         try:
             self.pair = self._loop.run_until_complete(start_pair(cfg, 1))
         except RankStartError as e:

@@ -31,6 +31,8 @@ SERIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "v100plan_cancelled_total": ("counter", "requests cancelled on both ranks (client gone or stop string)", ()),
     "v100plan_connections_refused_total": ("counter", "connections over --max-connections, answered 503 and closed", ()),
     "v100plan_request_errors_total": ("counter", "requests the ranks answered with an error (the ranks stayed up)", ()),
+    "v100plan_spec_draft_tokens_total": ("counter", "MTP draft tokens proposed (--speculative mtp; rank 0's count)", ()),
+    "v100plan_spec_accepted_tokens_total": ("counter", "MTP draft tokens the model's verification accepted", ()),
     "v100plan_ranks_up": ("gauge", "1 when both ranks are up and their self-test passed", ()),
     "v100plan_rank_generation": ("gauge", "generation number of the current rank pair", ()),
     "v100plan_queue_depth": ("gauge", "requests waiting behind the running one", ()),

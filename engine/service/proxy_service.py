@@ -441,6 +441,10 @@ class Service:
             self.metrics.inc("v100plan_prefix_cache_hits_total")
             self.metrics.inc("v100plan_prefix_cache_reused_tokens_total", usage["cached_tokens"])
         self.metrics.inc("v100plan_completion_tokens_total", job.completion_tokens)
+        spec = (r0.get("decode") or {}).get("spec")
+        if spec:  # --speculative mtp: this request's drafts and how many the verification accepted
+            self.metrics.inc("v100plan_spec_draft_tokens_total", spec["draft_tokens"])
+            self.metrics.inc("v100plan_spec_accepted_tokens_total", spec["accepted_tokens"])
         job.finish(("done", reason, usage))
 
     # ----- fault injection (control.py) ------------------------------------------------

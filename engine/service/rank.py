@@ -30,6 +30,7 @@ import threading
 import time
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES
+from engine.core import speculative
 from engine.service import protocol
 from engine.service.causes import RANK_HOOKS, Cause
 from engine.service.serve_config import DEFAULT_ALLREDUCE_TIMEOUT_S, HEARTBEAT_INTERVAL_S
@@ -54,6 +55,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt from its first token (default: reuse what the ranks hold, "
                         "engine.core.prefix)")
+    speculative.add_arguments(p)
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
@@ -182,6 +184,11 @@ class Rank:
         self.model = Model(cfg, world=a.world, rank=self.r, dtype=dtype, device=device, comm=self.comm,
                            kv_dtype=a.kv_cache_dtype)
         weights.load_into(self.model, a.model)
+        self.spec_tokens = speculative.draft_tokens(a)
+        if self.spec_tokens:
+            from engine.core import mtp
+
+            mtp.check_draft_tokens(self.model, self.spec_tokens)  # at start, not at the first request
         self.model.setup_cache(a.max_context)
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
@@ -340,7 +347,7 @@ class Rank:
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
                                          set(req.get("stop_token_ids") or []), self.prefill_chunk(), hook,
-                                         flags=flags, info=info)
+                                         flags=flags, info=info, spec_tokens=self.spec_tokens)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both
             except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
@@ -355,6 +362,8 @@ class Rank:
                 log(self.r, f"request {rid} finish={reason} steps={seq['n']} tokens={len(out)} "
                             f"hash={token_hash(out, 0):016x}")
                 stats = self.decode_stats()
+                if "spec" in info:  # this request's drafted and accepted tokens
+                    stats["spec"] = info["spec"]
                 log(self.r, describe_stats(stats))
                 reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out), decode=stats,
                                       cached_tokens=int(info.get("cached_tokens", 0)))

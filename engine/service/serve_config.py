@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
+from engine.core import speculative  # stdlib-only too
 from engine.core.config import files_dir  # stdlib-only too
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -74,6 +75,7 @@ class ServeConfig:
     standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
     no_prefix_cache: bool = False      # True: every prompt prefilled from its first token
+    draft_tokens: int = 0              # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
 
     @property
     def is_loopback(self) -> bool:
@@ -149,6 +151,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-cache", action="store_true",
                         help="prefill every prompt from its first token (default: a prompt that starts with what the "
                              "ranks last processed prefills only the rest; usage.prompt_tokens_details.cached_tokens)")
+    speculative.add_arguments(parser)
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a rank making no progress this long during a request (or not answering an "
@@ -239,10 +242,18 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "state_dir": state_dir,
         "ping_interval_s": ping,
         "log_file": args.log_file or os.path.join(state_dir, SERVICE_LOG),
+        "draft_tokens": _draft_tokens(args),
     }
     # Every other field is the flag of the same name (a new field without one fails here, at once).
     flags = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if f.name not in computed}
     return ServeConfig(**flags, **computed)
+
+
+def _draft_tokens(args: argparse.Namespace) -> int:
+    try:
+        return speculative.draft_tokens(args)
+    except ValueError as e:
+        raise ServeConfigError(str(e)) from None
 
 
 def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str,
@@ -268,6 +279,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.no_prefix_cache:
         cmd.append("--no-prefix-cache")
+    if cfg.draft_tokens:
+        cmd += ["--speculative", "mtp", "--draft-tokens", str(cfg.draft_tokens)]
     if cfg.enable_fault_injection:
         cmd.append("--enable-fault-injection")
     cmd += ["--allreduce-timeout-s", str(cfg.allreduce_timeout_s or DEFAULT_ALLREDUCE_TIMEOUT_S)]
