@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 for kv in auto int8; do
-  timeout 150 python3 -m engine bench --config engine/data/qwen3.5-27b.config.json --contexts 1024,131072,262144 \
+  timeout 100 python3 -m engine bench --config engine/data/qwen3.5-27b.config.json --contexts 1024,131072,262144 \
     --prefill-tokens "" --skip-allreduce --kv-cache-dtype $kv --out "$OUT/bench-27b-$kv.json" > /dev/null 2> "$OUT/bench-27b-$kv.err"
   echo "bench $kv exit $?"; tail -2 "$OUT/bench-27b-$kv.err"
 done
@@ -29,3 +29,6 @@ timeout 60 python3 -m probes.time_quick > "$OUT/quick-probe.json" 2>&1; echo "qu
 python3 -c "import json;d=json.load(open('$OUT/quick-probe.json'));print({k:(v.get('wall_s') if isinstance(v,dict) else v) for k,v in d.items()})" 2>&1 | tail -2
 timeout 170 python3 -m engine.bench.prefix_ttft --layers 16 --conversation 100000 --out "$OUT/prefix-ttft.json" > /dev/null 2>&1
 echo "prefix exit $?"; python3 -c "import json;d=json.load(open('$OUT/prefix-ttft.json'));print({k:v for k,v in d.items() if 'ttft' in k or k in ('error','checkpoint')})"
+python3 -m engine make-demo-model /tmp/mtp --arch qwen3_5 --mtp > /dev/null
+for s in off mtp; do timeout 60 python3 -m engine generate --model /tmp/mtp --device cuda --dtype float32 \
+  --prompt-ids 1,40,41,42,43 --max-tokens 48 --speculative $s --draft-tokens 3 --json 2>/dev/null | tail -1 | tee -a "$OUT/mtp.txt"; done
