@@ -72,3 +72,22 @@ def test_ranks_are_bit_identical_and_match_tp1(demo_dir, tmp_path, path):
     diff = (tp2 - tp1).abs().max().item()
     assert diff < 1e-4 * tp1.abs().max().item()
     assert torch.equal(tp2.argmax(-1), tp1.argmax(-1))
+
+
+def test_a_message_over_the_paths_slot_goes_in_pieces_that_fit():
+    """A long prefill chunk's allreduce (2048 tokens x 5120 x 2 bytes = 20 MB) over a 2 MB mailbox slot."""
+    from engine.allreduce.comm import Comm
+
+    class Mailbox:
+        words = 16  # 64 bytes a message
+        sizes: list = []
+
+        def allreduce_sum(self, x):
+            assert x.numel() * x.element_size() <= 64
+            self.sizes.append(x.numel())
+            return x * 2  # rank 0 + rank 1 holding the same
+
+    path = Mailbox()
+    x = torch.arange(100, dtype=torch.float32).view(4, 25)
+    y = Comm(path).allreduce_sum(x)
+    assert torch.equal(y, x * 2) and y.shape == x.shape and path.sizes == [16] * 6 + [4]

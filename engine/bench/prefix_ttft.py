@@ -122,6 +122,10 @@ def main(argv: list[str]) -> int:
         log.close()
     doc["log_tail"] = (work / "serve.log").read_text(errors="replace").splitlines()[-20:]
     emit()
+    if not args.workdir:  # the random checkpoint is gigabytes: a temporary one goes with the run
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(doc, indent=1))
     return 0 if "error" not in doc else 3
 
