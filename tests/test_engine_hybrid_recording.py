@@ -50,3 +50,35 @@ def test_prefill_rates_follow_from_the_recorded_times(bench):
         assert r["tokens"] == int(n)
         assert r["tok_s"] == pytest.approx(int(n) / (r["ms"] / 1e3), rel=1e-3)
         assert r["compute_fraction"] == pytest.approx(r["tflops"] / bench["peak_tflops"], abs=1e-3)
+
+
+FINAL = FIXTURES / "engine" / "h200-hybrid-27b-bench-2026-12-01-final.json"
+INT8 = FIXTURES / "engine" / "h200-hybrid-27b-int8-bench-2026-12-01-final.json"
+TTFT = FIXTURES / "engine" / "h200-prefix-ttft-2026-12-01.json"
+
+
+def _fractions(doc):
+    bw = doc["read_bw_gbps"] * 1e9
+    return {int(c): (doc["weight_bytes"] + r["kv_bytes"] + r["state_bytes"]) / bw * 1e3 / r["ms"]
+            for c, r in doc["decode"]["service_graph"].items()}
+
+
+def test_the_merged_engine_keeps_the_targets_and_the_int8_cache_holds_half_the_bytes():
+    final, int8 = json.loads(FINAL.read_text()), json.loads(INT8.read_text())
+    f = _fractions(final)
+    assert f[1024] >= 0.80 and f[131072] >= 0.75
+    assert int8["kv_cache_dtype"] == "int8"
+    # int8: one byte a value plus a float32 scale per position and kv head (16 layers x 4 heads x 2)
+    assert int8["kv_bytes_per_token"] == final["kv_bytes_per_token"] // 2 + 16 * 4 * 2 * 4
+    # what the int8 cache measured: it reads half the bytes but its step is not faster (docs/engine-speed.md)
+    ms = {k: {c: r["ms"] for c, r in d["decode"]["service_graph"].items()} for k, d in (("bf16", final), ("int8", int8))}
+    assert ms["int8"]["262144"] > ms["bf16"]["262144"] * 0.9
+
+
+def test_prefix_reuse_through_the_service_measured_on_an_h200():
+    doc = json.loads(TTFT.read_text())
+    assert "error" not in doc and doc["conversation"] == 100_000 and doc["new"] == 200
+    assert doc["health"]["allreduce"] and doc["health"]["state"] == "up"
+    # the follow-up turn reuses the conversation: a small fraction of the cold prefill
+    assert doc["follow_up_ttft_s"] <= 1.5 and doc["follow_up_ttft_s"] < doc["cold_ttft_s"] / 20
+    assert doc["repeat_ttft_s"] < doc["follow_up_ttft_s"]
