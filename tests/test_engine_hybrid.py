@@ -54,6 +54,13 @@ def _hf(out, multimodal: bool = False):
     return model
 
 
+def _greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of exactly n tokens."""
+    with torch.no_grad():
+        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+
+
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
     d = tmp_path_factory.mktemp("qwen3_5")
@@ -92,9 +99,7 @@ def test_logits_at_every_position_of_200_tokens_with_chunk_boundaries_inside(hyb
 def test_greedy_64_tokens_identical_to_transformers(hybrid):
     hf, m, _ = hybrid
     prompt = [1, 17, 300, 42, 5, 99, 7, 250, 11]
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=False,
-                          pad_token_id=0)[0, len(prompt):].tolist()
+    ref = _greedy(hf, prompt, 64)
     out, reason = runner.run(m, prompt, 64, Sampler(), set(), chunk=4)
     assert reason == "length"
     assert out == ref, f"first difference at {next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)}"
@@ -221,9 +226,7 @@ def test_the_real_27b_shape_ships_consistent_with_the_field_report():
 def test_tp2_greedy_tokens_equal_transformers_through_generate(hybrid):
     hf, _, d = hybrid
     prompt = [1, 17, 300, 42, 5, 99, 7, 250, 11]
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=False,
-                          pad_token_id=0)[0, len(prompt):].tolist()
+    ref = _greedy(hf, prompt, 64)
     proc = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(d), "--tp", "2",
                            "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "64", "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -242,9 +245,7 @@ def test_the_served_tp2_answer_equals_transformers_and_images_are_refused(hybrid
 
     hf, _, d = hybrid
     prompt = [1, 17, 300, 42, 5, 99, 7, 250, 11]
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=48, min_new_tokens=48, do_sample=False,
-                          pad_token_id=0)[0, len(prompt):].tolist()
+    ref = _greedy(hf, prompt, 48)
     svc = ServiceProcess(model=str(d))
     try:
         svc.wait_healthy()

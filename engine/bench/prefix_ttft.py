@@ -14,7 +14,6 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 
 from engine import BUNDLE_ROOT, DATA_DIR
-from engine.bench.served import free_port, wait_healthy, write_random_checkpoint
+from engine.bench.served import free_port, stop_serve, wait_healthy, write_random_checkpoint
 
 
 def first_event(port: int, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
@@ -114,11 +113,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - a failed phase is a result; the log says why
         doc["error"] = f"{type(e).__name__}: {e}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc, 60)
         log.close()
     doc["log_tail"] = (work / "serve.log").read_text(errors="replace").splitlines()[-20:]
     emit()

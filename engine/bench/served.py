@@ -100,6 +100,16 @@ def write_random_checkpoint(config_path: str, dst: Path, dtype: str, device: str
     return {"bytes": nbytes, "files": n_file, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def stop_serve(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM (serve drains and stops its ranks), SIGKILL past ``timeout_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -260,12 +270,7 @@ def main(argv: list[str]) -> int:
         except Exception as e:  # noqa: BLE001 - a failed phase is a result; the log says why
             doc["error"] = f"{type(e).__name__}: {e}"
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_serve(proc, 30)
     text = log_path.read_text(errors="replace")
     rank_lines = [ln for f in sorted((state / "logs").glob("rank*.log")) for ln in f.read_text(errors="replace").splitlines()]
     doc["rank_log"] = [ln for ln in rank_lines if "decode" in ln or "allreduce" in ln][-16:]
