@@ -232,6 +232,12 @@ def _program_status(state_dir: str) -> dict:
             pid = int(words[words.index("pid") + 1].rstrip(","))
         except (IndexError, ValueError):
             pid = None
+    if pid is None and state in ("STARTING", "RUNNING"):
+        # a STARTING program's status line has no pid yet (until startsecs pass): ask for it
+        try:
+            pid = int(_ctl(state_dir, "pid", PROGRAM).stdout.strip()) or None
+        except ValueError:
+            pid = None
     return {"program_state": state, "proxy_pid": pid, "line": out.stdout.strip()}
 
 
