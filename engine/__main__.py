@@ -12,6 +12,7 @@ import sys
 COMMANDS = {
     "shard": ("engine.core.shard", "split a checkpoint for tensor parallelism and verify it reassembles"),
     "make-demo-model": ("engine.core.demo_cli", "write the v100plan-demo model (byte-identical everywhere)"),
+    "make-random-model": ("engine.core.random_cli", "a model of a config's shape whose weights are generated at load"),
     "generate": ("engine.service.generate", "one-shot generation, TP1 in-process or TP2 over two rank processes"),
     "rank": ("engine.service.rank_cli", "one tensor-parallel rank speaking the control-socket protocol"),
     "bench": ("engine.bench.decode", "decode and allreduce benchmark on a GPU host (prints JSON)"),

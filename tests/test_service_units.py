@@ -4,6 +4,8 @@ verdicts, the restart budget, the Prometheus text, and the serve flags' refusals
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -207,3 +209,13 @@ def test_supervisor_files_restart_the_proxy_and_reach_the_ranks():
     assert "file=/srv/state%%x/supervisor.sock" in conf  # '%' escaped for supervisord's expansion
     unit = systemd_unit(["/usr/bin/python3", "-m", "engine", "serve"])
     assert "Restart=always" in unit and "KillMode=mixed" in unit
+
+
+def test_the_default_body_limit_fits_a_prompt_that_fills_the_context(tmp_path):
+    # a 256K-token prompt as token ids is ~1.8 MB: a fixed 1 MiB limit would refuse what --max-context allows
+    big = _cfg("--max-context", "262144").body_limit_bytes
+    assert big >= len(",".join(["248319"] * 262144)) + 200
+    assert _cfg("--max-context", "4096").body_limit_bytes == 1 << 20  # never below 1 MiB
+    assert _cfg("--max-context", "262144", "--body-limit-bytes", "65536").body_limit_bytes == 65536
+    native = json.loads((Path(demo_model()) / "config.json").read_text())["max_position_embeddings"]
+    assert _cfg().body_limit_bytes == max(1 << 20, 16 * native)

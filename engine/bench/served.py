@@ -34,37 +34,13 @@ DATA = DATA_DIR
 REPO = BUNDLE_ROOT
 
 
-def hf_shapes(cfg) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of a Hugging Face Llama/Qwen (or Qwen3.5 hybrid) checkpoint of this config, with its shape."""
-    if cfg.hybrid:
-        from engine.core.demo import hybrid_tensors
-
-        return [(name, shape) for name, shape, _ in hybrid_tensors(cfg)]
-    d, hd = cfg.hidden_size, cfg.head_dim
-    q, kv, ff = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
-    out = [("model.embed_tokens.weight", (cfg.vocab_size, d)), ("model.norm.weight", (d,))]
-    if not cfg.tie_word_embeddings:
-        out.append(("lm_head.weight", (cfg.vocab_size, d)))
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (d,)), (p + "post_attention_layernorm.weight", (d,)),
-                (p + "self_attn.q_proj.weight", (q, d)), (p + "self_attn.k_proj.weight", (kv, d)),
-                (p + "self_attn.v_proj.weight", (kv, d)), (p + "self_attn.o_proj.weight", (d, q)),
-                (p + "mlp.gate_proj.weight", (ff, d)), (p + "mlp.up_proj.weight", (ff, d)),
-                (p + "mlp.down_proj.weight", (d, ff))]
-        if cfg.attention_bias:
-            out += [(p + f"self_attn.{n}_proj.bias", (s,)) for n, s in (("q", q), ("k", kv), ("v", kv))]
-        if cfg.qk_norm:
-            out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-    return out
-
-
 def write_random_checkpoint(config_path: str, dst: Path, dtype: str, device: str) -> dict:
     """config.json + random bf16/fp16 safetensors (one file per 8 layers), generated on the GPU."""
     import torch
     from safetensors.torch import save_file
 
     from engine.core import config as ecfg
+    from engine.core import random_weights
 
     t0 = time.perf_counter()
     raw = json.loads(Path(config_path).read_text())
@@ -83,15 +59,8 @@ def write_random_checkpoint(config_path: str, dst: Path, dtype: str, device: str
             n_file += 1
             part = {}
 
-    for name, shape in hf_shapes(cfg):
-        if name.endswith("A_log"):  # decay rates A in [1, 16), log stored
-            t = torch.empty(shape).uniform_(0.0, 2.77).to(dt)
-        elif name.endswith(("dt_bias", "linear_attn.norm.weight")):
-            t = torch.ones(shape, dtype=dt)
-        elif len(shape) == 1:  # norms: 1, or 0 where they are zero-centred (1 + w); biases 0
-            t = torch.full(shape, 0.0 if cfg.zero_centred_norm or "norm" not in name else 1.0, dtype=dt)
-        else:
-            t = torch.empty(shape, dtype=dt, device=device).normal_(0.0, 0.02, generator=g).cpu()
+    for name, shape in random_weights.hf_shapes(cfg):
+        t = random_weights.value(name, shape, cfg, dt, device, g).cpu()
         part[name] = t
         nbytes += t.numel() * t.element_size()
         if name.endswith("down_proj.weight") and int(name.split(".")[2]) % 8 == 7:  # one file per 8 layers
@@ -158,12 +127,14 @@ def timed(port: int, body: dict) -> tuple[float, dict]:
     return dt, json.loads(text)
 
 
-def stream_gaps(port: int, body: dict) -> dict:
+def stream_gaps(port: int, body: dict, timeout_s: float = 600) -> dict:
     """Arrival time (ms after the request) of every SSE data event with a token, and their gaps."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"/v1/completions answered {r.status}: {r.read()[:300]!r}")
     arrivals, events, buf = [], 0, b""
     while True:
         chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)

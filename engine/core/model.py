@@ -309,6 +309,7 @@ class Model:
         self.norm = torch.empty(cfg.hidden_size, **e)
         self.layers = [Layer(cfg, world, dtype, self.device, kind) for kind in cfg.layer_types]
         self.mtp = None  # engine.core.mtp.MTP: the checkpoint's draft layer(s), when the config declares them
+        self.weights_origin = "checkpoint"  # or "random": generated at load (engine.core.random_weights)
         if cfg.mtp_layers:
             from engine.core.mtp import MTP
 
@@ -556,4 +557,7 @@ class Model:
         dense = [self.embed, self.head, self.norm] + [t for layer in self.layers for t in layer.weights().values()]
         held = sum(t.numel() * t.element_size() for t in dense) + sum(p.nbytes for p in self.packed())
         fmt = str(self.dtype).removeprefix("torch.") if q is None else f"{q.format} ({str(self.dtype)[6:]} dense)"
-        return {"format": fmt, "bytes": held, "packed_matrices": len(self.packed())}
+        info = {"format": fmt, "bytes": held, "packed_matrices": len(self.packed())}
+        if self.weights_origin != "checkpoint":
+            info["origin"] = self.weights_origin  # random weights: the shape's speed and memory, not answers
+        return info

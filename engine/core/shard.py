@@ -34,6 +34,11 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
     from engine.core import config, tp, weights
 
     src, dst = Path(src), Path(dst)
+    from engine.core import random_weights
+
+    if random_weights.is_random(src):
+        raise ValueError(f"{src} is a random-weights model (its weights are generated at load, for each rank's "
+                         "part): serve it unsharded, there is nothing to split")
     cfg = config.load(src)
     tp.check_divisible(cfg, world)
     if cfg.quantization is not None:  # a row-parallel split must not cut a quantisation group

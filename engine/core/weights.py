@@ -132,10 +132,22 @@ def load_into(model: Model, model_dir: str | Path) -> None:
     """Fill every weight of ``model`` from the checkpoint; WeightsError naming anything missing or extra."""
     from safetensors import safe_open
 
+    from engine.core import random_weights
+
     src, pre_sliced = resolve(model_dir, model.rank, model.world)
     cfg = model.cfg
     filled: dict[int, int] = {}
     names: set[str] = set()
+    if random_weights.is_random(src):  # weights generated on the card (engine.core.random_weights)
+        if cfg.quantization is not None:
+            raise WeightsError(f"{src}: a random-weights model is dense, but its config has quantization_config")
+        try:
+            names = random_weights.load(model, src, lambda n, t: _place(model, n, t, filled))
+        except ValueError as e:
+            raise WeightsError(str(e)) from None
+        model.weights_origin = "random"
+        _check_filled(model, src, filled)
+        return
     store = None
     if cfg.quantization is not None:  # GPTQ / AWQ: packed modules go to engine.core.quant_load
         from engine.core import quant_load
@@ -169,6 +181,10 @@ def load_into(model: Model, model_dir: str | Path) -> None:
         store.finish()
     if model.mtp is not None and not any(n.startswith("mtp.") for n in names):
         model.mtp = None  # the config declares a draft layer the checkpoint does not carry: nothing to draft with
+    _check_filled(model, src, filled)
+
+
+def _check_filled(model: Model, src: Path, filled: dict[int, int]) -> None:
     for label, t in expected_tensors(model):
         if filled.get(id(t), 0) != t.numel():
             raise WeightsError(f"checkpoint in {src} does not fill {label} ({filled.get(id(t), 0)} of "

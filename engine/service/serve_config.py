@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -37,6 +38,9 @@ DEFAULT_ALLREDUCE_TIMEOUT_S = 60.0
 # Consecutive failed rank starts before serve gives up and exits 3 (its supervisor then starts it afresh).
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_START_TIMEOUT_S = 600.0
+# The request body limit's default scales with the context (a 256K-token prompt is ~1.8 MB of token ids).
+BODY_BYTES_PER_TOKEN = 16
+MIN_BODY_LIMIT_BYTES = 1 << 20
 SERVICE_LOG = "service.log"  # the structured log's file in the state directory, unless --log-file
 
 
@@ -168,8 +172,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "v100plan-engine/port-PORT)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name /v1/models lists (default: the model directory's name)")
-    parser.add_argument("--body-limit-bytes", type=int, default=1 << 20,
-                        help="largest request body; a larger one is answered 413 (default: %(default)s)")
+    parser.add_argument("--body-limit-bytes", type=int, default=None,
+                        help=f"largest request body; a larger one is answered 413 (default: {BODY_BYTES_PER_TOKEN} "
+                             f"bytes per context position, so a prompt filling --max-context fits; at least "
+                             f"{MIN_BODY_LIMIT_BYTES})")
     parser.add_argument("--start-timeout-s", type=float, default=DEFAULT_START_TIMEOUT_S,
                         help="both ranks must be ready within this (default: %(default)s)")
     parser.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S,
@@ -243,10 +249,27 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "ping_interval_s": ping,
         "log_file": args.log_file or os.path.join(state_dir, SERVICE_LOG),
         "draft_tokens": _draft_tokens(args),
+        "body_limit_bytes": args.body_limit_bytes or body_limit_for(args.max_context or native_context(model)),
     }
     # Every other field is the flag of the same name (a new field without one fails here, at once).
     flags = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if f.name not in computed}
     return ServeConfig(**flags, **computed)
+
+
+def native_context(model: Path) -> int:
+    """The model config's max_position_embeddings (its text_config's for a multimodal wrapper); 0 if absent."""
+    try:
+        raw = json.loads((files_dir(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    raw = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    return int(raw.get("max_position_embeddings") or 0)
+
+
+def body_limit_for(context: int) -> int:
+    """The default request body limit: room for a prompt of ``context`` tokens as token ids (<= 7 bytes each) or as
+    JSON text (about 4 characters a token, 6 bytes for an escaped non-ASCII one)."""
+    return max(MIN_BODY_LIMIT_BYTES, BODY_BYTES_PER_TOKEN * context)
 
 
 def _draft_tokens(args: argparse.Namespace) -> int:

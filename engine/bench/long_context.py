@@ -1,0 +1,95 @@
+"""`python -m engine.bench.long_context`: the service serving a config's shape at its full context, through HTTP.
+
+A random-weights model of --config (engine.core.random_weights: generated on the card at load, so the 27B shape
+needs no 54 GB on disk) is served by `python -m engine serve --tp 2 --max-context N` as a user starts it; one
+streamed completion whose prompt (token ids) fills the context but --tokens generated positions runs to the last
+position. Recorded: the time to the first token (the prefill of the whole prompt), the gaps between the streamed
+tokens there (decode at the end of the context), /health before and after (memory, buckets), and whether every
+requested token came. Prints one JSON document (also written to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from engine import BUNDLE_ROOT, DATA_DIR
+from engine.bench.served import _request, free_port, stop_serve, stream_gaps, wait_healthy
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.long_context", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(DATA_DIR / "qwen3.5-27b.config.json"))
+    p.add_argument("--layers", type=int, default=None, help="keep this many layers (default: all)")
+    p.add_argument("--devices", default="cuda:0,cuda:0")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-context", type=int, default=262144)
+    p.add_argument("--tokens", type=int, default=32, help="tokens generated at the end of the context")
+    p.add_argument("--timeout-s", type=float, default=540)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    from engine.core import random_cli
+
+    work = Path(tempfile.mkdtemp(prefix="v100plan-long-"))
+    mk = ["--config", args.config, "--seed", "0"] + (["--layers", str(args.layers)] if args.layers else [])
+    if random_cli.main([str(work / "model"), *mk]) != 0:
+        return 2
+    raw = json.loads((work / "model" / "config.json").read_text())
+    doc: dict = {"kind": "engine_bench_long_context", "config": Path(args.config).name,
+                 "layers": raw["num_hidden_layers"], "devices": args.devices, "dtype": args.dtype,
+                 "max_context": args.max_context, "tokens": args.tokens, "method": __doc__.strip()}
+
+    def emit():
+        if args.out:
+            Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(work / "model"), "--tp", "2", "--port", str(port),
+           "--device", args.devices, "--dtype", args.dtype, "--max-context", str(args.max_context),
+           "--state-dir", str(work / "state"), "--served-model-name", "bench", "--start-timeout-s", "600",
+           "--stall-timeout-s", "900"]
+    doc["serve_command"] = " ".join(cmd[1:])
+    log = open(work / "serve.log", "wb")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=BUNDLE_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        doc["health_start"] = wait_healthy(port, proc, 600)
+        doc["start_s"] = round(time.perf_counter() - t0, 1)
+        emit()
+        v = min(30000, raw["vocab_size"] - 10)
+        n_prompt = args.max_context - args.tokens
+        prompt = [(7 * i + 3) % v + 10 for i in range(n_prompt)]
+        body = {"model": "bench", "prompt": prompt, "max_tokens": args.tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": True}
+        s = stream_gaps(port, body, timeout_s=args.timeout_s)
+        doc["prompt_tokens"] = n_prompt
+        doc["last_position"] = n_prompt + min(s["events"], args.tokens) - 1  # 0-based: the context's last
+        doc["ttft_s"] = round(s["first_event_ms"] / 1e3, 2) if s["first_event_ms"] is not None else None
+        doc["stream"] = {k: s[k] for k in ("events", "gap_ms_median", "gap_ms_p90", "gap_ms_max")}
+        doc["completed"] = s["events"] >= args.tokens
+        status, text = _request(port, "/health", timeout=10)
+        doc["health_end"] = json.loads(text) if status == 200 else {"status": status}
+    except Exception as e:  # noqa: BLE001 - a failed phase is a result; the log says why
+        doc["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        stop_serve(proc, 60)
+        log.close()
+    doc["log_tail"] = (work / "serve.log").read_text(errors="replace").splitlines()[-20:]
+    emit()
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(doc, indent=1))
+    return 0 if doc.get("completed") else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
