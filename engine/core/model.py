@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from engine.core import prefill_attention
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul  # F.linear for dense or packed (GPTQ / AWQ) weights
 
@@ -368,7 +369,7 @@ class Model:
         gate, up = gu.chunk(2, dim=-1)
         return matmul(F.silu(gate) * up, layer.w2, self._bias_once(layer.b2))
 
-    def _attention(self, layer: Layer, h: torch.Tensor, cos, sin, pos0: int, mask) -> torch.Tensor:
+    def _attention(self, layer: Layer, h: torch.Tensor, cos, sin, pos0: int) -> torch.Tensor:
         """Prefill of a full-attention layer: h [1, T, D] -> o_proj partial [1, T, D]; K/V written."""
         t = h.shape[1]
         end = pos0 + t
@@ -384,11 +385,8 @@ class Model:
             kvquant.write(layer.v_cache, layer.v_scale, v, pos0)
             keys = kvquant.dequantize(layer.k_cache[:, :, :end], layer.k_scale[:, :, :end], q.dtype)
             values = kvquant.dequantize(layer.v_cache[:, :, :end], layer.v_scale[:, :, :end], q.dtype)
-        # query head i reads kv head i // g (enable_gqa: no copy of the prefix's K/V per query head); a chunk
-        # from position 0 is plainly causal, so the kernel needs no mask (and may take its fused path)
-        causal = pos0 == 0 and t > 1
-        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if causal else mask, is_causal=causal,
-                                           enable_gqa=layer.n_heads != layer.n_kv)  # [1, h, T, hd]
+        # query head i reads kv head i // g; causal to the lower right, no [T, end] mask on a GPU
+        a = prefill_attention.attend(q, keys, values, pos0)  # [1, h, T, hd]
         a = a.transpose(1, 2).reshape(1, t, layer.n_heads * layer.hd)
         if gate is not None:
             a = a * torch.sigmoid(gate)
@@ -433,14 +431,11 @@ class Model:
 
     # ---- prefill chunks and eager decode ----------------------------------------------------------
     def chunk_inputs(self, t: int, pos0: int):
-        """(cos [T, rot], sin [T, rot], mask [T, pos0 + T] or None) of a chunk at positions pos0..pos0+T-1."""
+        """(cos [T, rot], sin [T, rot]) of a chunk at positions pos0..pos0+T-1 (the causal rule with the cached
+        prefix is engine.core.prefill_attention's: no mask is made)."""
         if pos0 + t > self.max_context:
             raise ValueError(f"positions up to {pos0 + t} exceed the allocated context {self.max_context}")
-        # Causal mask with the cached prefix: query i (position pos0 + i) sees keys 0..pos0 + i.
-        mask = None
-        if t > 1:
-            mask = torch.ones(t, pos0 + t, dtype=torch.bool, device=self.device).tril(diagonal=pos0)
-        return self.cos[pos0:pos0 + t], self.sin[pos0:pos0 + t], mask
+        return self.cos[pos0:pos0 + t], self.sin[pos0:pos0 + t]
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos0: int, all_logits: bool = False, hidden: bool = False,
@@ -451,13 +446,13 @@ class Model:
         that gets every linear-attention layer's states after each position (``_linear_attention``)."""
         cfg = self.cfg
         t = tokens.shape[1]
-        cos, sin, mask = self.chunk_inputs(t, pos0)
+        cos, sin = self.chunk_inputs(t, pos0)
         x = F.embedding(tokens, self.embed)  # [1, T, D]
         eps, zc = cfg.rms_norm_eps, self.zc
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, eps, zc)
             if layer.kind == "full_attention":
-                x = x + self._reduce(self._attention(layer, h, cos, sin, pos0, mask))
+                x = x + self._reduce(self._attention(layer, h, cos, sin, pos0))
             else:
                 x = x + self._reduce(self._linear_attention(layer, h, pos0, states))
             h = rms_norm(x, layer.post_norm, eps, zc)

@@ -63,13 +63,13 @@ class MTP:
         cfg = model.cfg
         eps, zc = cfg.rms_norm_eps, model.zc
         t = len(tokens)
-        cos, sin, mask = model.chunk_inputs(t, pos0)
+        cos, sin = model.chunk_inputs(t, pos0)
         e = F.embedding(torch.tensor(tokens, device=model.device), model.embed)  # [T, D]
         x = F.linear(torch.cat([rms_norm(e, self.emb_norm, eps, zc), rms_norm(hidden, self.hid_norm, eps, zc)], -1),
                      self.fc)[None]  # [1, T, D]
         layer = self.layers[step % len(self.layers)]
         h = rms_norm(x, layer.input_norm, eps, zc)
-        x = x + model._reduce(model._attention(layer, h, cos, sin, pos0, mask))
+        x = x + model._reduce(model._attention(layer, h, cos, sin, pos0))
         h = rms_norm(x, layer.post_norm, eps, zc)
         x = x + model._reduce(model._mlp(layer, h))
         x = rms_norm(x, self.norm, eps, zc)
