@@ -1,0 +1,60 @@
+"""The 27B hybrid shape served at 256K positions on one H200 (engine.bench.long_context, random weights generated
+at load, two ranks on the one card), judged by what the run measured: the context filled to its last position,
+both ranks' weights the shape's bytes, the prefill rate physically possible, the streamed gaps and the ranks'
+own per-token figure telling the same story."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from engine.core import config as ecfg
+from engine.core import random_weights
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "engine"
+RUNS = sorted(FIX.glob("h200-long-context-27b-256k-*.json"))
+CONFIG = Path(__file__).resolve().parent.parent / "engine" / "data" / "qwen3.5-27b.config.json"
+H200_DENSE_BF16_TFLOPS = 989.5  # NVIDIA's H200 datasheet, dense bf16 (docs/engine-speed.md uses it)
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
+def test_the_context_was_filled_to_its_last_position(path):
+    d = json.loads(path.read_text())
+    assert d["kind"] == "engine_bench_long_context" and d["completed"] and "error" not in d
+    assert d["max_context"] == 262144 and d["layers"] == 64
+    assert d["prompt_tokens"] + d["tokens"] == d["max_context"]
+    assert d["last_position"] == d["max_context"] - 1
+    assert d["stream"]["events"] >= d["tokens"]
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
+def test_both_ranks_held_the_shapes_weights_and_timed_alike(path):
+    d = json.loads(path.read_text())
+    cfg = ecfg.from_dict(json.loads(CONFIG.read_text()))
+    params = sum(math.prod(s) for _, s in random_weights.hf_shapes(cfg))
+    ranks = d["health_end"]["decode"]
+    held = [ranks[r]["weights"]["bytes"] for r in ("0", "1")]
+    assert all(ranks[r]["weights"]["origin"] == "random" for r in ("0", "1"))
+    assert held[0] == held[1]
+    # two halves of a bf16 model, plus the replicated embedding: between the model's bytes and that + one vocab matrix
+    total = 2 * params
+    assert total <= sum(held) <= total + 2 * cfg.vocab_size * cfg.hidden_size * 2 + 1e9
+    # the ranks' own mean time per token and the client's median gap between streamed tokens agree
+    token_ms = [ranks[r]["token_ms"] for r in ("0", "1")]
+    assert abs(token_ms[0] - token_ms[1]) / token_ms[0] < 0.05
+    assert 0.7 < d["stream"]["gap_ms_median"] / token_ms[0] < 1.3
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
+def test_the_prefill_rate_is_physically_possible(path):
+    d = json.loads(path.read_text())
+    cfg = ecfg.from_dict(json.loads(CONFIG.read_text()))
+    t = d["prompt_tokens"]
+    n_attn = cfg.layer_types.count("full_attention")
+    weight_flops = 2 * 26.9e9 * t
+    attn_flops = n_attn * cfg.num_heads * 4 * cfg.head_dim * t * t / 2  # q k^T and p v, causal half
+    rate = (weight_flops + attn_flops) / d["ttft_s"] / 1e12
+    assert 10 < rate < H200_DENSE_BF16_TFLOPS, rate
