@@ -263,6 +263,10 @@ def test_the_served_speculative_answer_equals_one_token_decoding_and_metrics_cou
                   if line.startswith("v100plan_spec_")}
         assert counts["v100plan_spec_draft_tokens_total"] > 0
         assert 0 <= counts["v100plan_spec_accepted_tokens_total"] <= counts["v100plan_spec_draft_tokens_total"]
+        spec = svc.client.get("/health").json()["speculation"]  # the settings and the acceptance since start
+        drafted, accepted = (int(counts[f"v100plan_spec_{k}_tokens_total"]) for k in ("draft", "accepted"))
+        assert spec == {"method": "mtp", "draft_tokens": 2, "mode": "eager", "drafted_tokens": drafted,
+                        "accepted_tokens": accepted, "acceptance_rate": round(accepted / drafted, 4)}
     finally:
         svc.stop()
 
