@@ -47,6 +47,11 @@ def _restore(m, saved):
         t.copy_(s)
 
 
+def close(a, b) -> bool:
+    """Equal up to float32 rounding (cuBLAS may pick another algorithm inside a capture)."""
+    return torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6)
+
+
 def test_the_captured_bodies_replay_to_the_eager_logits_and_states(model):
     sg, prompt = model.decoder.spec, PROMPTS[1]
     n, w = len(prompt), 256
@@ -62,11 +67,11 @@ def test_the_captured_bodies_replay_to_the_eager_logits_and_states(model):
             _restore(model, start)
             got = sg.replay_verify(kk, w)
             torch.cuda.synchronize()
-            assert torch.equal(got, eager)
+            assert close(got, eager) and torch.equal(torch.argmax(got, -1), torch.argmax(eager, -1))
             for (r, s), r2, s2 in zip(rows, sg.rings, sg.recs):
-                assert torch.equal(r[:kk + 1], r2[:kk + 1]) and torch.equal(s[:kk + 1], s2[:kk + 1])
+                assert close(r[:kk + 1], r2[:kk + 1]) and close(s[:kk + 1], s2[:kk + 1])
             for a, b in zip(_snap(model), after):
-                assert torch.equal(a, b)
+                assert close(a, b)
             sg.replay_rollback(0)
             torch.cuda.synchronize()
             lin = [la for la in model.layers if la.kind == "linear_attention"]
@@ -74,15 +79,18 @@ def test_the_captured_bodies_replay_to_the_eager_logits_and_states(model):
                        for la, r, s in zip(lin, sg.rings, sg.recs))
             _restore(model, start)
         # the draft graph: the draft layer's catch-up over 2 rows, then K - 1 one-row steps
+        inputs = [t.clone() for t in (sg.tok, sg.argmax, sg.hid)]  # what the draft reads (it rewrites tok)
         sg.pos.fill_(n - 2)
         sg.draft(2, w)
         eager_tok, eager_mtp = sg.tok.clone(), _snap(model)[-2:]
         _restore(model, start)
+        for t, s in zip((sg.tok, sg.argmax, sg.hid), inputs):
+            t.copy_(s)
         sg.pos.fill_(n - 2)
         sg.replay_draft(2, w)
         torch.cuda.synchronize()
         assert torch.equal(sg.tok, eager_tok) and int(sg.pos) == n
-        assert all(torch.equal(a, b) for a, b in zip(_snap(model)[-2:], eager_mtp))
+        assert all(close(a, b) for a, b in zip(_snap(model)[-2:], eager_mtp))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["short", "bucket-edge"])

@@ -90,6 +90,23 @@ def _wall_ms(fn, n: int = 20, batches: int = 5) -> float:
     return statistics.median(res)
 
 
+def kernels_launched(fn) -> int | None:
+    """GPU kernels one eager call of fn launches (torch.profiler's CUDA activity): a captured step replays the same
+    ones, and at a few microseconds each their count is the verification's fixed cost beside its bytes. None when the
+    profiler gives no device events here."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:  # noqa: BLE001 (a diagnostic: the timings stand without it)
+        return None
+    return n or None
+
+
 def predicted(model, context: int, k: int, read_gbps: float) -> dict:
     """Bytes over read bandwidth: the step and the verification of k + 1 rows (module docstring)."""
     from engine.bench.decode import state_bytes_per_step
@@ -117,8 +134,10 @@ def measure(config: str, layers: int, dtype, context: int, ks: list[int], read_g
     pos0 = context - 1
     graph, _, pos = dec.graph_for(window)
     pos.fill_(pos0)
+    step_tok = torch.zeros(1, dtype=torch.long, device="cuda")
     out = {"layers": layers, "kernels": dec.kernels, "window": window,
            "step_ms": round(_events_ms(graph.replay, n=50), 4),
+           "step_kernels": kernels_launched(lambda: dec.step(step_tok, torch.full_like(step_tok, pos0), window)),
            "predicted": {k: predicted(m, context, k, read_gbps) for k in ks}, "K": {}}
     for k in ks:
         sg = SpecGraphs(m, k, [window])
@@ -139,6 +158,7 @@ def measure(config: str, layers: int, dtype, context: int, ks: list[int], read_g
                "draft_ms": {r: round(_events_ms(lambda r=r: draft(r)), 4) for r in range(1, k + 2)},
                "rollback_ms": round(_events_ms(rollback), 4)}
         row["verify_over_step"] = round(row["verify_ms"] / out["step_ms"], 3)
+        row["verify_kernels"] = kernels_launched(lambda sg=sg, k=k: sg.verify(k, window))
 
         def round_(sg=sg, k=k):  # graph_round's host path, every draft rejected
             sg.pos.fill_(pos0 - 1)

@@ -11,8 +11,8 @@ A round on graphs (greedy):
       linear-attention layer's conv ring and recurrent state after every position go into static buffers
       ``rings[i]`` / ``recs[i]``; the argmax of every row into ``argmax``.
   one read-back (``tok`` and ``argmax``: 2 (K + 1) integers) -> the accepted count a on the host;
-  rollback graph (a < K)  each linear-attention layer's ring and state := rings[a] / recs[a], picked on the device
-      by an index (no host copy of any state).
+  rollback graph a (a < K)  every linear-attention layer's ring and state := rings[a] / recs[a]: device copies
+      (two multi-tensor kernels for all layers; no host copy of any state), one graph per a.
 Sampled rounds draft eagerly (the rejection rule draws on the host) and verify through the same graph.
 
 The row functions below are the graphs' bodies; on CPU they run eagerly (tests compare them with the eager
@@ -124,7 +124,7 @@ class SpecGraphs:
     """The captured round of K drafts (module docstring). Static buffers: ``tok`` [K + 1] (the round's first
     token, then the drafts), ``pos`` [1] (its position), ``hid`` [K + 1, D] (the verification's hidden states:
     the next draft's inputs), ``argmax`` [K + 1], per linear-attention layer ``rings`` [K + 1, C, K_conv] and
-    ``recs`` [K + 1, nv, dk, dv], ``a`` [1] (the row to roll back to)."""
+    ``recs`` [K + 1, nv, dk, dv]."""
 
     def __init__(self, model, k: int, windows: list[int]):
         self.model, self.k, self.windows = model, k, windows
@@ -133,14 +133,13 @@ class SpecGraphs:
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.hid = torch.zeros(k + 1, model.cfg.hidden_size, dtype=model.dtype, device=dev)
         self.argmax = torch.zeros(k + 1, dtype=torch.long, device=dev)
-        self.a = torch.zeros(1, dtype=torch.long, device=dev)
         self.rings = [torch.zeros(k + 1, *la.conv_ring.shape, dtype=la.conv_ring.dtype, device=dev) for la in lin]
         self.recs = [torch.zeros(k + 1, *la.rec_state.shape, dtype=torch.float32, device=dev) for la in lin]
         self.lin = lin
         self.out = torch.zeros(2 * (k + 1), dtype=torch.long, device=dev)  # [tok | argmax]: the one read-back
         self._verify: dict[tuple[int, int], tuple] = {}  # (drafts, window) -> (graph, logits [kk + 1, V])
         self._draft: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (rows, window) -> graph
-        self._rollback = None
+        self._rollback: dict[int, torch.cuda.CUDAGraph] = {}  # accepted drafts a < K -> graph
         self.info = {"draft_tokens": k, "graphs": 0, "capture_s": None}
 
     # ---- the bodies --------------------------------------------------------------------------------
@@ -166,24 +165,24 @@ class SpecGraphs:
                 hs, logits = draft_rows(self.model, self.tok[j:j + 1], hs[-1:], start + j - 1, window, step=j)
         self.pos.copy_(start)
 
-    def rollback(self) -> None:
-        """Every linear-attention layer's ring and state as after row ``a`` (a device index)."""
-        for la, rings, recs in zip(self.lin, self.rings, self.recs):
-            la.conv_ring.copy_(rings.index_select(0, self.a)[0])
-            la.rec_state.copy_(recs.index_select(0, self.a)[0])
+    def rollback(self, a: int) -> None:
+        """Every linear-attention layer's ring and state as after row ``a`` (a graph's body per a)."""
+        if self.lin:
+            torch._foreach_copy_([la.rec_state for la in self.lin], [recs[a] for recs in self.recs])
+            torch._foreach_copy_([la.conv_ring for la in self.lin], [rings[a] for rings in self.rings])
 
     # ---- capture and replay ------------------------------------------------------------------------
     @torch.inference_mode()
     def capture(self, pool=None, warm=None):
         """One graph per (drafts 0..K, window) for the verification, per (rows 1..K + 1, window) for the greedy
-        drafts, one for the rollback. Warm-up runs write K/V and states at positions 0..2K, which every request's
+        drafts, per accepted count 0..K - 1 for the rollback. Warm-up runs write K/V and states at positions 0..2K, which every request's
         prefill writes again before reading. ``warm(fn)``: runs fn's warm-ups on a side stream."""
         t0 = time.perf_counter()
         bodies = [(("v", kk, w), lambda kk=kk, w=w: self.verify(kk, w)) for w in self.windows
                   for kk in range(self.k + 1)]
         bodies += [(("d", r, w), lambda r=r, w=w: self.draft(r, w)) for w in self.windows
                    for r in range(1, self.k + 2)]
-        bodies.append((("r",), self.rollback))
+        bodies += [(("r", a), lambda a=a: self.rollback(a)) for a in range(self.k)]
         for key, body in bodies:
             self.pos.zero_()
             side = torch.cuda.Stream(self.model.device)
@@ -203,7 +202,7 @@ class SpecGraphs:
             elif key[0] == "d":
                 self._draft[key[1:]] = g
             else:
-                self._rollback = g
+                self._rollback[key[1]] = g
         torch.cuda.synchronize(self.model.device)
         self.info.update(graphs=len(bodies), capture_s=round(time.perf_counter() - t0, 2))
         return pool
@@ -217,5 +216,4 @@ class SpecGraphs:
         return logits
 
     def replay_rollback(self, a: int) -> None:
-        self.a.fill_(a)
-        self._rollback.replay()
+        self._rollback[a].replay()
