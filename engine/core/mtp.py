@@ -20,6 +20,10 @@ min(1, p(x) / q(x)) and otherwise draws from norm(max(p - q, 0)) (Leviathan et a
 distribution of every token that of p; every draw uses the Sampler's generator so TP2 ranks draw alike. The
 linear-attention states roll back to the last accepted position; K/V written past it is overwritten by the next
 round before any query can see it (attention reads positions up to its own only).
+
+That is the eager round (CPU, and paths that cannot be captured). On CUDA graphs the same round replays
+engine.core.spec_graphs' captured steps (``graph_round``): the draft graph, the verification graph of K + 1
+positions, one read-back, the rollback graph; the tokens are the eager round's.
 """
 
 from __future__ import annotations
