@@ -16,18 +16,15 @@ from engine.core import config as ecfg
 from engine.core import demo, mtp, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO
+from tests.engine_helpers import REPO, one_torch_thread
 
 CHUNK = 16  # prefill chunk: the prompts below cross its boundaries
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """These models are tiny: more threads only spin against the other processes on the machine (15x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -107,12 +107,15 @@ def test_read_bandwidth_from_the_environment_is_labelled_flag(monkeypatch):
     assert got["read_bw_source"] == "measured" and got["read_bw_gbps"] > 0.1
 
 
+class Link:
+    """What DecodeReport reads of a rank's link: its rank and ready message."""
+
+    def __init__(self, rank, ready):
+        self.rank, self.ready = rank, ready
+
+
 def test_report_replaces_a_pair_and_never_invents_figures(tmp_path):
     """A new pair clears the old pair's figures; a rank that has not reported has no gauge."""
-    class Link:
-        def __init__(self, rank, ready):
-            self.rank, self.ready = rank, ready
-
     m = Metrics()
     log = StructuredLog(os.fspath(tmp_path / "log"))
     rep = DecodeReport(m, log)
@@ -136,10 +139,6 @@ def test_report_replaces_a_pair_and_never_invents_figures(tmp_path):
 
 
 def test_health_speculation_shows_the_settings_and_the_acceptance_since_start(tmp_path):
-    class Link:
-        def __init__(self, rank, ready):
-            self.rank, self.ready = rank, ready
-
     m = Metrics()
     log = StructuredLog(os.fspath(tmp_path / "log"))
     rep = DecodeReport(m, log)

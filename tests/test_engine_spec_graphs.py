@@ -1,10 +1,13 @@
 """The captured speculative round's bodies (engine.core.spec_graphs) against the eager verification and drafts
 (engine.core.mtp), on CPU where they run eagerly: the same logits, hidden states, per-position linear-attention
-states and K/V; the device-index rollback equals the eager one; and the host side of a graph round (one read-back,
+states and K/V; the rollback equals the eager one; and the host side of a graph round (one read-back,
 the accepted count, the rollback) gives exactly one-token decoding's tokens with the bodies standing in for the
-replays. The graphs themselves: tests/test_engine_spec_graphs_gpu.py."""
+replays; the kernels under Triton's interpreter (tests/engine_spec_cases.py). The graphs themselves:
+tests/test_engine_spec_graphs_gpu.py."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from engine.core import demo, mtp, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
 from engine.core.spec_graphs import SpecGraphs
+from tests.engine_helpers import one_torch_thread, run_interpreter_cases
 
 PROMPT = [1] + [(7 * i + 3) % 250 + 3 for i in range(20)]
 K = 3
@@ -22,10 +26,8 @@ WINDOW = 64
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +142,9 @@ def test_graph_rounds_give_exactly_the_tokens_of_one_token_decoding(model, k):
 def _sampled(model, spec, k):
     model.decoder.spec = spec
     return runner.run(model, PROMPT, 8, Sampler(0.8, seed=11), set(), 8, spec_tokens=k)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed: the kernels cannot run (pip install triton)")
+def test_the_verification_kernels_match_the_torch_body_under_the_triton_interpreter():
+    run_interpreter_cases("tests/engine_spec_cases.py", 5)

@@ -27,6 +27,7 @@ import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 from engine import DATA_DIR
@@ -61,23 +62,11 @@ def _model(config: str, layers: int, dtype, context: int):
     return m
 
 
-def _events_ms(fn, n: int = 20, batches: int = 5) -> float:
+def _events_ms(fn, n: int = 20) -> float:
     """Median ms per call of fn (replays, with the position fills they need) between CUDA events."""
-    import torch
+    from engine.core import timing
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(batches):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(n):
-            fn()
-        e.record()
-        e.synchronize()
-        res.append(s.elapsed_time(e) / n)
-    return statistics.median(res)
+    return timing.time_graph_ms(types.SimpleNamespace(replay=fn), n=n)
 
 
 def _wall_ms(fn, n: int = 20, batches: int = 5) -> float:

@@ -95,6 +95,29 @@ def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tenso
     return F.linear(torch.stack(ys).view(1, t, -1), layer.w_out)
 
 
+def add_norm(model, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, RMSNorm(x + delta) * weight): one kernel for all rows where the kernels run
+    (engine.core.rows_norm), else the torch form (model.rms_norm's rounding either way)."""
+    from engine.core import rows_norm
+
+    eps, zc = model.cfg.rms_norm_eps, model.zc
+    if rows_norm.runs_here(x.device):
+        return rows_norm.add_norm(x, delta, weight, eps, zc)
+    x = x + delta
+    return x, rms_norm(x, weight, eps, zc)
+
+
+def rows_forward(model, x: torch.Tensor, mix) -> torch.Tensor:
+    """Model.layers_forward and the final norm for T rows, each residual add fused with the norm after it."""
+    delta = torch.zeros_like(x)
+    for layer in model.layers:
+        x, h = add_norm(model, x, delta, layer.input_norm)
+        delta = model._reduce(mix(layer, h))
+        x, h = add_norm(model, x, delta, layer.post_norm)
+        delta = model._reduce(model._mlp(layer, h))
+    return add_norm(model, x, delta, model.norm)[1]
+
+
 def verify_rows(model, tok: torch.Tensor, pos: torch.Tensor, window: int, rings: list, recs: list):
     """The model over tok [T] at positions pos.. (device [1]) -> (float32 logits [T, V], final-norm hidden [T, D]);
     K/V written, the linear-attention layers' per-row states into rings[j] / recs[j] (j: their order)."""
@@ -108,8 +131,7 @@ def verify_rows(model, tok: torch.Tensor, pos: torch.Tensor, window: int, rings:
         j = slot[id(layer)]
         return gdn_rows(model, layer, h, pp, rings[j], recs[j])
 
-    x = model.layers_forward(F.embedding(tok.view(1, t), model.embed), mix)
-    x = rms_norm(x, model.norm, model.cfg.rms_norm_eps, model.zc)
+    x = rows_forward(model, F.embedding(tok.view(1, t), model.embed), mix)
     return model._gather(F.linear(x, model.head)).float()[0], x[0]
 
 
