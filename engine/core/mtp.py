@@ -204,6 +204,7 @@ def graph_round(model, decoder, sg, sampler: Sampler, kk: int, m_tokens: list[in
         sg.pos.fill_(pos)
     logits = sg.replay_verify(kk, window)
     vals = sg.out.tolist()  # the round's one host sync: [tokens | the verification's argmax per row]
+    decoder.after_step()  # a GPU-side allreduce wait that timed out in these graphs fails here, in its round
     drafts, top = vals[1:kk + 1], vals[k + 1:]
     if greedy:
         a = 0
