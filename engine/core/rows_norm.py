@@ -29,7 +29,9 @@ def _kernel():
                         BLOCK: tl.constexpr):
         row = tl.program_id(0)
         dt = h_ptr.dtype.element_ty
-        xr, dr, off = x_ptr + row * K, d_ptr + row * K, row * K
+        off = row * K
+        xr = x_ptr + off
+        dr = d_ptr + off
         rstd = _norm_stats(xr, dr, xo_ptr + off, K, 0, eps, dt, EMU, BLOCK)  # writes the row's x + delta
         cols = tl.arange(0, BLOCK)
         for k0 in range(0, K, BLOCK):
