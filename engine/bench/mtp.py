@@ -16,7 +16,8 @@ Two depths (--layers, default 8,16) give each time as fixed + per-layer x layers
 the host are the fixed part), and ``full_depth`` projects the figures to the config's own layer count.
 The prediction (``predicted``) is bytes read over the card's measured read bandwidth, made before the timing:
 the verification reads the weights once for its K + 1 rows (skinny products stay bandwidth-bound), K/V once,
-and each row's linear-attention state three times over (the rule's read and write, the copy kept for rollback).
+and moves each row's linear-attention state twice a step's bytes (the rule's read and write, then the copy kept
+for the rollback read and written); kernel launches are not in it (``verify_kernels`` counts them).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def predicted(model, context: int, k: int, read_gbps: float) -> dict:
     st = state_bytes_per_step(model)
     mtp_w = sum(t.numel() * t.element_size() for _, t in model.mtp.weights()) + model.head.numel() * model.head.element_size()
     step = (w + kv + st) / read_gbps / 1e6
-    verify = (w + kv + (k + 1) * 1.5 * st) / read_gbps / 1e6
+    verify = (w + kv + (k + 1) * 2 * st) / read_gbps / 1e6
     return {"step_ms": round(step, 4), "verify_ms": round(verify, 4), "verify_over_step": round(verify / step, 3),
             "draft_ms": round(k * mtp_w / read_gbps / 1e6, 4)}
 
