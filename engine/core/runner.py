@@ -373,6 +373,10 @@ def describe(info: dict) -> str:
         s += f"; windows {info['windows']}; captured in {info['capture_s']} s"
     if info.get("lockstep"):
         s += f"; lockstep {info['lockstep']}"
+    spec = info.get("speculation")
+    if spec:
+        s += f"; speculation mtp, {spec['draft_tokens']} drafts per round, {spec['mode']}" + (
+            f" ({spec['graphs']} graphs captured in {spec['capture_s']} s)" if spec["graphs"] else "")
     return s
 
 
