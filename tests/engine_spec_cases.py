@@ -40,12 +40,15 @@ def test_the_row_norm_kernel_rounds_as_the_torch_norm(dtype, zc):
     w = (0.1 * torch.randn(96, generator=g)).to(dtype) + (0 if zc else 1)
     xo, h = rows_norm.add_norm(x, d, w, 1e-6, zc)
     assert torch.equal(xo, x + d)
-    want = rms_norm(x + d, w, 1e-6, zc)
-    if dtype == torch.float32:
-        torch.testing.assert_close(h, want, rtol=1e-5, atol=1e-6)
-    else:  # one bf16 step at most where the float32 statistics differ in their last bits
-        assert (h.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()
-        assert (h != want).float().mean() < 0.02
+    heads = x.view(1, 5, 3, 32)[..., :16]  # q heads as the verification norms them: a strided view, rows of 16
+    for got, want in ((h, rms_norm(x + d, w, 1e-6, zc)),
+                      (rows_norm.norm(heads, w[:16], 1e-6, zc), rms_norm(heads, w[:16], 1e-6, zc))):
+        assert got.shape == want.shape
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:  # one bf16 step at most where the float32 statistics differ in their last bits
+            assert (got.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()
+            assert (got != want).float().mean() < 0.02
 
 
 def test_the_verification_body_with_the_kernels_equals_the_torch_body(kernels_on_cpu, monkeypatch):

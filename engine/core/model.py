@@ -278,8 +278,9 @@ class Layer:
     def mlp_tensors(self, rank: int) -> tuple:
         return self.post_norm, self.w13, self.b13, self.w2, self.b2 if rank == 0 else None
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float):
-        """Prefill: (q [B, h, T, hd], k [B, kv, T, hd], v [B, kv, T, hd], gate [B, T, h hd] or None)."""
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, norm=rms_norm):
+        """Prefill: (q [B, h, T, hd], k [B, kv, T, hd], v [B, kv, T, hd], gate [B, T, h hd] or None). ``norm``:
+        the q / k norm (rms_norm's signature; the speculative verification passes its one-kernel form)."""
         b, t, _ = x.shape
         qkv = matmul(x, self.wqkv, self.bqkv)  # [B, T, q rows + 2 kv hd]
         q, k, v = qkv.split([self.q_rows, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
@@ -291,8 +292,8 @@ class Layer:
         k = k.view(b, t, self.n_kv, self.hd)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)  # [B, kv, T, hd]
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, eps, self.zc)
-            k = rms_norm(k, self.k_norm, eps, self.zc)
+            q = norm(q, self.q_norm, eps, self.zc)
+            k = norm(k, self.k_norm, eps, self.zc)
         q = q.transpose(1, 2)  # [B, h, T, hd]
         k = k.transpose(1, 2)  # [B, kv, T, hd]
         cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, rot]

@@ -43,8 +43,11 @@ def attend_rows(model, layer, h: torch.Tensor, cos, sin, pp: torch.Tensor, bias:
                 window: int) -> torch.Tensor:
     """A full-attention layer over T rows at device positions ``pp``: h [1, T, D] -> o_proj partial [1, T, D]; the
     rows' K/V written at pp, attention over cache positions [0, window) under ``bias`` [T, W]."""
+    from engine.core import rows_norm
+
     t = h.shape[1]
-    q, k, v, gate = layer.qkv(h, cos, sin, model.cfg.rms_norm_eps)  # q [1, h, T, hd], k / v [1, kv, T, hd]
+    norm = rows_norm.norm if rows_norm.runs_here(h.device) else rms_norm
+    q, k, v, gate = layer.qkv(h, cos, sin, model.cfg.rms_norm_eps, norm)  # q [1, h, T, hd], k / v [1, kv, T, hd]
     if layer.k_scale is None:
         layer.k_cache.index_copy_(2, pp, k)
         layer.v_cache.index_copy_(2, pp, v)
