@@ -74,8 +74,12 @@ def test_the_verification_body_with_the_kernels_equals_the_torch_body(kernels_on
         with torch.inference_mode():
             logits = sg.verify(3, 64)
         out[fused] = (logits, sg.hid.clone(), [r.clone() for r in sg.recs], [r.clone() for r in sg.rings])
-    (lf, hf, rf, cf), (lt, ht, rt, ct) = out[True], out[False]
+        with torch.inference_mode():  # the greedy drafts after it (the draft layer's norms: the kernel's too)
+            sg.draft(2, 64)
+        out[fused] += (sg.tok.tolist(),)
+    (lf, hf, rf, cf, df), (lt, ht, rt, ct, dt) = out[True], out[False]
     torch.testing.assert_close(lf, lt, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(hf, ht, rtol=1e-4, atol=1e-5)
     for a, b in zip(rf + cf, rt + ct):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert df == dt

@@ -68,20 +68,21 @@ class MTP:
         return self.run(model, torch.tensor(tokens, device=model.device), hidden, step,
                         lambda layer, h: model._attention(layer, h, cos, sin, pos0, mask))
 
-    def run(self, model, tokens: torch.Tensor, hidden: torch.Tensor, step: int,
-            attend: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, model, tokens: torch.Tensor, hidden: torch.Tensor, step: int, attend: Callable,
+            norm: Callable = rms_norm) -> tuple[torch.Tensor, torch.Tensor]:
         """forward's arithmetic with tokens [T] on the device; ``attend(layer, h [1, T, D])`` -> the o_proj partial
-        (the prefill attention, or engine.core.spec_graphs' one with device positions)."""
+        (the prefill attention, or engine.core.spec_graphs' one with device positions); ``norm``: rms_norm or its
+        one-kernel form (engine.core.rows_norm.norm)."""
         eps, zc = model.cfg.rms_norm_eps, model.zc
         e = F.embedding(tokens, model.embed)  # [T, D]
-        x = F.linear(torch.cat([rms_norm(e, self.emb_norm, eps, zc), rms_norm(hidden, self.hid_norm, eps, zc)], -1),
+        x = F.linear(torch.cat([norm(e, self.emb_norm, eps, zc), norm(hidden, self.hid_norm, eps, zc)], -1),
                      self.fc)[None]  # [1, T, D]
         layer = self.layers[step % len(self.layers)]
-        h = rms_norm(x, layer.input_norm, eps, zc)
+        h = norm(x, layer.input_norm, eps, zc)
         x = x + model._reduce(attend(layer, h))
-        h = rms_norm(x, layer.post_norm, eps, zc)
+        h = norm(x, layer.post_norm, eps, zc)
         x = x + model._reduce(model._mlp(layer, h))
-        x = rms_norm(x, self.norm, eps, zc)
+        x = norm(x, self.norm, eps, zc)
         return x[0], model._gather(F.linear(x, model.head)).float()[0]
 
 

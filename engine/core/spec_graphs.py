@@ -140,9 +140,12 @@ def verify_rows(model, tok: torch.Tensor, pos: torch.Tensor, window: int, rings:
 
 def draft_rows(model, tok: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, window: int, step: int = 0):
     """MTP.forward with tokens tok [T] on the device and positions pos.. (device [1])."""
+    from engine.core import rows_norm
+
     pp, cos, sin, bias = row_inputs(model, pos, tok.shape[0], window)
     return model.mtp.run(model, tok, hidden, step, lambda layer, h: attend_rows(model, layer, h, cos, sin, pp, bias,
-                                                                                window))
+                                                                                window),
+                         rows_norm.norm if rows_norm.runs_here(tok.device) else rms_norm)
 
 
 class SpecGraphs:
