@@ -52,12 +52,6 @@ def _kernel():
     return add_norm_kernel
 
 
-def runs_here(device: torch.device) -> bool:
-    from engine.core import attention
-
-    return attention.runs_here(device)
-
-
 def add_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
              zc: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x, delta [..., K] (same shape) -> (x + delta, RMSNorm(x + delta) * weight) in x's dtype, every row of K

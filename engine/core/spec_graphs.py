@@ -30,6 +30,24 @@ from engine.core.model import gdn_mix, rms_norm
 from engine.core.quant import matmul
 
 
+def kernels_here(model) -> bool:
+    """Whether the verification runs Triton kernels (engine.core.rows_norm, gdn_fused's decode kernel): where the
+    decoder's blocks do (its kernel choice is not "eager": Triton present, a card it targets, not asked off), and
+    on CPU tensors under Triton's interpreter (the tests)."""
+    from engine.core import attention
+
+    if not attention.runs_here(model.device):
+        return False
+    dec = getattr(model, "decoder", None)
+    return model.device.type != "cuda" or dec is None or dec.kernels != "eager"
+
+
+def _norm(model):
+    from engine.core import rows_norm
+
+    return rows_norm.norm if kernels_here(model) else rms_norm
+
+
 def row_inputs(model, pos: torch.Tensor, t: int, window: int):
     """(positions [T], cos [T, rot], sin [T, rot], additive float32 mask [T, W]) of T rows from device ``pos``."""
     pp = pos + torch.arange(t, device=pos.device)  # [T]
@@ -43,11 +61,8 @@ def attend_rows(model, layer, h: torch.Tensor, cos, sin, pp: torch.Tensor, bias:
                 window: int) -> torch.Tensor:
     """A full-attention layer over T rows at device positions ``pp``: h [1, T, D] -> o_proj partial [1, T, D]; the
     rows' K/V written at pp, attention over cache positions [0, window) under ``bias`` [T, W]."""
-    from engine.core import rows_norm
-
     t = h.shape[1]
-    norm = rows_norm.norm if rows_norm.runs_here(h.device) else rms_norm
-    q, k, v, gate = layer.qkv(h, cos, sin, model.cfg.rms_norm_eps, norm)  # q [1, h, T, hd], k / v [1, kv, T, hd]
+    q, k, v, gate = layer.qkv(h, cos, sin, model.cfg.rms_norm_eps, _norm(model))  # q [1, h, T, hd], k / v [1, kv, T, hd]
     if layer.k_scale is None:
         layer.k_cache.index_copy_(2, pp, k)
         layer.v_cache.index_copy_(2, pp, v)
@@ -71,9 +86,9 @@ def attend_rows(model, layer, h: torch.Tensor, cos, sin, pp: torch.Tensor, bias:
 
 
 def _fused_gdn(model, layer) -> bool:
-    from engine.core import attention, gdn_fused
+    from engine.core import gdn_fused
 
-    return attention.runs_here(model.device) and gdn_fused.supported(layer.dk, layer.dv)
+    return kernels_here(model) and gdn_fused.supported(layer.dk, layer.dv)
 
 
 def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tensor,
@@ -104,7 +119,7 @@ def add_norm(model, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) 
     from engine.core import rows_norm
 
     eps, zc = model.cfg.rms_norm_eps, model.zc
-    if rows_norm.runs_here(x.device):
+    if kernels_here(model):
         return rows_norm.add_norm(x, delta, weight, eps, zc)
     x = x + delta
     return x, rms_norm(x, weight, eps, zc)
@@ -140,12 +155,9 @@ def verify_rows(model, tok: torch.Tensor, pos: torch.Tensor, window: int, rings:
 
 def draft_rows(model, tok: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, window: int, step: int = 0):
     """MTP.forward with tokens tok [T] on the device and positions pos.. (device [1])."""
-    from engine.core import rows_norm
-
     pp, cos, sin, bias = row_inputs(model, pos, tok.shape[0], window)
     return model.mtp.run(model, tok, hidden, step, lambda layer, h: attend_rows(model, layer, h, cos, sin, pp, bias,
-                                                                                window),
-                         rows_norm.norm if rows_norm.runs_here(tok.device) else rms_norm)
+                                                                                window), _norm(model))
 
 
 class SpecGraphs:
