@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Tiny models on one thread: more only spin against the other processes on the machine (15x slower)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "engine" / "configs"
 
 # Real config.json values, shrunk so a model runs in milliseconds on CPU: width, depth and vocabulary

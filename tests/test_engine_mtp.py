@@ -16,18 +16,15 @@ from engine.core import config as ecfg
 from engine.core import demo, mtp, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO
+from tests.engine_helpers import REPO, one_torch_thread
 
 CHUNK = 16  # prefill chunk: the prompts below cross its boundaries
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """These models are tiny: more threads only spin against the other processes on the machine (15x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +260,10 @@ def test_the_served_speculative_answer_equals_one_token_decoding_and_metrics_cou
                   if line.startswith("v100plan_spec_")}
         assert counts["v100plan_spec_draft_tokens_total"] > 0
         assert 0 <= counts["v100plan_spec_accepted_tokens_total"] <= counts["v100plan_spec_draft_tokens_total"]
+        spec = svc.client.get("/health").json()["speculation"]  # the settings and the acceptance since start
+        drafted, accepted = (int(counts[f"v100plan_spec_{k}_tokens_total"]) for k in ("draft", "accepted"))
+        assert spec == {"method": "mtp", "draft_tokens": 2, "mode": "eager", "drafted_tokens": drafted,
+                        "accepted_tokens": accepted, "acceptance_rate": round(accepted / drafted, 4)}
     finally:
         svc.stop()
 

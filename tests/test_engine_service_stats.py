@@ -107,12 +107,15 @@ def test_read_bandwidth_from_the_environment_is_labelled_flag(monkeypatch):
     assert got["read_bw_source"] == "measured" and got["read_bw_gbps"] > 0.1
 
 
+class Link:
+    """What DecodeReport reads of a rank's link: its rank and ready message."""
+
+    def __init__(self, rank, ready):
+        self.rank, self.ready = rank, ready
+
+
 def test_report_replaces_a_pair_and_never_invents_figures(tmp_path):
     """A new pair clears the old pair's figures; a rank that has not reported has no gauge."""
-    class Link:
-        def __init__(self, rank, ready):
-            self.rank, self.ready = rank, ready
-
     m = Metrics()
     log = StructuredLog(os.fspath(tmp_path / "log"))
     rep = DecodeReport(m, log)
@@ -132,4 +135,21 @@ def test_report_replaces_a_pair_and_never_invents_figures(tmp_path):
     text = m.render()
     assert "v100plan_decode_step_ms{" not in text and 'source="flag"' not in text
     assert 'v100plan_decode_mode{kernels="compiled",mode="eager",rank="0"} 1' in text
+    log.close()
+
+
+def test_health_speculation_shows_the_settings_and_the_acceptance_since_start(tmp_path):
+    m = Metrics()
+    log = StructuredLog(os.fspath(tmp_path / "log"))
+    rep = DecodeReport(m, log)
+    assert rep.speculation(0) == {"method": "off", "draft_tokens": None, "mode": None, "drafted_tokens": 0,
+                                  "accepted_tokens": 0, "acceptance_rate": None}
+    rep.ranks_up([Link(0, {"decode": {"mode": "graphs", "speculation": {"mode": "graphs", "draft_tokens": 3}}})])
+    assert rep.speculation(3)["acceptance_rate"] is None  # nothing drafted yet: no rate, not zero
+    for drafted, accepted in ((9, 7), (6, 2)):  # two requests' counts, as proxy_service adds them
+        m.inc("v100plan_spec_draft_tokens_total", drafted)
+        m.inc("v100plan_spec_accepted_tokens_total", accepted)
+    rep.ranks_up([Link(0, {"decode": {"speculation": {"mode": "graphs"}}})])  # a restarted pair keeps the totals
+    assert rep.speculation(3) == {"method": "mtp", "draft_tokens": 3, "mode": "graphs", "drafted_tokens": 15,
+                                  "accepted_tokens": 9, "acceptance_rate": 0.6}
     log.close()

@@ -423,3 +423,14 @@ def test_each_testsuite_is_stamped_with_its_first_scenarios_start():
     stamps = {x.get("name").rsplit(".", 1)[1]: x.get("timestamp") for x in _junit(report).findall("testsuite")}
     assert {g: stamps[g] for g in first} == first
     assert len(set(first.values())) == len(first) > 1  # not one write time for every suite
+
+
+def test_the_target_shows_the_engines_speculation_and_its_acceptance_rate():
+    report = _load("sample-report.json")
+    report["target"]["speculation"] = {"method": "mtp", "draft_tokens": 3, "mode": "graphs", "drafted_tokens": 300,
+                                       "accepted_tokens": 186, "acceptance_rate": 0.62}
+    validate_report(report)
+    text = " ".join(_parse(render_html(report)).text)
+    assert "mtp, 3 drafts per round (graphs), acceptance 0.620 (186 of 300 drafts)" in text
+    report["target"]["speculation"] = {**report["target"]["speculation"], "method": "off"}
+    assert "drafts per round" not in render_html(report)  # off: no row

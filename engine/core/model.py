@@ -158,12 +158,21 @@ def gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, co
               nk: int, nv: int, dk: int, dv: int, eps: float, zc: bool = True, linear=F.linear):
     """The decode step's first half-layer of a Gated DeltaNet layer. x, delta [1, 1, D] -> (x + delta,
     out_proj partial [1, 1, D]). One token: the conv ring and the recurrent state are updated in place at
-    ``pos`` (engine.core.gdn.conv_step, step); nothing depends on pos's value on the host (capturable)."""
-    from engine.core import gdn
-
+    ``pos`` (gdn_mix); nothing depends on pos's value on the host (capturable)."""
     x = x + delta
     h = rms_norm(x, input_norm, eps, zc)
     proj = linear(h, w_in, None).view(-1)  # [conv channels | z | b | a]
+    y = gdn_mix(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, nk=nk, nv=nv, dk=dk, dv=dv, eps=eps)
+    return x, linear(y.reshape(1, 1, nv * dv), w_out, None)
+
+
+def gdn_mix(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, *, nk: int, nv: int, dk: int, dv: int,
+            eps: float) -> torch.Tensor:
+    """One token's work between a Gated DeltaNet layer's projections (the signature of
+    engine.core.gdn_fused.gdn_decode, in torch): proj [conv channels | z | b | a] -> y [nv dv] in proj's dtype;
+    the conv ring and the recurrent state are updated in place at ``pos`` (device [1])."""
+    from engine.core import gdn
+
     kd, vd = nk * dk, nv * dv
     mixed, z, b, a = proj.split([2 * kd + vd, vd, nv, nv])
     mixed = gdn.conv_step(mixed, conv_ring, conv_w, pos)
@@ -171,8 +180,7 @@ def gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, co
     beta = torch.sigmoid(b)
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
     o = gdn.step(q.view(nk, dk), k.view(nk, dk), v.view(nv, dv), g, beta, rec_state)  # [nv, dv] float32
-    y = gated_norm(o.to(x.dtype), z.view(nv, dv), gnorm, eps)
-    return x, linear(y.reshape(1, 1, vd), w_out, None)
+    return gated_norm(o.to(proj.dtype), z.view(nv, dv), gnorm, eps).reshape(vd)
 
 
 def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -271,8 +279,9 @@ class Layer:
     def mlp_tensors(self, rank: int) -> tuple:
         return self.post_norm, self.w13, self.b13, self.w2, self.b2 if rank == 0 else None
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float):
-        """Prefill: (q [B, h, T, hd], k [B, kv, T, hd], v [B, kv, T, hd], gate [B, T, h hd] or None)."""
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, norm=rms_norm):
+        """Prefill: (q [B, h, T, hd], k [B, kv, T, hd], v [B, kv, T, hd], gate [B, T, h hd] or None). ``norm``:
+        the q / k norm (rms_norm's signature; the speculative verification passes its one-kernel form)."""
         b, t, _ = x.shape
         qkv = matmul(x, self.wqkv, self.bqkv)  # [B, T, q rows + 2 kv hd]
         q, k, v = qkv.split([self.q_rows, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
@@ -284,8 +293,8 @@ class Layer:
         k = k.view(b, t, self.n_kv, self.hd)
         v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)  # [B, kv, T, hd]
         if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, eps, self.zc)
-            k = rms_norm(k, self.k_norm, eps, self.zc)
+            q = norm(q, self.q_norm, eps, self.zc)
+            k = norm(k, self.k_norm, eps, self.zc)
         q = q.transpose(1, 2)  # [B, h, T, hd]
         k = k.transpose(1, 2)  # [B, kv, T, hd]
         cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, rot]
@@ -447,20 +456,22 @@ class Model:
         cfg = self.cfg
         t = tokens.shape[1]
         cos, sin = self.chunk_inputs(t, pos0)
-        x = F.embedding(tokens, self.embed)  # [1, T, D]
-        eps, zc = cfg.rms_norm_eps, self.zc
-        for layer in self.layers:
-            h = rms_norm(x, layer.input_norm, eps, zc)
-            if layer.kind == "full_attention":
-                x = x + self._reduce(self._attention(layer, h, cos, sin, pos0))
-            else:
-                x = x + self._reduce(self._linear_attention(layer, h, pos0, states))
-            h = rms_norm(x, layer.post_norm, eps, zc)
-            x = x + self._reduce(self._mlp(layer, h))
-        x = rms_norm(x if all_logits or hidden else x[:, -1:], self.norm, eps, zc)
+        x = self.layers_forward(F.embedding(tokens, self.embed), lambda layer, h: (
+            self._attention(layer, h, cos, sin, pos0) if layer.kind == "full_attention"
+            else self._linear_attention(layer, h, pos0, states)))  # [1, T, D]
+        x = rms_norm(x if all_logits or hidden else x[:, -1:], self.norm, cfg.rms_norm_eps, self.zc)
         logits = self._gather(F.linear(x if all_logits else x[:, -1:], self.head)).float()  # [1, T or 1, V]
         out = logits[0] if all_logits else logits[0, -1]
         return (out, x[0]) if hidden else out
+
+    def layers_forward(self, x: torch.Tensor, mix) -> torch.Tensor:
+        """x [1, T, D] through every layer: norm, ``mix(layer, h)`` (the mixer's partial output), allreduce, norm,
+        MLP, allreduce; the final norm is the caller's (forward's; the speculative verification's)."""
+        eps, zc = self.cfg.rms_norm_eps, self.zc
+        for layer in self.layers:
+            x = x + self._reduce(mix(layer, rms_norm(x, layer.input_norm, eps, zc)))
+            x = x + self._reduce(self._mlp(layer, rms_norm(x, layer.post_norm, eps, zc)))
+        return x
 
     # ---- THE decode step: one token with device-side positions (CUDA-graph capturable) -------------
     def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, window: int,

@@ -20,6 +20,10 @@ min(1, p(x) / q(x)) and otherwise draws from norm(max(p - q, 0)) (Leviathan et a
 distribution of every token that of p; every draw uses the Sampler's generator so TP2 ranks draw alike. The
 linear-attention states roll back to the last accepted position; K/V written past it is overwritten by the next
 round before any query can see it (attention reads positions up to its own only).
+
+That is the eager round (CPU, and paths that cannot be captured). On CUDA graphs the same round replays
+engine.core.spec_graphs' captured steps (``graph_round``): the draft graph, the verification graph of K + 1
+positions, one read-back, the rollback graph; the tokens are the eager round's.
 """
 
 from __future__ import annotations
@@ -60,19 +64,25 @@ class MTP:
         """tokens[i] (the token at position pos0 + i + 1) and hidden [T, D] (the model's at pos0 + i) ->
         (hidden' [T, D], float32 logits [T, V]: the token at pos0 + i + 2). Writes its K/V at pos0.. .
         ``step``: which draft step (several MTP layers take turns, as vLLM runs them)."""
-        cfg = model.cfg
-        eps, zc = cfg.rms_norm_eps, model.zc
-        t = len(tokens)
-        cos, sin = model.chunk_inputs(t, pos0)
-        e = F.embedding(torch.tensor(tokens, device=model.device), model.embed)  # [T, D]
-        x = F.linear(torch.cat([rms_norm(e, self.emb_norm, eps, zc), rms_norm(hidden, self.hid_norm, eps, zc)], -1),
+        cos, sin = model.chunk_inputs(len(tokens), pos0)
+        return self.run(model, torch.tensor(tokens, device=model.device), hidden, step,
+                        lambda layer, h: model._attention(layer, h, cos, sin, pos0))
+
+    def run(self, model, tokens: torch.Tensor, hidden: torch.Tensor, step: int, attend: Callable,
+            norm: Callable = rms_norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's arithmetic with tokens [T] on the device; ``attend(layer, h [1, T, D])`` -> the o_proj partial
+        (the prefill attention, or engine.core.spec_graphs' one with device positions); ``norm``: rms_norm or its
+        one-kernel form (engine.core.rows_norm.norm)."""
+        eps, zc = model.cfg.rms_norm_eps, model.zc
+        e = F.embedding(tokens, model.embed)  # [T, D]
+        x = F.linear(torch.cat([norm(e, self.emb_norm, eps, zc), norm(hidden, self.hid_norm, eps, zc)], -1),
                      self.fc)[None]  # [1, T, D]
         layer = self.layers[step % len(self.layers)]
-        h = rms_norm(x, layer.input_norm, eps, zc)
-        x = x + model._reduce(model._attention(layer, h, cos, sin, pos0))
-        h = rms_norm(x, layer.post_norm, eps, zc)
+        h = norm(x, layer.input_norm, eps, zc)
+        x = x + model._reduce(attend(layer, h))
+        h = norm(x, layer.post_norm, eps, zc)
         x = x + model._reduce(model._mlp(layer, h))
-        x = rms_norm(x, self.norm, eps, zc)
+        x = norm(x, self.norm, eps, zc)
         return x[0], model._gather(F.linear(x, model.head)).float()[0]
 
 
@@ -178,6 +188,37 @@ def draft(model, sampler: Sampler, k: int, tokens: list[int], hidden: torch.Tens
 Hook = Callable[[str, int, list[int], int], bool]
 
 
+def graph_round(model, decoder, sg, sampler: Sampler, kk: int, m_tokens: list[int], m_pos: int,
+                pos: int) -> tuple[list[int], int, int]:
+    """One round on ``decoder.spec``'s graphs (engine.core.spec_graphs): the drafts (the draft graph when greedy
+    and the round's positions fit; else drafted eagerly and written into the static tokens), the verification
+    graph, one read-back, the rollback graph where a draft was rejected. -> (drafts, accepted a, next token)."""
+    k = sg.k
+    window = decoder.window_for(min(pos + k, model.max_context - 1))
+    greedy = sampler.temperature == 0
+    qs: list = []
+    if greedy and pos + k - 1 < model.max_context:
+        sg.replay_draft(len(m_tokens), window)  # K drafts; the verification reads the first kk
+    else:
+        drafts, qs = globals()["draft"](model, sampler, kk, m_tokens, sg.hid[:len(m_tokens)], m_pos) if kk else ([], [])
+        sg.tok[:kk + 1].copy_(torch.tensor([m_tokens[-1]] + drafts))
+        sg.pos.fill_(pos)
+    logits = sg.replay_verify(kk, window)
+    vals = sg.out.tolist()  # the round's one host sync: [tokens | the verification's argmax per row]
+    decoder.after_step()  # a GPU-side allreduce wait that timed out in these graphs fails here, in its round
+    drafts, top = vals[1:kk + 1], vals[k + 1:]
+    if greedy:
+        a = 0
+        while a < kk and top[a] == drafts[a]:
+            a += 1
+        nxt = top[a]
+    else:
+        a, nxt = accept(sampler, drafts, qs, logits)
+    if a < kk:
+        sg.replay_rollback(a)
+    return drafts, a, nxt
+
+
 def decode(model, decoder, logits: torch.Tensor, pending: torch.Tensor, n: int, max_tokens: int, sampler: Sampler,
            stop_ids: set[int], k: int, hook: Hook | None, on_token: Callable[[int, int], None] | None,
            info: dict | None, prefix=None) -> tuple[list[int], str]:
@@ -205,17 +246,28 @@ def decode(model, decoder, logits: torch.Tensor, pending: torch.Tensor, n: int, 
     pos = n  # where tok goes into the model
     done = emit(tok, pos + 1)
     m_tokens, m_hidden, m_pos = [tok], pending[None], n - 1  # the draft layer's inputs not yet run
+    sg = getattr(decoder, "spec", None)
+    if sg is not None and sg.k != k:
+        sg = None  # captured for another draft count: eager rounds
+    if sg is not None:  # the first round's draft-layer inputs, where the graphs read them
+        sg.argmax[:1].fill_(tok)
+        sg.hid[:1].copy_(pending[None])
+        sg.pos.fill_(m_pos)
     while done is None:
         t0 = time.perf_counter()
         kk = min(k, max_tokens - len(out) - 1)  # drafts past the last token asked for are wasted
-        drafts, qs = globals()["draft"](model, sampler, kk, m_tokens, m_hidden, m_pos) if kk else ([], [])
+        if sg is not None:
+            drafts, a, nxt = graph_round(model, decoder, sg, sampler, kk, m_tokens, m_pos, pos)
+            hid = sg.hid
+        else:
+            drafts, qs = globals()["draft"](model, sampler, kk, m_tokens, m_hidden, m_pos) if kk else ([], [])
+            states: list = []
+            all_logits, hid = model.forward(torch.tensor([[tok] + drafts], device=model.device), pos,
+                                            all_logits=True, hidden=True, states=states)
+            a, nxt = accept(sampler, drafts, qs, all_logits)
+            if a < len(drafts):
+                rollback(model, states, a)
         seq = [tok] + drafts
-        states: list = []
-        all_logits, hid = model.forward(torch.tensor([seq], device=model.device), pos, all_logits=True, hidden=True,
-                                        states=states)
-        a, nxt = accept(sampler, drafts, qs, all_logits)
-        if a < len(drafts):
-            rollback(model, states, a)
         if prefix is not None:
             prefix.fed(seq[:a + 1], pos)  # the model holds [tok, d1..da] at pos..pos+a
         spec["draft_tokens"] += len(drafts)

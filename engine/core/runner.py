@@ -197,6 +197,7 @@ class Decoder:
         self.info["lockstep"] = ("in the step's graph (greedy tokens; sampled ones exchanged after the step)"
                                  if self.guarded else ("after each step" if path is not None else None))
         self.checked: dict | None = None  # the in-graph check of the token sample() returned last, if any
+        self.spec = None  # engine.core.spec_graphs.SpecGraphs: MTP speculation's captured rounds (prepare())
         if graphs:
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
@@ -372,19 +373,33 @@ def describe(info: dict) -> str:
         s += f"; windows {info['windows']}; captured in {info['capture_s']} s"
     if info.get("lockstep"):
         s += f"; lockstep {info['lockstep']}"
+    spec = info.get("speculation")
+    if spec:
+        s += f"; speculation mtp, {spec['draft_tokens']} drafts per round, {spec['mode']}" + (
+            f" ({spec['graphs']} graphs captured in {spec['capture_s']} s)" if spec["graphs"] else "")
     return s
 
 
-def prepare(model: Model, prefix_cache_bytes: int | None = None, **kw) -> Decoder:
+def prepare(model: Model, prefix_cache_bytes: int | None = None, spec_tokens: int = 0, **kw) -> Decoder:
     """Build the model's decoder (and capture its graphs); run() uses it from then on. ``prefix_cache_bytes``:
-    the budget of engine.core.prefix's snapshots (None: its default; 0: no prefix reuse at all)."""
+    the budget of engine.core.prefix's snapshots (None: its default; 0: no prefix reuse at all). ``spec_tokens``
+    K > 0 on graphs: MTP speculation's rounds are captured too (engine.core.spec_graphs, ``decoder.spec``);
+    ``info["speculation"]`` says how they run."""
     from engine.core.prefix import DEFAULT_BUDGET_BYTES, PrefixCache
 
     budget = DEFAULT_BUDGET_BYTES if prefix_cache_bytes is None else prefix_cache_bytes
     model.prefix = PrefixCache(model, budget) if budget > 0 else None
-    model.decoder = Decoder(model, **kw)
-    model.decoder.capture()
-    return model.decoder
+    dec = model.decoder = Decoder(model, **kw)
+    dec.capture()
+    if spec_tokens and dec.graphs and getattr(model, "mtp", None) is not None:
+        from engine.core.spec_graphs import SpecGraphs
+
+        dec.spec = SpecGraphs(model, spec_tokens, dec.windows)
+        dec.spec.capture()
+        dec.info["speculation"] = dict(dec.spec.info, mode="graphs")
+    elif spec_tokens:
+        dec.info["speculation"] = {"draft_tokens": spec_tokens, "mode": "eager", "graphs": 0, "capture_s": None}
+    return dec
 
 
 def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, stop_ids: set[int],
@@ -402,12 +417,13 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
 
     ``spec_tokens`` K > 0: speculative decoding with the model's MTP draft layer (engine.core.mtp: K drafts per
     round, verified in one forward; greedy gives exactly the tokens of K = 0); ``info["spec"]`` counts the
-    drafted and accepted tokens. Its rounds run eagerly (no graph) and every token goes through the hook."""
+    drafted and accepted tokens. Its rounds replay ``decoder.spec``'s graphs where prepare() captured them (else
+    eagerly); every token goes through the hook."""
     if not prompt_ids:
         raise ValueError("the prompt is empty: give at least one token")
     if len(prompt_ids) >= model.max_context:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context of {model.max_context}")
-    decoder = getattr(model, "decoder", None) or prepare(model)
+    decoder = getattr(model, "decoder", None) or prepare(model, spec_tokens=spec_tokens)
     drafting = None
     if spec_tokens:
         from engine.core import mtp

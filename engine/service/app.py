@@ -84,7 +84,8 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
                 "last_cause": service.last_cause.value if service.last_cause else None,
                 "previous_exit": service.previous_exit, "limits": service_limits(cfg),
                 "max_heartbeat_gap_s": [round(link.max_heartbeat_gap_s, 3) for link in pair.links] if pair else None,
-                "decode": service.decode.health() if pair else None}
+                "decode": service.decode.health() if pair else None,
+                "speculation": service.decode.speculation(cfg.draft_tokens)}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/metrics")

@@ -20,7 +20,7 @@ GAUGES = (("v100plan_decode_ms_per_token", "token_ms"), ("v100plan_decode_step_m
 LOG_EVERY_S = 60.0  # a decode_stats log line after the first request of a pair, then at most this often
 FIELDS = ("mode", "why", "kernels", "kernels_why", "allreduce", "exchange", "exchange_why", "lockstep", "windows",
           "capture_s", "read_bw_gbps", "read_bw_source", "weight_bytes", "steps", "step_ms", "token_ms", "achieved_gbps", "read_bw_fraction",
-          "host_ms", "weights")
+          "host_ms", "weights", "speculation")
 
 
 class DecodeReport:
@@ -60,6 +60,16 @@ class DecodeReport:
     def health(self) -> dict | None:
         """/health's detailed view: per rank, how it decodes and what it achieves."""
         return {str(r): dict(d) for r, d in sorted(self.ranks.items())} or None
+
+    def speculation(self, draft_tokens: int) -> dict:
+        """/health's speculation: the settings, how rank 0 runs its rounds (graphs or eager) and the acceptance
+        rate since the service started (accepted / drafted, the /metrics counters: rank 0's counts)."""
+        drafted = int(self.metrics.get("v100plan_spec_draft_tokens_total"))
+        accepted = int(self.metrics.get("v100plan_spec_accepted_tokens_total"))
+        mode = ((self.ranks.get(0) or {}).get("speculation") or {}).get("mode")
+        return {"method": "mtp" if draft_tokens else "off", "draft_tokens": draft_tokens or None, "mode": mode,
+                "drafted_tokens": drafted, "accepted_tokens": accepted,
+                "acceptance_rate": round(accepted / drafted, 4) if drafted else None}
 
     def _gauges(self, rank: int) -> None:
         d, r = self.ranks[rank], str(rank)

@@ -158,6 +158,7 @@ class Context:
         self.server: str | None = None
         self.decode: dict | None = None    # the engine's ranks: how they decode (its keyed /health)
         self.limits: dict | None = None    # the engine's watchdog limits in force (its keyed /health)
+        self.speculation: dict | None = None  # the engine's speculation settings and acceptance (keyed /health)
         self.ignore_eos = True             # the server takes vLLM's ignore_eos extension (known lengths)
         self.refs = References(self)
         self.shared: dict[str, Any] = {}   # figures one case leaves for another (e.g. stream gaps)
@@ -198,6 +199,7 @@ class Context:
             limits = h.body.get("limits") if h.ok and isinstance(h.body, dict) else None
             if isinstance(limits, dict):
                 self.limits = {k: v for k, v in limits.items() if isinstance(v, (int, float)) or v is None}
+            self.note_speculation(h)
             if isinstance(dec, dict):
                 self.decode = {r: {k: d.get(k) for k in DECODE_FIELDS if k in d}
                                for r, d in dec.items() if isinstance(d, dict)} or None
@@ -230,6 +232,14 @@ class Context:
         return ref.text.startswith(text)
 
     # ----- the bundled engine's state ---------------------------------------------------------
+    def note_speculation(self, h: Answer | None = None) -> None:
+        """Keep the keyed /health's "speculation" (settings, drafted and accepted tokens since the service started,
+        their ratio); the report shows the last one read. Nothing changes when /health does not say."""
+        h = h or self.health()
+        spec = h.body.get("speculation") if h.ok and isinstance(h.body, dict) else None
+        if isinstance(spec, dict):
+            self.speculation = spec
+
     def health(self, timeout_s: float = 5.0) -> Answer:
         return self.client.get("/health", timeout_s=timeout_s)
 

@@ -100,12 +100,15 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
         partial_reason = str(exc)
         notes = list(target.notes)
     finally:
+        if ctx.is_engine and ctx.speculation is not None:
+            ctx.note_speculation()  # the acceptance rate over the scenarios' requests
         ctx.close()
     return {"scenarios": scenarios, "load": ctx.shared.get("load"), "notes": notes,
             "partial_reason": partial_reason,
             "target": {"mode": target.mode, "endpoint": target.endpoint, "host": target.host,
                        "model": ctx.model or (target.model or "unknown"), "server": ctx.server,
                        "fault_control": ctx.fault_control, "decode": ctx.decode, "limits": ctx.limits,
+                       "speculation": ctx.speculation,
                        "engine": {**target.engine, "max_context": ctx.max_context} if target.engine else None,
                        "notes": notes}}
 

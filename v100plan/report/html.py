@@ -104,6 +104,13 @@ def _target(report: dict[str, Any]) -> str:
             ("server", t.get("server"))]
     if "fault_control" in t:
         rows.append(("fault control", "answered" if t["fault_control"] else "not available"))
+    spec = t.get("speculation")
+    if spec and spec.get("method") not in (None, "off"):
+        rate = spec.get("acceptance_rate")
+        rows.append(("speculation", f"{spec['method']}, {spec.get('draft_tokens')} drafts per round"
+                     + (f" ({spec['mode']})" if spec.get("mode") else "") + ", acceptance "
+                     + (f"{rate:.3f} ({spec.get('accepted_tokens')} of {spec.get('drafted_tokens')} drafts)"
+                        if rate is not None else "n/a (nothing drafted yet)")))
     engine = t.get("engine")
     if engine:
         rows.append(("engine", ", ".join(f"{k} {v if not isinstance(v, list) else ' '.join(map(str, v))}"
