@@ -254,9 +254,9 @@ def _rank_main(rank, name, dtype, override, xs, slots, barrier, results):
     model = _rank_model(full, rank, _ProcComm(rank, xs, slots, barrier))
     tok, pos = torch.tensor([5]), torch.tensor([40])
     fused = runner.fused_blocks()
+    assert model.offers_exchange(fused) and model.epilogue_exchange(fused, "norm-receive") is xs  # as a Decoder asks
     # the exchange mode comes in with the step (a DecodeMode's), never from the environment
     with torch.inference_mode(), no_environment_reads() as watched:
-        assert model.epilogue_exchange(fused, "norm-receive") is xs
         results[rank, 0].copy_(model.decode_step(tok, pos, 64, fused, "norm-receive"))  # received by the next GEMV
         results[rank, 2, 0] = float(xs.serial.item())
         results[rank, 3].copy_(model.decode_step(tok, pos, 64, fused, "send"))  # received by a kernel of its own

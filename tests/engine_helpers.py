@@ -85,16 +85,16 @@ def run_interpreter_cases(path: str, at_least: int, env_drop: tuple[str, ...] = 
 class _WatchedEnviron(collections.abc.MutableMapping):
     """os.environ that fails a read made by code of ``packages`` (others, e.g. Triton's interpreter, read on)."""
 
-    _PASS_THROUGH = ("_collections_abc.py", f"{os.sep}os.py", f"{os.sep}engine_helpers.py")
+    _PASS_THROUGH = ("collections.abc", "_collections_abc", "os", __name__)  # frames between the reader and _check
 
     def __init__(self, real, packages: tuple[str, ...]):
         self.real, self.packages, self.reads = real, packages, []
 
     def _check(self, key) -> None:
         f = sys._getframe(1)
-        while f is not None and f.f_code.co_filename.endswith(self._PASS_THROUGH):
+        while f is not None and f.f_globals.get("__name__") in self._PASS_THROUGH:
             f = f.f_back
-        name = f.f_globals.get("__name__", "") if f is not None else ""
+        name = (f.f_globals.get("__name__") or "") if f is not None else ""
         if name.startswith(self.packages):
             self.reads.append((name, key))
             raise AssertionError(f"{name} read the environment ({key!r}) during a decode step")

@@ -13,13 +13,15 @@ from __future__ import annotations
 import functools
 import os
 
+# Triton's CPU interpreter (TRITON_INTERPRET=1: the tests), read when this module is first imported, as Triton
+# reads it when it is: never during a decode step
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
-@functools.cache
+
 def interpreting() -> bool:
-    """Triton's CPU interpreter (TRITON_INTERPRET=1: the tests): it rounds float32 -> bf16 by truncation,
-    so the kernels round to nearest-even themselves there (ROUND_EMU), as the GPU does. Read once: Triton itself
-    reads it when it is first imported, and a decode step never reads the environment."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Triton's CPU interpreter: it rounds float32 -> bf16 by truncation, so the kernels round to nearest-even
+    themselves there (ROUND_EMU), as the GPU does."""
+    return _INTERPRETING
 
 
 @functools.cache
