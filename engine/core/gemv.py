@@ -8,7 +8,7 @@ wide as its N rows, and the sum over K stays in float32 and in a fixed order (de
 on every rank). Exposed as the torch op ``v100plan::gemv`` so torch.compile'd blocks keep it as one
 opaque call and fuse around it.
 
-Only where engine.core.runner.kernel_choice picks Triton kernels (compute capability 8.0+, and the V100 in fp16
+Only where engine.core.decode_mode.kernel_choice picks Triton kernels (compute capability 8.0+, and the V100 in fp16
 with an sm_70 ptxas: engine.core.sm70); never on CPU, which keeps F.linear. The block sizes per (N, K) come from the measured table
 BLOCKS (bench: ``python -m engine.bench.gemv``), with a default for shapes it does not list.
 """
