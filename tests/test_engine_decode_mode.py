@@ -171,3 +171,19 @@ def test_the_gemv_and_the_exchange_paths_do_not_import_each_other():
 def test_decode_mode_imports_the_standard_library_only():
     mods = {m.split(".")[0] for m in _imports(REPO / "engine/core/decode_mode.py")}
     assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods
+
+
+def test_the_gemv_kernel_names_its_prologues():
+    import importlib.util
+    import re
+
+    from engine.core import gemv
+
+    src = (REPO / "engine/core/gemv.py").read_text()
+    assert not re.findall(r"PROLOGUE\s*==\s*\d", src)  # named constants, not bare numbers
+    assert [int(p) for p in gemv.Prologue] == [gemv.PROLOGUE_PLAIN, gemv.PROLOGUE_NORM, gemv.PROLOGUE_SILU,
+                                                gemv.PROLOGUE_NORM_ONE_PASS] == [0, 1, 2, 3]
+    assert [gemv.PROLOGUE_NAMES[p] for p in gemv.Prologue] == ["plain", "norm", "silu", "norm1"]
+    if importlib.util.find_spec("triton") is not None:  # the kernel's constants are the enum's values
+        gemv._prologue_kernel()
+        assert [c.value for c in (gemv.PRO_PLAIN, gemv.PRO_NORM, gemv.PRO_SILU, gemv.PRO_NORM1)] == [0, 1, 2, 3]
