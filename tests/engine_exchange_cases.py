@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from engine.allreduce.epilogue import EpilogueExchange
 from engine.core import runner
 from engine.core.model import rms_norm
-from tests.engine_helpers import small_config
+from tests.engine_helpers import no_environment_reads, small_config
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/test_engine_exchange.py with TRITON_INTERPRET=1", allow_module_level=True)
@@ -253,17 +253,17 @@ def _rank_main(rank, name, dtype, override, xs, slots, barrier, results):
     full = _model(name, dtype, **override)
     model = _rank_model(full, rank, _ProcComm(rank, xs, slots, barrier))
     tok, pos = torch.tensor([5]), torch.tensor([40])
-    with torch.inference_mode():
-        os.environ["V100PLAN_ENGINE_EXCHANGE"] = "gemv"  # received by the next norm GEMV
-        assert model.epilogue_exchange(runner.fused_blocks()) is xs
-        results[rank, 0].copy_(model.decode_step(tok, pos, 64, runner.fused_blocks()))
+    fused = runner.fused_blocks()
+    assert model.offers_exchange(fused) and model.epilogue_exchange(fused, "norm-receive") is xs  # as a Decoder asks
+    # the exchange mode comes in with the step (a DecodeMode's), never from the environment
+    with torch.inference_mode(), no_environment_reads() as watched:
+        results[rank, 0].copy_(model.decode_step(tok, pos, 64, fused, "norm-receive"))  # received by the next GEMV
         results[rank, 2, 0] = float(xs.serial.item())
-        os.environ["V100PLAN_ENGINE_EXCHANGE"] = "send"  # sent by the GEMVs, received by a kernel of its own
-        results[rank, 3].copy_(model.decode_step(tok, pos, 64, runner.fused_blocks()))
+        results[rank, 3].copy_(model.decode_step(tok, pos, 64, fused, "send"))  # received by a kernel of its own
         results[rank, 2, 1] = float(xs.serial.item())
-        os.environ["V100PLAN_ENGINE_EXCHANGE"] = "kernel"  # the same ranks with a separate allreduce
-        assert model.epilogue_exchange(runner.fused_blocks()) is None
-        results[rank, 1].copy_(model.decode_step(tok, pos, 64, runner.fused_blocks()))
+        assert model.epilogue_exchange(fused, "kernel") is None
+        results[rank, 1].copy_(model.decode_step(tok, pos, 64, fused, "kernel"))  # the same ranks, an allreduce
+    assert not watched.reads, watched.reads
 
 
 @pytest.mark.parametrize("name,override,dtype", [
@@ -289,7 +289,7 @@ def test_two_ranks_decode_with_the_exchange_inside_the_gemvs(name, override, dty
     assert results[0, 2, 0] == 1 and results[1, 2, 0] == 1  # one step: the serial bumped once
     assert results[0, 2, 1] == 2 and results[1, 2, 1] == 2
     epi0, ar0, epi1, ar1 = results[0, 0], results[0, 1], results[1, 0], results[1, 1]
-    # both ranks bit-identical in every mode; "gemv" and "send" the same bits (same sums, the final norm in
+    # both ranks bit-identical in every mode; "norm-receive" and "send" the same bits (same sums, the final norm in
     # the last exchange's kernel); the allreduce path's eager final norm to rounding
     assert torch.equal(epi0, epi1) and torch.equal(ar0, ar1)
     assert torch.equal(results[0, 3], epi0) and torch.equal(results[1, 3], epi0)

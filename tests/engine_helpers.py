@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +93,50 @@ def run_interpreter_cases(path: str, at_least: int, env_drop: tuple[str, ...] = 
     assert res.returncode == 0, tail
     m = re.search(r"(\d+) passed", res.stdout)
     assert m and int(m.group(1)) >= at_least and "skipped" not in res.stdout.splitlines()[-1], tail
+
+
+class _WatchedEnviron(collections.abc.MutableMapping):
+    """os.environ that fails a read made by code of ``packages`` (others, e.g. Triton's interpreter, read on)."""
+
+    _PASS_THROUGH = ("collections.abc", "_collections_abc", "os", __name__)  # frames between the reader and _check
+
+    def __init__(self, real, packages: tuple[str, ...]):
+        self.real, self.packages, self.reads = real, packages, []
+
+    def _check(self, key) -> None:
+        f = sys._getframe(1)
+        while f is not None and f.f_globals.get("__name__") in self._PASS_THROUGH:
+            f = f.f_back
+        name = (f.f_globals.get("__name__") or "") if f is not None else ""
+        if name.startswith(self.packages):
+            self.reads.append((name, key))
+            raise AssertionError(f"{name} read the environment ({key!r}) during a decode step")
+
+    def __getitem__(self, key):
+        self._check(key)
+        return self.real[key]
+
+    def __iter__(self):
+        self._check(None)
+        return iter(self.real)
+
+    def __len__(self):
+        return len(self.real)
+
+    def __setitem__(self, key, value):
+        self.real[key] = value
+
+    def __delitem__(self, key):
+        del self.real[key]
+
+
+@contextlib.contextmanager
+def no_environment_reads(packages: tuple[str, ...] = ("engine.core", "engine.allreduce")):
+    """Within: a read of os.environ by code under ``packages`` raises AssertionError (and is listed in the yielded
+    object's ``reads``, in case the code swallowed the error)."""
+    watched = _WatchedEnviron(os.environ, packages)
+    os.environ = watched
+    try:
+        yield watched
+    finally:
+        os.environ = watched.real

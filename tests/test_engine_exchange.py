@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.allreduce import epilogue
-from engine.core import runner
+from engine.core import decode_mode, runner
 from engine.core.model import Model
 from tests.engine_helpers import run_interpreter_cases
 
@@ -18,7 +18,7 @@ from tests.engine_helpers import run_interpreter_cases
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
 def test_the_exchange_kernels_under_the_triton_interpreter():
-    run_interpreter_cases("tests/engine_exchange_cases.py", 6, env_drop=(epilogue.ENV,))
+    run_interpreter_cases("tests/engine_exchange_cases.py", 6, env_drop=(decode_mode.EXCHANGE_ENV,))
 
 
 class _Path:
@@ -51,33 +51,28 @@ def _tiny(comm=None) -> Model:
 def test_the_exchange_goes_inside_the_gemvs_only_with_fused_blocks_that_run_and_a_path_that_offers_it(monkeypatch):
     from engine.core import attention
 
-    monkeypatch.delenv(epilogue.ENV, raising=False)
     path = _Path()
     model = _tiny(_Comm(path))
     fused = runner.fused_blocks()
-    monkeypatch.setenv(epilogue.ENV, "gemv")
-    assert model.epilogue_exchange(fused) is None  # CPU: the fused blocks run the plain code here
+    assert model.epilogue_exchange(fused, "norm-receive") is None  # CPU: the fused blocks run the plain code here
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
     monkeypatch.setattr(attention, "_interpreting", lambda: True)
-    assert model.epilogue_exchange(fused) == "xs"
-    assert model.epilogue_exchange(None) is None  # plain blocks take no tickets
-    assert model.epilogue_exchange((runner.attn_block, runner.mlp_block)) is None
-    monkeypatch.setenv(epilogue.ENV, "send")  # sent by the GEMVs, received by a kernel
-    assert model.epilogue_exchange(fused) == "xs"
-    monkeypatch.setenv(epilogue.ENV, "kernel")  # the allreduce kernels
-    assert model.epilogue_exchange(fused) is None
-    monkeypatch.setenv(epilogue.ENV, "sideways")
-    with pytest.raises(ValueError, match="expected one of kernel, gemv, send"):
-        model.epilogue_exchange(fused)
-    monkeypatch.delenv(epilogue.ENV)
-    # the default is the mode measured fastest on two H200s
-    assert (model.epilogue_exchange(fused) is None) == (epilogue.DEFAULT == "kernel")
-    assert _tiny().epilogue_exchange(fused) is None  # TP1: nothing to exchange
+    assert model.offers_exchange(fused)
+    assert model.epilogue_exchange(fused, "norm-receive") == "xs"  # received by the next norm GEMV
+    assert model.epilogue_exchange(None, "send") is None  # plain blocks take no tickets
+    assert model.epilogue_exchange((runner.attn_block, runner.mlp_block), "send") is None
+    assert model.epilogue_exchange(fused, "send") == "xs"  # sent by the GEMVs, received by a kernel
+    assert model.epilogue_exchange(fused, "kernel") is None  # the allreduce kernels
+    assert model.epilogue_exchange(fused, None) is None  # a step given no mode: the path's allreduce
+    # the environment is not read by the step: only the mode it is given counts
+    monkeypatch.setenv("V100PLAN_ENGINE_EXCHANGE", "send")
+    assert model.epilogue_exchange(fused, "kernel") is None
+    assert _tiny().epilogue_exchange(fused, "send") is None  # TP1: nothing to exchange
     plain = _tiny(_Comm(object()))  # a path without the exchange (host mailbox, NCCL)
-    assert plain.epilogue_exchange(fused) is None
+    assert plain.epilogue_exchange(fused, "send") is None and not plain.offers_exchange(fused)
     odd = _tiny(_Comm(_Path()))
     odd.layers[0].hd = 48  # a head dimension the attention kernel does not take: the plain attention adds delta
-    assert odd.epilogue_exchange(fused) is None
+    assert odd.epilogue_exchange(fused, "send") is None
 
 
 def test_tickets_refuse_rows_that_do_not_fit_and_too_many_exchanges():
@@ -97,7 +92,7 @@ def test_tickets_refuse_rows_that_do_not_fit_and_too_many_exchanges():
 
 def test_the_log_line_says_where_the_exchange_runs():
     info = {"mode": "graphs", "why": "CUDA graphs", "kernels": "fused", "kernels_why": "x", "windows": [256],
-            "capture_s": 1.0, "allreduce": "device_mailbox_graph", "exchange": "gemv",
-            "exchange_why": epilogue.describe("gemv")}
+            "capture_s": 1.0, "allreduce": "device_mailbox_graph", "exchange": "norm-receive",
+            "exchange_why": decode_mode.EXCHANGES["norm-receive"]}
     line = runner.describe(info)
-    assert "exchange gemv (inside the GEMVs" in line
+    assert "exchange norm-receive (inside the GEMVs" in line

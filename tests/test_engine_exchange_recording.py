@@ -1,7 +1,8 @@
 """The exchange modes measured on two H200s (nvidia-h200-x2, 2026-12-01, tests/fixtures/multigpu/record-h200x2-run5.sh:
 `python -m engine bench-tp2` on the Qwen3-8B shape, bf16, 1K context, device_mailbox_graph; each run times the
 TP2 graph step of every exchange mode on the same model, one after another). The figures are recomputed from
-the recordings; engine.allreduce.epilogue.DEFAULT must be the mode that was fastest."""
+the recordings; engine.core.decode_mode.EXCHANGE_DEFAULT must be the mode that was fastest ("norm-receive" is recorded under its
+earlier name, "gemv")."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.allreduce import epilogue
+from engine.core import decode_mode
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "multigpu"
 
@@ -44,9 +45,9 @@ def test_the_recordings_are_two_h200s_on_the_qwen3_8b_shape():
 def test_send_was_the_fastest_mode_and_is_the_default():
     doc = _load("h200x2-exchange-modes-2026-12-01.json")
     steps = _steps(doc)
-    assert set(steps) == set(epilogue.MODES)
+    assert {decode_mode.EXCHANGE_ALIASES.get(m, m) for m in steps} == set(decode_mode.EXCHANGES)
     assert steps == {"kernel": 2.8431, "gemv": 3.0275, "send": 2.7418}
-    assert min(steps, key=steps.get) == epilogue.DEFAULT == "send"
+    assert min(steps, key=steps.get) == decode_mode.EXCHANGE_DEFAULT == "send"
     # the bench's summary agrees with the recomputed ratios
     tp1 = doc["tp1"]["rank0"]["decode_graph"]["1024"]["ms"]
     s = doc["summary"]["device_mailbox_graph"]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine.allreduce import epilogue
+from engine.core import decode_mode
 from tests import pytest_log, served_checks
 from tests.conftest import FIXTURES
 
@@ -28,7 +28,8 @@ def test_two_h200s_serving_the_qwen3_8b_shape_with_the_exchange_sent_from_the_ge
     for r in ("0", "1"):
         dec = served["health"]["decode"][r]
         assert dec["mode"] == "graphs" and dec["kernels"] == "fused" and dec["allreduce"] == "device_mailbox_graph"
-        assert dec["exchange"] == "send" == epilogue.DEFAULT and dec["exchange_why"] == epilogue.describe("send")
+        assert dec["exchange"] == "send" == decode_mode.EXCHANGE_DEFAULT
+        assert dec["exchange_why"] == decode_mode.EXCHANGES["send"]
     assert bench["tp2"]["device_mailbox_graph"]["decode_graph"]["1024"]["exchange"] == "send"
 
 

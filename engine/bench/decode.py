@@ -78,10 +78,12 @@ def state_bytes_per_step(model) -> int:
     return sum(2 * la.rec_state.numel() * 4 + la.conv_ring.numel() * la.conv_ring.element_size() for la in lin)
 
 
-def decode(model, contexts: list[int], kernels: str | None = None, read_gbps: float | None = None) -> dict:
+def decode(model, contexts: list[int], kernels: str | None = None, read_gbps: float | None = None,
+           exchange: str | None = None) -> dict:
     """The service's own decode step, as the ranks replay it: engine.core.runner.Decoder captures one graph
     per window (the context rounded up to 256) and this times exactly those replays. ``kernels``: None = what
-    the service chooses on this card (engine.core.runner.kernel_choice)."""
+    the service chooses on this card (engine.core.decode_mode.kernel_choice); ``exchange``: the TP2 exchange mode
+    (engine.core.decode_mode.EXCHANGES; None = the service's)."""
     import torch
 
     from engine.core.runner import Decoder
@@ -91,7 +93,7 @@ def decode(model, contexts: list[int], kernels: str | None = None, read_gbps: fl
     w = model.weight_bytes()
     st = state_bytes_per_step(model)
     windows = {ctx: -(-ctx // 256) * 256 for ctx in contexts}
-    dec = Decoder(model, graphs=True, kernels=kernels, bucket_list=sorted(set(windows.values())))
+    dec = Decoder(model, graphs=True, kernels=kernels, exchange=exchange, bucket_list=sorted(set(windows.values())))
     dec.capture()
     for ctx, window in windows.items():
         graph, _, pos = dec.graph_for(window)

@@ -214,19 +214,12 @@ def tp2_phase(cfg, rank, device, dtype, p, contexts, steps, max_ctx) -> dict:
             out["decode_graph"] = dec  # K/V bytes: this rank's half of the KV heads
             if hasattr(p, "epilogue") and KERNELS[0] == "fused":
                 # the same step with each other exchange mode, in the same run (A/B)
-                from engine.allreduce import epilogue
+                from engine.core.decode_mode import EXCHANGES
 
                 chosen = dec[str(contexts[0])].get("exchange")
-                before = os.environ.get(epilogue.ENV)
-                try:
-                    for mode in epilogue.MODES:
-                        if mode != chosen:
-                            os.environ[epilogue.ENV] = mode
-                            out[f"decode_graph_exchange_{mode}"] = bench.decode(model, contexts, KERNELS[0])
-                finally:
-                    os.environ.pop(epilogue.ENV, None)
-                    if before:
-                        os.environ[epilogue.ENV] = before
+                for mode in EXCHANGES:
+                    if mode != chosen:
+                        out[f"decode_graph_exchange_{mode}"] = bench.decode(model, contexts, KERNELS[0], exchange=mode)
         if device.type == "cuda" and SERVED[0] and p.name in GRAPH_PATHS:
             out["served"] = served_loop(model, SERVED[0], Lockstep(p, device, rank))
         out["decode_eager"] = decode_eager(model, contexts, steps)
@@ -297,7 +290,7 @@ def served_loop(model, spec: tuple[int, int, int], lockstep) -> dict:
 
 READ_BW = [0.0]  # this rank's measured read bandwidth (GB/s), set before the TP1 phase
 SERVED = [None]  # (prompt tokens, short, long) for the served-loop phase, or None to skip it
-KERNELS = ["eager"]  # the decode step's blocks: --kernels, resolved per card by engine.core.runner.kernel_choice
+KERNELS = ["eager"]  # the decode step's blocks: --kernels, resolved per card by engine.core.decode_mode.kernel_choice
 
 
 def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None:

@@ -8,19 +8,27 @@ wide as its N rows, and the sum over K stays in float32 and in a fixed order (de
 on every rank). Exposed as the torch op ``v100plan::gemv`` so torch.compile'd blocks keep it as one
 opaque call and fuse around it.
 
-Only where engine.core.runner.kernel_choice picks Triton kernels (compute capability 8.0+, and the V100 in fp16
+Only where engine.core.decode_mode.kernel_choice picks Triton kernels (compute capability 8.0+, and the V100 in fp16
 with an sm_70 ptxas: engine.core.sm70); never on CPU, which keeps F.linear. The block sizes per (N, K) come from the measured table
 BLOCKS (bench: ``python -m engine.bench.gemv``), with a default for shapes it does not list.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import os
 
 import torch
 import torch.nn.functional as F
+
+from engine.core import exchange, rounding
+from engine.core.exchange import as_sent as _sent  # noqa: F401  (the names engine.core.gemv_int4 reads from here)
+from engine.core.exchange import epw as _epw
+from engine.core.exchange import exchange_finish  # noqa: F401
+from engine.core.exchange import ticket_args as _xs_args
+from engine.core.rounding import interpreting
 
 # (N, K) -> (BLOCK_N rows per program, BLOCK_K columns per iteration, num_warps): the fastest of CONFIGS
 # per shape of the 8B models at TP1 and TP2, measured on an H200 on 2026-11-30
@@ -99,7 +107,17 @@ def _kernel():
 #                  than Hugging Face's rounding, not equal to it); used where NORM_ONE_PASS says so. On the H200 it
 #                  was the slower of the two (2026-11-30: 107 vs 100 us over the four norm products): off.
 # Block sizes per (N, K): PROLOGUE_BLOCKS (bench: python -m engine.bench.gemv --fused), else BLOCKS.
-PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU, PROLOGUE_NORM_ONE_PASS = 0, 1, 2, 3
+class Prologue(enum.IntEnum):
+    """The prologues, by the values the kernels take (PROLOGUE=); inside gemv_prologue_kernel as the constants
+    PRO_PLAIN, PRO_NORM, PRO_SILU and PRO_NORM1 (Triton reads only constexpr globals)."""
+    PLAIN = 0
+    NORM = 1
+    SILU = 2
+    NORM_ONE_PASS = 3
+
+
+# plain ints, as callers pass them (engine.core.gemv_int4's kernel compares its PROLOGUE with these values)
+PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU, PROLOGUE_NORM_ONE_PASS = (int(p) for p in Prologue)
 PROLOGUE_NAMES = ("plain", "norm", "silu", "norm1")
 NORM_ONE_PASS = False
 # (prologue, N, K) -> blocks: the fastest of engine.bench.gemv.FUSED_CONFIGS per Qwen3-8B shape at TP1 and TP2,
@@ -146,36 +164,18 @@ def _load_fused() -> None:
 _load_fused()
 
 
-def interpreting() -> bool:
-    """Triton's CPU interpreter (TRITON_INTERPRET=1: the tests): it rounds float32 -> bf16 by truncation,
-    so the kernels round to nearest-even themselves there (ROUND_EMU), as the GPU does."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 @functools.cache
 def _prologue_kernel():
-    # Triton resolves triton.language and the functions a kernel calls through the module's globals
+    # Triton resolves triton.language, the functions a kernel calls and its constants through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_tag, _xs_wait, _xs_values, _xs_send
+    global PRO_PLAIN, PRO_NORM, PRO_SILU, PRO_NORM1
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def rnd(x, dt: tl.constexpr, EMU: tl.constexpr):
-        """float32 -> dt, round to nearest even (EMU: by hand for bf16, for the interpreter)."""
-        if EMU:
-            b = x.to(tl.uint32, bitcast=True)
-            b = b + 0x7FFF + ((b >> 16) & 1)
-            x = ((b >> 16) << 16).to(tl.float32, bitcast=True)
-        return x.to(dt)
-
-    @triton.jit
-    def _normed(r, rstd, nw, dt: tl.constexpr, EMU: tl.constexpr, ZC: tl.constexpr):
-        """RMSNorm's output from float32 r, its 1/rms and the weight, rounded as Hugging Face rounds it: the
-        normalised row rounded before the weight multiply (Llama, Qwen2/3), or zero-centred (Qwen3.5, ZC):
-        r * rstd * (1 + w) in float32, rounded once."""
-        if ZC:
-            return rnd(r * rstd * (1.0 + nw), dt, EMU)
-        return rnd(rnd(r * rstd, dt, EMU).to(tl.float32) * nw, dt, EMU)
+    rnd, _normed = rounding.kernels()
+    _xs_tag, _xs_send, _xs_wait, _xs_values, _ = exchange.kernels()  # the finish kernel is exchange's own
+    # the prologues inside the kernel: Prologue's values as constants the compiler folds
+    PRO_PLAIN, PRO_NORM, PRO_SILU, PRO_NORM1 = (tl.constexpr(int(p)) for p in Prologue)
 
     @triton.jit
     def _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt: tl.constexpr, EMU: tl.constexpr,
@@ -194,65 +194,6 @@ def _prologue_kernel():
             r = r.to(tl.float32)
             ss += r * r
         return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-
-    # The exchange inside the GEMVs (engine.allreduce.epilogue): tagged 8-byte words, EPW values per word.
-    @triton.jit
-    def _xs_tag(ser_ptr, e):
-        s = tl.load(ser_ptr).to(tl.int64)
-        return (((s & 0x3FFFFF) + 1) << 8) + e
-
-    @triton.jit
-    def _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N: tl.constexpr, EPW: tl.constexpr):
-        """A GEMV's output rows yd (this program's BLOCK_N), tagged, into the peer's inbox: one 64-bit store per
-        word of EPW values."""
-        stag = _xs_tag(xs_ser, xs_e)
-        if EPW == 2:
-            u = tl.reshape(yd.to(tl.uint16, bitcast=True).to(tl.int64), (BLOCK_N // 2, 2))
-            lo, hi = tl.split(u)
-            words = lo | (hi << 16)
-            widx = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            wmask = widx < N // 2
-        else:
-            words = yd.to(tl.uint32, bitcast=True).to(tl.int64)
-            widx = rows
-            wmask = rmask
-        tl.store(xs_peer + xs_slot + widx, (stag << 32) | words, mask=wmask)
-
-    @triton.jit
-    def _xs_wait(ptrs, mask, tag, failed_ptr, timeout_ns, INTERP: tl.constexpr):
-        """The words at ptrs once all carry ``tag`` (volatile loads), or whatever is there when the deadline
-        passed (then ``failed`` is set; after another wait's timeout, give up after 100 us)."""
-        v = tl.load(ptrs, mask=mask, other=0, volatile=True)
-        missing = tl.sum(tl.where(mask & ((v >> 32) != tag), 1, 0), axis=0)
-        if INTERP:
-            spins = 0
-        else:
-            t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
-                                           pack=1)
-        while missing > 0:
-            v = tl.load(ptrs, mask=mask, other=0, volatile=True)
-            missing = tl.sum(tl.where(mask & ((v >> 32) != tag), 1, 0), axis=0)
-            if INTERP:  # the interpreter has no clock: one microsecond per spin
-                spins += 1
-                waited = spins * 1000
-            else:
-                waited = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                                   is_pure=False, pack=1) - t0
-            if missing > 0:
-                if (waited > timeout_ns) | ((waited > 100000) & (tl.load(failed_ptr, volatile=True) != 0)):
-                    tl.atomic_xchg(failed_ptr, 1)
-                    missing = 0
-        return v
-
-    @triton.jit
-    def _xs_values(words, idx, EPW: tl.constexpr, dt: tl.constexpr):
-        """float32 values of elements idx from their tagged words."""
-        data = words & 0xFFFFFFFF
-        if EPW == 2:
-            h = (data >> ((idx % 2) * 16).to(tl.int64)) & 0xFFFF
-            return h.to(tl.uint16).to(dt, bitcast=True).to(tl.float32)
-        else:
-            return data.to(tl.uint32).to(tl.float32, bitcast=True)
 
     @triton.jit
     def gemv_prologue_kernel(w_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, stride_w, eps,
@@ -292,9 +233,9 @@ def _prologue_kernel():
             fo = tl.arange(0, 2)
             _xs_wait(xs_ready + fo, fo < 1, tag, xs_failed, xs_timeout, INTERP)
             tl.atomic_add(xs_ready, 0, sem="acquire", scope="gpu")
-        elif PROLOGUE == 1:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
+        elif PROLOGUE == PRO_NORM:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
             rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt, EMU, STATS_BLOCK)
-        if PROLOGUE == 3:
+        if PROLOGUE == PRO_NORM1:
             ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         wp = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols0[None, :]
@@ -306,13 +247,13 @@ def _prologue_kernel():
                 w = tl.load(wp + k0, mask=rmask[:, None] & cmask[None, :], other=0.0, eviction_policy="evict_first")
             if RECV:  # program 0's row, from L2 (not a stale L1 line)
                 h = tl.load(h_ptr + k0 + cols0, mask=cmask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            elif PROLOGUE == 1:
+            elif PROLOGUE == PRO_NORM:
                 xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 r = rnd(xv + dv, dt, EMU).to(tl.float32)
                 h = _normed(r, rstd, nw, dt, EMU, ZC).to(tl.float32)
-            elif PROLOGUE == 3:  # one pass: sum of squares beside the product, rstd applied to the sums
+            elif PROLOGUE == PRO_NORM1:  # one pass: sum of squares beside the product, rstd applied to the sums
                 xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
@@ -322,7 +263,7 @@ def _prologue_kernel():
                 r = r.to(tl.float32)
                 ss += r * r
                 h = r * (1.0 + nw) if ZC else r * nw
-            elif PROLOGUE == 2:
+            elif PROLOGUE == PRO_SILU:
                 g = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 u = tl.load(x_ptr + K + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
                 sg = rnd(g / (1.0 + tl.exp(-g)), dt, EMU).to(tl.float32)
@@ -331,7 +272,7 @@ def _prologue_kernel():
                 h = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
             acc += w.to(tl.float32) * h[None, :]
         y = tl.sum(acc, axis=1)
-        if PROLOGUE == 3:
+        if PROLOGUE == PRO_NORM1:
             y = y * (1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps))
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -340,34 +281,7 @@ def _prologue_kernel():
         if SEND:  # the same rows, tagged, into the peer's inbox: one 64-bit store per word
             _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
-    @triton.jit
-    def exchange_finish_kernel(own_ptr, out_ptr, xs_inbox, xs_ser, xs_failed, xs_slot, xs_e, xs_timeout, N,
-                               BLOCK: tl.constexpr, EPW: tl.constexpr, EMU: tl.constexpr, INTERP: tl.constexpr,
-                               BUMP: tl.constexpr, x_ptr=None, nw_ptr=None, eps=0.0, NORM: tl.constexpr = False,
-                               ZC: tl.constexpr = False):
-        # this rank's partial + the peer's (sent by its GEMV's epilogue), BLOCK values per program; BUMP (one
-        # program: the step's last exchange) then bumps the step serial. NORM (one program, the whole row in one
-        # block): out = RMSNorm(x + the sum) * nw instead, the model's final norm (Hugging Face's rounding)
-        dt = own_ptr.dtype.element_ty
-        tag = _xs_tag(xs_ser, xs_e)
-        offs = tl.arange(0, BLOCK)
-        for k0 in range(tl.program_id(0) * BLOCK, N, BLOCK * tl.num_programs(0)):
-            m = (k0 + offs) < N
-            pw = _xs_wait(xs_inbox + xs_slot + (k0 + offs) // EPW, m, tag, xs_failed, xs_timeout, INTERP)
-            ov = tl.load(own_ptr + k0 + offs, mask=m, other=0.0).to(tl.float32)
-            d = rnd(ov + _xs_values(pw, k0 + offs, EPW, dt), dt, EMU)
-            if NORM:
-                xv = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                r = rnd(xv + d.to(tl.float32), dt, EMU).to(tl.float32)
-                rs = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / N + eps)
-                nw = tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                d = _normed(r, rs, nw, dt, EMU, ZC)
-            tl.store(out_ptr + k0 + offs, d, mask=m)
-        if BUMP:
-            s = tl.load(xs_ser)
-            tl.store(xs_ser, s + 1)
-
-    return gemv_prologue_kernel, exchange_finish_kernel
+    return gemv_prologue_kernel
 
 
 def _prologue_default(name: str, n: int) -> tuple[int, int, int]:
@@ -378,20 +292,6 @@ def _prologue_default(name: str, n: int) -> tuple[int, int, int]:
     if name in ("silu", "norm1"):
         return (8, 512, 4) if name == "silu" else (4, 512, 4)
     return DEFAULT_BLOCKS
-
-
-def _xs_args(ticket, timeout_dummy: torch.Tensor) -> tuple:
-    """(peer inbox, own inbox, serial, failed, slot offset, e, timeout_ns, ready flag) of a ticket, or dummies."""
-    if ticket is None:
-        t = timeout_dummy
-        return t, t, t, t, 0, 0, 0, t
-    xs = ticket.xs
-    return (xs.peer_inbox, xs.inbox, xs.serial, xs.failed, ticket.slot * xs.slot_words, ticket.e, xs.timeout_ns,
-            xs.ready)
-
-
-def _epw(dtype: torch.dtype) -> int:
-    return 4 // torch.empty((), dtype=dtype).element_size()
 
 
 def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
@@ -422,7 +322,7 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
         if k > stats_block:
             raise ValueError(f"the exchange inside the GEMVs takes rows of up to 8192 values, not {k}")
         h_row = torch.empty(k, dtype=x.dtype, device=x.device)  # program 0's normalised row
-    _prologue_kernel()[0][(-(-n // bn),)](
+    _prologue_kernel()[(-(-n // bn),)](
         w, x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
         b if b is not None else w, out, x_out if x_out is not None else out, n, k, w.stride(0), float(eps),
         peer, inbox, ser, failed, slot, e, timeout, ready, h_row,
@@ -480,40 +380,6 @@ def linear_send(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, send=N
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     launch_prologue(PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out, send=send)
     return _sent(out.view(*x.shape[:-1], w.shape[0]), send)
-
-
-def _sent(part: torch.Tensor, send):
-    if send is None:
-        return part
-    from engine.allreduce.epilogue import Sent
-
-    return Sent(part, send)
-
-
-def exchange_finish(sent, bump: bool = True, x: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                    eps: float = 0.0, zc: bool = False) -> torch.Tensor:
-    """This rank's partial + the peer's, in a kernel of its own -> [1, 1, D] in the partial's dtype.
-    ``bump``: the step's last exchange (one program waits for the words, then bumps the step serial); else
-    the receive of exchange mode "send" (programs of 512 values each). With ``x`` and ``norm_weight`` (bump
-    only): RMSNorm(x + the sum) * norm_weight instead of the sum (rows of up to 8192)."""
-    part, ticket = sent.part, sent.ticket
-    xs = ticket.xs
-    own = part.reshape(-1).contiguous()
-    out = torch.empty_like(own)
-    n = own.numel()
-    norm = x is not None
-    if norm and (not bump or n > 8192):
-        raise ValueError("the final norm is fused into the step's last exchange only, for rows of up to 8192")
-    whole = 1 << (n - 1).bit_length()
-    block = (whole if norm else min(4096, whole)) if bump else min(512, whole)
-    grid = 1 if bump else -(-n // block)
-    _prologue_kernel()[1][(grid,)](own, out, xs.inbox, xs.serial, xs.failed, ticket.slot * xs.slot_words, ticket.e,
-                                   xs.timeout_ns, n, BLOCK=block, EPW=_epw(own.dtype),
-                                   EMU=interpreting() and own.dtype == torch.bfloat16, INTERP=interpreting(),
-                                   BUMP=bump, x_ptr=x.reshape(-1).contiguous() if norm else own,
-                                   nw_ptr=norm_weight if norm else own, eps=float(eps), NORM=norm, ZC=zc,
-                                   num_warps=8 if bump else 4)
-    return out.view(part.shape)
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,

@@ -474,8 +474,8 @@ class Model:
         return x
 
     # ---- THE decode step: one token with device-side positions (CUDA-graph capturable) -------------
-    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, window: int,
-                    blocks: tuple | None = None) -> torch.Tensor:
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, window: int, blocks: tuple | None = None,
+                    exchange: str | None = None) -> torch.Tensor:
         """tok [1] and pos [1] (device int64) -> float32 logits [V]. The one decode step: the runner, the
         ranks, `generate` and the benches all call this (eagerly, or replayed from a CUDA graph by
         engine/core/runner.py's Decoder). Attention reads cache positions [0, window): no shape depends on pos,
@@ -487,7 +487,9 @@ class Model:
         gate/up, down of this rank's columns) -> allreduce. Each block starts with the residual add of the
         previous block's reduced output, so the add fuses with the norm when the blocks are compiled.
         ``blocks``: (attn_block, mlp_block[, gdn_block]) to use, e.g. torch.compile'd or fused ones
-        (engine.core.runner.kernels); None = the plain functions below. Call it under torch.inference_mode()."""
+        (engine.core.runner.kernels); None = the plain functions below. ``exchange``: where the two ranks' partial
+        outputs meet (engine.core.decode_mode.EXCHANGES: the runner's DecodeMode.exchange); None or "kernel" = the
+        path's allreduce. Call it under torch.inference_mode()."""
         attn, mlp = (blocks or (attn_block, mlp_block))[:2]
         gdn = blocks[2] if blocks and len(blocks) > 2 else gdn_block
         cfg = self.cfg
@@ -499,11 +501,9 @@ class Model:
         mask_bias = torch.where(torch.arange(window, device=self.device) <= pos, zero, float("-inf"))
         mask_bias = mask_bias.view(1, 1, 1, window)  # [1, 1, 1, W]
         delta = torch.zeros_like(x)
-        xs = self.epilogue_exchange(blocks)
-        if xs is not None:
-            from engine.allreduce import epilogue
-
-            recv = xs.receive if epilogue.requested() == "send" else (lambda sent: sent)  # gemv: the GEMV receives
+        xs = self.epilogue_exchange(blocks, exchange)
+        if xs is not None:  # "norm-receive": the next norm GEMV receives what was sent
+            recv = xs.receive if exchange == "send" else (lambda sent: sent)
         for i, layer in enumerate(self.layers):
             kw = {} if xs is None else {"send": xs.ticket(2 * i, cfg.hidden_size, self.dtype)}
             if layer.kind == "full_attention":
@@ -528,22 +528,26 @@ class Model:
             x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps, self.zc)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
 
-    def epilogue_exchange(self, blocks: tuple | None):
-        """The exchange sent from the GEMVs (engine.allreduce.epilogue) when these blocks take it, the path offers
-        it and the exchange mode (V100PLAN_ENGINE_EXCHANGE, else its DEFAULT) is not "kernel"; else None."""
+    def offers_exchange(self, blocks: tuple | None) -> bool:
+        """Whether the TP2 exchange can run inside these blocks' GEMVs (engine.allreduce.epilogue): blocks that take
+        tickets (every kind of layer this model has), a path that offers the exchange, kernels that run here
+        (engine.core.attention.sends_here) and rows of up to 8192 values."""
         if self.comm is None or not blocks or not getattr(blocks[0], "sends", False):
-            return None
+            return False
         if self.cfg.hybrid and not (len(blocks) > 2 and getattr(blocks[2], "sends", False)):
-            return None
-        make = getattr(getattr(self.comm, "path", None), "epilogue", None)
-        if make is None:
-            return None
-        from engine.allreduce import epilogue
+            return False
+        if getattr(getattr(self.comm, "path", None), "epilogue", None) is None:
+            return False
         from engine.core import attention
 
-        if epilogue.requested() == "kernel" or not attention.sends_here(self) or self.cfg.hidden_size > 8192:
+        return attention.sends_here(self) and self.cfg.hidden_size <= 8192
+
+    def epilogue_exchange(self, blocks: tuple | None, exchange: str | None):
+        """The path's exchange (engine.allreduce.epilogue.EpilogueExchange) when ``exchange`` (a DecodeMode's) sends
+        from the GEMVs and these blocks take it (offers_exchange); else None: the path's allreduce."""
+        if exchange in (None, "kernel") or not self.offers_exchange(blocks):
             return None
-        return make()
+        return self.comm.path.epilogue()
 
     def weight_bytes(self) -> int:
         """Bytes this rank reads per decode step from weights (embedding: one row, not the table)."""

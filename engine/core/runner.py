@@ -3,7 +3,9 @@ token per step through the Decoder. Hooks see every chunk and every token before
 may stop the request.
 
 The Decoder runs Model.decode_step, the one decode step, in the fastest way this device and allreduce
-path allow, and says which and why (``Decoder.info``):
+path allow, and says which and why (``Decoder.info``). It resolves one engine.core.decode_mode.DecodeMode when it
+is built (graphs, kernels, exchange, lockstep: its arguments, else the environment, read then and never during a
+step) and passes it into every step, capture and exchange:
   graphs   CUDA: one graph per context bucket (window = 256, 512, 1024, ... up to the context limit),
            captured at start-up over the static K/V cache, with the allreduce inside when the path can
            be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
@@ -15,17 +17,23 @@ path allow, and says which and why (``Decoder.info``):
            (engine.core.gemv); "compiled": the same with cuBLAS products (by request), both from compute
            capability 8.0. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
            else the plain blocks; CPUs run the plain blocks.
+  exchange (TP2) where the layers' partial outputs meet (engine.allreduce.epilogue): "send" where the fused blocks
+           and the device mailbox take it, else "kernel" (the path's allreduce); V100PLAN_ENGINE_EXCHANGE overrides.
+  lockstep (TP2) inside the step's graph (two Triton kernels from compute capability 8.0, else torch ops), or
+           after each step without graphs.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Callable
 
 import torch
 
+# the choices themselves live in engine.core.decode_mode (kernel_choice and FUSED_DEFAULT are also read from here)
+from engine.core import decode_mode
+from engine.core.decode_mode import FUSED_DEFAULT, TRITON_MIN_CC, VOLTA_CC, DecodeMode, kernel_choice  # noqa: F401
 from engine.core.model import Model, attn_block, mlp_block
 from engine.core.sampling import Sampler
 
@@ -34,17 +42,6 @@ StepHook = Callable[[str, int, list[int], int], bool]
 
 FIRST_BUCKET = 256
 SNAPSHOT_EVERY = 8192  # prefill positions between the prefix cache's snapshots of a long prompt
-KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv | fused: overrides the automatic choice
-KERNELS = ("eager", "compiled", "gemv", "fused")
-# "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton: an H200
-# measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against "gemv"
-# (docs/engine-speed.md; tests/fixtures/engine/h200-variants-fused-tp*-2026-11-30.json, judged by
-# tests/test_engine_fused_recording.py).
-FUSED_DEFAULT = True
-TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
-VOLTA_CC = (7, 0)  # the V100: the fused kernels only (fp16, compiled for sm_70 by a CUDA 12 ptxas: engine.core.sm70)
-
-
 def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
     """The engine's dtype rule: float32 on CPU; bf16 where the card has bf16 tensor cores (compute
     capability 8.0+); fp16 before (the V100 is 7.0: torch may emulate bf16 there, which is not a fact
@@ -52,42 +49,6 @@ def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
     if device_type != "cuda" or capability is None:
         return "float32"
     return "bfloat16" if tuple(capability) >= (8, 0) else "float16"
-
-
-def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_ok: bool,
-                  requested: str | None = None, sm70_ptxas: tuple[bool, str] | None = None) -> tuple[str, str]:
-    """("fused" | "gemv" | "compiled" | "eager", why). Compiled blocks (and the Triton GEMV, engine.core.gemv) need
-    Triton for the card; never required: CPUs run the plain blocks. The V100 (7.x) runs the fused kernels in fp16
-    when ``sm70_ptxas`` (engine.core.sm70.use(): found, why) says a ptxas compiles sm_70; else the plain blocks."""
-    if requested == "eager":
-        return "eager", f"{KERNELS_ENV}=eager"
-    if device_type != "cuda":
-        return "eager", "CPU: the blocks run eagerly"
-    cc = ".".join(map(str, capability)) if capability else "unknown"
-    if capability is None or tuple(capability) < VOLTA_CC:
-        return "eager", f"compute capability {cc} < 7.0: no Triton kernels on this card, eager blocks"
-    if not triton_ok:
-        return "eager", "Triton is not installed: eager blocks"
-    if tuple(capability) < TRITON_MIN_CC:
-        found, why = sm70_ptxas or (False, "no ptxas for sm_70 was looked for")
-        if not found:
-            return "eager", f"compute capability {cc} < 8.0 and {why}: eager blocks in fp16 (about half the fused speed)"
-        if requested in ("compiled", "gemv"):
-            return "eager", (f"compute capability {cc} < 8.0: torch.compile'd blocks ({requested}) are not offered "
-                             f"on this card; eager blocks (leave {KERNELS_ENV} unset for the fused kernels)")
-        return "fused", (f"compute capability {cc} (fp16): the five fused Triton kernels per layer, compiled for "
-                         f"sm_{capability[0]}{capability[1]} by {why}; FMA instead of tensor-core MMA, which the "
-                         f"one-row products do not need")
-    if requested == "compiled":
-        return "compiled", "requested: torch.compile'd blocks, cuBLAS for the one-row products"
-    if requested == "fused" or (requested is None and FUSED_DEFAULT):
-        return "fused", ("requested: " if requested == "fused" else "") + (
-            "five Triton kernels per layer (engine.core.attention): the norm and SiLU in the GEMVs' prologues, "
-            "one kernel for q/k norm, RoPE, the cache write and the one-query attention (0.93x the step of the "
-            "Triton GEMV with compiled blocks at TP1, 0.87x at TP2 on an H200, docs/engine-speed.md)")
-    return "gemv", ("requested: " if requested == "gemv" else "") + (
-        "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, one-query attention) "
-        "with the Triton GEMV for the one-row products (1.02-1.42x cuBLAS on an H200, docs/engine-speed.md)")
 
 
 def buckets(max_context: int, first: int = FIRST_BUCKET) -> list[int]:
@@ -139,47 +100,18 @@ class Decoder:
     token ``tok`` at position ``pos`` (its K/V written into the cache)."""
 
     def __init__(self, model: Model, *, graphs: bool | None = None, kernels: str | None = None,
-                 bucket_list: list[int] | None = None):
+                 exchange: str | None = None, bucket_list: list[int] | None = None):
         self.model = model
         dev = model.device
-        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
         comm = model.comm
         path = getattr(comm, "path", None)
-        capturable = comm is None or bool(getattr(path, "capturable", False))
-        if graphs is None:
-            graphs = dev.type == "cuda" and capturable
-            if dev.type != "cuda":
-                graphs_why = "CPU: eager steps"
-            elif not capturable:
-                graphs_why = (f"allreduce {path.name} waits on the host, which a CUDA graph cannot hold: "
-                              "eager steps")
-            else:
-                graphs_why = ("CUDA graphs per context bucket" +
-                              (f", allreduce {path.name} captured inside" if path is not None else ""))
-        else:
-            graphs_why = "requested"
-        self.graphs = graphs
-        ptxas = None
-        if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
-            from engine.core import sm70
-
-            ptxas = sm70.use()  # points Triton at a ptxas that still targets sm_70
-        self.kernels, kernels_why = kernel_choice(dev.type, cap, _triton_ok(),
-                                                  kernels or os.environ.get(KERNELS_ENV) or None, ptxas)
-        self.blocks = (compiled_blocks(self.kernels == "gemv") if self.kernels in ("compiled", "gemv")
-                       else fused_blocks() if self.kernels == "fused" else (attn_block, mlp_block))
+        self.mode = self._resolve(decode_mode.Request.of(graphs, kernels, exchange))
+        self.graphs, self.kernels = self.mode.graphs, self.mode.kernels
+        self.blocks = self._blocks(self.kernels)
         self.windows = bucket_list or buckets(model.max_context)
-        self.info = {"mode": "graphs" if graphs else "eager", "why": graphs_why, "kernels": self.kernels,
-                     "kernels_why": kernels_why, "windows": self.windows if graphs else None,
+        self.info = {**self.mode.info(), "windows": self.windows if self.graphs else None,
                      "allreduce": path.name if path is not None else None, "capture_s": None,
                      "weights": model.weights_info()}
-        if path is not None:  # where the layers' partial outputs meet (engine.allreduce.epilogue)
-            from engine.allreduce import epilogue
-
-            mode = epilogue.requested() if model.epilogue_exchange(self.blocks) is not None else "kernel"
-            self.info["exchange"] = mode
-            self.info["exchange_why"] = (epilogue.describe(mode) if mode != "kernel" else
-                                         f"an allreduce ({path.name}) between the GEMVs")
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._step_ms: list[float] = []  # device ms per step (graph replays), the most recent ones
         self._token_ms: list[float] = []  # wall ms per token in run(), sampling and lockstep included
@@ -193,12 +125,10 @@ class Decoder:
             self.info["host_threads"] = 1
         # Lockstep inside the graph (two ranks on graphs): greedy tokens are checked with the peer by the
         # step itself (engine.core.lockstep.in_graph); otherwise the rank's hook exchanges a record.
-        self.guarded = bool(graphs and path is not None)
-        self.info["lockstep"] = ("in the step's graph (greedy tokens; sampled ones exchanged after the step)"
-                                 if self.guarded else ("after each step" if path is not None else None))
+        self.guarded = self.mode.lockstep_kernels is not None
         self.checked: dict | None = None  # the in-graph check of the token sample() returned last, if any
         self.spec = None  # engine.core.spec_graphs.SpecGraphs: MTP speculation's captured rounds (prepare())
-        if graphs:
+        if self.graphs:
             self.tok = torch.zeros(1, dtype=torch.long, device=dev)
             self.pos = torch.zeros(1, dtype=torch.long, device=dev)
             self._out: dict[int, torch.Tensor] = {}
@@ -208,10 +138,39 @@ class Decoder:
             self._ls_host = (0, 0)
             self._ls_out: dict[int, torch.Tensor] = {}
 
+    def _resolve(self, request: decode_mode.Request) -> DecodeMode:
+        """The one DecodeMode of this decoder, from the request and this device, path and model."""
+        model = self.model
+        dev = model.device
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+        path = getattr(model.comm, "path", None)
+        ptxas = None
+        if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
+            from engine.core import sm70
+
+            ptxas = sm70.use()  # points Triton at a ptxas that still targets sm_70
+        lockstep_kernels = False
+        if path is not None:
+            from engine.core import lockstep
+
+            lockstep_kernels = lockstep.kernels_here(dev)
+        return decode_mode.resolve(
+            request, device_type=dev.type, capability=cap, triton_ok=_triton_ok(), sm70_ptxas=ptxas,
+            path_name=path.name if path is not None else None,
+            capturable=model.comm is None or bool(getattr(path, "capturable", False)),
+            exchange_offered=lambda kernels: kernels == "fused" and model.offers_exchange(fused_blocks()),
+            lockstep_kernels=lockstep_kernels)
+
+    @staticmethod
+    def _blocks(kernels: str) -> tuple:
+        if kernels in ("compiled", "gemv"):
+            return compiled_blocks(kernels == "gemv")
+        return fused_blocks() if kernels == "fused" else (attn_block, mlp_block)
+
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, tok: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
-        """Model.decode_step with this decoder's blocks (eager call; what the graphs capture)."""
-        return self.model.decode_step(tok, pos, window, self.blocks)
+        """Model.decode_step with this decoder's blocks and exchange (eager call; what the graphs capture)."""
+        return self.model.decode_step(tok, pos, window, self.blocks, self.mode.exchange)
 
     def window_for(self, pos: int) -> int:
         for w in self.windows:
@@ -259,7 +218,8 @@ class Decoder:
     def _lockstep(self, tok: torch.Tensor) -> torch.Tensor:
         from engine.core import lockstep
 
-        return lockstep.in_graph(tok, self.pos, self._ls_state, self._ls_flags, self.model.comm.path.all_gather)
+        return lockstep.in_graph(tok, self.pos, self._ls_state, self._ls_flags, self.model.comm.path.all_gather,
+                                 kernels=self.mode.lockstep_kernels)
 
     def guards(self, sampler: Sampler) -> bool:
         """Whether this sampler's tokens are checked with the peer inside the step's graph."""

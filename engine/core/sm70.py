@@ -123,10 +123,10 @@ def variants() -> list[tuple[str, object, dict, int]]:
     """(label, triton kernel, constexprs, num_warps[, argument types]) of every kernel the fused decode step runs,
     fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
     zero-centred norms, the Gated DeltaNet decode kernel), the int8 K/V cache's attention."""
-    from engine.core import attention, gdn_fused, gemv, gemv_int4
+    from engine.core import attention, exchange, gdn_fused, gemv, gemv_int4
 
     dense = gemv._kernel()
-    pro, finish = gemv._prologue_kernel()
+    pro, finish = gemv._prologue_kernel(), exchange.kernels().finish
     attn, comb = attention._kernels()
     int4, deq = gemv_int4._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,

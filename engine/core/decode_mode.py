@@ -1,0 +1,200 @@
+"""How the decode step runs here, decided once: one frozen DecodeMode that engine.core.runner's Decoder resolves
+when it is built (from its arguments, the environment read once and the card's facts) and passes into every step,
+capture and exchange. Nothing that runs during a step reads the environment. Stdlib only: the choices are plain
+functions of plain facts, tested without a GPU.
+
+  graphs    CUDA graphs per context bucket (with the allreduce inside when the path can be captured), or eager steps.
+  kernels   the decode step's blocks (KERNELS): "fused" (engine.core.attention: five Triton kernels per layer),
+            "gemv" (torch.compile'd blocks with the Triton GEMV for the one-row products), "compiled" (the same with
+            cuBLAS products), "eager" (the plain blocks).
+  exchange  where a TP2 layer's two partial outputs meet (EXCHANGES): "kernel" (an allreduce between the GEMVs),
+            "send" (the GEMVs send their rows, a small kernel receives), "norm-receive" (the next norm GEMV
+            receives); None at TP1.
+  lockstep  how the two ranks check each other (LOCKSTEP): inside the step's graph as two Triton kernels or as torch
+            ops around the exchange, or a record the rank exchanges after each step; None at TP1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Mapping
+
+KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv | fused: overrides the automatic choice
+KERNELS = ("eager", "compiled", "gemv", "fused")
+# "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton: an H200
+# measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against "gemv"
+# (docs/engine-speed.md; tests/fixtures/engine/h200-variants-fused-tp*-2026-11-30.json, judged by
+# tests/test_engine_fused_recording.py).
+FUSED_DEFAULT = True
+TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
+VOLTA_CC = (7, 0)  # the V100: the fused kernels only (fp16, compiled for sm_70 by a CUDA 12 ptxas: engine.core.sm70)
+
+EXCHANGE_ENV = "V100PLAN_ENGINE_EXCHANGE"
+EXCHANGES = {
+    "kernel": "an allreduce kernel between the GEMVs (the graph mailbox's: send, wait, add in one kernel)",
+    "norm-receive": ("inside the GEMVs: o_proj / down send their rows to the peer in their epilogue, the next norm "
+                     "GEMV's program 0 waits for and adds them, the others read its row"),
+    "send": ("o_proj / down send their rows to the peer in their epilogue; a small kernel waits for and adds "
+             "them before the next norm GEMV"),
+}
+# Earlier names of a mode: accepted, and the mode says it was renamed ("gemv" also named a kernel choice).
+EXCHANGE_ALIASES = {"gemv": "norm-receive"}
+# The measured choice (2 x H200, Qwen3-8B shape, bf16, 1K context, one bench-tp2 run, 2026-12-01,
+# tests/fixtures/multigpu/h200x2-exchange-modes-2026-12-01.json, where "norm-receive" is recorded as "gemv";
+# docs/engine-speed.md): the TP2 step took 2.742 ms with "send", 2.843 ms with "kernel" and 3.028 ms with
+# "norm-receive".
+EXCHANGE_DEFAULT = "send"
+
+LOCKSTEP = {
+    "graph-kernels": "two Triton kernels around the exchange",
+    "graph-torch": "torch ops around the exchange",
+    "after-step": "after each step",
+}
+IN_GRAPH = "in the step's graph (greedy tokens; sampled ones exchanged after the step)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What was asked for: the Decoder's arguments, else the environment (read once, here); None = choose."""
+    graphs: bool | None = None
+    kernels: str | None = None
+    exchange: str | None = None
+    note: str | None = None  # what was said about the request itself (a renamed exchange mode)
+
+    @classmethod
+    def of(cls, graphs: bool | None = None, kernels: str | None = None, exchange: str | None = None,
+           environ: Mapping[str, str] | None = None) -> "Request":
+        env = os.environ if environ is None else environ
+        kernels = kernels or env.get(KERNELS_ENV) or None
+        if kernels is not None and kernels not in KERNELS:
+            raise ValueError(f"{KERNELS_ENV}={kernels!r}: expected one of {', '.join(KERNELS)}")
+        asked = exchange or env.get(EXCHANGE_ENV) or None
+        mode, note = exchange_name(asked) if asked else (None, None)
+        return cls(graphs, kernels, mode, note)
+
+
+def exchange_name(value: str) -> tuple[str, str | None]:
+    """(the exchange mode, a note when ``value`` is an earlier name of it); ValueError naming the modes."""
+    if value in EXCHANGE_ALIASES:
+        new = EXCHANGE_ALIASES[value]
+        return new, f"{EXCHANGE_ENV}={value} is now called {new!r}"
+    if value not in EXCHANGES:
+        raise ValueError(f"{EXCHANGE_ENV}={value!r}: expected one of {', '.join(EXCHANGES)}")
+    return value, None
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeMode:
+    """How the decode step runs, each field with why."""
+    graphs: bool
+    graphs_why: str
+    kernels: str
+    kernels_why: str
+    exchange: str | None = None  # None: one rank, nothing exchanged
+    exchange_why: str | None = None
+    lockstep: str | None = None  # None: one rank, nothing to check
+    lockstep_why: str | None = None
+
+    @property
+    def receive_in_gemv(self) -> bool:
+        """Whether the next norm GEMV receives the exchange itself (else a kernel of its own does)."""
+        return self.exchange == "norm-receive"
+
+    @property
+    def lockstep_kernels(self) -> bool | None:
+        """lockstep.in_graph's ``kernels``: its two Triton kernels, torch ops, or None outside a graph."""
+        return {"graph-kernels": True, "graph-torch": False}.get(self.lockstep or "")
+
+    def info(self) -> dict:
+        """The keys the service reports (/health, the log line, /metrics): mode, why, kernels, kernels_why and,
+        with two ranks, exchange, exchange_why and lockstep (its why)."""
+        out = {"mode": "graphs" if self.graphs else "eager", "why": self.graphs_why, "kernels": self.kernels,
+               "kernels_why": self.kernels_why, "lockstep": self.lockstep_why}
+        if self.exchange is not None:
+            out.update(exchange=self.exchange, exchange_why=self.exchange_why)
+        return out
+
+
+def graph_choice(device_type: str, path_name: str | None, capturable: bool,
+                 requested: bool | None = None) -> tuple[bool, str]:
+    """(graphs, why): CUDA graphs where the allreduce (if any) can be captured; eager on CPU."""
+    if requested is not None:
+        return requested, "requested"
+    if device_type != "cuda":
+        return False, "CPU: eager steps"
+    if not capturable:
+        return False, f"allreduce {path_name} waits on the host, which a CUDA graph cannot hold: eager steps"
+    return True, "CUDA graphs per context bucket" + (f", allreduce {path_name} captured inside" if path_name else "")
+
+
+def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_ok: bool,
+                  requested: str | None = None, sm70_ptxas: tuple[bool, str] | None = None) -> tuple[str, str]:
+    """("fused" | "gemv" | "compiled" | "eager", why). Compiled blocks (and the Triton GEMV, engine.core.gemv) need
+    Triton for the card; never required: CPUs run the plain blocks. The V100 (7.x) runs the fused kernels in fp16
+    when ``sm70_ptxas`` (engine.core.sm70.use(): found, why) says a ptxas compiles sm_70; else the plain blocks."""
+    if requested == "eager":
+        return "eager", f"{KERNELS_ENV}=eager"
+    if device_type != "cuda":
+        return "eager", "CPU: the blocks run eagerly"
+    cc = ".".join(map(str, capability)) if capability else "unknown"
+    if capability is None or tuple(capability) < VOLTA_CC:
+        return "eager", f"compute capability {cc} < 7.0: no Triton kernels on this card, eager blocks"
+    if not triton_ok:
+        return "eager", "Triton is not installed: eager blocks"
+    if tuple(capability) < TRITON_MIN_CC:
+        found, why = sm70_ptxas or (False, "no ptxas for sm_70 was looked for")
+        if not found:
+            return "eager", f"compute capability {cc} < 8.0 and {why}: eager blocks in fp16 (about half the fused speed)"
+        if requested in ("compiled", "gemv"):
+            return "eager", (f"compute capability {cc} < 8.0: torch.compile'd blocks ({requested}) are not offered "
+                             f"on this card; eager blocks (leave {KERNELS_ENV} unset for the fused kernels)")
+        return "fused", (f"compute capability {cc} (fp16): the five fused Triton kernels per layer, compiled for "
+                         f"sm_{capability[0]}{capability[1]} by {why}; FMA instead of tensor-core MMA, which the "
+                         f"one-row products do not need")
+    if requested == "compiled":
+        return "compiled", "requested: torch.compile'd blocks, cuBLAS for the one-row products"
+    if requested == "fused" or (requested is None and FUSED_DEFAULT):
+        return "fused", ("requested: " if requested == "fused" else "") + (
+            "five Triton kernels per layer (engine.core.attention): the norm and SiLU in the GEMVs' prologues, "
+            "one kernel for q/k norm, RoPE, the cache write and the one-query attention (0.93x the step of the "
+            "Triton GEMV with compiled blocks at TP1, 0.87x at TP2 on an H200, docs/engine-speed.md)")
+    return "gemv", ("requested: " if requested == "gemv" else "") + (
+        "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, one-query attention) "
+        "with the Triton GEMV for the one-row products (1.02-1.42x cuBLAS on an H200, docs/engine-speed.md)")
+
+
+def exchange_choice(path_name: str | None, offered: bool, requested: str | None = None,
+                    note: str | None = None) -> tuple[str | None, str | None]:
+    """(exchange, why): None at TP1 (no path); the requested mode (else EXCHANGE_DEFAULT) where the blocks and the
+    path take the exchange inside the GEMVs (``offered``); else "kernel", the path's allreduce between them."""
+    if path_name is None:
+        return None, None
+    mode = requested or EXCHANGE_DEFAULT
+    if not offered or mode == "kernel":
+        return "kernel", f"an allreduce ({path_name}) between the GEMVs"
+    return mode, EXCHANGES[mode] + (f" ({note})" if note else "")
+
+
+def lockstep_choice(path_name: str | None, graphs: bool, kernels_here: bool) -> tuple[str | None, str | None]:
+    """(lockstep, why): with two ranks on graphs, inside the step's graph (greedy tokens), as two Triton kernels
+    where ``kernels_here`` (engine.core.lockstep.kernels_here) else torch ops; without graphs, after each step."""
+    if path_name is None:
+        return None, None
+    if not graphs:
+        return "after-step", LOCKSTEP["after-step"]
+    how = "graph-kernels" if kernels_here else "graph-torch"
+    return how, f"{IN_GRAPH}: {LOCKSTEP[how]}"
+
+
+def resolve(request: Request, *, device_type: str, capability: tuple[int, int] | None, triton_ok: bool,
+            sm70_ptxas: tuple[bool, str] | None, path_name: str | None, capturable: bool,
+            exchange_offered: Callable[[str], bool], lockstep_kernels: bool) -> DecodeMode:
+    """The one DecodeMode. ``exchange_offered(kernels)``: whether those kernels' blocks, the model and the path take
+    the exchange inside the GEMVs; ``lockstep_kernels``: whether the lockstep's Triton kernels run on this card."""
+    graphs, graphs_why = graph_choice(device_type, path_name, capturable, request.graphs)
+    kernels, kernels_why = kernel_choice(device_type, capability, triton_ok, request.kernels, sm70_ptxas)
+    offered = path_name is not None and exchange_offered(kernels)
+    exchange, exchange_why = exchange_choice(path_name, offered, request.exchange, request.note)
+    lockstep, lockstep_why = lockstep_choice(path_name, graphs, lockstep_kernels)
+    return DecodeMode(graphs, graphs_why, kernels, kernels_why, exchange, exchange_why, lockstep, lockstep_why)

@@ -1,0 +1,189 @@
+"""The one DecodeMode (engine/core/decode_mode.py): resolved once from the request and the card's facts without a GPU,
+recorded in the Decoder's info with the keys the service reports, and the only thing a step goes by: with the
+environment made to fail any read by engine/core or engine/allreduce, steps still run. Also that the GEMV and the
+exchange's allreduce side do not import each other, and decode_mode stays stdlib only."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.core import decode_mode, runner
+from engine.core.decode_mode import DecodeMode, Request
+from tests.engine_helpers import REPO, no_environment_reads, small_config
+
+H200 = dict(device_type="cuda", capability=(9, 0), triton_ok=True, sm70_ptxas=None)
+MAILBOX = dict(path_name="device_mailbox_graph", capturable=True)
+
+
+def _resolve(request=Request(), offered=True, lockstep_kernels=True, **facts) -> DecodeMode:
+    kw = {**H200, **MAILBOX, **facts}
+    return decode_mode.resolve(request, exchange_offered=lambda kernels: offered and kernels == "fused",
+                               lockstep_kernels=lockstep_kernels, **kw)
+
+
+def test_two_h200_ranks_run_graphs_fused_kernels_the_send_exchange_and_the_lockstep_kernels():
+    m = _resolve()
+    assert (m.graphs, m.kernels, m.exchange, m.lockstep) == (True, "fused", "send", "graph-kernels")
+    assert m.exchange_why == decode_mode.EXCHANGES["send"] and not m.receive_in_gemv and m.lockstep_kernels is True
+    assert m.graphs_why == "CUDA graphs per context bucket, allreduce device_mailbox_graph captured inside"
+    assert m.lockstep_why.startswith("in the step's graph (greedy tokens") and "two Triton kernels" in m.lockstep_why
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.exchange = "kernel"
+
+
+def test_the_info_keeps_the_keys_and_values_the_service_reports():
+    m = _resolve()
+    assert m.info() == {"mode": "graphs", "why": m.graphs_why, "kernels": "fused", "kernels_why": m.kernels_why,
+                        "exchange": "send", "exchange_why": m.exchange_why, "lockstep": m.lockstep_why}
+    one = _resolve(path_name=None)  # TP1: nothing exchanged, nothing checked, no exchange keys
+    assert (one.exchange, one.lockstep) == (None, None) and "exchange" not in one.info()
+    assert one.info()["lockstep"] is None and one.graphs_why == "CUDA graphs per context bucket"
+
+
+@pytest.mark.parametrize("facts,request_,offered,want", [
+    ({}, Request(exchange="kernel"), True, ("kernel", "an allreduce (device_mailbox_graph) between the GEMVs")),
+    ({}, Request(), False, ("kernel", "an allreduce (device_mailbox_graph) between the GEMVs")),  # not offered
+    ({}, Request(kernels="gemv"), True, ("kernel", "an allreduce")),  # compiled blocks take no tickets
+    ({"path_name": "nccl"}, Request(), False, ("kernel", "an allreduce (nccl) between the GEMVs")),
+    ({}, Request(exchange="norm-receive"), True, ("norm-receive", "the next norm GEMV's program 0 waits")),
+])
+def test_the_exchange_is_the_requested_mode_only_where_the_blocks_and_the_path_take_it(facts, request_, offered, want):
+    m = _resolve(request_, offered, **facts)
+    assert m.exchange == want[0] and want[1] in m.exchange_why
+
+
+def test_the_old_exchange_name_still_selects_its_mode_and_says_it_was_renamed():
+    req = Request.of(environ={decode_mode.EXCHANGE_ENV: "gemv"})
+    assert req.exchange == "norm-receive" and "is now called 'norm-receive'" in req.note
+    m = _resolve(req)
+    assert m.exchange == "norm-receive" and m.receive_in_gemv and "now called 'norm-receive'" in m.exchange_why
+    with pytest.raises(ValueError, match="expected one of kernel, norm-receive, send"):
+        Request.of(environ={decode_mode.EXCHANGE_ENV: "sideways"})
+    with pytest.raises(ValueError, match="V100PLAN_ENGINE_KERNELS='fast': expected one of eager, compiled, gemv, fused"):
+        Request.of(environ={decode_mode.KERNELS_ENV: "fast"})
+    # an argument wins over the environment
+    assert Request.of(kernels="eager", exchange="kernel", environ={decode_mode.KERNELS_ENV: "gemv",
+                                                                    decode_mode.EXCHANGE_ENV: "send"}) == \
+        Request(None, "eager", "kernel", None)
+
+
+def test_graphs_and_lockstep_follow_the_device_and_the_path():
+    cpu = _resolve(device_type="cpu", capability=None, path_name="gloo", capturable=False, lockstep_kernels=False)
+    assert (cpu.graphs, cpu.kernels, cpu.exchange, cpu.lockstep) == (False, "eager", "kernel", "after-step")
+    assert cpu.graphs_why == "CPU: eager steps" and cpu.lockstep_why == "after each step"
+    assert cpu.lockstep_kernels is None
+    host = _resolve(path_name="host_mailbox", capturable=False, offered=False)
+    assert not host.graphs and "waits on the host" in host.graphs_why and host.lockstep == "after-step"
+    v100 = _resolve(capability=(7, 0), sm70_ptxas=(True, "ptxas 12.8"), lockstep_kernels=False)
+    assert v100.kernels == "fused" and v100.lockstep == "graph-torch" and "torch ops" in v100.lockstep_why
+    assert v100.lockstep_kernels is False
+    forced = _resolve(Request(graphs=False))
+    assert not forced.graphs and forced.graphs_why == "requested" and forced.lockstep == "after-step"
+
+
+def _model(comm=None):
+    from engine.core import config as ecfg
+    from engine.core.model import Model
+    from engine.core.weights import expected_tensors
+
+    m = Model(ecfg.from_dict(small_config("llama-3.1-8b")), world=2 if comm else 1, dtype=torch.float32,
+              device="cpu", comm=comm)
+    g = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        for label, t in expected_tensors(m):
+            t.copy_(torch.empty(t.shape).normal_(1.0 if "norm" in label else 0.0, 0.05, generator=g))
+        m.setup_cache(64)
+    return m
+
+
+class _Loopback:
+    """A one-process stand-in for the peer: it holds the same half of the weights, so the sums are twice this
+    rank's partials (the plumbing, not the arithmetic, is under test)."""
+
+    class path:
+        name = "gloo"
+        capturable = False
+
+    def allreduce_sum(self, x):
+        return x + x
+
+    def gather_last(self, x):
+        return torch.cat((x, x), dim=-1)
+
+
+@pytest.mark.parametrize("comm", [None, _Loopback()], ids=["tp1", "tp2-loopback"])
+def test_steps_read_nothing_from_the_environment_once_the_decoder_is_built(comm, monkeypatch):
+    from engine.core.sampling import Sampler
+
+    monkeypatch.setenv(decode_mode.KERNELS_ENV, "eager")
+    model = _model(comm)
+    dec = runner.prepare(model, prefix_cache_bytes=0)
+    assert isinstance(dec.mode, DecodeMode) and dec.info["kernels_why"] == "V100PLAN_ENGINE_KERNELS=eager"
+    assert {k: dec.info[k] for k in dec.mode.info()} == dec.mode.info()
+    assert dec.info.get("exchange") == (None if comm is None else "kernel")
+    with no_environment_reads() as watched:
+        out, reason = runner.run(model, [3, 4, 5, 6], 6, Sampler(), set(), 2)
+        with torch.inference_mode():
+            dec.logits(out[-1], 10)
+    assert reason == "length" and len(out) == 6 and not watched.reads
+
+
+def test_the_environment_watch_catches_a_read_by_the_engine():
+    with no_environment_reads() as watched, pytest.raises(AssertionError, match="engine.core.decode_mode read"):
+        Request.of()  # reads V100PLAN_ENGINE_KERNELS: what a Decoder does once, when it is built
+    assert watched.reads and watched.reads[0][0] == "engine.core.decode_mode"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at module level or inside functions."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_the_gemv_and_the_exchange_paths_do_not_import_each_other():
+    gemv, epilogue = _imports(REPO / "engine/core/gemv.py"), _imports(REPO / "engine/allreduce/epilogue.py")
+    assert not [m for m in gemv if m.startswith("engine.allreduce")], gemv
+    assert not [m for m in epilogue if m.startswith("engine.core.gemv")], epilogue
+    shared = _imports(REPO / "engine/core/exchange.py") | _imports(REPO / "engine/core/rounding.py")
+    assert not [m for m in shared if m.startswith(("engine.core.gemv", "engine.allreduce"))], shared
+    code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.core.gemv' in sys.modules; "
+            "import engine.core.gemv; print(a, e.EpilogueExchange.__module__)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.split() == ["False", "engine.core.exchange"], res.stderr[-2000:]
+    code = "import sys, engine.core.gemv; print('engine.allreduce.epilogue' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.split() == ["False"], res.stderr[-2000:]
+
+
+def test_decode_mode_imports_the_standard_library_only():
+    mods = {m.split(".")[0] for m in _imports(REPO / "engine/core/decode_mode.py")}
+    assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods
+
+
+def test_the_gemv_kernel_names_its_prologues():
+    import importlib.util
+    import re
+
+    from engine.core import gemv
+
+    src = (REPO / "engine/core/gemv.py").read_text()
+    assert not re.findall(r"PROLOGUE\s*==\s*\d", src)  # named constants, not bare numbers
+    assert [int(p) for p in gemv.Prologue] == [gemv.PROLOGUE_PLAIN, gemv.PROLOGUE_NORM, gemv.PROLOGUE_SILU,
+                                                gemv.PROLOGUE_NORM_ONE_PASS] == [0, 1, 2, 3]
+    assert [gemv.PROLOGUE_NAMES[p] for p in gemv.Prologue] == ["plain", "norm", "silu", "norm1"]
+    if importlib.util.find_spec("triton") is not None:  # the kernel's constants are the enum's values
+        gemv._prologue_kernel()
+        assert [c.value for c in (gemv.PRO_PLAIN, gemv.PRO_NORM, gemv.PRO_SILU, gemv.PRO_NORM1)] == [0, 1, 2, 3]
