@@ -90,6 +90,18 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
         "with the Triton GEMV for the one-row products (1.02-1.42x cuBLAS on an H200, docs/engine-speed.md)")
 
 
+def device_kernels(dev: torch.device, requested: str | None = None) -> tuple[str, str]:
+    """kernel_choice for this device: ``requested``, else V100PLAN_ENGINE_KERNELS, else automatic (on a V100
+    Triton is pointed at a ptxas that still targets sm_70). The decode step's and the prefill's choice."""
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    ptxas = None
+    if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
+        from engine.core import sm70
+
+        ptxas = sm70.use()  # points Triton at a ptxas that still targets sm_70
+    return kernel_choice(dev.type, cap, _triton_ok(), requested or os.environ.get(KERNELS_ENV) or None, ptxas)
+
+
 def buckets(max_context: int, first: int = FIRST_BUCKET) -> list[int]:
     """Attention windows with one graph each: doubling from ``first``, the last one the context limit."""
     out, w = [], first
@@ -142,7 +154,6 @@ class Decoder:
                  bucket_list: list[int] | None = None):
         self.model = model
         dev = model.device
-        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
         comm = model.comm
         path = getattr(comm, "path", None)
         capturable = comm is None or bool(getattr(path, "capturable", False))
@@ -159,13 +170,7 @@ class Decoder:
         else:
             graphs_why = "requested"
         self.graphs = graphs
-        ptxas = None
-        if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
-            from engine.core import sm70
-
-            ptxas = sm70.use()  # points Triton at a ptxas that still targets sm_70
-        self.kernels, kernels_why = kernel_choice(dev.type, cap, _triton_ok(),
-                                                  kernels or os.environ.get(KERNELS_ENV) or None, ptxas)
+        self.kernels, kernels_why = device_kernels(dev, kernels)
         self.blocks = (compiled_blocks(self.kernels == "gemv") if self.kernels in ("compiled", "gemv")
                        else fused_blocks() if self.kernels == "fused" else (attn_block, mlp_block))
         self.windows = bucket_list or buckets(model.max_context)
