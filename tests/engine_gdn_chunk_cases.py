@@ -18,7 +18,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 def _inputs(t: int, hk: int, hv: int, dk: int, dv: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(t, hk, dk, generator=g), torch.randn(t, hk, dk, generator=g)
+    q, k = torch.randn(t, hk, dk, generator=g), torch.randn(t, hk, dk, generator=g) * 2
     v = torch.randn(t, hv, dv, generator=g)
     decay, beta = -torch.rand(t, hv, generator=g), torch.rand(t, hv, generator=g)
     s0 = torch.randn(hv, dk, dv, generator=g) * 0.3  # a continued sequence: the state is not zeros
@@ -45,15 +45,19 @@ def test_the_kernel_equals_the_chunked_and_recurrent_forms_from_a_state(t, hk, h
     assert (s0 != s).any()  # the state passed in is not overwritten: a new one comes back
 
 
-def test_the_unitriangular_inverse_equals_torch_and_reads_the_strictly_lower_part_only():
-    a = torch.randn(5, 64, 64, generator=torch.Generator().manual_seed(3)) * 0.2
-    want = torch.linalg.inv(torch.eye(64) + a.tril(-1))
-    got = gdn_chunk.inverse(a)  # diagonal and upper part hold noise: not read
-    assert (got - want).abs().max() < 1e-4
-    q, k, v, decay, beta, s0 = _inputs(100, 2, 4, 32, 32, seed=5)
+@pytest.mark.parametrize("t,hk,hv", [(150, 2, 4), (64, 1, 3)])
+def test_the_parts_kernel_equals_the_torch_parts(t, hk, hv):
+    q, k, v, decay, beta, s0 = _inputs(t, hk, hv, 32, 32, seed=5)
+    want = gdn.chunk_parts(q, k, v, decay, beta)  # torch's triangular solve for the UT transform
+    got = gdn_chunk.prepare(q, k, v, decay, beta)
+    assert got[-1] == want[-1] == t
+    for name, a, b in zip(("u", "w", "attn", "qd", "kd", "last"), got, want):
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-5, name
     o1, s1 = gdn_chunk.chunked(q, k, v, decay, beta, s0)
-    o2, s2 = gdn_chunk.chunked(q, k, v, decay, beta, s0, solve=None)  # torch's triangular solve
+    o2, s2 = gdn_chunk.chunked(q, k, v, decay, beta, s0, prep="torch")
     assert (o1 - o2).abs().max() < 1e-5 and (s1 - s2).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="64 tokens"):
+        gdn_chunk.chunked(q, k, v, decay, beta, s0, chunk=32)
 
 
 def test_bf16_inputs_are_as_close_to_float32_as_the_torch_form():

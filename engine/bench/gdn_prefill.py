@@ -4,7 +4,7 @@ chunked form (engine.core.gdn.chunked) at a config.json's shape, random inputs o
   layer[variant]   one linear-attention layer's rule over one prefill chunk (--chunk tokens, the layer's heads):
                    wall ms (synchronised), host ms (the call returning, before the GPU is done: the launches'
                    CPU time) and device ms (the sum of its kernels' times, torch.profiler); the kernel's variants
-                   (value columns per program, pipelining stages, the inverse kernel vs torch's triangular solve),
+                   (value columns per program, pipelining stages, the parts kernel vs the torch form's batched parts),
                    each with its error against the torch form in float32 on the same inputs
   prefill[kernels][tokens]  the whole model's prefill (engine.bench.decode.prefill: the `python -m engine bench`
                    figure) with the model's kernel choice "eager" (gdn.chunked) and "fused" (gdn_chunk), its TFLOP/s
@@ -85,19 +85,19 @@ def layer_bench(cfg, tokens: int, dtype, device, repeats: int) -> dict:
     row = _time(lambda: gdn.chunked(q, k, v, decay, beta, s0), repeats)
     out["torch_chunked"] = {**row, **err(*gdn.chunked(q, k, v, decay, beta, s0))}
     dv = v.shape[2]
-    variants = [(bv, st, solve) for bv in (16, 32, 64) if bv <= dv for st in (1, 2, 3) for solve in ("kernel",)]
-    variants += [(32, 2, "torch")]
-    for bv, st, solve in variants:
-        kw = dict(bv=bv, num_stages=st, solve=gdn_chunk.inverse if solve == "kernel" else None)
-        name = f"kernel_bv{bv}_st{st}_{solve}_solve"
+    variants = [(bv, None, "kernel") for bv in (16, 32, 64) if bv <= dv]
+    variants += [(32, 1, "kernel"), (32, 3, "kernel"), (32, None, "torch")]
+    for bv, st, prep in variants:
+        kw = dict(bv=bv, num_stages=st, prep=prep)
+        name = f"kernel_bv{bv}_st{st or 'default'}_{prep}_parts"
         try:
             row = _time(lambda kw=kw: gdn_chunk.chunked(q, k, v, decay, beta, s0, **kw), repeats)
             out[name] = {**row, **err(*gdn_chunk.chunked(q, k, v, decay, beta, s0, **kw))}
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, the others still run
             out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-    # the parts of the default: the batched intra-chunk work alone
-    out["chunk_parts_only"] = _time(lambda: gdn.chunk_parts(q, k, v, decay, beta, 64, solve=gdn_chunk.inverse),
-                                    repeats)
+    # the intra-chunk parts alone: the parts kernel and the torch form's batched parts
+    out["parts_kernel_only"] = _time(lambda: gdn_chunk.prepare(q, k, v, decay, beta), repeats)
+    out["parts_torch_only"] = _time(lambda: gdn.chunk_parts(q, k, v, decay, beta), repeats)
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return out
 

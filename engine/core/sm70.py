@@ -130,7 +130,7 @@ def variants() -> list[tuple[str, object, dict, int]]:
     pro, finish = gemv._prologue_kernel()
     attn, comb = attention._kernels()
     int4, deq = gemv_int4._kernels()
-    inverse, chunk = gdn_chunk._kernels()
+    prep, chunk = gdn_chunk._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
     q4 = dict(HAS_BIAS=False, HAS_PERM=False, BLOCK_N=16, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, STATS_BLOCK=4096,
@@ -157,7 +157,8 @@ def variants() -> list[tuple[str, object, dict, int]]:
          {"state_ptr": "*fp32", "pos_ptr": "*i64"}),
         ("gdn_chunk:27b prefill", chunk, dict(DK=128, DV=128, BV=32, C=64, IEEE=False, EMU=False), 4,
          {"last_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*fp32"}),
-        ("gdn_chunk:unitriangular inverse", inverse, dict(C=64), 4, {"a_ptr": "*fp32", "inv_ptr": "*fp32"}),
+        ("gdn_chunk:27b prefill parts", prep, dict(NV=48, RATIO=3, DK=128, DV=128, C=64, IEEE=False, EMU=False), 4,
+         {"g_ptr": "*fp32", "beta_ptr": "*fp32", "last_ptr": "*fp32", "scr_ptr": "*fp32"}),
         ("gemv_prologue:norm zero-centred", pro, {**base, "PROLOGUE": 1, "ZC": True}, 4),
         ("int4_gemv:norm zero-centred", int4, {**q4, "PROLOGUE": 1, "ZC": True}, 4),
         ("int4_gemv:norm", int4, {**q4, "PROLOGUE": 1}, 4),
