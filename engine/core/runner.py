@@ -14,7 +14,9 @@ path allow, and says which and why (``Decoder.info``):
            block shape reused by every layer, their one-row products through the Triton GEMV
            (engine.core.gemv); "compiled": the same with cuBLAS products (by request), both from compute
            capability 8.0. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
-           else the plain blocks; CPUs run the plain blocks.
+           else the plain blocks; CPUs run the plain blocks. The prefill takes the same choice for this device
+           (``device_kernels``, Model.kernels): "fused" runs the Gated DeltaNet layers' chunked rule as
+           engine.core.gdn_chunk's two kernels, anything else as engine.core.gdn.chunked.
 """
 
 from __future__ import annotations
