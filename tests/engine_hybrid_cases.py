@@ -141,3 +141,33 @@ def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step():
         _restore(model, s)
         got = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64, runner.fused_blocks())
     assert rel(got, want) < 1e-5
+
+
+def _prefill_two_chunks(model, ids, kernels):
+    """The logits of every position of ids (two chunks after the model's 40 positions) and the states after."""
+    model.kernels = kernels
+    with torch.inference_mode():
+        first = model.forward(ids[:, :30], 40, all_logits=True)  # a chunk boundary inside the 50 tokens
+        return torch.cat([first, model.forward(ids[:, 30:], 70, all_logits=True)]), _states(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_with_the_gdn_chunk_kernel_gives_the_torch_forms_logits_and_states(dtype):
+    ids = torch.randint(0, 128, (1, 50), generator=torch.Generator().manual_seed(5))
+    model = _model(dtype)  # 40 positions already in: the chunks continue the states
+    with torch.inference_mode():
+        start = _states(model)
+    want, want_states = _prefill_two_chunks(model, ids, "eager")
+    with torch.inference_mode():
+        _restore(model, start)
+    got, got_states = _prefill_two_chunks(model, ids, "fused")
+    if dtype == torch.float32:
+        assert rel(got, want) < 1e-5 and torch.equal(got.argmax(-1), want.argmax(-1))
+        for a, b in zip(got_states, want_states):  # a later layer's state: its inputs already differ by ~1e-6,
+            assert rel(a, b) < 1e-4, rel(a, b)  # which the UT transform's inverse amplifies (seen: 2.4e-5)
+        return
+    ref, ref_states = _prefill_two_chunks(_model(torch.float32), ids, "eager")  # the same weights in float32
+    assert rel(got, ref) <= max(1.5 * rel(want, ref), 1e-3), (rel(got, ref), rel(want, ref))
+    rec = [i for i, t in enumerate(got_states) if t.shape[-2:] == (32, 32)]  # the recurrent states
+    for i in rec:
+        assert rel(got_states[i], ref_states[i]) <= max(1.5 * rel(want_states[i], ref_states[i]), 1e-3)

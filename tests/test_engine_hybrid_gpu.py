@@ -1,6 +1,7 @@
 """The hybrid (Qwen3.5) engine on a GPU (pytest -m gpu on the device): the fused bf16 decode step (Gated
 DeltaNet decode kernel, gated partial-rotary attention, zero-centred norm prologues) as close to float32 as
-the plain bf16 step at the 27B model's head sizes, captured in a CUDA graph and replayed to the same bits and
+the plain bf16 step at the 27B model's head sizes (and the bf16 prefill with engine.core.gdn_chunk as close
+as the torch form's), captured in a CUDA graph and replayed to the same bits and
 states; the graph-replayed loop gives the CPU's tokens at TP1, and two ranks on one card give TP1's. CPU checks of every kernel: tests/test_engine_hybrid.py."""
 
 from __future__ import annotations
@@ -101,6 +102,27 @@ def test_fused_bf16_hybrid_step_is_as_close_to_float32_as_the_plain_one_and_repl
     assert torch.equal(out["y"], fused)
     for a, b in zip(_snapshot(m), after):
         assert torch.equal(a, b)
+
+
+def test_bf16_prefill_with_the_gdn_chunk_kernel_is_as_close_to_float32_as_the_torch_form():
+    models = _pair()  # 700 positions prefilled with the card's choice
+    ids = torch.randint(0, 2048, (1, 300), generator=torch.Generator().manual_seed(9)).cuda()
+    m32, m16 = models[torch.float32], models[torch.bfloat16]
+    assert m16.kernels == "fused" and m32.kernels == "fused"  # the default where Triton runs
+    runs = {}
+    with torch.inference_mode():
+        for name, m, kernels in (("ref", m32, "eager"), ("eager", m16, "eager"), ("fused", m16, "fused")):
+            start = _snapshot(m)
+            m.kernels = kernels
+            logits = m.forward(ids, 700, all_logits=True)
+            runs[name] = (logits, [la.rec_state.clone() for la in m.layers if la.kind == "linear_attention"])
+            _restore(m, start)
+    (ref, ref_s), (plain, plain_s), (fused, fused_s) = runs["ref"], runs["eager"], runs["fused"]
+    e_plain, e_fused = rel(plain, ref), rel(fused, ref)
+    print(f"bf16 prefill logits vs float32: torch form {e_plain:.4g}, gdn_chunk {e_fused:.4g}")
+    assert torch.isfinite(fused).all() and e_fused <= max(1.5 * e_plain, 1e-3)
+    for a, b, r in zip(fused_s, plain_s, ref_s):
+        assert rel(a, r) <= max(1.5 * rel(b, r), 1e-3)
 
 
 @pytest.fixture(scope="module")

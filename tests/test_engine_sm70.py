@@ -51,6 +51,7 @@ def test_every_v100_kernel_compiles_to_sm70_sass_in_fp16():
     names = {k["kernel"] for k in out["kernels"]}
     assert {"gemv", "gemv_prologue:norm", "gemv_prologue:silu+send", "attention", "int4_gemv:norm",
             "int4_gemv:silu+send", "int4_dequant", "exchange_finish:norm", "gdn_decode:27b",
+            "gdn_chunk:27b prefill", "gdn_chunk:27b prefill parts",
             "attention:int8 K/V"} <= names and any(n.startswith("attention:27b gated") for n in names)
     for k in out["kernels"]:
         assert k["error"] is None and k["sass_arch"] == 70 and k["ptx_target"] == "sm_70" and k["cubin_bytes"] > 0, k

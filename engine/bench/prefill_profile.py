@@ -18,6 +18,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--chunk", type=int, default=2048)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--kernels", default=None, choices=("eager", "fused"),
+                   help="the prefill's kernel choice (default: the card's; eager: the Gated DeltaNet in torch)")
     args = p.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -32,6 +34,7 @@ def main(argv: list[str]) -> int:
     cfg = ecfg.from_dict(raw)
     m = Model(cfg, dtype=torch.bfloat16, device="cuda")
     weights.init_random(m)
+    m.kernels = args.kernels
     m.setup_cache(args.tokens + 256)
     ids = torch.randint(0, cfg.vocab_size, (1, args.tokens), device="cuda")
 

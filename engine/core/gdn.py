@@ -55,13 +55,13 @@ def recurrent(q, k, v, g, beta, state):
     return out.transpose(0, 1), s
 
 
-def chunked(q, k, v, g, beta, state, chunk: int = 64):
-    """The chunked form for prefill; the arguments and results of ``recurrent``. Within a chunk of C tokens
-    the C delta-rule updates are one lower-triangular solve (the UT transform); across chunks one state
-    update each."""
+def chunk_parts(q, k, v, g, beta, chunk: int = 64, solve=None):
+    """The chunked form's intra-chunk parts, batched over every chunk (the arguments of ``recurrent``; T padded to
+    whole chunks of C): (u, w [H, N, C, dv | dk]: the UT transform's corrected values and keys; attn [H, N, C, C]:
+    (q k^T) decay, causal; qd = q exp(cum), kd = k exp(cum_last - cum) [H, N, C, dk]; last = exp(cum_last) [H, N];
+    T). ``solve``: A [.., C, C] -> (I + A)^-1, A's strictly lower part read (None: torch's triangular solve)."""
     q, k, v, g, beta = _prep(q, k, v, g, beta, v.shape[1] // k.shape[1])
     h, t, dk = k.shape
-    dv = v.shape[-1]
     pad = -t % chunk
     if pad:
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
@@ -77,14 +77,26 @@ def chunked(q, k, v, g, beta, state, chunk: int = 64):
     # (I + A) u = beta v, (I + A) w = beta k exp(cum), A strictly lower: A_ij = beta_i k_i . k_j decay_ij (the
     # solve is unitriangular: it reads A's strictly lower part only and takes the diagonal as 1)
     a = (kb @ k.transpose(-1, -2)) * decay
-    u = torch.linalg.solve_triangular(a, v * beta[..., None], upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(a, kb * cum[..., None].exp(), upper=False, unitriangular=True)
+    rhs = torch.cat([v * beta[..., None], kb * cum[..., None].exp()], -1)  # one solve for both
+    if solve is None:
+        uw = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    else:
+        uw = solve(a) @ rhs  # the inverse of the unitriangular matrix, applied
+    u, w = uw.split([v.shape[-1], dk], -1)
     attn = (q @ k.transpose(-1, -2)) * decay  # [H, N, C, C], causal (decay is 0 above the diagonal)
     qd = q * cum[..., None].exp()
     kd = k * (cum[..., -1:] - cum).exp()[..., None]
-    last = cum[..., -1].exp()  # [H, N]
+    return u, w, attn, qd, kd, cum[..., -1].exp(), t
+
+
+def chunked(q, k, v, g, beta, state, chunk: int = 64):
+    """The chunked form for prefill; the arguments and results of ``recurrent``. Within a chunk of C tokens
+    the C delta-rule updates are one lower-triangular solve (the UT transform, ``chunk_parts``); across chunks
+    one state update each (here a Python loop; engine.core.gdn_chunk runs it as one Triton kernel)."""
+    u, w, attn, qd, kd, last, t = chunk_parts(q, k, v, g, beta, chunk)
+    h, n, _, dv = u.shape
     s = state.float().clone()
-    out = torch.empty(h, n, chunk, dv, dtype=torch.float32, device=q.device)
+    out = torch.empty(h, n, chunk, dv, dtype=torch.float32, device=u.device)
     kdt = kd.transpose(-1, -2).contiguous()  # [H, N, dk, C]
     # one sequential step per chunk, three fused multiply-adds (few launches: on a GPU this loop is host-bound)
     for i in range(n):

@@ -62,7 +62,8 @@ LAYER_KINDS = {
                  "fixed size per sequence",
         "tp2": "key and value heads split (conv channels, b/a rows, A_log, dt_bias follow); out_proj into the "
                "exchange",
-        "kernels": "gdn_block (torch: engine.core.gdn) or engine.core.gdn_fused's decode kernel",
+        "kernels": "gdn_block (torch: engine.core.gdn) or engine.core.gdn_fused's decode kernel; prefill: gdn.chunked "
+                   "or engine.core.gdn_chunk's kernel (one launch per layer and chunk)",
     },
 }
 STATE_KEYS = ("k_cache", "v_cache", "k_scale", "v_scale", "conv_ring", "rec_state")  # per-sequence, not weights
@@ -326,6 +327,9 @@ class Model:
             self.mtp = MTP(cfg, world, dtype, self.device)
         self.max_context = 0
         self.decoder = None  # engine.core.runner.Decoder, set by runner.prepare(): how decode_step is run
+        # the prefill's kernel choice (engine.core.runner.kernel_choice): "fused" runs the Gated DeltaNet layers'
+        # chunked rule as engine.core.gdn_chunk's kernel; None = runner.device_kernels' at the first prefill
+        self.kernels: str | None = None
         self._inv_freq = inv_freq(cfg).to(self.device)
 
     @property
@@ -432,11 +436,27 @@ class Model:
             o = torch.stack(outs)  # [T, nv, dv] float32
             states.append((rings, torch.stack(recs)))
         else:
-            o, final = gdn.chunked(q.view(t, layer.nk, layer.dk), k.view(t, layer.nk, layer.dk),
-                                   v.view(t, layer.nv, layer.dv), g, beta, layer.rec_state)
+            chunked = gdn.chunked
+            if self._gdn_kernel(layer):
+                from engine.core import gdn_chunk
+
+                chunked = gdn_chunk.chunked
+            o, final = chunked(q.view(t, layer.nk, layer.dk), k.view(t, layer.nk, layer.dk),
+                               v.view(t, layer.nv, layer.dv), g, beta, layer.rec_state)
             layer.rec_state.copy_(final)
         y = gated_norm(o.to(h.dtype), z.view(t, layer.nv, layer.dv), layer.gnorm, self.cfg.rms_norm_eps)
         return F.linear(y.reshape(1, t, vd), layer.w_out)
+
+    def _gdn_kernel(self, layer: Layer) -> bool:
+        """Whether a linear-attention prefill runs engine.core.gdn_chunk's kernel: kernel choice "fused" (as
+        the decode step takes engine.core.gdn_fused), where the kernels run and the head sizes fit."""
+        from engine.core import attention, gdn_chunk
+
+        if self.kernels is None:
+            from engine.core.runner import device_kernels
+
+            self.kernels = device_kernels(self.device)[0]
+        return self.kernels == "fused" and attention.runs_here(self.device) and gdn_chunk.supported(layer.dk, layer.dv)
 
     # ---- prefill chunks and eager decode ----------------------------------------------------------
     def chunk_inputs(self, t: int, pos0: int):

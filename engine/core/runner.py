@@ -16,7 +16,9 @@ step) and passes it into every step, capture and exchange:
            block shape reused by every layer, their one-row products through the Triton GEMV
            (engine.core.gemv); "compiled": the same with cuBLAS products (by request), both from compute
            capability 8.0. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
-           else the plain blocks; CPUs run the plain blocks.
+           else the plain blocks; CPUs run the plain blocks. The prefill takes the same choice for this device
+           (``device_kernels``, Model.kernels): "fused" runs the Gated DeltaNet layers' chunked rule as
+           engine.core.gdn_chunk's two kernels, anything else as engine.core.gdn.chunked.
   exchange (TP2) where the layers' partial outputs meet (engine.allreduce.epilogue): "send" where the fused blocks
            and the device mailbox take it, else "kernel" (the path's allreduce); V100PLAN_ENGINE_EXCHANGE overrides.
   lockstep (TP2) inside the step's graph (two Triton kernels from compute capability 8.0, else torch ops), or
@@ -49,6 +51,23 @@ def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
     if device_type != "cuda" or capability is None:
         return "float32"
     return "bfloat16" if tuple(capability) >= (8, 0) else "float16"
+
+
+def device_kernels(dev: torch.device, requested: str | None = None) -> tuple[str, str]:
+    """decode_mode.kernel_choice for this device: ``requested``, else V100PLAN_ENGINE_KERNELS, else automatic (on a
+    V100 Triton is pointed at a ptxas that still targets sm_70). The prefill's choice where no Decoder set it."""
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    req = decode_mode.Request.of(kernels=requested)
+    return kernel_choice(dev.type, cap, _triton_ok(), req.kernels, _sm70_ptxas(dev, cap))
+
+
+def _sm70_ptxas(dev: torch.device, cap) -> tuple[bool, str] | None:
+    """On a 7.x card with Triton: point Triton at a ptxas that still targets sm_70 (engine.core.sm70.use())."""
+    if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
+        from engine.core import sm70
+
+        return sm70.use()
+    return None
 
 
 def buckets(max_context: int, first: int = FIRST_BUCKET) -> list[int]:
@@ -108,6 +127,7 @@ class Decoder:
         self.mode = self._resolve(decode_mode.Request.of(graphs, kernels, exchange))
         self.graphs, self.kernels = self.mode.graphs, self.mode.kernels
         self.blocks = self._blocks(self.kernels)
+        model.kernels = self.kernels  # the prefill runs the decoder's kernel choice (no later reads)
         self.windows = bucket_list or buckets(model.max_context)
         self.info = {**self.mode.info(), "windows": self.windows if self.graphs else None,
                      "allreduce": path.name if path is not None else None, "capture_s": None,
@@ -144,11 +164,7 @@ class Decoder:
         dev = model.device
         cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
         path = getattr(model.comm, "path", None)
-        ptxas = None
-        if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
-            from engine.core import sm70
-
-            ptxas = sm70.use()  # points Triton at a ptxas that still targets sm_70
+        ptxas = _sm70_ptxas(dev, cap)
         lockstep_kernels = False
         if path is not None:
             from engine.core import lockstep

@@ -8,8 +8,9 @@ Triton's NVIDIA backend makes FMA code instead of MMA for tl.dot (no mma.m16n8k1
 GEMVs never use and the one-query attention uses on [16, 128]-sized tiles.
 
 ``python -m engine.core.sm70`` compiles every kernel the V100 runs (kernel choice "fused": the dense GEMVs and
-their prologues and exchange, the one-query attention and its combine, the int4 GEMV and the prefill dequantise)
-for sm_70 in fp16 and prints, per kernel, the cubin's size, as JSON (tests/test_engine_sm70.py runs it in CI).
+their prologues and exchange, the one-query attention and its combine, the int4 GEMV and the prefill dequantise,
+the Gated DeltaNet decode and prefill kernels) for sm_70 in fp16 and prints, per kernel, the cubin's size, as JSON
+(tests/test_engine_sm70.py runs it in CI).
 """
 
 from __future__ import annotations
@@ -122,13 +123,14 @@ def _signature(fn, constexprs: dict, types: dict | None = None) -> dict[str, str
 def variants() -> list[tuple[str, object, dict, int]]:
     """(label, triton kernel, constexprs, num_warps[, argument types]) of every kernel the fused decode step runs,
     fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
-    zero-centred norms, the Gated DeltaNet decode kernel), the int8 K/V cache's attention."""
-    from engine.core import attention, exchange, gdn_fused, gemv, gemv_int4
+    zero-centred norms, the Gated DeltaNet decode kernel and its prefill kernels), the int8 K/V cache's attention."""
+    from engine.core import attention, exchange, gdn_chunk, gdn_fused, gemv, gemv_int4
 
     dense = gemv._kernel()
     pro, finish = gemv._prologue_kernel(), exchange.kernels().finish
     attn, comb = attention._kernels()
     int4, deq = gemv_int4._kernels()
+    prep, chunk = gdn_chunk._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
     q4 = dict(HAS_BIAS=False, HAS_PERM=False, BLOCK_N=16, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, STATS_BLOCK=4096,
@@ -153,6 +155,10 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("attention:combine gated", comb, dict(SPLITS=8, G=6, G_PAD=16, HD=256, EMU=False, GATED=True), 4),
         ("gdn_decode:27b", gdn_fused._kernel(), dict(NK=16, NV=48, DK=128, DV=128, KSIZE=4, EMU=False), 8,
          {"state_ptr": "*fp32", "pos_ptr": "*i64"}),
+        ("gdn_chunk:27b prefill", chunk, dict(DK=128, DV=128, BV=32, C=64, IEEE=False, EMU=False), 4,
+         {"last_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*fp32"}),
+        ("gdn_chunk:27b prefill parts", prep, dict(NV=48, RATIO=3, DK=128, DV=128, C=64, IEEE=False, EMU=False), 4,
+         {"g_ptr": "*fp32", "beta_ptr": "*fp32", "last_ptr": "*fp32", "scr_ptr": "*fp32"}),
         ("gemv_prologue:norm zero-centred", pro, {**base, "PROLOGUE": 1, "ZC": True}, 4),
         ("int4_gemv:norm zero-centred", int4, {**q4, "PROLOGUE": 1, "ZC": True}, 4),
         ("int4_gemv:norm", int4, {**q4, "PROLOGUE": 1}, 4),
