@@ -39,8 +39,9 @@ SHAPES = {
                 "k_or_v": (2 * 256, 5120), "o_proj": (5120, 12 * 256)},
 }
 PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "silu", "o_proj": "plain"}
-CONFIGS = [(16, 128, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (32, 64, 4), (64, 64, 4),
-           (16, 256, 4), (32, 256, 8), (8, 512, 4), (16, 512, 4), (64, 256, 8)]  # (BLOCK_N, BLOCK_K, num_warps)
+CONFIGS = [(32, 256, 4, 1), (64, 256, 4, 1), (128, 256, 4, 1), (64, 512, 4, 1), (128, 128, 4, 1), (64, 256, 8, 1),
+           (128, 256, 8, 1), (256, 256, 8, 1), (64, 256, 4, 2), (64, 256, 4, 4), (32, 256, 4, 4), (64, 512, 4, 4),
+           (128, 256, 4, 8)]  # (BLOCK_N, BLOCK_K, num_warps, split: programs along K)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 
@@ -83,21 +84,19 @@ def int4_gemv(args, doc: dict) -> None:
             outs = [torch.empty(n, device=dev, dtype=act) for _ in ws]
             row = {"n": n, "k": k, "matrices": count, "bytes": one.nbytes, "configs": {}}
             best = None
-            seen = set()
-            for ew, cfg0 in [(ew, c) for ew in (True, False) for c in CONFIGS]:
-                cfg = (cfg0[0], min(cfg0[1], args.group), cfg0[2]) if ew else cfg0  # a tile inside one group
-                key = ("elementwise:" if ew else "per-tile:") + "x".join(map(str, cfg))
-                if key in seen:
+            for cfg0 in CONFIGS:
+                cfg = (cfg0[0], min(cfg0[1], k), *cfg0[2:])
+                key = "x".join(map(str, cfg))
+                if key in row["configs"]:
                     continue
-                seen.add(key)
                 try:
-                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg, elementwise=ew)
+                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
                     err = float((outs[0].float() - ref).norm() / ref.norm())
                     if err > 1e-2:
                         row["configs"][key] = {"rel_err": round(err, 6), "skipped": "error over 1e-2"}
                         continue
-                    us = _us(lambda c=cfg, e=ew: [gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, o, blocks=c,
-                                                                   elementwise=e) for w, o in zip(ws, outs)], count)
+                    us = _us(lambda c=cfg: [gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, o, blocks=c)
+                                            for w, o in zip(ws, outs)], count)
                 except Exception as e:  # noqa: BLE001 - a configuration that does not compile is reported
                     row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                     continue
@@ -105,27 +104,28 @@ def int4_gemv(args, doc: dict) -> None:
                 row["configs"][key] = {"us": round(us, 3), "gbps": round(gbps, 1), "fraction": round(gbps / read, 4),
                                        "rel_err": round(err, 6)}
                 if best is None or us < best[1]:
-                    best = (cfg, us, ew)
+                    best = (cfg, us)
             if best is not None:
-                cfg, us, ew = best
+                cfg, us = best
                 pro = PROLOGUE_OF[name]
                 d = torch.randn(k, device=dev, generator=g).to(act)
                 nw = torch.ones(k, device=dev, dtype=act)
                 gu = torch.randn(2 * k, device=dev, generator=g).to(act)
                 xo = torch.empty(k, device=dev, dtype=act)
                 if pro == "norm":
-                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg,
-                                                         elementwise=ew) for w, o in zip(ws, outs)], count)
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg)
+                                    for w, o in zip(ws, outs)], count)
                 elif pro == "silu":
-                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, o, blocks=cfg,
-                                                         elementwise=ew) for w, o in zip(ws, outs)], count)
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, o, blocks=cfg)
+                                    for w, o in zip(ws, outs)], count)
                 else:
                     us_p = us
                 gbps = one.nbytes / (us * 1e-6) / 1e9
-                row["best"] = {"blocks": list(cfg), "elementwise": ew, "us": round(us, 3), "gbps": round(gbps, 1),
+                row["best"] = {"blocks": list(cfg), "us": round(us, 3), "gbps": round(gbps, 1),
                                "fraction": round(gbps / read, 4), "prologue": pro, "prologue_us": round(us_p, 3),
                                "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4)}
-                doc["best_blocks"][f"{pro}:{n}x{k}"] = [*cfg, ew]
+                doc["best_blocks"][f"{pro}:{n}x{k}"] = list(cfg)
+                gemv_int4.BLOCKS[(pro, n, k)] = tuple(cfg)  # what the step below runs
             doc["int4"][set_name][name] = row
             ws = outs = None  # freed before the next matrix
             torch.cuda.empty_cache()
