@@ -4,8 +4,8 @@ card's read bandwidth, the prefill product on packed weights, and the fused deco
 
 What each number is (every time a median over CUDA-graph replays: engine.core.timing):
   read_bw_gbps             sum over a 4 GiB float32 buffer: the card's measured read bandwidth
-  int4[set][matrix]        per form of the loop (engine.core.gemv_int4.ELEMENTWISE) and block configuration
-                           (BLOCK_N, BLOCK_K, num_warps): L distinct packed matrices (one
+  int4[set][matrix]        per block configuration
+                           (BLOCK_N, BLOCK_K, num_warps, split-K, pipeline stages): L distinct packed matrices (one
                            per layer, together well past L2) multiplied by one row in one graph, us per matrix;
                            bytes = packed weights + zero points + scales; gbps = bytes / time; fraction = gbps /
                            read_bw_gbps. Every configuration is first checked against dequantise-then-matmul in
@@ -39,9 +39,10 @@ SHAPES = {
                 "k_or_v": (2 * 256, 5120), "o_proj": (5120, 12 * 256)},
 }
 PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "silu", "o_proj": "plain"}
-CONFIGS = [(32, 256, 4, 1), (64, 256, 4, 1), (128, 256, 4, 1), (64, 512, 4, 1), (128, 128, 4, 1), (64, 256, 8, 1),
-           (128, 256, 8, 1), (256, 256, 8, 1), (64, 256, 4, 2), (64, 256, 4, 4), (32, 256, 4, 4), (64, 512, 4, 4),
-           (128, 256, 4, 8)]  # (BLOCK_N, BLOCK_K, num_warps, split: programs along K)
+CONFIGS = [(64, 128, 4, 1, 3), (128, 128, 4, 1, 3), (128, 128, 4, 1, 4), (64, 256, 4, 1, 3), (128, 256, 4, 1, 3),
+           (128, 128, 8, 1, 3), (256, 128, 8, 1, 3), (128, 128, 4, 2, 3), (128, 128, 4, 4, 3), (64, 128, 4, 4, 3),
+           (128, 128, 4, 8, 3), (64, 256, 4, 4, 3), (128, 256, 4, 8, 1), (64, 512, 4, 4, 1)]
+# (BLOCK_N, BLOCK_K, num_warps, split: programs along K, stages: the loop's load pipeline depth)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 
@@ -120,10 +121,16 @@ def int4_gemv(args, doc: dict) -> None:
                                     for w, o in zip(ws, outs)], count)
                 else:
                     us_p = us
+                sub = min(cfg[1], args.group)
+                row_us = _us(lambda: [gemv_int4.row_input(gemv.PROLOGUE_NORM if pro == "norm" else gemv.PROLOGUE_SILU
+                                                          if pro == "silu" else gemv.PROLOGUE_PLAIN,
+                                                          gu if pro == "silu" else x, w, sub, d, nw, 1e-6, xo)
+                                      for w in ws], count)
                 gbps = one.nbytes / (us * 1e-6) / 1e9
                 row["best"] = {"blocks": list(cfg), "us": round(us, 3), "gbps": round(gbps, 1),
                                "fraction": round(gbps / read, 4), "prologue": pro, "prologue_us": round(us_p, 3),
-                               "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4)}
+                               "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4),
+                               "row_kernel_us": round(row_us, 3)}
                 doc["best_blocks"][f"{pro}:{n}x{k}"] = list(cfg)
                 gemv_int4.BLOCKS[(pro, n, k)] = tuple(cfg)  # what the step below runs
             doc["int4"][set_name][name] = row

@@ -27,7 +27,8 @@ import torch
 
 from engine.core import gemv
 
-BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {}  # (prologue, N, K) -> (BLOCK_N, BLOCK_K, warps, split)
+BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {}  # (prologue, N, K) -> (BN, BK, warps, split, stages)
+DEFAULT_STAGES = 3  # the loop's loads pipelined (cp.async into shared memory) this many tiles deep
 BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split]}}
 
 
@@ -52,7 +53,7 @@ def _load_blocks() -> None:
         n, k = (int(v) for v in shape.split("x"))
         if len(val) > 3 and isinstance(val[3], bool):  # a table of the earlier loop forms: its blocks only
             val = val[:3]
-        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:4])
+        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:5])
 
 
 _load_blocks()
@@ -92,12 +93,13 @@ def _kernels():
         return tl.where(cmask, h, 0.0)
 
     @triton.jit
-    def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hs_ptr, K, eps, PROLOGUE: tl.constexpr,
+    def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hw_ptr, K, eps, PROLOGUE: tl.constexpr,
                         HAS_PERM: tl.constexpr, SUB: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr,
                         ZC: tl.constexpr = False):
         """The GEMV's input row h for inputs [c SUB, (c + 1) SUB), c = this program, in plane order: hp[c SUB +
         j SUB / 8 + i] = h[c SUB + 8 i + j] x 16^-j' (j' = j for nibbles 0..4, j - 3 for 5..7: the place the
-        GEMV leaves nibble j of word i in), float32; hs[c] = the chunk's sum of h."""
+        GEMV leaves nibble j of word i in), float32; hw[c SUB / 8 + i] = the sum of word i's eight h (the zero
+        points' term)."""
         c = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         SW: tl.constexpr = SUB // 8
@@ -109,14 +111,16 @@ def _kernels():
             rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, c, eps, dt, EMU, STATS_BLOCK)
         h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
         tl.store(hp_ptr + c * SUB + dst, h * tl.exp2(-4.0 * (j - tl.where(j < 5, 0, 3)).to(tl.float32)))
-        tl.store(hs_ptr + c, tl.sum(h, axis=0))
+        w8 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 8)[None, :]  # [SW, 8]: word i's inputs, natural order
+        hn = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w8, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+        tl.store(hw_ptr + c * SW + tl.arange(0, SW), tl.sum(hn, axis=1))
 
     @triton.jit
-    def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hs_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
+    def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
                          xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
                          SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
-                         EVEN_K: tl.constexpr = False):
+                         EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1):
         pid = tl.program_id(0)
         pk = tl.program_id(1)  # this program's slice of K (split-K): words [pk KS, (pk + 1) KS) of each row
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -128,10 +132,9 @@ def _kernels():
         zshift = (rows % 8) * 4
         wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
         acc = tl.zeros((BLOCK_N, SW), dtype=tl.float32)
-        corr = tl.zeros((BLOCK_N,), dtype=tl.float32)
         # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
         kwend = tl.minimum(pk * KS + KS, KW)
-        for kw0 in range(pk * KS, kwend, BLOCK_K // 8):
+        for kw0 in tl.range(pk * KS, kwend, BLOCK_K // 8, num_stages=STAGES):
             for s in tl.static_range(NSUB):
                 kw = kw0 + s * SW
                 kk = kw * 8
@@ -157,9 +160,9 @@ def _kernels():
                         bits = (hi & (0xF << (4 * j - 12))) | 0x4B000000
                     hj = tl.load(hp_ptr + kk + j * SW + wcols)  # [SW], float32
                     part += (bits.to(tl.float32, bitcast=True) - 8388608.0) * hj[None, :]
-                acc += sc[:, None] * part
-                corr += sc * z * tl.load(hs_ptr + kk // SUB)
-        y = tl.sum(acc, axis=1) - corr
+                hw = tl.load(hw_ptr + kw + wcols)  # [SW]: the sum of each word's h
+                acc += sc[:, None] * (part - z[:, None] * hw[None, :])
+        y = tl.sum(acc, axis=1)
         if SPLIT > 1:
             # every slice's sums to part [SPLIT, N]; the last program of this row block to finish adds them in
             # slice order (the same sum whichever finishes last) and resets the block's counter for the next call
@@ -224,18 +227,37 @@ def _counters(device: torch.device, blocks: int) -> torch.Tensor:
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 
 
+def row_input(prologue: int, x: torch.Tensor, w, sub: int, delta: torch.Tensor | None = None,
+              norm_weight: torch.Tensor | None = None, eps: float = 0.0, x_out: torch.Tensor | None = None,
+              zc: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GEMV's input (int4_row_kernel): h in plane order per ``sub`` inputs, float32, and each word's sum of
+    h; NORM writes x + delta into x_out."""
+    k = w.in_features
+    nchunks = -(-k // sub)
+    hp = torch.empty(nchunks * sub, dtype=torch.float32, device=x.device)
+    hw = torch.empty(nchunks * sub // 8, dtype=torch.float32, device=x.device)
+    _kernels()[2][(nchunks,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
+                              w.perm if w.perm is not None else w.qweight, x_out if x_out is not None else hp, hp, hw,
+                              k, float(eps), PROLOGUE=prologue, HAS_PERM=w.perm is not None, SUB=sub,
+                              EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
+                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, num_warps=4)
+    return hp, hw
+
+
 def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
            delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
            x_out: torch.Tensor | None = None, blocks: tuple[int, ...] | None = None, send=None,
            zc: bool = False) -> torch.Tensor:
     """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
     or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's.
-    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split]), split = programs along K (split-K, default 1)."""
+    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages]]): split = programs along K (split-K, default 1),
+    stages = the depth of the loop's load pipeline (DEFAULT_STAGES)."""
     n, k = w.shape
     name = gemv.PROLOGUE_NAMES[prologue]
     cfg = tuple(blocks or BLOCKS.get((name, n, k), _default_blocks(n, k)))
     bn, bk, warps = cfg[:3]
     split = cfg[3] if len(cfg) > 3 else 1
+    stages = cfg[4] if len(cfg) > 4 else DEFAULT_STAGES
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
     bk = min(bk, _pow2_at_least(k))
@@ -252,21 +274,14 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     if split > 1:
         part = torch.empty(split * n, dtype=torch.float32, device=out.device)
         counters = _counters(out.device, grid_n)
-    nchunks = -(-k // sub)
-    hp = torch.empty(nchunks * sub, dtype=torch.float32, device=out.device)
-    hs = torch.empty(nchunks, dtype=torch.float32, device=out.device)
+    hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc)
     emu = gemv.interpreting() and x.dtype == torch.bfloat16
-    row_k = _kernels()[2]
-    row_k[(nchunks,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
-                      w.perm if w.perm is not None else w.qweight, x_out if x_out is not None else out, hp, hs, k,
-                      float(eps), PROLOGUE=prologue, HAS_PERM=w.perm is not None, SUB=sub, EMU=emu,
-                      STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, num_warps=4)
     peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, out)
     _kernels()[0][(grid_n, split)](
-        w.qweight, w.qzeros, w.scales, hp, hs, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
+        w.qweight, w.qzeros, w.scales, hp, hw, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
         peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
-        num_warps=warps)
+        STAGES=stages, num_warps=warps)
     return out
 
 

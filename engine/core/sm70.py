@@ -92,7 +92,7 @@ def use() -> tuple[bool, str]:
 _FLOATS = ("eps", "scale")
 _I64 = ("xs_peer", "xs_inbox", "xs_ser", "xs_ready", "pos_ptr", "xs_timeout")
 _I32 = ("xs_failed", "count_ptr", "qw_ptr", "qz_ptr", "perm_ptr")
-_F32 = ("part_acc", "part_ml", "part_ptr", "hp_ptr", "hs_ptr")
+_F32 = ("part_acc", "part_ml", "part_ptr", "hp_ptr", "hw_ptr")
 
 
 def _signature(fn, constexprs: dict, types: dict | None = None) -> dict[str, str]:
@@ -131,7 +131,7 @@ def variants() -> list[tuple[str, object, dict, int]]:
     int4, deq, int4_row = gemv_int4._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
-    q4 = dict(HAS_BIAS=False, BLOCK_N=64, BLOCK_K=256, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2)
+    q4 = dict(HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=3)
     q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
