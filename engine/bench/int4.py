@@ -39,10 +39,11 @@ SHAPES = {
                 "k_or_v": (2 * 256, 5120), "o_proj": (5120, 12 * 256)},
 }
 PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "silu", "o_proj": "plain"}
-CONFIGS = [(64, 128, 4, 1, 3), (128, 128, 4, 1, 3), (128, 128, 4, 1, 4), (64, 256, 4, 1, 3), (128, 256, 4, 1, 3),
-           (128, 128, 8, 1, 3), (256, 128, 8, 1, 3), (128, 128, 4, 2, 3), (128, 128, 4, 4, 3), (64, 128, 4, 4, 3),
-           (128, 128, 4, 8, 3), (64, 256, 4, 4, 3), (128, 256, 4, 8, 1), (64, 512, 4, 4, 1)]
-# (BLOCK_N, BLOCK_K, num_warps, split: programs along K, stages: the loop's load pipeline depth)
+CONFIGS = [(32, 128, 1, 1, 2), (32, 128, 1, 4, 2), (32, 128, 1, 8, 2), (64, 128, 2, 1, 2), (64, 128, 2, 4, 2),
+           (64, 128, 2, 8, 2), (128, 128, 4, 1, 2), (128, 128, 4, 4, 2), (128, 128, 4, 8, 2), (64, 128, 4, 4, 2),
+           (128, 256, 4, 8, 1), (64, 128, 4, 4, 1)]
+# (BLOCK_N, BLOCK_K, num_warps, split: programs along K, stages: 2 = the next tile's loads issued before this
+# tile's arithmetic, 1 = not)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 

@@ -28,7 +28,7 @@ import torch
 from engine.core import gemv
 
 BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {}  # (prologue, N, K) -> (BN, BK, warps, split, stages)
-DEFAULT_STAGES = 3  # the loop's loads pipelined (cp.async into shared memory) this many tiles deep
+DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
 BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split]}}
 
 
@@ -62,7 +62,7 @@ _load_blocks()
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _norm_stats, _xs_send, _row
+    global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum
     import triton
     import triton.language as tl
 
@@ -116,6 +116,50 @@ def _kernels():
         tl.store(hw_ptr + c * SW + tl.arange(0, SW), tl.sum(hn, axis=1))
 
     @triton.jit
+    def _q(w, J: tl.constexpr):
+        """Nibble J of each word left in place (q x 16^J) and ORed into the mantissa of 2^23: minus 2^23 it is
+        exact, with no int-to-float conversion (a quarter-rate instruction)."""
+        return ((w & (0xF << (4 * J))) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+    @triton.jit
+    def _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
+                    SW: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr):
+        """What one tile (words kw .. kw + SW of each row, inside one group) reads: the words, the group's scale
+        and zero point per row, the eight planes of h and each word's sum of h (nothing past kwend)."""
+        ok = (rows * 0 + kw) < kwend
+        okc = (wcols * 0 + kw) < kwend
+        if EVEN_K:  # no mask along K: 16-byte loads
+            words = tl.load(wp + kw, mask=(rmask & ok)[:, None], other=0, eviction_policy="evict_first")
+        else:
+            words = tl.load(wp + kw, mask=(rmask & ok)[:, None] & ((kw + wcols) < KW)[None, :], other=0,
+                            eviction_policy="evict_first")  # [BLOCK_N, SW] int32
+        grp = (kw * 8) // GS
+        sc = tl.load(s_ptr + grp * N + rows, mask=rmask & ok, other=0.0).to(tl.float32)
+        zw = tl.load(qz_ptr + grp * (N // 8) + rows // 8, mask=rmask & ok, other=0)
+        z = ((zw >> zshift) & 0xF).to(tl.float32) + ZOFF
+        hb = hp_ptr + kw * 8 + wcols
+        hw = tl.load(hw_ptr + kw + wcols, mask=okc, other=0.0)  # [SW]: the sum of each word's h
+        return (words, sc, z, hw, tl.load(hb, mask=okc, other=0.0), tl.load(hb + SW, mask=okc, other=0.0),
+                tl.load(hb + 2 * SW, mask=okc, other=0.0), tl.load(hb + 3 * SW, mask=okc, other=0.0),
+                tl.load(hb + 4 * SW, mask=okc, other=0.0), tl.load(hb + 5 * SW, mask=okc, other=0.0),
+                tl.load(hb + 6 * SW, mask=okc, other=0.0), tl.load(hb + 7 * SW, mask=okc, other=0.0))
+
+    @triton.jit
+    def _tile_sum(words, sc, z, hw, h0, h1, h2, h3, h4, h5, h6, h7):
+        """[BLOCK_N, SW]: per word, s (sum over its eight inputs of q h - z sum of h). Plane j of h comes scaled
+        by 16^-j (int4_row_kernel), nibbles 5..7 from the word shifted by 12 (below the float's exponent)."""
+        hi = words >> 12
+        part = _q(words, 0) * h0[None, :]  # a chain of multiply-adds, plane by plane
+        part += _q(words, 1) * h1[None, :]
+        part += _q(words, 2) * h2[None, :]
+        part += _q(words, 3) * h3[None, :]
+        part += _q(words, 4) * h4[None, :]
+        part += _q(hi, 2) * h5[None, :]
+        part += _q(hi, 3) * h6[None, :]
+        part += _q(hi, 4) * h7[None, :]
+        return sc[:, None] * (part - z[:, None] * hw[None, :])
+
+    @triton.jit
     def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
                          xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
@@ -133,35 +177,24 @@ def _kernels():
         wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
         acc = tl.zeros((BLOCK_N, SW), dtype=tl.float32)
         # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
-        kwend = tl.minimum(pk * KS + KS, KW)
-        for kw0 in tl.range(pk * KS, kwend, BLOCK_K // 8, num_stages=STAGES):
-            for s in tl.static_range(NSUB):
-                kw = kw0 + s * SW
-                kk = kw * 8
-                if EVEN_K:  # no mask along K: 16-byte loads
-                    words = tl.load(wp + kw, mask=rmask[:, None], other=0, eviction_policy="evict_first")
-                else:
-                    words = tl.load(wp + kw, mask=rmask[:, None] & ((kw + wcols) < KW)[None, :], other=0,
-                                    eviction_policy="evict_first")  # [BLOCK_N, SW] int32
-                grp = kk // GS
-                gm = rmask & (rows * 0 + kk < K)  # (a sub-tile past K in the last tile)
-                sc = tl.load(s_ptr + grp * N + rows, mask=gm, other=0.0).to(tl.float32)
-                zw = tl.load(qz_ptr + grp * (N // 8) + rows // 8, mask=gm, other=0)
-                z = ((zw >> zshift) & 0xF).to(tl.float32) + ZOFF
-                hi = words >> 12
-                part = tl.zeros((BLOCK_N, SW), dtype=tl.float32)
-                for j in tl.static_range(8):
-                    # nibble j left in place (q x 16^j; nibbles 5..7 from the word shifted by 12, below the float's
-                    # exponent) and ORed into the mantissa of 2^23: minus 2^23 it is exact, no int-to-float
-                    # conversion; h comes scaled by 16^-j' (int4_row_kernel)
-                    if j < 5:
-                        bits = (words & (0xF << (4 * j))) | 0x4B000000
-                    else:
-                        bits = (hi & (0xF << (4 * j - 12))) | 0x4B000000
-                    hj = tl.load(hp_ptr + kk + j * SW + wcols)  # [SW], float32
-                    part += (bits.to(tl.float32, bitcast=True) - 8388608.0) * hj[None, :]
-                hw = tl.load(hw_ptr + kw + wcols)  # [SW]: the sum of each word's h
-                acc += sc[:, None] * (part - z[:, None] * hw[None, :])
+        kwbeg = pk * KS
+        kwend = tl.minimum(kwbeg + KS, KW)
+        if STAGES == 2:
+            # one tile ahead in registers: the next tile's loads are issued before this tile's arithmetic, so
+            # the loop does not wait for memory once per tile (the compiler otherwise issues some loads late,
+            # each a round trip); one sub-tile per tile (BLOCK_K <= GS)
+            t = _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW, SW,
+                            GS, ZOFF, EVEN_K)
+            for kw in range(kwbeg, kwend, SW):
+                nxt = _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw + SW, kwend, rows, rmask, wcols, zshift, N,
+                                  KW, SW, GS, ZOFF, EVEN_K)
+                acc += _tile_sum(*t)
+                t = nxt
+        else:
+            for kw0 in range(kwbeg, kwend, BLOCK_K // 8):
+                for s in tl.static_range(NSUB):
+                    acc += _tile_sum(*_tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw0 + s * SW, kwend, rows, rmask,
+                                                  wcols, zshift, N, KW, SW, GS, ZOFF, EVEN_K))
         y = tl.sum(acc, axis=1)
         if SPLIT > 1:
             # every slice's sums to part [SPLIT, N]; the last program of this row block to finish adds them in
@@ -263,6 +296,8 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     bk = min(bk, _pow2_at_least(k))
     gs = w.group_size if w.group_size < k else -(-k // bk) * bk  # one group over all inputs: whole tiles of it
     sub = min(bk, gs)
+    if stages == 2:
+        bk = sub  # the prefetching loop takes one group's tile at a time
     if gs % sub or bk % sub or sub % 8 or sub & (sub - 1):
         raise ValueError(f"int4 GEMV: BLOCK_K {bk} and group size {gs} must nest (powers of two, at least 8)")
     tiles = -(-k // bk)
