@@ -27,19 +27,31 @@ import torch
 
 from engine.core import gemv
 
-BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {}  # (prologue, N, K) -> (BN, BK, warps, split, stages)
+# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages): the fastest of engine.bench.int4's CONFIGS per
+# matrix of the 27B shape at TP1 and TP2, group 128, measured on an H200 on 2026-12-02
+# (tests/fixtures/engine/h200-int4-2026-12-02.json, judged by tests/test_engine_int4_recording.py)
+BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
+    ("norm", 34816, 5120): (128, 256, 4, 8, 1),
+    ("silu", 5120, 17408): (32, 128, 1, 8, 2),
+    ("norm", 12288, 5120): (32, 128, 1, 4, 2),
+    ("norm", 1024, 5120): (32, 128, 1, 8, 2),
+    ("plain", 5120, 6144): (32, 128, 1, 8, 2),
+    ("norm", 17408, 5120): (128, 256, 4, 8, 1),
+    ("silu", 5120, 8704): (32, 128, 1, 8, 2),
+    ("norm", 6144, 5120): (32, 128, 1, 8, 2),
+    ("norm", 512, 5120): (64, 128, 2, 8, 2),
+    ("plain", 5120, 3072): (64, 128, 2, 8, 2),
+}
 DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
-BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split]}}
+BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split,
+# stages]}}
 
 
-def _default_blocks(n: int, k: int) -> tuple[int, int, int, int]:
-    """Blocks for a shape the table does not list: 64 rows of 256 inputs, 4 warps, and K split until there are at
-    least ~2 programs per SM of a 132-SM card (down_proj's 5120 rows alone give 80)."""
-    programs = -(-n // 64)
-    split = 1
-    while programs * split < 264 and k // (256 * split * 2) >= 4:
-        split *= 2
-    return 64, 256, 4, split
+def _default_blocks(n: int, k: int) -> tuple[int, int, int, int, int]:
+    """Blocks for a matrix the table does not list: one warp of 32 rows, tiles of 128 inputs fetched one ahead, K
+    in 8 slices (at most one per tile): within 5 % of the fastest on every matrix of the 2026-12-02
+    recording."""
+    return 32, 128, 1, max(1, min(8, k // 128)), 2
 
 
 def _load_blocks() -> None:
