@@ -1,17 +1,21 @@
 """The decode step's one-row products on packed 4-bit weights (engine.core.quant.PackedLinear), in Triton.
 
 y [N] = W [N, K] @ h [K] with W read as it is held: int32 words of eight 4-bit values along K, a 4-bit zero point
-and a scale per (group, output). Each program owns BLOCK_N output rows and walks K in tiles of BLOCK_K: it loads
-BLOCK_K / 8 words per row (one 16-byte vector per four words), unpacks them in registers, and applies the group's
-scale and zero point once per group and row:
-    y[n] = sum over groups g of s[g, n] * (sum_k q[n, k] h[k] - z[g, n] * sum_k h[k])
-so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two forms of the
-loop (ELEMENTWISE; the bench times both): the products kept element-wise over a group's tiles and scaled once per
-group (no reduction inside the loop), or reduced to per-group sums in every tile. The input row h is
-made by the same prologues as engine.core.gemv's bf16 GEMV (kernel choice "fused"): the residual add + RMSNorm
-(Hugging Face's rounding) or SiLU(gate) * up, and the output rows can go, tagged, to the peer's inbox (the TP2
-exchange of engine.allreduce.epilogue, mode "send"); float32 sums in a fixed order, as there.
-A desc_act checkpoint's input order (PackedLinear.perm) is followed by reading h at perm[k].
+and a scale per (group, output):
+    y[n] = sum over groups g of s[g, n] * sum over the group's words i of (sum_j q[n, 8i + j] h[8i + j] - z[g, n] hw[i])
+so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two kernels a call:
+- ``int4_row_kernel`` makes the input row h once (K / SUB programs, SUB = min(BLOCK_K, group)): the same prologues as
+  engine.core.gemv's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
+  SiLU(gate) * up, or h = x; a desc_act input order read at perm[k]), written in "plane order" (per tile, the j-th
+  input of every word together, scaled by 16^-j') as float32, with each word's sum of h (hw, for the zero points).
+- ``int4_gemv_kernel``: each program owns BLOCK_N rows and a slice of K (split-K: ``split`` programs along K) and
+  walks it a tile (one group's words at most) at a time: 16-byte loads of the words, then per plane j
+  ``(word & 0xF << 4j) | 2^23`` as a float minus 2^23, i.e. q x 16^j exactly with no int-to-float conversion and no
+  reshape (nibbles 5..7 from the word shifted by 12), times plane j of h; the group's scale and zero point once per
+  word. ``stages`` 2 loads the next tile before this tile's arithmetic. With split-K the last program of a row block
+  to finish adds the slices' sums in slice order (the same result whichever finishes last) and runs the epilogue:
+  bias, rounding, and optionally the rows, tagged, to the peer's inbox (the TP2 exchange of
+  engine.allreduce.epilogue, mode "send"). float32 sums in a fixed order: bit-identical ranks and graph replays.
 
 Prefill chunks do not come here: PackedLinear.linear dequantises the matrix for the chunk (``dequantise``, one
 Triton kernel) and multiplies with cuBLAS.
