@@ -131,7 +131,7 @@ def variants() -> list[tuple[str, object, dict, int]]:
     int4, deq, int4_row = gemv_int4._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
-    q4 = dict(HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=3)
+    q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2)
     q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
@@ -158,10 +158,12 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_row:norm", int4_row, {**q4row, "PROLOGUE": 1}, 4),
         ("int4_row:silu", int4_row, {**q4row, "PROLOGUE": 2}, 4),
         ("int4_row:plain, desc_act order", int4_row, {**q4row, "PROLOGUE": 0, "HAS_PERM": True, "SUB": 32}, 4),
-        ("int4_gemv", int4, q4, 4),
-        ("int4_gemv:send", int4, {**q4, "SEND": True}, 4),
-        ("int4_gemv:split-K", int4, {**q4, "SPLIT": 4}, 4),
-        ("int4_gemv:group 32", int4, {**q4, "GS": 32, "BLOCK_K": 32}, 4),
+        ("int4_gemv", int4, q4, 1),
+        ("int4_gemv:send", int4, {**q4, "SEND": True}, 1),
+        ("int4_gemv:split-K", int4, {**q4, "SPLIT": 8}, 1),
+        ("int4_gemv:group 32", int4, {**q4, "GS": 32, "BLOCK_K": 32}, 1),
+        ("int4_gemv:128 x 256 tiles, no prefetch", int4, {**q4, "BLOCK_N": 128, "BLOCK_K": 256, "STAGES": 1,
+                                                           "SPLIT": 8}, 4),
         ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128), 4),
     ]
 
