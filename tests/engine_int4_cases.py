@@ -50,8 +50,8 @@ def packed(n: int, k: int, group: int, g, zero_offset: int = 1, desc_act: bool =
     (-1, False, 48, 200, (16, 64, 4)),  # one group over all 200 inputs, a masked tail
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("elementwise", [True, False])
-def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k, blocks, dtype, elementwise):
+@pytest.mark.parametrize("split,stages", [(1, 2), (2, 2), (2, 1)])  # split-K in two; next tile prefetched or not
+def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k, blocks, dtype, split, stages):
     from engine.core import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(n + k)
@@ -62,18 +62,18 @@ def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k,
     nw = (1.0 + 0.1 * torch.randn(k, generator=g)).to(dtype)
     tol = 1e-5 if dtype is torch.float32 else 1e-2
     out = torch.empty(n, dtype=dtype)
-    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, b, out, blocks=blocks, elementwise=elementwise)
+    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, b, out, blocks=(*blocks, split, stages))
     assert rel(out, F.linear(x.float(), wd, b.float())) < tol
     xo = torch.empty(k, dtype=dtype)
-    gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, out, d, nw, EPS, xo, blocks=blocks, elementwise=elementwise)
+    gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, out, d, nw, EPS, xo, blocks=(*blocks, split, stages))
     assert torch.equal(xo, x + d)
     assert rel(out, F.linear(rms_norm(x + d, nw, EPS).float(), wd)) < tol
     gu = torch.randn(2 * k, generator=g).to(dtype)
-    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=blocks, elementwise=elementwise)
+    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(*blocks, split, stages))
     gate, up = gu.chunk(2)
     assert rel(out, F.linear((F.silu(gate) * up).float(), wd)) < tol
     again = torch.empty(n, dtype=dtype)
-    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, again, blocks=blocks, elementwise=elementwise)
+    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, again, blocks=(*blocks, split, stages))
     assert torch.equal(out, again)  # fixed reduction order
 
 

@@ -64,3 +64,33 @@ def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group,
     assert dec.kernels == "fused" and dec.graphs and dec.info["weights"]["format"].startswith(method)
     out, _ = runner.run(model, prompt, 24, Sampler(), set(), chunk=4)
     assert out == want
+
+
+def test_split_k_sums_are_the_same_on_every_graph_replay():
+    """Split-K: the last program of a row block adds the slices in slice order, so the result does not depend on
+    which program finishes last; the arrival counters are left at zero for the next replay."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(4)
+    n, k = 5120, 8704
+    w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
+                           quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
+                           (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda")
+    gu = torch.randn(2 * k, device="cuda").to(torch.bfloat16)
+    ref = F.linear((F.silu(gu[:k].float()) * gu[k:].float()), w.dequantise(torch.float32))
+    outs = []
+    for split in (1, 4, 8):
+        out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(128, 128, 4, split, 3))  # counters made
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(128, 128, 4, split, 3))
+        first = None
+        for _ in range(20):
+            graph.replay()
+            torch.cuda.synchronize()
+            first = out.clone() if first is None else first
+            assert torch.equal(out, first), split
+        assert rel(out, ref) < 1e-2, split
+        outs.append(first)
+    assert rel(outs[1], outs[0]) < 1e-2 and rel(outs[2], outs[0]) < 1e-2

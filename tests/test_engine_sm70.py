@@ -49,8 +49,8 @@ def test_every_v100_kernel_compiles_to_sm70_sass_in_fp16():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert out["target"] == "sm_70" and out["ptxas_found"], out["ptxas"]
     names = {k["kernel"] for k in out["kernels"]}
-    assert {"gemv", "gemv_prologue:norm", "gemv_prologue:silu+send", "attention", "int4_gemv:norm",
-            "int4_gemv:silu+send", "int4_dequant", "exchange_finish:norm", "gdn_decode:27b",
+    assert {"gemv", "gemv_prologue:norm", "gemv_prologue:silu+send", "attention", "int4_row:norm", "int4_row:silu",
+            "int4_gemv:send", "int4_gemv:split-K", "int4_dequant", "exchange_finish:norm", "gdn_decode:27b",
             "gdn_chunk:27b prefill", "gdn_chunk:27b prefill parts",
             "attention:int8 K/V"} <= names and any(n.startswith("attention:27b gated") for n in names)
     for k in out["kernels"]:

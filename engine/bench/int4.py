@@ -4,8 +4,8 @@ card's read bandwidth, the prefill product on packed weights, and the fused deco
 
 What each number is (every time a median over CUDA-graph replays: engine.core.timing):
   read_bw_gbps             sum over a 4 GiB float32 buffer: the card's measured read bandwidth
-  int4[set][matrix]        per form of the loop (engine.core.gemv_int4.ELEMENTWISE) and block configuration
-                           (BLOCK_N, BLOCK_K, num_warps): L distinct packed matrices (one
+  int4[set][matrix]        per block configuration
+                           (BLOCK_N, BLOCK_K, num_warps, split-K, pipeline stages): L distinct packed matrices (one
                            per layer, together well past L2) multiplied by one row in one graph, us per matrix;
                            bytes = packed weights + zero points + scales; gbps = bytes / time; fraction = gbps /
                            read_bw_gbps. Every configuration is first checked against dequantise-then-matmul in
@@ -39,8 +39,11 @@ SHAPES = {
                 "k_or_v": (2 * 256, 5120), "o_proj": (5120, 12 * 256)},
 }
 PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "silu", "o_proj": "plain"}
-CONFIGS = [(16, 128, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (32, 64, 4), (64, 64, 4),
-           (16, 256, 4), (32, 256, 8), (8, 512, 4), (16, 512, 4), (64, 256, 8)]  # (BLOCK_N, BLOCK_K, num_warps)
+CONFIGS = [(32, 128, 1, 1, 2), (32, 128, 1, 4, 2), (32, 128, 1, 8, 2), (64, 128, 2, 1, 2), (64, 128, 2, 4, 2),
+           (64, 128, 2, 8, 2), (128, 128, 4, 1, 2), (128, 128, 4, 4, 2), (128, 128, 4, 8, 2), (64, 128, 4, 4, 2),
+           (128, 256, 4, 8, 1), (64, 128, 4, 4, 1)]
+# (BLOCK_N, BLOCK_K, num_warps, split: programs along K, stages: 2 = the next tile's loads issued before this
+# tile's arithmetic, 1 = not)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 
@@ -83,21 +86,19 @@ def int4_gemv(args, doc: dict) -> None:
             outs = [torch.empty(n, device=dev, dtype=act) for _ in ws]
             row = {"n": n, "k": k, "matrices": count, "bytes": one.nbytes, "configs": {}}
             best = None
-            seen = set()
-            for ew, cfg0 in [(ew, c) for ew in (True, False) for c in CONFIGS]:
-                cfg = (cfg0[0], min(cfg0[1], args.group), cfg0[2]) if ew else cfg0  # a tile inside one group
-                key = ("elementwise:" if ew else "per-tile:") + "x".join(map(str, cfg))
-                if key in seen:
+            for cfg0 in CONFIGS:
+                cfg = (cfg0[0], min(cfg0[1], k), *cfg0[2:])
+                key = "x".join(map(str, cfg))
+                if key in row["configs"]:
                     continue
-                seen.add(key)
                 try:
-                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg, elementwise=ew)
+                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
                     err = float((outs[0].float() - ref).norm() / ref.norm())
                     if err > 1e-2:
                         row["configs"][key] = {"rel_err": round(err, 6), "skipped": "error over 1e-2"}
                         continue
-                    us = _us(lambda c=cfg, e=ew: [gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, o, blocks=c,
-                                                                   elementwise=e) for w, o in zip(ws, outs)], count)
+                    us = _us(lambda c=cfg: [gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, o, blocks=c)
+                                            for w, o in zip(ws, outs)], count)
                 except Exception as e:  # noqa: BLE001 - a configuration that does not compile is reported
                     row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                     continue
@@ -105,27 +106,34 @@ def int4_gemv(args, doc: dict) -> None:
                 row["configs"][key] = {"us": round(us, 3), "gbps": round(gbps, 1), "fraction": round(gbps / read, 4),
                                        "rel_err": round(err, 6)}
                 if best is None or us < best[1]:
-                    best = (cfg, us, ew)
+                    best = (cfg, us)
             if best is not None:
-                cfg, us, ew = best
+                cfg, us = best
                 pro = PROLOGUE_OF[name]
                 d = torch.randn(k, device=dev, generator=g).to(act)
                 nw = torch.ones(k, device=dev, dtype=act)
                 gu = torch.randn(2 * k, device=dev, generator=g).to(act)
                 xo = torch.empty(k, device=dev, dtype=act)
                 if pro == "norm":
-                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg,
-                                                         elementwise=ew) for w, o in zip(ws, outs)], count)
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg)
+                                    for w, o in zip(ws, outs)], count)
                 elif pro == "silu":
-                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, o, blocks=cfg,
-                                                         elementwise=ew) for w, o in zip(ws, outs)], count)
+                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, o, blocks=cfg)
+                                    for w, o in zip(ws, outs)], count)
                 else:
                     us_p = us
+                sub = min(cfg[1], args.group)
+                row_us = _us(lambda: [gemv_int4.row_input(gemv.PROLOGUE_NORM if pro == "norm" else gemv.PROLOGUE_SILU
+                                                          if pro == "silu" else gemv.PROLOGUE_PLAIN,
+                                                          gu if pro == "silu" else x, w, sub, d, nw, 1e-6, xo)
+                                      for w in ws], count)
                 gbps = one.nbytes / (us * 1e-6) / 1e9
-                row["best"] = {"blocks": list(cfg), "elementwise": ew, "us": round(us, 3), "gbps": round(gbps, 1),
+                row["best"] = {"blocks": list(cfg), "us": round(us, 3), "gbps": round(gbps, 1),
                                "fraction": round(gbps / read, 4), "prologue": pro, "prologue_us": round(us_p, 3),
-                               "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4)}
-                doc["best_blocks"][f"{pro}:{n}x{k}"] = [*cfg, ew]
+                               "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4),
+                               "row_kernel_us": round(row_us, 3)}
+                doc["best_blocks"][f"{pro}:{n}x{k}"] = list(cfg)
+                gemv_int4.BLOCKS[(pro, n, k)] = tuple(cfg)  # what the step below runs
             doc["int4"][set_name][name] = row
             ws = outs = None  # freed before the next matrix
             torch.cuda.empty_cache()

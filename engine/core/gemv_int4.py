@@ -1,17 +1,21 @@
 """The decode step's one-row products on packed 4-bit weights (engine.core.quant.PackedLinear), in Triton.
 
 y [N] = W [N, K] @ h [K] with W read as it is held: int32 words of eight 4-bit values along K, a 4-bit zero point
-and a scale per (group, output). Each program owns BLOCK_N output rows and walks K in tiles of BLOCK_K: it loads
-BLOCK_K / 8 words per row (one 16-byte vector per four words), unpacks them in registers, and applies the group's
-scale and zero point once per group and row:
-    y[n] = sum over groups g of s[g, n] * (sum_k q[n, k] h[k] - z[g, n] * sum_k h[k])
-so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two forms of the
-loop (ELEMENTWISE; the bench times both): the products kept element-wise over a group's tiles and scaled once per
-group (no reduction inside the loop), or reduced to per-group sums in every tile. The input row h is
-made by the same prologues as engine.core.gemv's bf16 GEMV (kernel choice "fused"): the residual add + RMSNorm
-(Hugging Face's rounding) or SiLU(gate) * up, and the output rows can go, tagged, to the peer's inbox (the TP2
-exchange of engine.allreduce.epilogue, mode "send"); float32 sums in a fixed order, as there.
-A desc_act checkpoint's input order (PackedLinear.perm) is followed by reading h at perm[k].
+and a scale per (group, output):
+    y[n] = sum over groups g of s[g, n] * sum over the group's words i of (sum_j q[n, 8i + j] h[8i + j] - z[g, n] hw[i])
+so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two kernels a call:
+- ``int4_row_kernel`` makes the input row h once (K / SUB programs, SUB = min(BLOCK_K, group)): the same prologues as
+  engine.core.gemv's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
+  SiLU(gate) * up, or h = x; a desc_act input order read at perm[k]), written in "plane order" (per tile, the j-th
+  input of every word together, scaled by 16^-j') as float32, with each word's sum of h (hw, for the zero points).
+- ``int4_gemv_kernel``: each program owns BLOCK_N rows and a slice of K (split-K: ``split`` programs along K) and
+  walks it a tile (one group's words at most) at a time: 16-byte loads of the words, then per plane j
+  ``(word & 0xF << 4j) | 2^23`` as a float minus 2^23, i.e. q x 16^j exactly with no int-to-float conversion and no
+  reshape (nibbles 5..7 from the word shifted by 12), times plane j of h; the group's scale and zero point once per
+  word. ``stages`` 2 loads the next tile before this tile's arithmetic. With split-K the last program of a row block
+  to finish adds the slices' sums in slice order (the same result whichever finishes last) and runs the epilogue:
+  bias, rounding, and optionally the rows, tagged, to the peer's inbox (the TP2 exchange of
+  engine.allreduce.epilogue, mode "send"). float32 sums in a fixed order: bit-identical ranks and graph replays.
 
 Prefill chunks do not come here: PackedLinear.linear dequantises the matrix for the chunk (``dequantise``, one
 Triton kernel) and multiplies with cuBLAS.
@@ -27,10 +31,31 @@ import torch
 
 from engine.core import gemv
 
-DEFAULT_BLOCKS = (32, 128, 4)  # (BLOCK_N, BLOCK_K, num_warps), not measured yet: python -m engine.bench.int4 sets BLOCKS
-BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {}
-BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, ew]}}
-FORMS: dict[tuple[str, int, int], bool] = {}  # (prologue, N, K) -> ELEMENTWISE, from the same file
+# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages): the fastest of engine.bench.int4's CONFIGS per
+# matrix of the 27B shape at TP1 and TP2, group 128, measured on an H200 on 2026-12-02
+# (tests/fixtures/engine/h200-int4-2026-12-02.json, judged by tests/test_engine_int4_recording.py)
+BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
+    ("norm", 34816, 5120): (128, 256, 4, 8, 1),
+    ("silu", 5120, 17408): (32, 128, 1, 8, 2),
+    ("norm", 12288, 5120): (32, 128, 1, 4, 2),
+    ("norm", 1024, 5120): (32, 128, 1, 8, 2),
+    ("plain", 5120, 6144): (32, 128, 1, 8, 2),
+    ("norm", 17408, 5120): (128, 256, 4, 8, 1),
+    ("silu", 5120, 8704): (32, 128, 1, 8, 2),
+    ("norm", 6144, 5120): (32, 128, 1, 8, 2),
+    ("norm", 512, 5120): (64, 128, 2, 8, 2),
+    ("plain", 5120, 3072): (64, 128, 2, 8, 2),
+}
+DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
+BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split,
+# stages]}}
+
+
+def _default_blocks(n: int, k: int) -> tuple[int, int, int, int, int]:
+    """Blocks for a matrix the table does not list: one warp of 32 rows, tiles of 128 inputs fetched one ahead, K
+    in 8 slices (at most one per tile): within 5 % of the fastest on every matrix of the 2026-12-02
+    recording."""
+    return 32, 128, 1, max(1, min(8, k // 128)), 2
 
 
 def _load_blocks() -> None:
@@ -42,21 +67,18 @@ def _load_blocks() -> None:
     for key, val in raw.get("best_blocks", raw).items():
         name, shape = key.split(":")
         n, k = (int(v) for v in shape.split("x"))
-        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:3])
-        if len(val) > 3:
-            FORMS[(name, n, k)] = bool(val[3])
+        if len(val) > 3 and isinstance(val[3], bool):  # a table of the earlier loop forms: its blocks only
+            val = val[:3]
+        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:5])
 
 
 _load_blocks()
-# the main loop's form (the bench times both): True = products summed element-wise per group, scaled once per group
-# (BLOCK_K at most the group size); False = per tile, a reduction to per-group sums, then scale and zero point
-ELEMENTWISE = True
 
 
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _norm_stats, _xs_send, _row
+    global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum
     import triton
     import triton.language as tl
 
@@ -87,83 +109,133 @@ def _kernels():
         return tl.where(cmask, h, 0.0)
 
     @triton.jit
-    def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, perm_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, eps,
-                         xs_peer, xs_ser, xs_slot, xs_e, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GS: tl.constexpr,
-                         ZOFF: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr, SEND: tl.constexpr,
-                         EPW: tl.constexpr, ELEMENTWISE: tl.constexpr = True, ZC: tl.constexpr = False):
-        pid = tl.program_id(0)
+    def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hw_ptr, K, eps, PROLOGUE: tl.constexpr,
+                        HAS_PERM: tl.constexpr, SUB: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr,
+                        ZC: tl.constexpr = False):
+        """The GEMV's input row h for inputs [c SUB, (c + 1) SUB), c = this program, in plane order: hp[c SUB +
+        j SUB / 8 + i] = h[c SUB + 8 i + j] x 16^-j' (j' = j for nibbles 0..4, j - 3 for 5..7: the place the
+        GEMV leaves nibble j of word i in), float32; hw[c SUB / 8 + i] = the sum of word i's eight h (the zero
+        points' term)."""
+        c = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
-        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        rmask = rows < N
-        WK: tl.constexpr = BLOCK_K // 8  # words per row per tile
+        SW: tl.constexpr = SUB // 8
+        dst = tl.arange(0, SUB)
+        j = dst // SW
+        src = 8 * (dst % SW) + j
         rstd = 0.0
         if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
-            rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt, EMU, STATS_BLOCK)
-        cols0 = tl.arange(0, BLOCK_K)
-        wcols = tl.arange(0, WK)
-        zshift = (rows % 8) * 4
-        KW = K // 8
-        wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
-        # nibble -> float without an int-to-float conversion (a quarter-rate instruction: it would cap the kernel near
-        # half the H200's bandwidth): the value ORed into the mantissa of 2^23, minus 2^23, exact
-        if ELEMENTWISE:
-            # Per group (BLOCK_K <= GS): products summed element-wise over the group's tiles, scaled once per group
-            # and row; one reduction over K at the end. Each 16-bit half of a word gives its four values by one mask
-            # each, left in place (value x 16^j), and h is scaled by 16^-j instead (exact: powers of two).
-            masks = 0xF << (tl.arange(0, 4) * 4)
-            jscale = tl.exp2(-4.0 * (cols0 % 4).to(tl.float32))
-            tot = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-            corr = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for g0 in range(0, K, GS):
-                accg = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-                hsv = tl.zeros((BLOCK_K,), dtype=tl.float32)
-                for t in range(0, GS, BLOCK_K):
-                    k0 = g0 + t
-                    words = tl.load(wp + k0 // 8, mask=rmask[:, None] & ((k0 // 8 + wcols) < KW)[None, :], other=0,
-                                    eviction_policy="evict_first")  # [BLOCK_N, WK] int32
-                    halves = tl.join(words & 0xFFFF, (words >> 16) & 0xFFFF)  # [BLOCK_N, WK, 2]
-                    qs = tl.reshape((halves[:, :, :, None] & masks[None, None, None, :]) | 0x4B000000,
-                                    (BLOCK_N, BLOCK_K)).to(tl.float32, bitcast=True) - 8388608.0  # q x 16^j
-                    h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
-                    accg += qs * (h * jscale)[None, :]
-                    hsv += h
-                grp = g0 // GS
-                sc = tl.load(s_ptr + grp * N + rows, mask=rmask, other=0.0).to(tl.float32)
-                zw = tl.load(qz_ptr + grp * (N // 8) + rows // 8, mask=rmask, other=0)
-                z = ((zw >> zshift) & 0xF).to(tl.float32) + ZOFF
-                tot += sc[:, None] * accg
-                corr += sc * z * tl.sum(hsv, axis=0)
-            y = tl.sum(tot, axis=1) - corr
+            rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, c, eps, dt, EMU, STATS_BLOCK)
+        h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+        tl.store(hp_ptr + c * SUB + dst, h * tl.exp2(-4.0 * (j - tl.where(j < 5, 0, 3)).to(tl.float32)))
+        w8 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 8)[None, :]  # [SW, 8]: word i's inputs, natural order
+        hn = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w8, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+        tl.store(hw_ptr + c * SW + tl.arange(0, SW), tl.sum(hn, axis=1))
+
+    @triton.jit
+    def _q(w, J: tl.constexpr):
+        """Nibble J of each word left in place (q x 16^J) and ORed into the mantissa of 2^23: minus 2^23 it is
+        exact, with no int-to-float conversion (a quarter-rate instruction)."""
+        return ((w & (0xF << (4 * J))) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+    @triton.jit
+    def _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
+                    SW: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr):
+        """What one tile (words kw .. kw + SW of each row, inside one group) reads: the words, the group's scale
+        and zero point per row, the eight planes of h and each word's sum of h (nothing past kwend)."""
+        ok = (rows * 0 + kw) < kwend
+        okc = (wcols * 0 + kw) < kwend
+        if EVEN_K:  # no mask along K: 16-byte loads
+            words = tl.load(wp + kw, mask=(rmask & ok)[:, None], other=0, eviction_policy="evict_first")
         else:
-            # Per tile: the sums of q h and of h per group within the tile (a reduction per tile), the group's
-            # scale and zero point applied to them.
-            SUB: tl.constexpr = BLOCK_K if BLOCK_K < GS else GS  # inputs per group within a tile
-            NG: tl.constexpr = BLOCK_K // SUB  # groups per tile
-            shifts = tl.arange(0, 8) * 4
-            gsel = tl.arange(0, NG)
-            acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                words = tl.load(wp + k0 // 8, mask=rmask[:, None] & ((k0 // 8 + wcols) < KW)[None, :], other=0,
-                                eviction_policy="evict_first")  # [BLOCK_N, WK] int32
-                q = (tl.reshape(((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000,
-                                (BLOCK_N, BLOCK_K)).to(tl.float32, bitcast=True) - 8388608.0)
-                h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, k0, cols0, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
-                part = tl.sum(tl.reshape(q * h[None, :], (BLOCK_N, NG, SUB)), axis=2)  # [BLOCK_N, NG]
-                hsum = tl.sum(tl.reshape(h, (NG, SUB)), axis=1)  # [NG]
-                grp = (k0 + gsel * SUB) // GS  # [NG]
-                gmask = rmask[:, None] & ((k0 + gsel * SUB) < K)[None, :]
-                sc = tl.load(s_ptr + grp[None, :] * N + rows[:, None], mask=gmask, other=0.0).to(tl.float32)
-                zw = tl.load(qz_ptr + grp[None, :] * (N // 8) + (rows // 8)[:, None], mask=gmask, other=0)
-                z = ((zw >> zshift[:, None]) & 0xF).to(tl.float32) + ZOFF
-                acc += sc * (part - z * hsum[None, :])
-            y = tl.sum(acc, axis=1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-        yd = rnd(y, y_ptr.dtype.element_ty, EMU)
-        tl.store(y_ptr + rows, yd, mask=rmask)
-        if SEND:  # the same rows, tagged, into the peer's inbox (engine.core.gemv's epilogue)
-            _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
+            words = tl.load(wp + kw, mask=(rmask & ok)[:, None] & ((kw + wcols) < KW)[None, :], other=0,
+                            eviction_policy="evict_first")  # [BLOCK_N, SW] int32
+        grp = (kw * 8) // GS
+        sc = tl.load(s_ptr + grp * N + rows, mask=rmask & ok, other=0.0).to(tl.float32)
+        zw = tl.load(qz_ptr + grp * (N // 8) + rows // 8, mask=rmask & ok, other=0)
+        z = ((zw >> zshift) & 0xF).to(tl.float32) + ZOFF
+        hb = hp_ptr + kw * 8 + wcols
+        hw = tl.load(hw_ptr + kw + wcols, mask=okc, other=0.0)  # [SW]: the sum of each word's h
+        return (words, sc, z, hw, tl.load(hb, mask=okc, other=0.0), tl.load(hb + SW, mask=okc, other=0.0),
+                tl.load(hb + 2 * SW, mask=okc, other=0.0), tl.load(hb + 3 * SW, mask=okc, other=0.0),
+                tl.load(hb + 4 * SW, mask=okc, other=0.0), tl.load(hb + 5 * SW, mask=okc, other=0.0),
+                tl.load(hb + 6 * SW, mask=okc, other=0.0), tl.load(hb + 7 * SW, mask=okc, other=0.0))
+
+    @triton.jit
+    def _tile_sum(words, sc, z, hw, h0, h1, h2, h3, h4, h5, h6, h7):
+        """[BLOCK_N, SW]: per word, s (sum over its eight inputs of q h - z sum of h). Plane j of h comes scaled
+        by 16^-j (int4_row_kernel), nibbles 5..7 from the word shifted by 12 (below the float's exponent)."""
+        hi = words >> 12
+        part = _q(words, 0) * h0[None, :]  # a chain of multiply-adds, plane by plane
+        part += _q(words, 1) * h1[None, :]
+        part += _q(words, 2) * h2[None, :]
+        part += _q(words, 3) * h3[None, :]
+        part += _q(words, 4) * h4[None, :]
+        part += _q(hi, 2) * h5[None, :]
+        part += _q(hi, 3) * h6[None, :]
+        part += _q(hi, 4) * h7[None, :]
+        return sc[:, None] * (part - z[:, None] * hw[None, :])
+
+    @triton.jit
+    def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
+                         xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
+                         SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
+                         EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1):
+        pid = tl.program_id(0)
+        pk = tl.program_id(1)  # this program's slice of K (split-K): words [pk KS, (pk + 1) KS) of each row
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        SUB: tl.constexpr = BLOCK_K if BLOCK_K < GS else GS  # inputs of one sub-tile: inside one group
+        NSUB: tl.constexpr = BLOCK_K // SUB
+        SW: tl.constexpr = SUB // 8  # words per row per sub-tile
+        wcols = tl.arange(0, SW)
+        zshift = (rows % 8) * 4
+        wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
+        acc = tl.zeros((BLOCK_N, SW), dtype=tl.float32)
+        # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
+        kwbeg = pk * KS
+        kwend = tl.minimum(kwbeg + KS, KW)
+        if STAGES == 2:
+            # one tile ahead in registers: the next tile's loads are issued before this tile's arithmetic, so
+            # the loop does not wait for memory once per tile (the compiler otherwise issues some loads late,
+            # each a round trip); one sub-tile per tile (BLOCK_K <= GS)
+            t = _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW, SW,
+                            GS, ZOFF, EVEN_K)
+            for kw in range(kwbeg, kwend, SW):
+                nxt = _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw + SW, kwend, rows, rmask, wcols, zshift, N,
+                                  KW, SW, GS, ZOFF, EVEN_K)
+                acc += _tile_sum(*t)
+                t = nxt
+        else:
+            for kw0 in range(kwbeg, kwend, BLOCK_K // 8):
+                for s in tl.static_range(NSUB):
+                    acc += _tile_sum(*_tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw0 + s * SW, kwend, rows, rmask,
+                                                  wcols, zshift, N, KW, SW, GS, ZOFF, EVEN_K))
+        y = tl.sum(acc, axis=1)
+        if SPLIT > 1:
+            # every slice's sums to part [SPLIT, N]; the last program of this row block to finish adds them in
+            # slice order (the same sum whichever finishes last) and resets the block's counter for the next call
+            tl.store(part_ptr + pk * N + rows, y, mask=rmask)
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if done == SPLIT - 1:
+                y = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for j in range(0, SPLIT):
+                    y += tl.load(part_ptr + j * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+                tl.store(count_ptr + pid, 0)
+                if HAS_BIAS:
+                    y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+                yd = rnd(y, y_ptr.dtype.element_ty, EMU)
+                tl.store(y_ptr + rows, yd, mask=rmask)
+                if SEND:
+                    _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
+        else:
+            if HAS_BIAS:
+                y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+            yd = rnd(y, y_ptr.dtype.element_ty, EMU)
+            tl.store(y_ptr + rows, yd, mask=rmask)
+            if SEND:  # the same rows, tagged, into the peer's inbox (engine.core.gemv's epilogue)
+                _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
     @triton.jit
     def dequant_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, GS: tl.constexpr, ZOFF: tl.constexpr,
@@ -181,41 +253,86 @@ def _kernels():
         tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], (sc * (q - z)).to(out_ptr.dtype.element_ty),
                  mask=m)
 
-    return int4_gemv_kernel, dequant_kernel
+    return int4_gemv_kernel, dequant_kernel, int4_row_kernel
 
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _counters(device: torch.device, blocks: int) -> torch.Tensor:
+    """Split-K's per-row-block arrival counters on this device: zeros, and left at zero by every launch (the last
+    program of a block resets its counter), so one buffer serves every matrix and every graph replay."""
+    key = (device.type, device.index)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < blocks:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("int4 GEMV: split-K counters must exist before graph capture (run the step once)")
+        have = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = have
+    return have
+
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def row_input(prologue: int, x: torch.Tensor, w, sub: int, delta: torch.Tensor | None = None,
+              norm_weight: torch.Tensor | None = None, eps: float = 0.0, x_out: torch.Tensor | None = None,
+              zc: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GEMV's input (int4_row_kernel): h in plane order per ``sub`` inputs, float32, and each word's sum of
+    h; NORM writes x + delta into x_out."""
+    k = w.in_features
+    nchunks = -(-k // sub)
+    hp = torch.empty(nchunks * sub, dtype=torch.float32, device=x.device)
+    hw = torch.empty(nchunks * sub // 8, dtype=torch.float32, device=x.device)
+    _kernels()[2][(nchunks,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
+                              w.perm if w.perm is not None else w.qweight, x_out if x_out is not None else hp, hp, hw,
+                              k, float(eps), PROLOGUE=prologue, HAS_PERM=w.perm is not None, SUB=sub,
+                              EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
+                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, num_warps=4)
+    return hp, hw
+
+
 def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
            delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-           x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None, send=None,
-           elementwise: bool | None = None, zc: bool = False) -> torch.Tensor:
+           x_out: torch.Tensor | None = None, blocks: tuple[int, ...] | None = None, send=None,
+           zc: bool = False) -> torch.Tensor:
     """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
-    or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's."""
+    or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's.
+    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages]]): split = programs along K (split-K, default 1),
+    stages = the depth of the loop's load pipeline (DEFAULT_STAGES)."""
     n, k = w.shape
     name = gemv.PROLOGUE_NAMES[prologue]
-    bn, bk, warps = blocks or BLOCKS.get((name, n, k), DEFAULT_BLOCKS)
+    cfg = tuple(blocks or BLOCKS.get((name, n, k), _default_blocks(n, k)))
+    bn, bk, warps = cfg[:3]
+    split = cfg[3] if len(cfg) > 3 else 1
+    stages = cfg[4] if len(cfg) > 4 else DEFAULT_STAGES
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
-    elementwise = FORMS.get((name, n, k), ELEMENTWISE) if elementwise is None else elementwise
     bk = min(bk, _pow2_at_least(k))
-    if elementwise and w.group_size < k:
-        bk = min(bk, w.group_size)  # a tile inside one group
     gs = w.group_size if w.group_size < k else -(-k // bk) * bk  # one group over all inputs: whole tiles of it
-    if gs % min(bk, gs) or bk % 8:
+    sub = min(bk, gs)
+    if stages == 2:
+        bk = sub  # the prefetching loop takes one group's tile at a time
+    if gs % sub or bk % sub or sub % 8 or sub & (sub - 1):
         raise ValueError(f"int4 GEMV: BLOCK_K {bk} and group size {gs} must nest (powers of two, at least 8)")
-    t = out
-    peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, t)
-    _kernels()[0][(-(-n // bn),)](
-        w.qweight, w.qzeros, w.scales, w.perm if w.perm is not None else w.qweight, x,
-        delta if delta is not None else x, norm_weight if norm_weight is not None else x, b if b is not None else x,
-        out, x_out if x_out is not None else out, n, k, float(eps), peer, ser, slot, e,
-        PROLOGUE=prologue, HAS_BIAS=b is not None, HAS_PERM=w.perm is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs,
-        ZOFF=w.zero_offset, EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
-        STATS_BLOCK=min(8192, _pow2_at_least(k)), SEND=send is not None, EPW=gemv._epw(out.dtype),
-        ELEMENTWISE=elementwise, ZC=zc, num_warps=warps)
+    tiles = -(-k // bk)
+    split = max(1, min(split, tiles))
+    ks = -(-tiles // split) * bk  # inputs per slice: whole tiles (so whole groups, or whole tiles of one group)
+    split = -(-k // ks)
+    grid_n = -(-n // bn)
+    part = counters = out
+    if split > 1:
+        part = torch.empty(split * n, dtype=torch.float32, device=out.device)
+        counters = _counters(out.device, grid_n)
+    hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc)
+    emu = gemv.interpreting() and x.dtype == torch.bfloat16
+    peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, out)
+    _kernels()[0][(grid_n, split)](
+        w.qweight, w.qzeros, w.scales, hp, hw, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
+        peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
+        SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
+        STAGES=stages, num_warps=warps)
     return out
 
 

@@ -93,7 +93,7 @@ def use() -> tuple[bool, str]:
 _FLOATS = ("eps", "scale")
 _I64 = ("xs_peer", "xs_inbox", "xs_ser", "xs_ready", "pos_ptr", "xs_timeout")
 _I32 = ("xs_failed", "count_ptr", "qw_ptr", "qz_ptr", "perm_ptr")
-_F32 = ("part_acc", "part_ml")
+_F32 = ("part_acc", "part_ml", "part_ptr", "hp_ptr", "hw_ptr")
 
 
 def _signature(fn, constexprs: dict, types: dict | None = None) -> dict[str, str]:
@@ -129,12 +129,12 @@ def variants() -> list[tuple[str, object, dict, int]]:
     dense = gemv._kernel()
     pro, finish = gemv._prologue_kernel(), exchange.kernels().finish
     attn, comb = attention._kernels()
-    int4, deq = gemv_int4._kernels()
+    int4, deq, int4_row = gemv_int4._kernels()
     prep, chunk = gdn_chunk._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
-    q4 = dict(HAS_BIAS=False, HAS_PERM=False, BLOCK_N=16, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, STATS_BLOCK=4096,
-              SEND=False, EPW=2, ELEMENTWISE=True)
+    q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2)
+    q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
     return [
@@ -160,12 +160,16 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("gdn_chunk:27b prefill parts", prep, dict(NV=48, RATIO=3, DK=128, DV=128, C=64, IEEE=False, EMU=False), 4,
          {"g_ptr": "*fp32", "beta_ptr": "*fp32", "last_ptr": "*fp32", "scr_ptr": "*fp32"}),
         ("gemv_prologue:norm zero-centred", pro, {**base, "PROLOGUE": 1, "ZC": True}, 4),
-        ("int4_gemv:norm zero-centred", int4, {**q4, "PROLOGUE": 1, "ZC": True}, 4),
-        ("int4_gemv:norm", int4, {**q4, "PROLOGUE": 1}, 4),
-        ("int4_gemv:silu+send", int4, {**q4, "PROLOGUE": 2, "SEND": True}, 4),
-        ("int4_gemv:plain+send", int4, {**q4, "PROLOGUE": 0, "SEND": True, "HAS_PERM": True, "GS": 32,
-                                         "BLOCK_K": 32}, 4),
-        ("int4_gemv:norm, per-tile sums", int4, {**q4, "PROLOGUE": 1, "ELEMENTWISE": False}, 4),
+        ("int4_row:norm zero-centred", int4_row, {**q4row, "PROLOGUE": 1, "ZC": True}, 4),
+        ("int4_row:norm", int4_row, {**q4row, "PROLOGUE": 1}, 4),
+        ("int4_row:silu", int4_row, {**q4row, "PROLOGUE": 2}, 4),
+        ("int4_row:plain, desc_act order", int4_row, {**q4row, "PROLOGUE": 0, "HAS_PERM": True, "SUB": 32}, 4),
+        ("int4_gemv", int4, q4, 1),
+        ("int4_gemv:send", int4, {**q4, "SEND": True}, 1),
+        ("int4_gemv:split-K", int4, {**q4, "SPLIT": 8}, 1),
+        ("int4_gemv:group 32", int4, {**q4, "GS": 32, "BLOCK_K": 32}, 1),
+        ("int4_gemv:128 x 256 tiles, no prefetch", int4, {**q4, "BLOCK_N": 128, "BLOCK_K": 256, "STAGES": 1,
+                                                           "SPLIT": 8}, 4),
         ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128), 4),
     ]
 
