@@ -182,7 +182,13 @@ def test_rollback_walks_back_and_goes_to_a_named_release(cli, env, first, server
 
 def test_stop_start_names_its_outage(cli, env, first, server, port, demo_model):
     """The fallback for hosts where two releases do not fit (GPUs, `--switch auto`): stop, then start. The
-    outage is said, and the deploy still ends with the new release serving."""
+    outage is said, in the dry run's plan and in the output, and the deploy still ends with the new release
+    serving."""
+    r = _deploy(cli, server, port, demo_model, "--max-context", "128", "--switch", "stop-start", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    acts = "\n".join(json.loads(r.stdout)["actions"])
+    assert f"stop the service of release {_serving(first)} first (--switch stop-start)" in acts, acts
+    assert "if a check fails: stop" in acts and "start " + _serving(first) + " again" in acts, acts
     with HealthPoller(port) as poll:
         r = _deploy(cli, server, port, demo_model, "--max-context", "128", "--switch", "stop-start")
     assert r.exit_code == 0, r.stderr
