@@ -95,6 +95,8 @@ def test_a_second_deployment_of_the_same_model_uploads_nothing_for_it(cli, env, 
     assert b["uploaded"] == {"bundle_bytes": 0, "model_bytes": 0} and b["uploaded_bytes"] == 0
     err = sshd_mod.flat(two["b"].stderr)
     assert "reusing model" in err and "SHA-256 checked" in err, err
+    print(f"deployment A: {a['uploaded']} in {a['wall_s']:.1f} s; deployment B of the same model: {b['uploaded']} "
+          f"in {b['wall_s']:.1f} s")
     root = two["root"]
     entry = _entry_of(root, A)
     assert entry == _entry_of(root, B) and entry.parent == root / "models"
