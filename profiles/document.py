@@ -42,6 +42,13 @@ SCHEMA_VERSIONS: dict[str, str] = {
     "probe_bench": "1.0",
     "tp2_bench": "1.0",
     "planner_accuracy": "1.0",
+    # the remote commands' --json documents (deploy, rollback, stop, remove, status, fleet probe)
+    "deploy_outcome": "1.0",
+    "rollback_outcome": "1.0",
+    "stop_outcome": "1.0",
+    "remove_outcome": "1.0",
+    "deployment_status": "1.0",
+    "fleet_probe": "1.0",
 }
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +97,11 @@ def provenance(inputs: dict[str, Any] | None = None, **extra: Any) -> dict[str, 
         block["host"] = "scrubbed"
     block.update(extra)
     return block
+
+
+def stamp(kind: str, inputs: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The head a new document of ``kind`` starts with: ``kind``, its ``schema_version`` and ``provenance``."""
+    return {"kind": kind, "schema_version": SCHEMA_VERSIONS[kind], "provenance": provenance(inputs, **extra)}
 
 
 def version_problem(kind: str, found: Any) -> str | None:

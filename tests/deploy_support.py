@@ -40,10 +40,14 @@ def port():
 
 
 @pytest.fixture(scope="module")
-def demo_model(tmp_path_factory):
+def demo_model(tmp_path_factory, request):
+    """The demo model, with a README naming this module and run: the same weights everywhere, yet a model
+    of the module's own (its shards' digest differs), so the host's model store shared by every
+    deployment under the remote root does not make one module's first upload depend on another's."""
     d = tmp_path_factory.mktemp("models") / "demo"
     subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(d)], check=True, capture_output=True,
                    timeout=300)
+    (d / "README.md").write_text(f"the demo model of {request.module.__name__}, run {os.getpid()}\n")
     return d
 
 

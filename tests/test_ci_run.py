@@ -30,9 +30,9 @@ def test_ci_run_takes_cpu_torch_and_shows_a_failed_parser_install(tmp_path):
     for name, text in (("pip", FAKE_PIP), ("ruff", OK), ("python", OK)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    tools = tmp_path / "tools"  # chromium and rsync present, so no apt-get runs
+    tools = tmp_path / "tools"  # chromium, rsync and crontab present, so no apt-get runs
     tools.mkdir()
-    for name in ("chromium", "rsync"):
+    for name in ("chromium", "rsync", "crontab"):
         (tools / name).write_text(OK)
         (tools / name).chmod(0o755)
     calls = tmp_path / "calls"

@@ -152,7 +152,7 @@ def test_a_shard_file_damaged_after_upload_is_caught_by_its_checksum(env, first,
                        SshOptions(known_hosts=str(server.known_hosts), identity=str(server.user_key)),
                        RemoteSettings(root=str(first["root"]), python=sshd_mod.remote_python()), dep)
     paths, digest = Paths(str(first["root"]), dep), model_digest(sp.files)
-    victim = Path(paths.model(digest)) / "rank1" / "model.safetensors"
+    victim = Path(paths.model_partial(digest)) / "rank1" / "model.safetensors"  # the upload, not yet stored
 
     def flip_last_byte() -> None:
         if victim.is_file():
@@ -187,7 +187,8 @@ def test_a_shard_file_damaged_after_upload_is_caught_by_its_checksum(env, first,
     assert any("uploading 1 shard file(s)" in line for line in said), said
     assert (victim.parent.parent / ".v100plan-verified").exists()
     assert victim.read_bytes() == (sp.dir / "rank1" / "model.safetensors").read_bytes()
-    shutil.rmtree(Path(paths.dir))
+    shutil.rmtree(Path(paths.dir), ignore_errors=True)
+    shutil.rmtree(Path(paths.model_partial(digest)))
 
 
 def test_a_model_that_cannot_be_split_is_refused_before_anything_is_sent(cli, env, first, server, port, demo_model,

@@ -77,6 +77,9 @@ def test_a_changed_deploy_switches_with_no_failed_poll(cli, env, first, server, 
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["kind"] == "deploy_outcome" and doc["schema_version"] == "1.0" and "provenance" in doc
+    from v100plan import documents
+
+    documents.validate(doc, "deploy_outcome")
     assert doc["switch"] == "blue-green" and doc["previous"] == first["release"]
     assert poll.polls > 50 and poll.failed == 0, (poll.polls, poll.failures)
     print(f"changed deploy: {poll.polls} polls of /health in {wall:.1f} s, {poll.failed} failed")
@@ -159,6 +162,8 @@ def test_ctrl_c_during_the_health_wait_leaves_the_old_release_serving(cli, env, 
 
 
 def test_rollback_walks_back_and_goes_to_a_named_release(cli, env, first, server, port, demo_model):
+    from v100plan import documents
+
     r = _deploy(cli, server, port, demo_model, "--max-context", "256")
     assert r.exit_code == 0, r.stderr
     r256, r512, r1 = json.loads(r.stdout)["release"], first["ids"]["512"], first["release"]
@@ -167,7 +172,7 @@ def test_rollback_walks_back_and_goes_to_a_named_release(cli, env, first, server
         for extra in ([], [], ["--to", r256[:6]]):
             r = cli("rollback", server.host_spec, "--deployment", DEP, "--json", *extra)
             assert r.exit_code == 0, r.stderr
-            steps.append(json.loads(r.stdout)["release"])
+            steps.append(documents.validate(json.loads(r.stdout), "rollback_outcome")["release"])
     assert steps == [r512, r1, r256]  # back, further back (not toggling), then the one named
     assert poll.failed == 0, poll.failures
     assert _serving(first) == r256
@@ -177,7 +182,13 @@ def test_rollback_walks_back_and_goes_to_a_named_release(cli, env, first, server
 
 def test_stop_start_names_its_outage(cli, env, first, server, port, demo_model):
     """The fallback for hosts where two releases do not fit (GPUs, `--switch auto`): stop, then start. The
-    outage is said, and the deploy still ends with the new release serving."""
+    outage is said, in the dry run's plan and in the output, and the deploy still ends with the new release
+    serving."""
+    r = _deploy(cli, server, port, demo_model, "--max-context", "128", "--switch", "stop-start", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    acts = "\n".join(json.loads(r.stdout)["actions"])
+    assert f"stop the service of release {_serving(first)} first (--switch stop-start)" in acts, acts
+    assert "if a check fails: stop" in acts and "start " + _serving(first) + " again" in acts, acts
     with HealthPoller(port) as poll:
         r = _deploy(cli, server, port, demo_model, "--max-context", "128", "--switch", "stop-start")
     assert r.exit_code == 0, r.stderr
@@ -195,6 +206,9 @@ def test_status_documents_and_a_mistyped_deployment(cli, env, first, server):
     doc = cli.json("status", server.host_spec, "--deployment", DEP)
     assert doc["kind"] == "deployment_status" and doc["schema_version"] == "1.0"
     assert doc["provenance"]["tool"] == "v100plan" and doc["provenance"]["inputs"]["deployment"] == DEP
+    from v100plan import documents
+
+    documents.validate(doc, "deployment_status")
     r = cli("status", server.host_spec, "--deployment", DEP + "-typo")
     assert r.exit_code == 2, r.stdout
     assert f"no deployment '{DEP}-typo'" in sshd_mod.flat(r.stderr) and DEP in sshd_mod.flat(r.stderr)
@@ -242,7 +256,9 @@ def test_after_a_reboot_the_crontab_entry_brings_the_service_back(cli, env, firs
 def test_stop_signals_only_its_own_processes_and_a_second_stop_says_nothing_ran(cli, env, first, server):
     r = cli("stop", server.host_spec, "--deployment", DEP, "--json")
     assert r.exit_code == 0, r.stderr
-    stopped = json.loads(r.stdout)["stopped"]
+    from v100plan import documents
+
+    stopped = documents.validate(json.loads(r.stdout), "stop_outcome")["stopped"]
     assert {"supervisord", "proxy", "rank0", "rank1", "front"} <= set(stopped), stopped
     # A stale record: the PIDs in the slot's files now belong to an unrelated process (a PID reused)
     stranger = subprocess.Popen(["sleep", "300"])
@@ -268,3 +284,41 @@ def test_stop_signals_only_its_own_processes_and_a_second_stop_says_nothing_ran(
     # stopped stays stopped: the crontab line is gone
     crontab = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
     assert f"# v100plan-boot {first['dir'] / 'run'}" not in crontab
+
+
+def test_status_of_a_stopped_service_under_a_held_lock_names_the_holder(cli, env, first, server):
+    """While a deploy, rollback or stop holds the lock and nothing serves (a stop-start between its stop and
+    its start), status says busy and who holds it, not plain "stopped"."""
+    from v100plan.remote.connect import Remote, SshOptions
+    from v100plan.remote.deploy import held_lock
+    from v100plan.remote.host import RemoteSettings
+    from v100plan.remote.hosts import parse_host
+
+    assert cli.json("status", server.host_spec, "--deployment", DEP)["state"] == "stopped"  # the test above
+    ssh = SshOptions(known_hosts=str(server.known_hosts), identity=str(server.user_key))
+    rs = RemoteSettings(root=str(first["root"]), python=sshd_mod.remote_python())
+    with Remote(parse_host(server.host_spec), ssh) as other, \
+            held_lock(other, rs, str(first["dir"] / "deploy.lock"), "deploy of 0123abcd"):
+        st = cli.json("status", server.host_spec, "--deployment", DEP)
+    assert st["state"].startswith("busy: deploy of 0123abcd by ") and "@" in st["state"], st["state"]
+    assert st["lock_holder"].startswith("deploy of 0123abcd") and "by ?@" not in st["lock_holder"]
+    assert cli.json("status", server.host_spec, "--deployment", DEP)["lock_holder"] is None  # gone with its session
+
+
+def test_an_interrupt_during_the_switch_waits_until_it_is_done():
+    """Ctrl-C inside the switch (upstream, `current`, the old release stopped) is held until the block ends,
+    then raised: the host is never left half-switched."""
+    import signal as sig
+
+    from v100plan.remote.bluegreen import shielded
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with shielded():
+            os.kill(os.getpid(), sig.SIGINT)
+            time.sleep(0.05)
+            done.append("upstream")
+            os.kill(os.getpid(), sig.SIGTERM)
+            done.append("current")
+    assert done == ["upstream", "current"]
+    assert sig.getsignal(sig.SIGINT) is sig.default_int_handler  # the handlers are put back

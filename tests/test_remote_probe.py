@@ -75,6 +75,11 @@ def test_fleet_with_one_host_down(cli, env, fleet, tmp_path):
     assert doc["hosts"][servers[1].host_spec]["report"]["overall"] == "nothing_measured"
     assert not doc["hosts"][down]["ok"] and "cannot open an SSH session" in doc["hosts"][down]["error"]
     assert doc["summary"]["failed"] == [down]
+    from v100plan import documents
+
+    documents.validate(doc, "fleet_probe")  # kind, schema_version, provenance, as every document has
+    assert doc["kind"] == "fleet_probe" and doc["provenance"]["inputs"]["inventory"] == str(inv)
+    assert doc["provenance"]["inputs"]["hosts"] == list(doc["hosts"])
     err = sshd_mod.flat(r.stderr)
     assert "1 host(s) could not be probed" in err and "down" in err  # the fleet table's row
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from profiles.document import SCHEMA_VERSIONS, provenance
+from profiles.document import SCHEMA_VERSIONS, stamp
 from v100plan import catalogue, documents
 from v100plan.errors import BadInput, DocumentError, UnknownId
 from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
@@ -126,7 +126,7 @@ def plan_document(hardware: str | dict, gpus: int | None, model: str, engine: st
               "acceptance": acceptance, "concurrency": concurrency, "objective": objective}
     inputs.update({k: v for k, v in (("weights", weights), ("kv_cache_dtype", kv_cache_dtype), ("draft_tokens", draft_tokens),
                                      ("draft_model", draft_model), ("nodes", nodes if nodes != 1 else None)) if v is not None})
-    doc = {"kind": "plan", "schema_version": SCHEMA_VERSIONS["plan"], "provenance": provenance(inputs), **result.to_dict()}
+    doc = {**stamp("plan", inputs), **result.to_dict()}
     return documents.validate(doc, "plan", source="the planner's output")
 
 
@@ -174,8 +174,7 @@ def compare_document(specs: list[str], model: str, engine: str, context: str, ac
         })
     inputs = {"hardware": specs, "model": model, "engine": engine, "context_tokens": tokens, "acceptance": acceptance,
               "objective": objective}
-    doc = {"kind": "comparison", "schema_version": SCHEMA_VERSIONS["comparison"], "provenance": provenance(inputs),
-           "inputs": inputs, "rows": rows}
+    doc = {**stamp("comparison", inputs), "inputs": inputs, "rows": rows}
     return documents.validate(doc, "comparison", source="compare")
 
 
@@ -183,8 +182,7 @@ def listing_document() -> dict[str, Any]:
     """The catalogue as one document (kind "catalogue_listing")."""
     entries = [{"catalogue": c, "id": d["id"], "name": d["name"], "status": d.get("status")}
                for c in ("hardware", "model", "engine") for d in catalogue.all_of(c)]
-    doc = {"kind": "catalogue_listing", "schema_version": SCHEMA_VERSIONS["catalogue_listing"],
-           "provenance": provenance({"catalogues": ["hardware", "model", "engine"]}), "entries": entries}
+    doc = {**stamp("catalogue_listing", {"catalogues": ["hardware", "model", "engine"]}), "entries": entries}
     return documents.validate(doc, "catalogue_listing", source="profiles list")
 
 
@@ -208,8 +206,7 @@ def validation_document(paths: list[Path] | None) -> dict[str, Any]:
             if not found and kind in catalogue.KINDS.values():
                 found = catalogue_problems(doc, p)
         results.append({"file": str(p), "kind": kind, "problems": [{"path": a, "problem": b} for a, b in found]})
-    doc = {"kind": "validation_report", "schema_version": SCHEMA_VERSIONS["validation_report"],
-           "provenance": provenance({"files": [str(p) for p in paths]}),
+    doc = {**stamp("validation_report", {"files": [str(p) for p in paths]}),
            "valid": not any(r["problems"] for r in results), "files": results}
     return documents.validate(doc, "validation_report", source="profiles validate")
 

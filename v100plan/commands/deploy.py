@@ -45,6 +45,14 @@ def _emit(doc: dict, rows: list[tuple[str, object]], title: str, json_out: bool,
         output.render(output.table(title, ["", "value"], rows))
 
 
+def _uploaded(out) -> str:  # noqa: ANN001 - a deploy Outcome
+    """All bytes sent, and of them the bundle's (engine, probes, profiles) and the model's shards."""
+    parts = out.extra.get("uploaded")
+    if not parts:
+        return str(out.uploaded_bytes)
+    return f"{out.uploaded_bytes} (bundle {parts['bundle_bytes']}, model {parts['model_bytes']})"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     @remote_options(command_timeout=900.0)
@@ -93,6 +101,7 @@ def register(app: typer.Typer) -> None:
         model_dir = demo_model_dir() if demo_model else model
         if not Path(model_dir).is_dir():
             raise BadInput(f"--model {str(model_dir)!r} is not a directory", hint="give the model's directory")
+        probe_sent: list[int] = []  # the bundle, when the probe that chooses the settings sent it
         if plan is not None:
             doc = documents.load(plan, "plan")
             settings, chose = rel.settings_from_plan(doc, str(plan), port, fault_injection)
@@ -102,7 +111,8 @@ def register(app: typer.Typer) -> None:
         else:
             say(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
             try:
-                report = probe_host(target.spec, target.ssh, target.remote, ["--quick"], read_only=dry_run)
+                report = probe_host(target.spec, target.ssh, target.remote, ["--quick"], read_only=dry_run,
+                                    sent=probe_sent)
             except NotPrepared:  # a dry run must not upload the probes or build their venv
                 report = None
             if report is None:
@@ -115,11 +125,11 @@ def register(app: typer.Typer) -> None:
                                                           max_context)
         say(f"chose: {chose}")
         out = dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout, say=say,
-                        chose=chose, switch_mode=switch_mode)
+                        chose=chose, switch_mode=switch_mode, probe_sent=sum(probe_sent))
         doc = out.to_dict()
         rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
                 ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
-                ("uploaded bytes", out.uploaded_bytes), ("wall s", f"{out.wall_s:.1f}")]
+                ("uploaded bytes", _uploaded(out)), ("wall s", f"{out.wall_s:.1f}")]
         sp = out.extra.get("split")
         if sp:
             rows.insert(4, ("split", f"{sp['tp']} shards, {' + '.join(f'{b / 1e6:.1f}' for b in sp['bytes_per_rank'])}"
@@ -128,6 +138,8 @@ def register(app: typer.Typer) -> None:
         if site is not None:
             taken = ", ".join(f"{p['name']} {p['version']}" for p in site.get("from_site") or []) or "nothing"
             rows.append(("from the host's site", f"{taken} ({site['python']})"))
+        if "after_reboot" in out.extra:
+            rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
         if dry_run:
             rows.append(("actions", len(out.actions)))
         elif out.reason:
@@ -213,6 +225,30 @@ def register(app: typer.Typer) -> None:
 
     _one_call(app, "stop", "Stop the service on HOST (the supervisor's recorded PIDs; the release stays current).",
               stop)
+
+    @app.command("remove")
+    @remote_options()
+    def remove_cmd(
+        host: HostArg,
+        yes: Annotated[bool, typer.Option("--yes", help="Really delete the deployment (its releases, logs, "
+                                                        "API key and history) on HOST.")] = False,
+        remote: RemoteArgs = None,
+        json_out: JsonOpt = False,
+        quiet: QuietOpt = False,
+    ) -> None:
+        """Stop the service on HOST and delete its deployment there; the host's model store drops a model
+        only once no release of any deployment links it."""
+        from v100plan.remote import deploy as dp
+
+        target = remote.target(host)
+        if not yes:
+            raise BadInput(f"remove deletes deployment {target.deployment!r} on {target.spec.label}: its releases, "
+                           "logs, API key and history", hint="add --yes to do it; `v100plan stop` only stops it")
+        out = dp.remove(target, _say(quiet))
+        _emit(out.to_dict(), [("host", out.host), ("removed", out.extra.get("removed")),
+                              ("stopped", out.extra.get("stopped") or out.reason),
+                              ("models removed", ", ".join(out.extra.get("models_removed") or []) or "none")],
+              "Remove", json_out, quiet)
 
 
 def _one_call(app: typer.Typer, name: str, help_text: str, call) -> None:  # noqa: ANN001

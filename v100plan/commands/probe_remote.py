@@ -99,7 +99,11 @@ def run(hosts: list[str] | None, inventory: str | None, max_fail: int, probe_arg
             render_verdicts(judged[results[0].host], doc, to_stderr=json_out)
         _exit_for([results[0]], judged, failed, max_fail, worst_exit)
         return
-    fleet = {"hosts": docs, "summary": {"hosts": len(specs), "probed": len(specs) - len(failed),
+    from profiles.document import stamp
+
+    fleet = {**stamp("fleet_probe", {"hosts": [s.label for s in specs], "inventory": inventory,
+                                     "probe_args": list(probe_args)}),
+             "hosts": docs, "summary": {"hosts": len(specs), "probed": len(specs) - len(failed),
                                         "failed": [r.host for r in failed],
                                         "wall_s": round(max((r.wall_s for r in results), default=0.0), 3)}}
     output.write_json(out, fleet, indent=1)

@@ -77,10 +77,10 @@ def state(a):
         out["legacy"] = _alive(_read_int(os.path.join(run, "supervisord.pid")))
         out["slots"] = {s: _alive(_read_int(os.path.join(run, s, "supervisord.pid"))) for s in ("a", "b")}
         out["lock"] = _lock_holder(os.path.join(d, "deploy.lock"))
-        if a.get("site"):  # status: how the deployment comes back after a reboot
+        if a.get("site") or a.get("boot"):  # status, deploy: how the deployment comes back after a reboot
             out["boot"] = _boot_now(run)
-        if a.get("model"):
-            out["model"] = os.path.isfile(os.path.join(d, "models", a["model"], ".v100plan-verified"))
+        if a.get("model"):  # the host's model store, shared by every deployment under the root
+            out["model"] = os.path.isfile(os.path.join(root, "models", a["model"], ".v100plan-verified"))
         if out["current"]:
             out["current_manifest"] = _read_json(os.path.join(rel, out["current"], "manifest.json"), None)
             vid = (out["current_manifest"] or {}).get("venv_id")
@@ -107,6 +107,66 @@ def mkdirs(a):
     _out({"ok": True})
 
 
+# -- the model store: <root>/models/<digest>/, shared by every deployment of the root -------------
+
+def _store_lock(models, how):
+    """Hold models/.lock: shared while a release is linked to an entry, exclusive while unlinked entries
+    are removed, so an entry is never removed between its check and its link."""
+    models = os.path.expanduser(models)
+    os.makedirs(models, mode=0o700, exist_ok=True)
+    fh = open(os.path.join(models, ".lock"), "a")
+    fcntl.flock(fh, how)
+    return fh
+
+
+def _store_entry(s):
+    """The store entry ``digest``; a verified upload in ``partial`` (hidden: never an entry) is renamed
+    into place first. An entry exists only once all its files matched their SHA-256 (`verified`)."""
+    models = os.path.expanduser(s["models"])
+    entry = os.path.join(models, s["digest"])
+    part = s.get("partial") and os.path.expanduser(s["partial"])
+    if part and os.path.isfile(os.path.join(part, ".v100plan-verified")):
+        if os.path.isfile(os.path.join(entry, ".v100plan-verified")):
+            shutil.rmtree(part, ignore_errors=True)  # another deployment stored the same files meanwhile
+        else:
+            shutil.rmtree(entry, ignore_errors=True)  # never verified: not an entry
+            os.rename(part, entry)
+    if not os.path.isfile(os.path.join(entry, ".v100plan-verified")):
+        raise SystemExit("the model store entry %s is missing or unverified (removed meanwhile?): deploy again"
+                         % entry)
+    return entry
+
+
+def _linked_entries(root):
+    """The store entries some release of some deployment under ``root`` links to."""
+    used = set()
+    for dep in os.listdir(root) if os.path.isdir(root) else []:
+        rel_dir = os.path.join(root, dep, "releases")
+        if dep == "models" or not os.path.isdir(rel_dir):
+            continue
+        for r in os.listdir(rel_dir):
+            link = os.path.join(rel_dir, r, "model")
+            if os.path.islink(link):
+                used.add(os.path.realpath(link))
+    return used
+
+
+def _gc_models(root):
+    """Remove the store entries no release links any more (their deployments' releases pruned or removed)."""
+    models = os.path.join(root, "models")
+    if not os.path.isdir(models):
+        return []
+    removed = []
+    with _store_lock(models, fcntl.LOCK_EX):
+        used = _linked_entries(root)
+        for name in sorted(os.listdir(models)):
+            p = os.path.join(models, name)
+            if not name.startswith(".") and os.path.isdir(p) and os.path.realpath(p) not in used:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(name)
+    return removed
+
+
 def extract(a):
     """Unpack a bundle tar into ``dest`` (through a temporary directory, so it appears whole or not at all)."""
     dest = os.path.expanduser(a["dest"])
@@ -122,6 +182,10 @@ def extract(a):
         tar.extractall(tmp)
     for name in a.get("links", {}):
         os.symlink(a["links"][name], os.path.join(tmp, name))
+    if a.get("store"):  # the release's model: an entry of the host's store, linked while the store is held
+        with _store_lock(a["store"]["models"], fcntl.LOCK_SH):
+            entry = _store_entry(a["store"])
+            os.symlink(os.path.relpath(entry, os.path.abspath(dest)), os.path.join(tmp, "model"))
     if a.get("manifest") is not None:
         _write_json(os.path.join(tmp, "manifest.json"), a["manifest"])
     if os.path.isdir(dest):
@@ -372,14 +436,25 @@ def switch(a):
             shutil.rmtree(os.path.join(rel_dir, name), ignore_errors=True)
             removed.append(name)
     _write_json(os.path.join(d, "history.json"), [h for h in hist if h["release"] in keep])
-    _out({"current": rel, "removed": removed})
+    _out({"current": rel, "removed": removed, "models_removed": _gc_models(os.path.dirname(d))})
 
 
 def discard(a):
     """Remove a release that never became current (it failed its checks)."""
     p = os.path.join(os.path.expanduser(a["dep"]), "releases", a["release"])
-    shutil.rmtree(p, ignore_errors=True)
+    shutil.rmtree(p, ignore_errors=True)  # its model stays in the store (the next deploy is likely to want it)
     _out({"removed": a["release"]})
+
+
+def remove_deployment(a):
+    """Delete a stopped deployment's directory (releases, run/, key, history), then the store entries
+    no other deployment's release links."""
+    d = os.path.realpath(os.path.expanduser(a["dep"]))
+    root = os.path.dirname(d)
+    if not os.path.isdir(os.path.join(d, "releases")) or os.path.basename(d) in ("models", "venvs", "bundles"):
+        raise SystemExit("refusing to remove %s: not a deployment directory" % d)
+    shutil.rmtree(d)
+    _out({"removed": d, "models_removed": _gc_models(root)})
 
 
 def keygen(a):
@@ -701,6 +776,13 @@ def await_health(a):
 
 
 # -- after a reboot ---------------------------------------------------------------------------------
+# A systemd user unit where the user's systemd manager runs and lingering is on (or can be switched on):
+# it then starts at boot, not at the user's first login. Elsewhere (containers, hosts without systemd)
+# a crontab @reboot line. One of the two, never both; `stop` takes out whichever there is.
+
+UNIT = "systemd user unit"
+CRON = "cron @reboot"
+
 
 def _cron_mark(run):
     return "# v100plan-boot " + run
@@ -714,25 +796,117 @@ def _crontab():
     return r.stdout.splitlines() if r.returncode == 0 else []
 
 
+def _unit_dir():
+    return os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "systemd", "user")
+
+
+def unit_name(run):
+    """The deployment's unit: one per run directory (so per remote root and deployment)."""
+    return "v100plan-%s.service" % hashlib.sha256(run.encode()).hexdigest()[:12]
+
+
+def _unit_enabled(run):
+    return os.path.islink(os.path.join(_unit_dir(), "default.target.wants", unit_name(run)))
+
+
+def _user_name():
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _quiet(cmd):
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return 127, "", str(e)
+    return r.returncode, r.stdout.strip(), r.stderr.strip()
+
+
+def systemd_user():
+    """(True, None) when a user unit would start at boot here: `systemctl --user` reaches the user's
+    manager, and lingering is on for this user (switched on now with `loginctl enable-linger` if the host
+    allows it). Else (False, why not)."""
+    if shutil.which("systemctl") is None:
+        return False, "no systemctl on this host"
+    code, _, err = _quiet(["systemctl", "--user", "show-environment"])
+    if code != 0:
+        return False, "systemd --user is not available here (%s)" % (err.splitlines() or ["exit %d" % code])[-1]
+    user = _user_name()
+    code, out, _ = _quiet(["loginctl", "show-user", user, "--property", "Linger", "--value"])
+    if out != "yes":
+        code, _, err = _quiet(["loginctl", "enable-linger", user])
+        if code != 0:
+            return False, ("lingering cannot be switched on for %s (%s): a user unit would start only at login"
+                           % (user, (err.splitlines() or ["exit %d" % code])[-1]))
+    return True, None
+
+
+def _unit_quote(path):
+    """A path as one ExecStart argument (systemd's quoting; % is its specifier character)."""
+    return '"%s"' % path.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+
+
+def unit_text(description, script):
+    """The user unit that runs boot.sh once at boot; the processes it starts stay (RemainAfterExit)."""
+    return "\n".join([
+        "[Unit]",
+        "Description=%s" % description.replace("%", "%%"),
+        "",
+        "[Service]",
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+        "ExecStart=/bin/sh %s" % _unit_quote(script),
+        "TimeoutStartSec=600",
+        "",
+        "[Install]",
+        "WantedBy=default.target",
+        ""])
+
+
 def _boot_now(run):
-    """How the deployment comes back after a reboot: "cron @reboot" when the user's crontab has its line."""
+    """How the deployment comes back after a reboot: UNIT when its user unit is enabled, CRON when the
+    user's crontab has its line, else None."""
+    if _unit_enabled(run):
+        return UNIT
     lines = _crontab()
-    return "cron @reboot" if lines and any(ln.endswith(_cron_mark(run)) for ln in lines) else None
+    return CRON if lines and any(ln.endswith(_cron_mark(run)) for ln in lines) else None
 
 
 def _sh(word):
     return "'" + str(word).replace("'", "'\\''") + "'"
 
 
+def _drop_unit(run):
+    path = os.path.join(_unit_dir(), unit_name(run))
+    if _unit_enabled(run) or os.path.exists(path):
+        _quiet(["systemctl", "--user", "disable", unit_name(run)])
+        with_link = os.path.join(_unit_dir(), "default.target.wants", unit_name(run))
+        for p in (with_link, path):
+            if os.path.lexists(p):
+                os.unlink(p)
+        _quiet(["systemctl", "--user", "daemon-reload"])
+
+
+def _drop_cron(run, lines):
+    mark = _cron_mark(run)
+    if lines and any(ln.endswith(mark) for ln in lines):
+        _set_crontab([ln for ln in lines if not ln.endswith(mark)])
+
+
 def boot(a):
     """Write run/boot.sh (the front on its port, then the serving slot's release under its supervisor) and
-    make sure the user's crontab starts it @reboot; ``remove``: take the crontab line out (`stop`)."""
+    make sure it runs at boot: a systemd user unit where that works, else the user's crontab @reboot;
+    ``remove``: take either out (`stop`)."""
     run = os.path.expanduser(a["run"])
     lines = _crontab()
     mark = _cron_mark(run)
     if a.get("remove"):
-        if lines and any(ln.endswith(mark) for ln in lines):
-            _set_crontab([ln for ln in lines if not ln.endswith(mark)])
+        _drop_unit(run)
+        _drop_cron(run, lines)
         _out({"boot": None})
         return
     script = os.path.join(run, "boot.sh")
@@ -740,7 +914,7 @@ def boot(a):
     text = "\n".join([
         "#!/bin/sh",
         "# written by v100plan at each switch: brings this deployment back after a reboot (its front on",
-        "# 127.0.0.1:%d, then release %s in %s); `v100plan stop` takes its crontab line out" % (
+        "# 127.0.0.1:%d, then release %s in %s); `v100plan stop` takes it out of the boot" % (
             a["port"], a["release"], slot),
         "%s -B %s --port %d --run %s >> %s 2>&1 < /dev/null &" % (
             _sh(sys.executable), _sh(os.path.join(run, "front.py")), a["port"], _sh(run),
@@ -753,14 +927,33 @@ def boot(a):
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700), "w") as fh:
         fh.write(text)
     os.replace(tmp, script)
+    use_unit, why_not = systemd_user()
+    if use_unit:
+        os.makedirs(_unit_dir(), mode=0o700, exist_ok=True)
+        path = os.path.join(_unit_dir(), unit_name(run))
+        _write_text(path, unit_text("v100plan deployment %s (front on 127.0.0.1:%d)" % (run, a["port"]), script))
+        _quiet(["systemctl", "--user", "daemon-reload"])
+        code, _, err = _quiet(["systemctl", "--user", "enable", unit_name(run)])
+        if code == 0:
+            _drop_cron(run, lines)  # one mechanism: the unit
+            _out({"boot": UNIT, "script": script, "unit": path})
+            return
+        why_not = "systemctl --user enable %s failed (%s)" % (unit_name(run), err[-200:])
     if lines is None:
-        _out({"boot": None, "script": script, "why": "this host has no crontab: run %s at boot yourself "
-              "(or a systemd user unit with lingering)" % script})
+        _out({"boot": None, "script": script, "why": "%s, and this host has no crontab: run %s at boot yourself"
+              % (why_not, script)})
         return
     entry = "@reboot %s %s" % (_sh(script), mark)
     if entry not in lines:
         _set_crontab([ln for ln in lines if not ln.endswith(mark)] + [entry])
-    _out({"boot": "cron @reboot", "script": script, "entry": entry})
+    _out({"boot": CRON, "script": script, "entry": entry, "why_not_unit": why_not})
+
+
+def _write_text(path, text):
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _set_crontab(lines):
@@ -772,7 +965,8 @@ def _set_crontab(lines):
 
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha256, unlink, verified, lock, switch, discard,
                                    keygen, smoke, health, logs, rotate_logs, free_port, front, front_stop, route,
-                                   slot_prepare, await_health, boot, free_bytes)}
+                                   slot_prepare, await_health, boot, free_bytes,
+                                   remove_deployment)}
 
 if __name__ == "__main__":
     ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))

@@ -77,10 +77,12 @@ def ensure_front(remote: Remote, rs: RemoteSettings, paths: Paths, port: int) ->
 
 def bring_up(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any], rid: str,
              settings: rel.EngineSettings, health_timeout_s: float, say: Say, why: str, *,
-             mode: str = "blue-green", old_settings: rel.EngineSettings | None = None) -> tuple[bool, str | None]:
+             mode: str = "blue-green", old_settings: rel.EngineSettings | None = None,
+             record: dict[str, Any] | None = None) -> tuple[bool, str | None]:
     """Put ``rid`` into service (the module's steps). (True, None) once it serves and `current` names it;
     (False, why) when it failed its checks, with the release serving before still serving (restarted, in
-    stop-start mode). ``old_settings``: the serving release's, to start it again after a failed stop-start."""
+    stop-start mode). ``old_settings``: the serving release's, to start it again after a failed stop-start.
+    ``record`` (the command's JSON extras) gets ``after_reboot``: what brings the release back after a reboot."""
     live = st.get("live") or {}
     old_rid = live.get("release")
     old_slot = live.get("slot")
@@ -132,6 +134,10 @@ def bring_up(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any
     rdir = paths.release(rid)
     boot = agent(remote, rs, "boot", {"run": paths.run, "port": settings.port, "release": rid, "slot": sdir,
                                       "release_dir": rdir, "flags": serve_flags(paths, rid, settings, sdir, port)})
-    say(f"after a reboot: {boot['boot']} runs {boot['script']}" if boot.get("boot") else
+    if record is not None:
+        record["after_reboot"] = boot.get("boot")
+        record["after_reboot_detail"] = boot.get("unit") or boot.get("entry") or boot.get("why")
+    say(f"after a reboot: the {boot['boot']} {boot.get('unit') or 'line'} runs {boot['script']}"
+        + (f" ({boot['why_not_unit']})" if boot.get("why_not_unit") else "") if boot.get("boot") else
         f"after a reboot: nothing brings the service back ({boot.get('why')})")
     return True, None

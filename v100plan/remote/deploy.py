@@ -2,12 +2,15 @@
 
 On the host, under the remote root (docs/deploy.md):
 
-    <deployment>/releases/<release-id>/   the bundle unpacked, manifest.json, model -> models/<digest>,
+    <deployment>/releases/<release-id>/   the bundle unpacked, manifest.json, model -> ../../../models/<digest>,
                                           venv -> ../../venvs/<venv-id>
     <deployment>/current -> releases/<id> switched atomically, only after /health and a smoke
                                           completion passed on the new release
-    <deployment>/models/<digest>/         the model split here into tensor-parallel shards (shard.json,
-                                          rank0/, rank1/), each file verified by SHA-256 after upload
+    models/<digest>/                      the host's model store, shared by every deployment under the root:
+                                          the model split here into tensor-parallel shards (shard.json,
+                                          rank0/, rank1/), each file verified by SHA-256 after upload (in
+                                          models/.partial/ until then) and again when another release links it;
+                                          removed once no release links it
     <deployment>/run/                     the supervisor's state: supervisord.conf, pid, socket, logs
     <deployment>/api_key                  the service's API key (0600, made on the host, never printed)
     <deployment>/history.json             releases in the order they became current
@@ -30,7 +33,7 @@ from v100plan.remote import split as split_mod
 from v100plan.remote import venv as venv_mod
 from v100plan.remote.connect import Remote
 from v100plan.remote.host import agent, prepare, site_sentence
-from v100plan.remote.manage import follow_logs, logs, rollback, status, stop  # noqa: F401 - one entry point
+from v100plan.remote.manage import follow_logs, logs, remove, rollback, status, stop  # noqa: F401 - one entry point
 from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, held_lock: one entry point
     DeployBusy,
     Outcome,
@@ -48,9 +51,20 @@ from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, hel
 
 def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, *, dry_run: bool = False,
            health_timeout_s: float = 180.0, say: Say = lambda s: None, chose: str | None = None,
-           purpose: str = "deploy", switch_mode: str = "auto") -> Outcome:
+           purpose: str = "deploy", switch_mode: str = "auto", probe_sent: int = 0) -> Outcome:
     """``purpose`` other than "deploy" (qualify's own deployment) refuses a deployment that
-    `v100plan deploy` made: qualify stops what it deploys, and must never stop a production service."""
+    `v100plan deploy` made: qualify stops what it deploys, and must never stop a production service.
+    ``probe_sent``: bytes the probe that chose the settings uploaded before (the bundle), counted as this
+    deploy's bundle bytes."""
+    out = _deploy(target, model_dir, settings, dry_run, health_timeout_s, say, chose, purpose, switch_mode)
+    out.uploaded_bytes += probe_sent
+    if "uploaded" in out.extra:
+        out.extra["uploaded"]["bundle_bytes"] += probe_sent
+    return out
+
+
+def _deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, dry_run: bool,
+            health_timeout_s: float, say: Say, chose: str | None, purpose: str, switch_mode: str) -> Outcome:
     out = Outcome(host=target.spec.label, deployment=target.deployment, action="deploy", chose=chose,
                   dry_run=dry_run)
     b = bundle_mod.build()
@@ -70,7 +84,7 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
         out.release, digest = rel.release_id(man), man["model"]["digest"]
         out.extra["split"] = {"tp": sp.tp, "bytes_per_rank": sp.bytes_per_rank, "cached": sp.cached,
                               "files": len(sp.files), "seconds": round(sp.seconds, 2)}
-    with session(target, out, bundle=b.id, venv=vid, model=digest) as (remote, st, paths):
+    with session(target, out, bundle=b.id, venv=vid, model=digest, boot="1") as (remote, st, paths):
         out.previous = st.get("current")
         if purpose != "deploy" and any(h.get("why") == "deploy" for h in st.get("history", [])):
             raise BadInput(f"{remote.label}: deployment {target.deployment!r} was made by `v100plan deploy`; "
@@ -126,14 +140,16 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
                     f"from there: {site_sentence(chk['from_site'])}; "
                     + (f"pip installs {' '.join(todo)}" if todo else "nothing to install (no package index needed)"))
     if sp is None:
-        acts.append(f"upload the shards (shard.json, rank0/, rank1/) to {paths.dir}/models/<their digest> unless the "
-                    "host holds them, and verify each file's SHA-256 there")
+        acts.append(f"upload the shards (shard.json, rank0/, rank1/) to the host's model store {paths.models}/<their "
+                    "digest> unless it holds them, and verify each file's SHA-256 there")
     elif st.get("model"):
-        acts.append(f"reuse model {digest} (the shards, verified)")
+        acts.append(f"reuse model {digest} from the host's model store {paths.models} (shared by its deployments; "
+                    "each file's SHA-256 checked there before the release links it: nothing to upload)")
     else:
         total = sum(f["bytes"] for f in sp.files.values())
         acts.append(f"upload {len(sp.files)} shard file(s) (shard.json, rank0/, rank1/), {total / 1e6:.1f} MB, "
-                    f"to {paths.model(digest)} and verify each SHA-256 there")
+                    f"to {paths.model_partial(digest)}, verify each SHA-256 there, then store them as "
+                    f"{paths.model(digest)}")
     if not st.get("api_key"):
         acts.append(f"create the API key file {paths.key} (0600, made on the host)")
     rid_text = rid or "<id>"
@@ -157,11 +173,12 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
 
 
 def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path, files: dict, digest: str,
-                  say: Say, has_rsync: bool) -> None:
-    """Shard files (shard.json, rank0/, rank1/) the host lacks (or holds with another SHA-256): rsync over
-    ssh when both ends have rsync, SFTP otherwise; both resume a broken upload. Then every file's SHA-256
-    is checked there, and only then is the directory marked verified."""
-    mdir = paths.model(digest)
+                  say: Say, has_rsync: bool, mdir: str | None = None) -> None:
+    """Shard files (shard.json, rank0/, rank1/) the host lacks (or holds with another SHA-256) into ``mdir``
+    (default: this deployment's partial upload of the store entry): rsync over ssh when both ends have
+    rsync, SFTP otherwise; both resume a broken upload. Then every file's SHA-256 is checked there, and
+    only then is the directory marked verified (and so can become, or stay, a store entry)."""
+    mdir = mdir or paths.model_partial(digest)
     subdirs = sorted({str(Path(f).parent) for f in files if str(Path(f).parent) != "."})
     agent(remote, target.remote, "mkdirs", {"paths": [mdir, *(f"{mdir}/{s}" for s in subdirs)]})
     held = agent(remote, target.remote, "sha256", {"dir": mdir})
@@ -191,6 +208,23 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
     agent(remote, target.remote, "verified", {"dir": mdir})
 
 
+def _check_stored(remote: Remote, target: Target, paths: Paths, model_dir: Path, files: dict, digest: str,
+                  say: Say, has_rsync: bool) -> None:
+    """The store holds an entry of this digest (perhaps another deployment's upload): its files are checked
+    by SHA-256 against this release's manifest before the release links it, never trusted by name. A file
+    that differs (a damaged disk, a hand edit) is sent anew in place."""
+    mdir = paths.model(digest)
+    got = agent(remote, target.remote, "sha256", {"dir": mdir})["files"]
+    bad = sorted(f for f in files if got.get(f) != files[f]["sha256"])
+    if not bad:
+        say(f"reusing model {digest} from the host's model store ({len(files)} shard file(s), each SHA-256 checked "
+            "there): nothing to upload for the model")
+        return
+    say(f"the host's model store entry {mdir} has {len(bad)} file(s) whose SHA-256 differs from this release's "
+        f"manifest ({', '.join(bad[:3])}): sending them anew")
+    _upload_model(remote, target, paths, model_dir, files, digest, say, has_rsync, mdir=mdir)
+
+
 def _check_room(remote: Remote, target: Target, where: str, needed: int) -> None:
     """Refuse an upload the host's disk cannot hold (checked before sending, not found out half-way)."""
     if needed <= 0:
@@ -208,6 +242,7 @@ def _check_room(remote: Remote, target: Target, where: str, needed: int) -> None
 def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, rid, settings, health_timeout_s,
                    say, out, purpose, switch_mode="auto") -> None:
     current = st.get("current")
+    uploaded = out.extra["uploaded"] = {"bundle_bytes": 0, "model_bytes": 0}  # what went over, by part
     fresh = purpose != "deploy"  # qualify: every run starts the service anew, on empty logs
     mode, mode_why = ("stop-start", "a fresh run") if fresh else bg.choose_mode(switch_mode, settings)
     out.extra["switch"] = mode
@@ -215,28 +250,36 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
     if current == rid:
         if not fresh and healthy(remote, target.remote, paths, st, rid, settings.port):
             out.reason = "nothing changed"
+            out.extra["after_reboot"] = st.get("boot")
             say(f"nothing changed: release {rid} is current and healthy; uploaded 0 bytes, restarted nothing")
             return
         say(f"release {rid} is current: starting it afresh" if fresh else
             f"release {rid} is current but not serving: starting it")
         ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
-                              mode=mode, old_settings=old_settings)
+                              mode=mode, old_settings=old_settings, record=out.extra)
         out.restarted = True
         if not ok:
             raise ChecksFailed(f"{remote.label}: release {rid} did not come back: {why}",
                                hint=f"`v100plan logs {remote.label}` shows the service's logs")
         return
+    sent_before = remote.bytes_sent
     prep = prepare(remote, target.remote, reqs, stage=say, bundle=b, unpack=False)
     if target.remote.site_packages and "site_packages" not in out.extra:  # the venv is new (or just made)
         _site_report(out, target.remote, prep.from_site, None if prep.created_venv else say)
-    if not st.get("model"):
-        _upload_model(remote, target, paths, Path(model_dir), files,
-                      man["model"]["digest"], say, has_rsync=bool(st.get("rsync")))
+    uploaded["bundle_bytes"] = remote.bytes_sent - sent_before
+    digest = man["model"]["digest"]
+    partial = None
+    if st.get("model"):
+        _check_stored(remote, target, paths, Path(model_dir), files, digest, say, has_rsync=bool(st.get("rsync")))
+    else:
+        partial = paths.model_partial(digest)
+        _upload_model(remote, target, paths, Path(model_dir), files, digest, say, has_rsync=bool(st.get("rsync")))
+    uploaded["model_bytes"] = remote.bytes_sent - sent_before - uploaded["bundle_bytes"]
     agent(remote, target.remote, "keygen", {"path": paths.key})
     agent(remote, target.remote, "mkdirs", {"paths": [f"{paths.dir}/releases", paths.run]})
     agent(remote, target.remote, "extract", {
-        "tar": prep.bundle_tar, "dest": paths.release(rid), "manifest": man,
-        "links": {"model": f"../../models/{man['model']['digest']}", "venv": prep.venv_dir}})
+        "tar": prep.bundle_tar, "dest": paths.release(rid), "manifest": man, "links": {"venv": prep.venv_dir},
+        "store": {"models": paths.models, "digest": digest, "partial": partial}})
     if settings.device != "cpu":
         _check_stack(remote, paths, rid, out.extra.get("site_packages"))
     out.changed = True
@@ -246,7 +289,7 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         + "; waiting for /health")
     out.restarted = True
     ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
-                          mode=mode, old_settings=old_settings)
+                          mode=mode, old_settings=old_settings, record=out.extra)
     if ok:
         say(f"release {rid} is current" + (f" (previous {current} kept, stopped)" if current else ""))
         return

@@ -56,7 +56,8 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
             say(f"starting release {prev}" + (f" beside release {current}, which keeps serving until it passes"
                                               if mode == "blue-green" else "") + "; waiting for /health")
             ok, why = bg.bring_up(remote, target.remote, paths, st, prev, settings, health_timeout_s, say,
-                                  "rollback", mode=mode, old_settings=sv.settings_of(st.get("current_manifest")))
+                                  "rollback", mode=mode, old_settings=sv.settings_of(st.get("current_manifest")),
+                                  record=out.extra)
             out.restarted = True
             if not ok:
                 raise ChecksFailed(f"{remote.label}: release {prev} failed its checks ({why}); release {current} "
@@ -106,7 +107,8 @@ def status(target: Target) -> dict[str, Any]:
             # None: an isolated venv; else what the venv takes from the host's site (--remote-site-packages)
             "site_packages": st.get("current_venv_from_site"),
             "front": front, "serving": live or None, "lock_holder": st.get("lock"),
-            "after_reboot": st.get("boot"),  # "cron @reboot", or None: nothing brings it back
+            # "systemd user unit", "cron @reboot", or None: nothing brings it back
+            "after_reboot": st.get("boot"),
         })
         if doc["state"] != "healthy" and st.get("lock"):
             doc["state"] = f"busy: {st['lock']}"  # a deploy, rollback or stop at work (it holds the lock)
@@ -143,18 +145,32 @@ def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) 
     """Stop the deployment's service. ``purpose`` (qualify's): only a deployment made for that purpose;
     one that `v100plan deploy` made is refused. A deployment whose first release never became current
     (a deploy cut short while it started) is stopped through that release."""
-    out = Outcome(host=target.spec.label, deployment=target.deployment, action="stop")
+    return _stop(target, say, purpose, remove=False)
+
+
+def remove(target: Target, say: Say = lambda s: None) -> Outcome:
+    """Stop the deployment's service, then delete its directory on the host (releases, logs, key, history)
+    and the model store entries no other deployment's release links."""
+    return _stop(target, say, None, remove=True)
+
+
+def _stop(target: Target, say: Say, purpose: str | None, remove: bool) -> Outcome:
+    out = Outcome(host=target.spec.label, deployment=target.deployment, action="remove" if remove else "stop")
     with session(target, out) as (remote, st, paths):
         if purpose and any(h.get("why") == "deploy" for h in st.get("history", [])):
             raise BadInput(f"{remote.label}: deployment {target.deployment!r} was made by `v100plan deploy`; "
                            f"{purpose} stops only its own", hint=f"`v100plan stop {remote.label} --deployment "
                                                                  f"{target.deployment}` stops it by hand")
+        if remove and not st.get("exists"):
+            there = ", ".join(st.get("deployments") or []) or "none"
+            raise BadInput(f"{remote.label}: no deployment {target.deployment!r} under {paths.root}",
+                           hint=f"deployments there: {there} (give one with -d/--deployment)")
         unpacked = [r for r in st.get("releases", []) if "." not in r]  # not a .tmp-PID half-unpacked one
         out.release = st.get("current") or (unpacked or [None])[-1]
-        if not out.release:
+        if not out.release and not remove:
             out.reason = "nothing deployed"
             return out
-        with sv.held_lock(remote, target.remote, paths.lock, "stop"):
+        with sv.held_lock(remote, target.remote, paths.lock, "remove" if remove else "stop"):
             stopped, killed, left = {}, [], []
             dirs = [paths.slot(n) for n, up in (st.get("slots") or {}).items() if up]
             if st.get("legacy"):
@@ -162,7 +178,7 @@ def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) 
             live_slot = paths.live_slot(st)
             if live_slot and live_slot not in dirs:
                 dirs.append(live_slot)  # its supervisord gone, its recorded processes perhaps not
-            for d in dirs:
+            for d in dirs if out.release else []:
                 doc = sv.stop_service(remote, paths, out.release, d)
                 stopped.update(doc.get("stopped", {}))
                 killed += doc.get("had_to_kill", [])
@@ -171,13 +187,23 @@ def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) 
             agent(remote, target.remote, "boot", {"run": paths.run, "remove": True})  # stopped stays stopped
             if front:
                 stopped["front"] = front
+            if remove and not left:
+                gone = agent(remote, target.remote, "remove_deployment", {"dep": paths.dir})
+                out.extra["removed"] = gone["removed"]
+                out.extra["models_removed"] = gone["models_removed"]
         out.extra["stopped"] = stopped
         out.extra["had_to_kill"] = killed
         if left:
-            raise EnvironmentProblem(f"{remote.label}: still running after stop: {left}",
+            raise EnvironmentProblem(f"{remote.label}: still running after stop: {left}"
+                                     + (" (nothing was removed)" if remove else ""),
                                      hint="look at the host: ps -o pid,pgid,cmd -u $USER")
         if not stopped:
             out.reason = "nothing was running"
         say(f"stopped release {out.release}: " + (", ".join(f"{k} {v}" for k, v in stopped.items())
                                                   or "nothing was running"))
+        if remove:
+            kept = "" if out.extra["models_removed"] else "; the model store keeps what other deployments link"
+            say(f"removed {out.extra['removed']}" + (f" and model(s) {', '.join(out.extra['models_removed'])} from the "
+                                                      "store (no release links them)" if out.extra["models_removed"]
+                                                      else kept))
         return out

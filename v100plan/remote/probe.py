@@ -60,38 +60,50 @@ def _probe_command(bundle_dir: str, venv_dir: str, args: list[str]) -> list[str]
 
 def probe_host(spec: HostSpec, ssh: SshOptions, settings: RemoteSettings, args: list[str],
                stage: Callable[[str], None] = lambda s: None,
-               bundle: bundle_mod.Bundle | None = None, read_only: bool = False) -> dict[str, Any]:
+               bundle: bundle_mod.Bundle | None = None, read_only: bool = False,
+               sent: list[int] | None = None) -> dict[str, Any]:
     """The host's validated ProbeReport (raises a V100planError when it cannot be had). ``read_only``:
-    never upload or build anything (NotPrepared when the host lacks the bundle or the venv)."""
+    never upload or build anything (NotPrepared when the host lacks the bundle or the venv). ``sent``
+    gets the bytes uploaded (the bundle, when the host lacked it), however the probe ends."""
     b = bundle or bundle_mod.build()
     reqs = venv_mod.probe_requirements()
     vid = venv_mod.venv_id(settings.python, reqs, settings.index_url, settings.site_packages)
     with Remote(spec, ssh) as remote:
-        stage("connected")
-        cmd = _probe_command(f"{settings.root}/bundles/{b.id}", f"{settings.root}/venvs/{vid}", args)
-        r = remote.run(cmd, what="python -m probes", check=False)
-        if r.exit_code == MISSING and read_only:
-            raise NotPrepared(f"{spec.label}: the probes bundle or its venv is not on the host yet",
-                              hint="run `v100plan probe --host` once (it uploads the bundle and builds the venv)")
-        if r.exit_code == MISSING:
-            prepare(remote, settings, reqs, stage=stage, bundle=b)
-            stage("probing")
-            r = remote.run(cmd, what="python -m probes", check=False)
-        stage("reading the report")
-        if r.exit_code == 2:
-            raise RemoteFailed(f"{spec.label}: python -m probes rejected its options: {r.stderr.strip()[-500:]}",
-                               hint="`python -m probes --list` shows the case keys")
-        if r.exit_code not in (0, 1, 3):
-            raise RemoteFailed(f"{spec.label}: python -m probes exited with {r.exit_code}: "
-                               f"{r.stderr.strip()[-800:]}", hint="run `python -m probes` on the host to see why")
         try:
-            doc = json.loads(r.stdout)
-        except json.JSONDecodeError as e:
-            raise RemoteFailed(f"{spec.label}: python -m probes printed no report ({e.msg})",
-                               hint="run `python -m probes` on the host to see its output") from None
-        report = documents.validate(doc, "probe_report", source=f"{spec.label}: python -m probes")
-        report.setdefault("provenance", {})
-        return report
+            return _probe(remote, spec, settings, args, stage, b, reqs, vid, read_only)
+        finally:
+            if sent is not None:
+                sent.append(remote.bytes_sent)
+
+
+def _probe(remote: Remote, spec: HostSpec, settings: RemoteSettings, args: list[str],
+           stage: Callable[[str], None], b: bundle_mod.Bundle, reqs: list[str], vid: str,
+           read_only: bool) -> dict[str, Any]:
+    stage("connected")
+    cmd = _probe_command(f"{settings.root}/bundles/{b.id}", f"{settings.root}/venvs/{vid}", args)
+    r = remote.run(cmd, what="python -m probes", check=False)
+    if r.exit_code == MISSING and read_only:
+        raise NotPrepared(f"{spec.label}: the probes bundle or its venv is not on the host yet",
+                          hint="run `v100plan probe --host` once (it uploads the bundle and builds the venv)")
+    if r.exit_code == MISSING:
+        prepare(remote, settings, reqs, stage=stage, bundle=b)
+        stage("probing")
+        r = remote.run(cmd, what="python -m probes", check=False)
+    stage("reading the report")
+    if r.exit_code == 2:
+        raise RemoteFailed(f"{spec.label}: python -m probes rejected its options: {r.stderr.strip()[-500:]}",
+                           hint="`python -m probes --list` shows the case keys")
+    if r.exit_code not in (0, 1, 3):
+        raise RemoteFailed(f"{spec.label}: python -m probes exited with {r.exit_code}: "
+                           f"{r.stderr.strip()[-800:]}", hint="run `python -m probes` on the host to see why")
+    try:
+        doc = json.loads(r.stdout)
+    except json.JSONDecodeError as e:
+        raise RemoteFailed(f"{spec.label}: python -m probes printed no report ({e.msg})",
+                           hint="run `python -m probes` on the host to see its output") from None
+    report = documents.validate(doc, "probe_report", source=f"{spec.label}: python -m probes")
+    report.setdefault("provenance", {})
+    return report
 
 
 def probe_fleet(specs: list[HostSpec], ssh: SshOptions, settings: RemoteSettings, args: list[str],
@@ -101,6 +113,7 @@ def probe_fleet(specs: list[HostSpec], ssh: SshOptions, settings: RemoteSettings
 
     def one(spec: HostSpec) -> HostResult:
         res = HostResult(host=spec.label, started_s=time.monotonic())
+        sent: list[int] = []
 
         def stage(text: str) -> None:
             res.stages.append(text)
@@ -108,7 +121,7 @@ def probe_fleet(specs: list[HostSpec], ssh: SshOptions, settings: RemoteSettings
 
         try:
             stage("connecting")
-            res.report = probe_host(spec, ssh, settings, args, stage, bundle=b)
+            res.report = probe_host(spec, ssh, settings, args, stage, bundle=b, sent=sent)
             stage("done")
         except V100planError as e:
             res.error, res.hint, res.exit_code = e.message, e.hint, e.exit_code
@@ -116,6 +129,7 @@ def probe_fleet(specs: list[HostSpec], ssh: SshOptions, settings: RemoteSettings
         except Exception as e:  # noqa: BLE001 - one host's surprise never stops the others
             res.error, res.exit_code = f"{type(e).__name__}: {e}", EXIT_ENVIRONMENT
             stage(f"failed: {res.error}")
+        res.uploaded_bytes = sum(sent)
         res.ended_s = time.monotonic()
         res.wall_s = res.ended_s - res.started_s
         return res

@@ -55,8 +55,19 @@ class Paths:
     def key(self) -> str:
         return f"{self.dir}/api_key"
 
+    @property
+    def models(self) -> str:
+        """The host's model store, shared by every deployment under the root: one entry per set of shard
+        files (named by the digest of their SHA-256s), which releases link to."""
+        return f"{self.root}/models"
+
     def model(self, digest: str) -> str:
-        return f"{self.dir}/models/{digest}"
+        return f"{self.models}/{digest}"
+
+    def model_partial(self, digest: str) -> str:
+        """Where this deployment uploads an entry the store lacks (hidden: never an entry until every file
+        matched its SHA-256; then renamed into place)."""
+        return f"{self.models}/.partial/{digest}-{self.name}"
 
     def slot(self, name: str) -> str:
         """A slot's state dir (run/a or run/b): supervisord's files, service.json and logs of the release
@@ -101,14 +112,11 @@ class Outcome:
         return d
 
 
-OUTCOME_SCHEMA_VERSION = "1.0"
-
-
 def document(kind: str, inputs: dict[str, Any]) -> dict[str, Any]:
     """The head every remote command's --json document starts with: kind, schema_version, provenance."""
-    from profiles.document import provenance
+    from profiles.document import stamp
 
-    return {"kind": kind, "schema_version": OUTCOME_SCHEMA_VERSION, "provenance": provenance(inputs)}
+    return stamp(kind, inputs)
 
 
 
