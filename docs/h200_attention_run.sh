@@ -6,7 +6,7 @@ set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_hybrid_gpu.py -s 2>&1 | tail -15 \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_hybrid_gpu.py -s 2>&1 | tail -15 \
   | tee "$OUT/gpu-tests.txt"
 timeout "${ATT_S:-200}" python3 -m engine.bench.attention --out "$OUT/attention.json" > "$OUT/attention.stdout" 2>&1
 echo "attention exit $?"; tail -c 2500 "$OUT/attention.stdout"

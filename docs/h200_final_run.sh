@@ -6,7 +6,7 @@ set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests/test_engine_hybrid_gpu.py tests/test_engine_fused_gpu.py} \
+timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS:-tests/engine/test_engine_hybrid_gpu.py tests/engine/test_engine_fused_gpu.py} \
   --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -25 | tee "$OUT/gpu-tests.txt"
 for kv in auto int8; do
   timeout 200 python3 -m engine bench --config engine/data/qwen3.5-27b.config.json --contexts 1024,32768,131072,262144 \

@@ -21,7 +21,7 @@ for kv in ("auto", "int8"):
         for ctx, r in (d.get("decode", {}).get("service_graph") or {}).items():
             print(" ", kv, ctx, r.get("ms"), "ms", r.get("of_floor"), "of floor")
 PY
-timeout 80 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_int4_gpu.py tests/test_engine_hybrid_gpu.py \
+timeout 80 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py tests/engine/test_engine_hybrid_gpu.py \
   --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -6 | tee "$OUT/gpu-tests.txt"
 timeout 150 python3 -m engine.bench.int4 --out "$OUT/int4.json" > "$OUT/int4.stdout" 2>&1; echo "int4 exit $?"
 tail -c 1500 "$OUT/int4.stdout"

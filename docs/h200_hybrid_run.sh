@@ -11,8 +11,8 @@ mkdir -p "$OUT"
   python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
 } > "$OUT/versions.txt" 2>&1
 cat "$OUT/versions.txt"
-timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_hybrid_gpu.py \
-  tests/test_engine_fused_gpu.py -s 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
+timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_hybrid_gpu.py \
+  tests/engine/test_engine_fused_gpu.py -s 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
 timeout "${BENCH_S:-330}" python3 -m engine bench --config engine/data/qwen3.5-27b.config.json \
   --contexts "${CONTEXTS:-1024,32768,131072,262144}" --prefill-tokens "${PREFILL:-8192,131072}" \
   --skip-allreduce --peak-tflops 989.5 --peak-source "H200 SXM datasheet, dense bf16" \

@@ -7,7 +7,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_spec_graphs_gpu.py 2>&1 | tail -25 | tee "$OUT/spec-gpu-tests.txt"
+timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_spec_graphs_gpu.py 2>&1 | tail -25 | tee "$OUT/spec-gpu-tests.txt"
 timeout 200 python3 -m engine.bench.mtp --layers 8,16 --context 4096 --out "$OUT/mtp-bench.json" > /dev/null 2> "$OUT/mtp-bench.err"
 echo "bench exit $?"; tail -3 "$OUT/mtp-bench.err"
 python3 -c "import json;d=json.load(open('$OUT/mtp-bench.json'));f=d['full_depth'];print('step',f['step_ms']);[print(k,r['verify_ms'],r['verify_over_step'],{a:r['at_rates'][a] for a in ('0.745','0.49')}) for k,r in f['K'].items()]" 2>&1 | tail -6

@@ -1,4 +1,4 @@
-"""Fixtures and helpers the deploy tests share (tests/test_deploy_*.py): a real sshd on 127.0.0.1 per
+"""Fixtures and helpers the deploy tests share (tests/deploy/): a real sshd on 127.0.0.1 per
 module, the demo model made once per module, a frozen copy of the bundle's sources, the module's local
 v100plan home (where the split is cached), and a poller that counts failed /health answers.
 

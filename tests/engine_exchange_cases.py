@@ -1,4 +1,4 @@
-"""Cases run by tests/test_engine_exchange.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
+"""Cases run by tests/engine/test_engine_exchange.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
 before triton is first imported; the file name keeps the main run from collecting it).
 
 The TP2 exchange inside the decode step's GEMVs (engine/allreduce/epilogue.py, the SEND / RECV parts of
@@ -10,7 +10,7 @@ engine/core/gemv.py's prologue kernel and its finish kernel) on CPU tensors:
   - whole decode steps of two ranks in two processes (the interpreter is one per process) spinning on shared
     memory as the GPUs spin on their inboxes: the step with the exchange in the GEMVs equals, bit for bit,
     the same ranks' step with a separate allreduce, and TP1's logits to rounding.
-On two GPUs: tests/test_multigpu_gpu.py (the served bench and `generate --tp 2` run the same code)."""
+On two GPUs: tests/engine/test_multigpu_gpu.py (the served bench and `generate --tp 2` run the same code)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from engine.core.model import rms_norm
 from tests.engine_helpers import no_environment_reads, small_config
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run by tests/test_engine_exchange.py with TRITON_INTERPRET=1", allow_module_level=True)
+    pytest.skip("run by tests/engine/test_engine_exchange.py with TRITON_INTERPRET=1", allow_module_level=True)
 
 EPS = 1e-6
 WORDS = 512

@@ -1,4 +1,4 @@
-"""Cases run by tests/test_engine_fused_kernels.py in a child pytest under Triton's interpreter
+"""Cases run by tests/engine/test_engine_fused_kernels.py in a child pytest under Triton's interpreter
 (TRITON_INTERPRET=1 must be set before triton is first imported, and torch.compile imports it: hence a
 process of its own; the file name keeps the main run from collecting it).
 
@@ -8,7 +8,7 @@ attention (q/k norm, RoPE, cache write, split-window softmax, both ways of combi
 decode steps of small real architectures. float32 must agree to rounding; bf16 must be as close to float32
 as the plain bf16 blocks are (at most 1.5x their error, floor 1e-3: the variants bench's bar). The interpreter
 rounds float32 -> bf16 by truncation; the kernels round to nearest-even by hand there, as the GPU does.
-On a GPU: tests/test_engine_fused_gpu.py."""
+On a GPU: tests/engine/test_engine_fused_gpu.py."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from engine.core.model import rms_norm, rotate_half
 from tests.engine_helpers import small_config
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run by tests/test_engine_fused_kernels.py with TRITON_INTERPRET=1", allow_module_level=True)
+    pytest.skip("run by tests/engine/test_engine_fused_kernels.py with TRITON_INTERPRET=1", allow_module_level=True)
 
 D, H, KV, HD, S, W = 256, 4, 2, 64, 64, 48
 EPS = 1e-6

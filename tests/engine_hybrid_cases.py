@@ -1,4 +1,4 @@
-"""Cases run by tests/test_engine_hybrid.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1;
+"""Cases run by tests/engine/test_engine_hybrid.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1;
 the file name keeps the main run from collecting it): the hybrid's fused decode kernels (the Gated DeltaNet
 decode kernel, the gated / partial-rotary / zero-centred attention, the zero-centred norm prologues) against
 the plain torch blocks on CPU tensors, whole decode steps and the states they leave. float32 must agree to
@@ -17,7 +17,7 @@ from engine.core.model import Model
 from engine.core.weights import expected_tensors
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run by tests/test_engine_hybrid.py with TRITON_INTERPRET=1", allow_module_level=True)
+    pytest.skip("run by tests/engine/test_engine_hybrid.py with TRITON_INTERPRET=1", allow_module_level=True)
 
 CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=128, intermediate_size=128, num_hidden_layers=4,
            num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,

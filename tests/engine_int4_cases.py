@@ -1,4 +1,4 @@
-"""Cases run by tests/test_engine_int4_kernels.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
+"""Cases run by tests/engine/test_engine_int4_kernels.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
 before triton is first imported: hence a process of its own; the file name keeps the main run from collecting it).
 
 engine/core/gemv_int4.py's kernels on packed weights (engine.core.quant.PackedLinear) against dequantise-then-
@@ -18,7 +18,7 @@ from engine.core import quant, runner
 from engine.core.model import rms_norm
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run by tests/test_engine_int4_kernels.py with TRITON_INTERPRET=1", allow_module_level=True)
+    pytest.skip("run by tests/engine/test_engine_int4_kernels.py with TRITON_INTERPRET=1", allow_module_level=True)
 
 EPS = 1e-6
 

@@ -1,4 +1,4 @@
-"""Cases run by tests/test_engine_spec_graphs.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1;
+"""Cases run by tests/engine/test_engine_spec_graphs.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1;
 the file name keeps the main run from collecting it): the verification's kernels on CPU tensors. The T-row
 residual add + RMSNorm (engine.core.rows_norm) against model.rms_norm, and the whole verification body with the
 kernels (the fused Gated DeltaNet decode kernel per row, the row norms) against the torch body."""
@@ -16,7 +16,7 @@ from engine.core.model import Model, rms_norm
 from engine.core.spec_graphs import SpecGraphs
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("run by tests/test_engine_spec_graphs.py with TRITON_INTERPRET=1", allow_module_level=True)
+    pytest.skip("run by tests/engine/test_engine_spec_graphs.py with TRITON_INTERPRET=1", allow_module_level=True)
 
 CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=96, intermediate_size=128, num_hidden_layers=4,
            num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,

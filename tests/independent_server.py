@@ -12,7 +12,7 @@ closer to OpenAI's wire format, but PyPI has only its source and the build takes
 cores (see docs/independent-server.md, with every measured figure and the capability list).
 
 What transformers 5.24's server does differently from OpenAI is listed in `LACKS` below, and
-tests/test_independent_server.py checks every entry, so a release that closes a gap fails that
+tests/engine/test_independent_server.py checks every entry, so a release that closes a gap fails that
 test and the list is brought up to date.
 """
 
@@ -42,7 +42,7 @@ STOP_TIMEOUT_S = 15.0
 REQUIRED_MODULES = ("transformers", "torch", "fastapi", "uvicorn", "openai", "pydantic", "accelerate")
 
 # Gaps against the OpenAI API that an acceptance case must treat as "not applicable" for this make.
-# Each is demonstrated by tests/test_independent_server.py::test_documented_gaps.
+# Each is demonstrated by tests/engine/test_independent_server.py::test_documented_gaps.
 LACKS: dict[str, str] = {
     "api_key": "no API-key option: every request is served, whatever Authorization header it carries",
     "done_marker": "streams end with the finish_reason chunk and the connection closing; no 'data: [DONE]'",

@@ -1,5 +1,5 @@
 """Checks shared by the recordings of `python -m engine.bench.served` on two H200s
-(tests/test_engine_served_*_recording.py): each recomputes a ratio from the figures beside it and returns it."""
+(tests/engine/test_engine_served_*_recording.py): each recomputes a ratio from the figures beside it and returns it."""
 
 from __future__ import annotations
 

@@ -115,9 +115,10 @@ def _register() -> None:
 
     accept.register(app)
     qualify.register(app)
-    from v100plan.commands import deploy
+    from v100plan.commands import deploy, deploy_manage
 
     deploy.register(app)
+    deploy_manage.register(app)
     bench_probes.register(bench_app)
     bench_engine.register(bench_app)
     bench_tp2.register(bench_app)

@@ -25,7 +25,7 @@ KERNELS = ("eager", "compiled", "gemv", "fused")
 # "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton: an H200
 # measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against "gemv"
 # (docs/engine-speed.md; tests/fixtures/engine/h200-variants-fused-tp*-2026-11-30.json, judged by
-# tests/test_engine_fused_recording.py).
+# tests/engine/test_engine_fused_recording.py).
 FUSED_DEFAULT = True
 TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
 VOLTA_CC = (7, 0)  # the V100: the fused kernels only (fp16, compiled for sm_70 by a CUDA 12 ptxas: engine.core.sm70)

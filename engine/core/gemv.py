@@ -32,7 +32,7 @@ from engine.core.rounding import interpreting
 
 # (N, K) -> (BLOCK_N rows per program, BLOCK_K columns per iteration, num_warps): the fastest of CONFIGS
 # per shape of the 8B models at TP1 and TP2, measured on an H200 on 2026-11-30
-# (tests/fixtures/engine/h200-gemv-2026-11-30.json, judged by tests/test_engine_gemv_recording.py).
+# (tests/fixtures/engine/h200-gemv-2026-11-30.json, judged by tests/engine/test_engine_gemv_recording.py).
 DEFAULT_BLOCKS = (2, 1024, 4)  # the most frequent winner there
 BLOCKS: dict[tuple[int, int], tuple[int, int, int]] = {
     (6144, 4096): (8, 512, 4),
@@ -122,7 +122,7 @@ PROLOGUE_NAMES = ("plain", "norm", "silu", "norm1")
 NORM_ONE_PASS = False
 # (prologue, N, K) -> blocks: the fastest of engine.bench.gemv.FUSED_CONFIGS per Qwen3-8B shape at TP1 and TP2,
 # measured on an H200 on 2026-11-30 (tests/fixtures/engine/h200-fused-2026-11-30.json, its "fused_best";
-# judged by tests/test_engine_fused_recording.py)
+# judged by tests/engine/test_engine_fused_recording.py)
 PROLOGUE_BLOCKS: dict[tuple[str, int, int], tuple[int, int, int]] = {
     ("norm", 6144, 4096): (8, 512, 4),
     ("norm1", 6144, 4096): (4, 512, 4),

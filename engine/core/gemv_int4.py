@@ -33,7 +33,7 @@ from engine.core import gemv
 
 # (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages): the fastest of engine.bench.int4's CONFIGS per
 # matrix of the 27B shape at TP1 and TP2, group 128, measured on an H200 on 2026-12-02
-# (tests/fixtures/engine/h200-int4-2026-12-02.json, judged by tests/test_engine_int4_recording.py)
+# (tests/fixtures/engine/h200-int4-2026-12-02.json, judged by tests/engine/test_engine_int4_recording.py)
 BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
     ("norm", 34816, 5120): (128, 256, 4, 8, 1),
     ("silu", 5120, 17408): (32, 128, 1, 8, 2),

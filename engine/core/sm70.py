@@ -10,7 +10,7 @@ GEMVs never use and the one-query attention uses on [16, 128]-sized tiles.
 ``python -m engine.core.sm70`` compiles every kernel the V100 runs (kernel choice "fused": the dense GEMVs and
 their prologues and exchange, the one-query attention and its combine, the int4 GEMV and the prefill dequantise,
 the Gated DeltaNet decode and prefill kernels) for sm_70 in fp16 and prints, per kernel, the cubin's size, as JSON
-(tests/test_engine_sm70.py runs it in CI).
+(tests/engine/test_engine_sm70.py runs it in CI).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`v100plan deploy | rollback | status | logs | stop HOST`: the bundled engine on a host, over SSH.
+"""`v100plan deploy | rollback | status | stop HOST`: the bundled engine on a host, over SSH.
 
 Progress lines go to stderr; the result (a table, or one JSON document with --json) to stdout.
 Exit codes: 0 done (or nothing to do), 1 the new release failed its checks (rolled back when a
@@ -13,14 +13,21 @@ from typing import Annotated, Optional
 
 import typer
 
-from v100plan import documents, output
-from v100plan.commands.remote_options import IndexUrlOpt, RemoteArgs, TorchOpt, remote_options
+from v100plan import documents
+from v100plan.commands.remote_options import (
+    HostArg,
+    IndexUrlOpt,
+    RemoteArgs,
+    TorchOpt,
+    emit,
+    remote_options,
+    say,
+)
 from v100plan.demo_model import demo_model_dir
 from v100plan.errors import BadInput
 from v100plan.options import JsonOpt, QuietOpt
 from v100plan.remote.connect import interrupt_on_sigterm
 
-HostArg = Annotated[str, typer.Argument(metavar="HOST", help="user@host[:port] (or a Host from ~/.ssh/config)")]
 SwitchOpt = Annotated[str, typer.Option(
     "--switch", metavar="MODE",
     help="auto (default): blue-green on CPU, stop-start on GPUs; blue-green: the new release starts beside "
@@ -32,17 +39,6 @@ def _switch_mode(text: str) -> str:
     if text not in SWITCH_MODES:
         raise BadInput(f"--switch {text!r}: use one of {', '.join(SWITCH_MODES)}", hint="e.g. --switch blue-green")
     return text
-
-
-def _say(quiet: bool):  # noqa: ANN202
-    return (lambda s: None) if quiet else output.hint
-
-
-def _emit(doc: dict, rows: list[tuple[str, object]], title: str, json_out: bool, quiet: bool) -> None:
-    if json_out:
-        output.emit_json(doc)
-    elif not quiet:
-        output.render(output.table(title, ["", "value"], rows))
 
 
 def _uploaded(out) -> str:  # noqa: ANN001 - a deploy Outcome
@@ -97,7 +93,7 @@ def register(app: typer.Typer) -> None:
         switch_mode = _switch_mode(switch)
         target = remote.target(host, index_url, torch_spec)
         interrupt_on_sigterm()  # a TERM cleans up as Ctrl-C does: the old release serving, or the new one switched
-        say = _say(quiet)
+        tell = say(quiet)
         model_dir = demo_model_dir() if demo_model else model
         if not Path(model_dir).is_dir():
             raise BadInput(f"--model {str(model_dir)!r} is not a directory", hint="give the model's directory")
@@ -109,7 +105,7 @@ def register(app: typer.Typer) -> None:
                 settings = rel.EngineSettings(**{**settings.__dict__, "max_context": max_context})
                 chose += f"; --max-context {max_context} given"
         else:
-            say(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
+            tell(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
             try:
                 report = probe_host(target.spec, target.ssh, target.remote, ["--quick"], read_only=dry_run,
                                     sent=probe_sent)
@@ -123,8 +119,8 @@ def register(app: typer.Typer) -> None:
             else:
                 settings, chose = rel.settings_from_probe(report, target.spec.label, port, fault_injection,
                                                           max_context)
-        say(f"chose: {chose}")
-        out = dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout, say=say,
+        tell(f"chose: {chose}")
+        out = dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout, say=tell,
                         chose=chose, switch_mode=switch_mode, probe_sent=sum(probe_sent))
         doc = out.to_dict()
         rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
@@ -144,7 +140,7 @@ def register(app: typer.Typer) -> None:
             rows.append(("actions", len(out.actions)))
         elif out.reason:
             rows.append(("note", out.reason))
-        _emit(doc, rows, "Dry run (nothing changed on the host)" if dry_run else "Deploy", json_out, quiet)
+        emit(doc, rows, "Dry run (nothing changed on the host)" if dry_run else "Deploy", json_out, quiet)
 
     @app.command("rollback")
     @remote_options(command_timeout=900.0)
@@ -166,8 +162,8 @@ def register(app: typer.Typer) -> None:
         from v100plan.remote import deploy as dp
 
         interrupt_on_sigterm()
-        out = dp.rollback(remote.target(host), health_timeout, _say(quiet), to=to, switch_mode=_switch_mode(switch))
-        _emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
+        out = dp.rollback(remote.target(host), health_timeout, say(quiet), to=to, switch_mode=_switch_mode(switch))
+        emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
                               ("wall s", f"{out.wall_s:.1f}")], "Rollback", json_out, quiet)
 
     def status(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001
@@ -187,69 +183,13 @@ def register(app: typer.Typer) -> None:
     def stop(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001
         from v100plan.remote import deploy as dp
 
-        out = dp.stop(target, _say(quiet))
+        out = dp.stop(target, say(quiet))
         return out.to_dict(), [("host", out.host), ("release", out.release),
                                ("stopped", out.extra.get("stopped") or out.reason)]
 
     _one_call(app, "status", "Release, health, ranks, allreduce path and uptime of the service on HOST.", status)
-    @app.command("logs")
-    @remote_options()
-    def logs_cmd(
-        host: HostArg,
-        follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C ends).")] = False,
-        lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end of each log.")] = 50,
-        remote: RemoteArgs = None,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """The serving release's logs on HOST: the proxy's stderr and structured log, the supervisor's, each rank's latest, the front's."""
-        from v100plan.remote import deploy as dp
-
-        if lines < 0:
-            raise BadInput("--lines must be 0 or more", hint="e.g. --lines 100")
-        target = remote.target(host)
-        if follow:
-            if json_out:
-                raise BadInput("--follow streams lines; it cannot be one JSON document", hint="drop --json")
-            try:
-                dp.follow_logs(target, lambda line: print(line, flush=True), lines)
-            except KeyboardInterrupt:
-                pass
-            return
-        doc = dp.logs(target, lines)
-        if json_out:
-            output.emit_json(doc)
-            return
-        for name, text in doc["logs"].items():
-            print(f"==> {name} <==")
-            print("(no such log yet)" if text is None else "\n".join(text))
-
     _one_call(app, "stop", "Stop the service on HOST (the supervisor's recorded PIDs; the release stays current).",
               stop)
-
-    @app.command("remove")
-    @remote_options()
-    def remove_cmd(
-        host: HostArg,
-        yes: Annotated[bool, typer.Option("--yes", help="Really delete the deployment (its releases, logs, "
-                                                        "API key and history) on HOST.")] = False,
-        remote: RemoteArgs = None,
-        json_out: JsonOpt = False,
-        quiet: QuietOpt = False,
-    ) -> None:
-        """Stop the service on HOST and delete its deployment there; the host's model store drops a model
-        only once no release of any deployment links it."""
-        from v100plan.remote import deploy as dp
-
-        target = remote.target(host)
-        if not yes:
-            raise BadInput(f"remove deletes deployment {target.deployment!r} on {target.spec.label}: its releases, "
-                           "logs, API key and history", hint="add --yes to do it; `v100plan stop` only stops it")
-        out = dp.remove(target, _say(quiet))
-        _emit(out.to_dict(), [("host", out.host), ("removed", out.extra.get("removed")),
-                              ("stopped", out.extra.get("stopped") or out.reason),
-                              ("models removed", ", ".join(out.extra.get("models_removed") or []) or "none")],
-              "Remove", json_out, quiet)
-
 
 def _one_call(app: typer.Typer, name: str, help_text: str, call) -> None:  # noqa: ANN001
     """A command that makes one call on HOST's deployment and shows its result as a table (or --json)."""
@@ -263,4 +203,4 @@ def _one_call(app: typer.Typer, name: str, help_text: str, call) -> None:  # noq
         quiet: QuietOpt = False,
     ) -> None:
         doc, rows = call(remote.target(host), quiet)
-        _emit(doc, rows, name.capitalize(), json_out, quiet)
+        emit(doc, rows, name.capitalize(), json_out, quiet)

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from v100plan import output
 from v100plan.errors import BadInput
 
 KnownHostsOpt = Annotated[Optional[str], typer.Option(
@@ -144,3 +145,17 @@ def remote_options(*, command_timeout: float = 120.0, deployment: str | None = "
     if deployment is None:
         del options["deployment"]
     return option_group("remote", options, lambda got: RemoteArgs(**{"deployment": None, **got}))
+
+
+HostArg = Annotated[str, typer.Argument(metavar="HOST", help="user@host[:port] (or a Host from ~/.ssh/config)")]
+
+
+def say(quiet: bool):  # noqa: ANN202
+    return (lambda s: None) if quiet else output.hint
+
+
+def emit(doc: dict, rows: list[tuple[str, object]], title: str, json_out: bool, quiet: bool) -> None:
+    if json_out:
+        output.emit_json(doc)
+    elif not quiet:
+        output.render(output.table(title, ["", "value"], rows))

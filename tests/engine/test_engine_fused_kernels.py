@@ -1,0 +1,66 @@
+"""The fused decode kernels (kernel choice "fused": engine/core/attention.py, the prologue GEMVs of
+engine/core/gemv.py) on CPU: where the choice is made, how the window is split, and every kernel against the
+plain torch blocks under Triton's interpreter, in a child pytest (tests/engine_fused_cases.py; the
+interpreter must be on before triton is first imported, and torch.compile in other tests imports it).
+The same kernels on a GPU, bf16 and in a CUDA graph: tests/engine/test_engine_fused_gpu.py."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from engine.core import attention, runner
+from engine.core.model import attn_block, mlp_block
+from tests.engine_helpers import run_interpreter_cases
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
+def test_every_fused_kernel_matches_the_plain_blocks_under_the_triton_interpreter():
+    run_interpreter_cases("tests/engine_fused_cases.py", 19)
+
+
+def test_window_is_split_into_whole_tiles_for_about_two_programs_per_sm():
+    assert attention.splits_for(1024, 8, 32) == (32, 32)  # Qwen3-8B TP1: 256 programs of one tile
+    assert attention.splits_for(1024, 4, 32) == (32, 32)  # TP2
+    assert attention.splits_for(1024, 8, 128) == (8, 128)  # the tiles limit the programs
+    n, chunk = attention.splits_for(32768, 8)
+    assert n * chunk >= 32768 and chunk % attention.BLOCK_S == 0 and n * 8 <= attention.TARGET_PROGRAMS
+    assert attention.splits_for(48, 2, 32) == (2, 32)
+    assert attention.splits_for(10, 2, 32) == (1, 32)
+    assert attention.supported(128, 32, 8) and attention.supported(64, 14, 2)
+    assert not attention.supported(48, 4, 2)  # a head dimension that is not a power of two: plain attention
+
+
+@pytest.mark.parametrize("device,cap,triton,requested,want,why", [
+    ("cuda", (9, 0), True, "fused", "fused", "requested: five Triton kernels per layer"),
+    ("cuda", (8, 0), True, "fused", "fused", "one kernel for q/k norm, RoPE, the cache write"),
+    ("cuda", (7, 0), True, "fused", "eager", "compute capability 7.0 < 8.0"),  # never on a V100
+    ("cuda", (9, 0), False, "fused", "eager", "Triton is not installed"),
+    ("cpu", None, True, "fused", "eager", "CPU"),
+])
+def test_fused_is_chosen_only_where_triton_targets_the_card(device, cap, triton, requested, want, why):
+    got, reason = runner.kernel_choice(device, cap, triton, requested)
+    assert got == want and why in reason
+
+
+def test_the_default_on_a_triton_card_follows_the_recorded_measurement():
+    got, _ = runner.kernel_choice("cuda", (9, 0), True)
+    assert got == ("fused" if runner.FUSED_DEFAULT else "gemv")
+    assert runner.kernel_choice("cuda", (7, 0), True)[0] == "eager"  # the V100 path: plain blocks, fp16
+
+
+def test_a_cpu_decoder_asked_for_fused_kernels_runs_the_plain_blocks():
+    import torch
+
+    from engine.core import config as ecfg
+    from engine.core.model import Model
+    from tests.engine_helpers import small_config
+
+    model = Model(ecfg.from_dict(small_config("llama-3.1-8b")), dtype=torch.float32, device="cpu")
+    model.setup_cache(64)
+    dec = runner.Decoder(model, kernels="fused")
+    assert dec.kernels == "eager" and dec.blocks == (attn_block, mlp_block)
+
+

@@ -1,0 +1,36 @@
+"""engine.core.gdn_chunk: the Gated DeltaNet prefill kernel against engine.core.gdn's forms (under Triton's
+interpreter, tests/engine_gdn_chunk_cases.py), and the prefill's kernel choice."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from engine.core import config as ecfg
+from engine.core import gdn_chunk
+from engine.core.model import Model
+from tests.engine_helpers import run_interpreter_cases
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed: the kernel cannot run (pip install triton)")
+def test_the_prefill_kernel_equals_the_torch_forms_under_the_triton_interpreter():
+    run_interpreter_cases("tests/engine_gdn_chunk_cases.py", 6)
+
+
+def test_head_sizes_the_kernel_holds():
+    assert gdn_chunk.supported(128, 128) and gdn_chunk.supported(16, 256)
+    assert not gdn_chunk.supported(96, 128) and not gdn_chunk.supported(128, 512) and not gdn_chunk.supported(8, 8)
+
+
+def test_a_cpu_model_prefills_with_the_torch_form(monkeypatch):
+    from tests.engine.test_engine_hybrid import SMALL
+
+    monkeypatch.delenv("V100PLAN_ENGINE_KERNELS", raising=False)
+    m = Model(ecfg.from_dict(dict(SMALL, model_type="qwen3_5_text")), dtype=torch.float32, device="cpu")
+    layer = next(la for la in m.layers if la.kind == "linear_attention")
+    assert m.kernels is None and not m._gdn_kernel(layer) and m.kernels == "eager"
+    m.kernels = "fused"  # asked for, but the kernels do not run on CPU tensors outside the tests' interpreter
+    assert not m._gdn_kernel(layer)

@@ -1,0 +1,96 @@
+"""GPTQ / AWQ weights on a GPU (pytest -m gpu on the device): the int4 GEMV and its prologues against
+dequantise-then-matmul in bf16 and fp16 (the V100's dtype), and a packed checkpoint served through the fused kernels
+and CUDA graphs giving transformers' greedy tokens on the dequantised weights (float32, so the tokens can be equal).
+CPU checks of the same kernels: tests/engine/test_engine_int4_kernels.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.core import quant
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [32, 128, -1])
+def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
+    from engine.core import gemv, gemv_int4
+    from engine.core.model import rms_norm
+
+    g = torch.Generator().manual_seed(3)
+    n, k = 5120, 2048
+    gs = k if group == -1 else group
+    w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
+                           quant.pack(torch.randint(0, 16, (k // gs, n), generator=g)),
+                           (0.001 + 0.002 * torch.rand(k // gs, n, generator=g)).half(), None, group, 1, "t").to("cuda")
+    wd = w.dequantise(torch.float32)
+    x, d = torch.randn(1, 1, k, device="cuda").to(dtype), torch.randn(1, 1, k, device="cuda").to(dtype)
+    nw = torch.ones(k, device="cuda", dtype=dtype)
+    assert rel(w.linear(x), F.linear(x.float(), wd)) < 1e-2
+    y, x_new = gemv.linear_norm(x, d, nw, 1e-6, w)  # dispatches to the int4 kernel
+    assert rel(y, F.linear(rms_norm(x + d, nw, 1e-6).float(), wd)) < 1e-2 and torch.equal(x_new, x + d)
+    gu = torch.randn(1, 1, 2 * k, device="cuda").to(dtype)
+    gate, up = gu.chunk(2, dim=-1)
+    assert rel(gemv.linear_silu(gu, w), F.linear((F.silu(gate) * up).float(), wd)) < 1e-2
+    assert torch.equal(gemv_int4.dequantise(w, torch.float32), w.dequantise_held(torch.float32))
+    chunk = torch.randn(1, 64, k, device="cuda").to(dtype)  # a prefill chunk: dequantised, then cuBLAS
+    assert rel(w.linear(chunk), F.linear(chunk.float(), wd)) < 1e-2
+
+
+@pytest.mark.parametrize("method,group", [("gptq", 128), ("awq", 64)])
+def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group, tmp_path):
+    from engine.core import config as ecfg
+    from engine.core import runner, weights
+    from engine.core.model import Model
+    from engine.core.sampling import Sampler
+    from tests.quant_helpers import make_quantised
+
+    hf, _ = make_quantised("llama-3.1-8b", tmp_path, method, group, sym=False)
+    prompt = [1, 17, 300, 42, 5, 99]
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+    model = Model(ecfg.load(tmp_path), dtype=torch.float32, device="cuda")
+    weights.load_into(model, tmp_path)
+    model.setup_cache(256)
+    dec = runner.prepare(model)
+    assert dec.kernels == "fused" and dec.graphs and dec.info["weights"]["format"].startswith(method)
+    out, _ = runner.run(model, prompt, 24, Sampler(), set(), chunk=4)
+    assert out == want
+
+
+def test_split_k_sums_are_the_same_on_every_graph_replay():
+    """Split-K: the last program of a row block adds the slices in slice order, so the result does not depend on
+    which program finishes last; the arrival counters are left at zero for the next replay."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(4)
+    n, k = 5120, 8704
+    w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
+                           quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
+                           (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda")
+    gu = torch.randn(2 * k, device="cuda").to(torch.bfloat16)
+    ref = F.linear((F.silu(gu[:k].float()) * gu[k:].float()), w.dequantise(torch.float32))
+    outs = []
+    for split in (1, 4, 8):
+        out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(128, 128, 4, split, 3))  # counters made
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(128, 128, 4, split, 3))
+        first = None
+        for _ in range(20):
+            graph.replay()
+            torch.cuda.synchronize()
+            first = out.clone() if first is None else first
+            assert torch.equal(out, first), split
+        assert rel(out, ref) < 1e-2, split
+        outs.append(first)
+    assert rel(outs[1], outs[0]) < 1e-2 and rel(outs[2], outs[0]) < 1e-2
