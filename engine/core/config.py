@@ -13,7 +13,7 @@ DENSE_TYPES = ("llama", "qwen2", "qwen3")
 HYBRID_TYPES = ("qwen3_5_text", "qwen3_5")
 SUPPORTED_TYPES = DENSE_TYPES + HYBRID_TYPES
 LAYER_KINDS = ("full_attention", "linear_attention")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class ConfigError(ValueError):
@@ -139,6 +139,8 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
         rt = scaling.get("rope_type", scaling.get("type", "default"))
         if rt not in ROPE_TYPES:
             raise ConfigError(f"rope_scaling type {rt!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+        if rt == "yarn" and scaling.get("factor") is None:
+            raise ConfigError("rope_scaling yarn needs its factor (e.g. 4.0 for 32K -> 128K)")
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     attention_bias = bool(raw.get("attention_bias", False)) or mt == "qwen2"

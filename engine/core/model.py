@@ -70,7 +70,7 @@ STATE_KEYS = ("k_cache", "v_cache", "k_scale", "v_scale", "conv_ring", "rec_stat
 
 
 def inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies [head_dim / 2], with the config's scaling (default, linear, llama3)."""
+    """RoPE inverse frequencies [head_dim / 2], with the config's scaling (default, linear, llama3, yarn)."""
     dim = cfg.rotary_dim  # the whole head, or its first part (Qwen3.5's partial rotary factor)
     freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     sc = cfg.rope_scaling
@@ -88,7 +88,45 @@ def inv_freq(cfg: ModelConfig) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old / hi) * ~(wavelen > old / lo)
         return torch.where(medium, smoothed, scaled)
+    if kind == "yarn":  # YaRN (arXiv 2309.00071), as transformers computes it: a ramp between interpolation and
+        # extrapolation over the dimensions whose wavelengths fall between beta_fast and beta_slow rotations
+        factor = float(sc["factor"])
+        base = cfg.rope_theta
+        old = float(sc.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+        fast, slow = float(sc.get("beta_fast") or 32), float(sc.get("beta_slow") or 1)
+
+        def correction(rotations: float) -> float:
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction(fast), correction(slow)
+        if sc.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        extrapolation = 1 - ramp
+        pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+        return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     return freq
+
+
+def rope_attention_factor(cfg: ModelConfig) -> float:
+    """The factor YaRN applies to cos and sin (1 for every other RoPE): 0.1 ln(factor) + 1, or the config's
+    attention_factor, or the mscale / mscale_all_dim ratio where both are given (transformers' rule)."""
+    sc = cfg.rope_scaling
+    if not sc or sc.get("rope_type", sc.get("type")) != "yarn":
+        return 1.0
+    if sc.get("attention_factor") is not None:
+        return float(sc["attention_factor"])
+    factor = float(sc["factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if sc.get("mscale") and sc.get("mscale_all_dim"):
+        return mscale(factor, float(sc["mscale"])) / mscale(factor, float(sc["mscale_all_dim"]))
+    return mscale(factor)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -356,8 +394,9 @@ class Model:
         pos = torch.arange(max_context, device=self.device, dtype=torch.float32)
         freqs = pos[:, None] * self._inv_freq[None, :]  # [S, rot / 2], float32 as Hugging Face does
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, rot]
-        self.cos = emb.cos().to(self.dtype)
-        self.sin = emb.sin().to(self.dtype)
+        af = rope_attention_factor(self.cfg)  # YaRN scales cos and sin (float32, then rounded, as transformers)
+        self.cos = (emb.cos() * af).to(self.dtype)
+        self.sin = (emb.sin() * af).to(self.dtype)
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of per-sequence state this rank holds: K/V (for the allocated context) and linear attention."""
