@@ -108,10 +108,17 @@ class References:
 
     def _engine_tp1(self, keys: list[tuple]) -> list[Reference]:
         eng = self.ctx.target.engine or {}
+        from v100plan.accept.serving import served_draft_tokens
+
+        # A sampled answer of a speculating service follows the rejection rule's draws: its reference is a TP1
+        # run speculating with the same drafts. Greedy references never speculate (greedy is lossless, so a
+        # speculating service must give one-token decoding's answers).
+        drafts = served_draft_tokens(self.ctx) if any(k[2] for k in keys) else 0
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
             for prompt, max_tokens, temperature, seed in keys:
                 fh.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-                                     "seed": seed}) + "\n")
+                                     "seed": seed, **({"draft_tokens": drafts} if temperature and drafts else {})})
+                         + "\n")
         cmd = [sys.executable, "-m", "engine", "generate", "--model", self.ctx.target.model_dir, "--tp", "1",
                "--batch", fh.name, "--device", (eng.get("devices") or ["cpu"])[0]]
         if eng.get("dtype"):
@@ -140,7 +147,7 @@ class References:
 
 
 # what the report keeps of each rank's /health "decode" (no figures: those belong to the load and speed runs)
-DECODE_FIELDS = ("mode", "kernels", "allreduce", "exchange", "lockstep", "windows")
+DECODE_FIELDS = ("mode", "kernels", "allreduce", "exchange", "lockstep", "windows", "prefix_cache")
 
 
 class Context:

@@ -13,8 +13,9 @@ from typing import Any
 from v100plan import output
 from v100plan.errors import V100planError
 
-# qualify's default model when none is given: the hybrid class the field serves (engine/core/demo.py)
-DEMO_ARCH, DEMO_ID = "qwen3_5", "v100plan-demo-hybrid"
+# qualify's default model when none is given: the hybrid class the field serves, with its MTP draft layer
+# (engine/core/demo.py), so one service runs prefix reuse and speculation under every scenario
+DEMO_ARCH, DEMO_ID = "qwen3_5", "v100plan-demo-hybrid-mtp"
 
 
 class Phases:
@@ -117,8 +118,8 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
             model_dir = run.demo_model(out_dir)
             run.demo = True
             notes.append(f"no model given: the generated {DEMO_ID} model (the hybrid class users serve: Gated "
-                         "DeltaNet and gated attention layers as Qwen3.5, about 2.5 M parameters, random weights, "
-                         "byte-identical on every machine) stands in for a real one")
+                         "DeltaNet and gated attention layers as Qwen3.5 and its MTP draft layer, about 2.5 M "
+                         "parameters, random weights, byte-identical on every machine) stands in for a real one")
         plan = _plan(phases, probe, model_dir)
         phases.start(run.start_name, run.start_what)
         target, engine, detail = run.start(model_dir, probe, plan, notes, say)
