@@ -33,8 +33,13 @@ def _preload() -> None:
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    from engine.allreduce import comm, dist, host_mailbox, select  # noqa: F401
-    from engine.core import model, weights  # noqa: F401
+    from engine.allreduce import comm, dist, epilogue, host_mailbox, select  # noqa: F401
+    from engine.core import model, runner, weights  # noqa: F401
+
+    try:  # the decoder asks whether Triton is there (engine.core.runner): 0.6-1.5 s of every rank's start on
+        import triton  # noqa: F401  a CPU host when each forked rank imported it itself (it touches no GPU)
+    except ImportError:
+        pass
 
 
 def _child(argv: list[str], log_path: str, server_pid: int, prctl) -> None:

@@ -49,6 +49,10 @@ def _main(argv: list[str] | None) -> int:
     except ServeConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    started = _claim(cfg)  # the state directory, then the fork server: its torch import overlaps all below
+    if isinstance(started, int):
+        return started
+    lock, forks = started
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -62,7 +66,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"Error: {problem}\nHint: run on a host with NVIDIA GPUs and a CUDA build of torch, "
               f"or use --device cpu", file=sys.stderr)
         return EXIT_CANNOT_SERVE
-    return _run(cfg)
+    return _run(cfg, lock, forks)
 
 
 def cuda_problem(devices: tuple[str, str]) -> str | None:
@@ -133,7 +137,11 @@ def _raise_fd_limit(wanted: int) -> int:
     return soft
 
 
-def _run(cfg) -> int:
+def _claim(cfg):
+    """Take the state directory (private, locked) and start the fork server: (lock, forks or None), or
+    the exit code. First thing after the flags: the fork server's import of torch (seconds on a loaded
+    CPU, more on a GPU host) runs while this process checks CUDA and imports its web stack, which is
+    most of a proxy's restart after kill_proxy (docs/acceptance.md)."""
     from engine.service.proxy_ranks import die_with_parent, rank_env
     from engine.service.rank_forks import RankForks
 
@@ -148,11 +156,13 @@ def _run(cfg) -> int:
         return EXIT_CANNOT_SERVE
     forks = None
     if cfg.standby_ranks:
-        # The fork server imports torch while this process imports its web stack below: a proxy
-        # restarted by its supervisor has its first pair up about a second sooner.
         os.makedirs(os.path.join(cfg.state_dir, "logs"), mode=0o700, exist_ok=True)
         forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env())
         forks.spawn_early()
+    return lock, forks
+
+
+def _run(cfg, lock, forks) -> int:
     from engine.service.proxy_log import StructuredLog
     log = StructuredLog(cfg.log_file)
     try:
