@@ -128,8 +128,12 @@ class References:
             cmd += ["--dtype", eng["dtype"]]
         if self.ctx.max_context:  # the served context limit: the same cache size, so the same decode windows
             cmd += ["--max-context", str(self.ctx.max_context)]
+        # On a CPU one thread: torch's default of one per core spins in OpenMP whenever another process takes
+        # a core (1024 tokens of the demo: 25 s with one thread, over 120 s with two, at load average 8).
+        on_cpu = (eng.get("devices") or ["cpu"])[0] == "cpu"
+        env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if on_cpu else {})}
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         finally:
             os.unlink(fh.name)
         if proc.returncode != 0:

@@ -40,6 +40,7 @@ class LocalRun:
     probe_what = "measuring this machine's cards (python -m probes --quick)"
     probe_fatal = False
     start_name, start_what = "start", "starting the bundled engine under its supervisor"
+    demo_id = "v100plan-demo-hybrid-mtp"  # with its MTP draft layer: served with --speculative mtp
 
     def __init__(self, device: str):
         self.device = device
