@@ -424,6 +424,26 @@ class RankForks:
             proc._gone.set()
         await proc.wait()
 
+    def discard(self) -> None:
+        """Serve ends without serving (a start-up check failed, Ctrl-C while starting): end the server it
+        started (its own unreaped child) or tell the one it took over to exit, at once."""
+        for popen in (self._early, getattr(self.proc, "popen", None)):
+            if popen is not None and popen.poll() is None:
+                popen.kill()
+                popen.wait()
+        sock = self._waiting[0] if self._waiting else None
+        writer = self.proc.stdin if isinstance(self.proc, _Remote) else None
+        try:
+            if sock is not None:
+                sock.setblocking(True)
+                sock.sendall(b'{"bye": true}\n')
+                sock.close()
+            elif writer is not None:
+                writer.write(b'{"bye": true}\n')
+        except OSError:
+            pass
+        self._early = self._waiting = None
+
     async def close(self) -> None:
         """End the server (and so every rank it forked) and reap it."""
         if self.proc is None:

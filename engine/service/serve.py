@@ -53,6 +53,17 @@ def _main(argv: list[str] | None) -> int:
     if isinstance(started, int):
         return started
     lock, forks = started
+    code: int | None = EXIT_CANNOT_SERVE  # until the checks pass (an exception or Ctrl-C leaves it so)
+    try:
+        code = _cannot_serve(cfg)
+    finally:
+        if code is not None and forks is not None:
+            forks.discard()  # not serving after all: the fork server must not wait for a proxy
+    return code if code is not None else _run(cfg, lock, forks)
+
+
+def _cannot_serve(cfg) -> int | None:
+    """The exit code when this host cannot serve as asked (the serve extra missing, no CUDA), else None."""
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -66,7 +77,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"Error: {problem}\nHint: run on a host with NVIDIA GPUs and a CUDA build of torch, "
               f"or use --device cpu", file=sys.stderr)
         return EXIT_CANNOT_SERVE
-    return _run(cfg, lock, forks)
+    return None
 
 
 def cuda_problem(devices: tuple[str, str]) -> str | None:
@@ -170,6 +181,8 @@ def _run(cfg, lock, forks) -> int:
     try:
         return _serve(cfg, log, lock, forks)
     except KeyboardInterrupt:  # Ctrl-C before uvicorn took the signal over: still one serve_exit line
+        if forks is not None:
+            forks.discard()
         log.emit("serve_exit", code=0, signal="SIGINT", reason="interrupted while starting")
         log.close()
         return 0

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from engine.service.causes import SCENARIOS
-from v100plan.accept import functional  # noqa: F401 - its cases register first: they run (and report) first
+from v100plan.accept import functional  # imported first, its cases register (and run, and report) first
 from v100plan.accept.cases import Outcome, case
 from v100plan.accept.context import PROMPTS, REF_TOKENS, Context
 from v100plan.accept.faults import _failure_cause, _needs_control, _rank_action, _run_fault, _timeout
@@ -138,16 +138,8 @@ def _spec_applicable(ctx: Context) -> str | None:
 
 
 def _needs_plain_reference(ctx: Context) -> str | None:
-    why = _spec_applicable(ctx)
-    if why:
-        return why
-    if ctx.refs.half_precision:
-        return (f"served in {ctx.refs.half_precision}: a TP1 run without speculation rounds differently from TP2, "
-                "so only float32 answers can be compared token for token")
-    if not ctx.refs.exact:
-        return ("no answer without speculation to compare with: give accept --model-dir DIR (the served weights "
-                "here; the suite's references are TP1 runs of them without speculation)")
-    return None
+    """Speculation on, and a TP1 run without it (the suite's greedy references) to compare with."""
+    return _spec_applicable(ctx) or functional.needs_exact_tp1(ctx)
 
 
 @case("spec_equals_plain", "with MTP speculation on, every greedy answer equals one-token decoding's (a TP1 "

@@ -350,16 +350,21 @@ def openai_client(ctx: Context) -> Outcome:
     return o
 
 
-def _needs_tp2_reference(ctx: Context) -> str | None:
-    why = _engine_only(ctx)
-    if why:
-        return why
+def needs_exact_tp1(ctx: Context) -> str | None:
+    """Why the served answers cannot be compared token for token with a TP1 run here, or None."""
     if ctx.refs.half_precision:
         return (f"served in {ctx.refs.half_precision}: TP2's split sums round differently from one card's, so "
                 "tokens equal TP1's only in float32")
     if not ctx.refs.exact:
         return ("the served weights are not on this machine, so there is no TP1 run to compare with: give "
                 "accept --model-dir DIR (the served model's directory here)")
+    return None
+
+
+def _needs_tp2_reference(ctx: Context) -> str | None:
+    why = _engine_only(ctx) or needs_exact_tp1(ctx)
+    if why:
+        return why
     if (ctx.target.engine or {}).get("tp", 2) != 2:
         return "the service runs one rank (TP1)"
     return None
