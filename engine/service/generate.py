@@ -53,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text, encoded with the model's tokenizer.json and its BOS rule")
     src.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, used verbatim")
     src.add_argument("--batch", metavar="FILE",
-                     help="--tp 1 only: JSON lines {\"prompt\", \"max_tokens\", \"temperature\", \"seed\"}, one "
+                     help="--tp 1 only: JSON lines {\"prompt\", \"max_tokens\", \"temperature\", \"seed\"[, "
+                          "\"draft_tokens\": K for MTP speculation]}, one "
                           "model load for all; prints one {\"token_ids\", \"text\"} line per request, in order")
     p.add_argument("--max-tokens", type=int, default=16, metavar="N",
                    help="tokens to generate; prompt + N must fit the model's positions (default: 16)")
@@ -215,7 +216,9 @@ def _batch(args, cfg, tok) -> int:
     model.setup_cache(max(limits, default=2))
     for ids, n, req in jobs:
         sampler = Sampler(float(req.get("temperature") or 0.0), float(req.get("top_p", 1.0)), int(req.get("seed") or 0))
-        out, _ = runner.run(model, ids, n, sampler, stop, 256)
+        # "draft_tokens" K: this request decodes speculatively with the model's MTP layer (a served --speculative
+        # mtp service's sampled answers follow the rejection rule's draws, so its reference must too)
+        out, _ = runner.run(model, ids, n, sampler, stop, 256, spec_tokens=int(req.get("draft_tokens") or 0))
         print(json.dumps({"token_ids": out, "text": tok.decode(out)}), flush=True)
     return 0
 

@@ -228,7 +228,7 @@ class Service:
     async def _start_forks(self) -> None:
         try:
             await self._forks.start()
-            self.log.emit("rank_forks_started", pid=self._forks.proc.pid)
+            self.log.emit("rank_forks_started", pid=self._forks.proc.pid, adopted=self._forks.adopted)
         except OSError as exc:
             self.log.emit("rank_forks_failed", reason=str(exc))
 

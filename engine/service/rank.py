@@ -194,6 +194,7 @@ class Rank:
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
                                  spec_tokens=self.spec_tokens)
+        decoder.info["prefix_cache"] = "off" if a.no_prefix_cache else "on"  # /health says it (every stats too)
         log(self.r, runner.describe(decoder.info) + f"; read bandwidth {self.read_bw['read_bw_gbps']} GB/s "
                     f"({self.read_bw['read_bw_source']})")
         self.lockstep = Lockstep(self.path, device, self.r) if self.path else None

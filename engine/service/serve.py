@@ -49,6 +49,21 @@ def _main(argv: list[str] | None) -> int:
     except ServeConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    started = _claim(cfg)  # the state directory, then the fork server: its torch import overlaps all below
+    if isinstance(started, int):
+        return started
+    lock, forks = started
+    code: int | None = EXIT_CANNOT_SERVE  # until the checks pass (an exception or Ctrl-C leaves it so)
+    try:
+        code = _cannot_serve(cfg)
+    finally:
+        if code is not None and forks is not None:
+            forks.discard()  # not serving after all: the fork server must not wait for a proxy
+    return code if code is not None else _run(cfg, lock, forks)
+
+
+def _cannot_serve(cfg) -> int | None:
+    """The exit code when this host cannot serve as asked (the serve extra missing, no CUDA), else None."""
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -62,7 +77,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"Error: {problem}\nHint: run on a host with NVIDIA GPUs and a CUDA build of torch, "
               f"or use --device cpu", file=sys.stderr)
         return EXIT_CANNOT_SERVE
-    return _run(cfg)
+    return None
 
 
 def cuda_problem(devices: tuple[str, str]) -> str | None:
@@ -133,7 +148,11 @@ def _raise_fd_limit(wanted: int) -> int:
     return soft
 
 
-def _run(cfg) -> int:
+def _claim(cfg):
+    """Take the state directory (private, locked) and start the fork server: (lock, forks or None), or
+    the exit code. First thing after the flags: the fork server's import of torch (seconds on a loaded
+    CPU, more on a GPU host) runs while this process checks CUDA and imports its web stack, which is
+    most of a proxy's restart after kill_proxy (docs/acceptance.md)."""
     from engine.service.proxy_ranks import die_with_parent, rank_env
     from engine.service.rank_forks import RankForks
 
@@ -148,16 +167,22 @@ def _run(cfg) -> int:
         return EXIT_CANNOT_SERVE
     forks = None
     if cfg.standby_ranks:
-        # The fork server imports torch while this process imports its web stack below: a proxy
-        # restarted by its supervisor has its first pair up about a second sooner.
         os.makedirs(os.path.join(cfg.state_dir, "logs"), mode=0o700, exist_ok=True)
-        forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env())
+        adopt = os.path.join(cfg.state_dir, "forks.sock")  # a Unix socket path: at most 107 bytes
+        forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env(),
+                          adopt_socket=adopt if len(adopt.encode()) < 100 else None)
         forks.spawn_early()
+    return lock, forks
+
+
+def _run(cfg, lock, forks) -> int:
     from engine.service.proxy_log import StructuredLog
     log = StructuredLog(cfg.log_file)
     try:
         return _serve(cfg, log, lock, forks)
     except KeyboardInterrupt:  # Ctrl-C before uvicorn took the signal over: still one serve_exit line
+        if forks is not None:
+            forks.discard()
         log.emit("serve_exit", code=0, signal="SIGINT", reason="interrupted while starting")
         log.close()
         return 0

@@ -9,8 +9,13 @@ have systemd. Process tree under supervisord:
 
     supervisord (daemon, state-dir/supervisord.pid)
     └── python -m engine serve ...           (the proxy; own process group)
-        ├── python -m engine rank --rank 0   (die with the proxy: PR_SET_PDEATHSIG)
-        └── python -m engine rank --rank 1
+        └── python -m engine.service.rank_forks --adopt-socket state-dir/forks.sock
+            ├── rank 0 (forked)              (die with the fork server: PR_SET_PDEATHSIG)
+            └── rank 1 (forked)
+
+A SIGKILLed proxy's fork server SIGKILLs its ranks and waits for the next proxy, which takes it over
+(engine/service/rank_forks.py); without the fork server (--no-standby-ranks) the ranks are the proxy's
+children and die with it.
 
 `stop` shuts supervisord down: it sends SIGTERM to the proxy alone, which drains, stops its
 watchdog and only then its ranks (signalling the whole group at once made the watchdog see

@@ -25,10 +25,11 @@ def test_accept_passes_an_independent_server_with_faults_waived(independent_serv
     assert doc["verdict"] == "passed" and doc["target"]["mode"] == "endpoint"
     assert doc["target"]["server"] != "v100plan engine" and doc["target"]["fault_control"] is False
     faults = [s for s in doc["scenarios"] if s["group"] == "fault"]
-    assert len(faults) == 7 and all(s["status"] == "waived" and "bundled engine" in s["reason"] for s in faults)
+    assert len(faults) == 8 and all(s["status"] == "waived" and "bundled engine" in s["reason"] for s in faults)
     for key in ("completion", "chat", "stream", "seeded_sample", "max_tokens", "openai_client", "load"):
         assert scenario(doc, key)["status"] in ("passed", "warned"), scenario(doc, key)
-    for key in ("stream_cancel", "gone_in_prefill", "tp2_equals_tp1", "rank_logs_agree"):
+    for key in ("stream_cancel", "gone_in_prefill", "tp2_equals_tp1", "rank_logs_agree", "prefix_reuse",
+                "spec_equals_plain"):
         assert scenario(doc, key)["status"] == "waived"
     assert scenario(doc, "auth")["status"] == "waived"  # this make has no API key option
     assert any("ignore_eos" in n for n in doc["target"]["notes"])

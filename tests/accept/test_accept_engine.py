@@ -47,6 +47,13 @@ def test_accept_passes_a_healthy_engine_and_keeps_secrets_out(svc, key_file, tmp
     for key in ("completion", "stream", "stream_cancel", "gone_in_prefill", "auth", "tp2_equals_tp1",
                 "rank_logs_agree", "kill_rank1", "corrupt_hash", "load"):
         assert scenario(doc, key)["status"] == "passed", scenario(doc, key)
+    # a dense model reuses a conversation's first turn too; it has no MTP layer, so speculation is off
+    prefix = scenario(doc, "prefix_reuse")
+    assert prefix["status"] == "passed" and prefix["metrics"]["follow_up_cached_tokens"] > 0, prefix
+    for key in ("spec_equals_plain", "spec_fault"):
+        sc = scenario(doc, key)
+        assert sc["status"] == "waived" and "--speculative mtp" in sc["reason"] and "no MTP layer" in sc["reason"], sc
+    assert {d["prefix_cache"] for d in dec.values()} == {"on"}
     for key in ("kill_proxy", "restart_storm"):  # no supervisor around this proxy
         sc = scenario(doc, key)
         assert sc["status"] == "waived" and "supervisor" in sc["reason"]

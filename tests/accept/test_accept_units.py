@@ -57,7 +57,10 @@ def test_every_case_has_a_unique_key_and_a_known_group():
     assert {c.group for c in cases} == {"functional", "fault", "load"}
     faults = {c.key for c in cases if c.group == "fault"}
     assert faults == {"kill_rank1", "kill_rank0", "freeze_rank1", "corrupt_hash", "stall_allreduce",
-                      "kill_proxy", "restart_storm"}
+                      "kill_proxy", "restart_storm", "spec_fault"}
+    order = [c.key for c in sorted(cases, key=lambda c: ("functional", "fault", "load").index(c.group))]
+    # the serving-feature cases run after the cases they extend
+    assert order.index("prefix_reuse") > order.index("rank_logs_agree") and order[-2:] == ["spec_fault", "load"]
 
 
 def test_stop_sequence_is_taken_past_the_start_of_the_text():

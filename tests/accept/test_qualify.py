@@ -18,7 +18,7 @@ from tests.accept_support import PLANTED_ENV, REPO, assert_no_secret, outputs, r
 pytestmark = pytest.mark.slow
 
 FAULTS = ("kill_rank1", "kill_rank0", "freeze_rank1", "corrupt_hash", "stall_allreduce", "kill_proxy",
-          "restart_storm")
+          "restart_storm", "spec_fault")
 
 
 def _our_processes(marker: str) -> list[str]:
@@ -64,6 +64,14 @@ def test_qualify_passes_with_every_fault_recovered(qualified):
             assert rep["status"] == "passed"
             assert rep["time_to_detect_s"] is not None and rep["time_to_recover_s"] >= rep["time_to_detect_s"]
         assert sc["time_to_recover_s"]["n"] == 3
+    # the demo has an MTP layer and is served speculating: greedy answers equal one-token decoding's, the
+    # follow-up of a conversation reuses its first turn and answers as the cold prompt
+    assert doc["target"]["engine"]["speculative"] == {"method": "mtp", "draft_tokens": 3}
+    spec = scenario(doc, "spec_equals_plain")
+    assert spec["status"] == "passed" and spec["metrics"]["draft_tokens"] > 0, spec
+    prefix = scenario(doc, "prefix_reuse")["metrics"]
+    assert prefix["follow_up_cached_tokens"] >= prefix["turn_1_prompt_tokens"] - 1 and prefix["cold_cached_tokens"] == 0  # no BOS token here
+    assert scenario(doc, "spec_fault")["metrics"]["drafts_after_recovery"] > 0
     load = doc["load"]
     assert load["requests"] == 200 and load["clients"] == 16
     ends = load["outcomes"]
@@ -87,7 +95,7 @@ def test_qualify_reports_hold_no_secret_and_draw_every_plot(qualified):
     html = outputs(out)["report.html"]
     for plot in ("recovery-kill_rank1", "recovery-restart_storm", "latency", "decode-speed"):
         assert f'data-plot="{plot}"' in html
-    assert 'tests="22"' in outputs(out)["junit.xml"].replace("'", '"')
+    assert 'tests="25"' in outputs(out)["junit.xml"].replace("'", '"')
 
 
 def test_ctrl_c_stops_everything_and_writes_a_partial_report(tmp_path):

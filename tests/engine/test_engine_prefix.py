@@ -117,6 +117,9 @@ def test_the_service_reuses_a_conversation_at_tp2_and_reports_it(arch, tmp_path)
             again, c2 = ask(conv + first + [30, 31, 32])
             answers[flags and "cold" or "warm"] = [first, follow, again, (c0, c1, c2)]
             hits = svc.metric("v100plan_prefix_cache_hits_total")
+            # /health says per rank whether it reuses prefixes (the acceptance suite waives prefix_reuse on "off")
+            decode = svc.health().json()["decode"]
+            assert {d["prefix_cache"] for d in decode.values()} == {"off" if flags else "on"}, decode
             answers[(flags and "cold" or "warm") + "_hits"] = hits
         finally:
             svc.stop()

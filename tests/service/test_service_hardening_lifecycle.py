@@ -165,11 +165,21 @@ def test_default_state_dir_is_per_port(monkeypatch, tmp_path):
 
 def test_device_cuda_without_cuda_fails_at_once_with_exit_4():
     t0 = time.monotonic()
+    state = short_dir("nocuda")
     r = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", bare_model(), "--device", "cuda",
-                        "--port", str(free_port()), "--state-dir", short_dir("nocuda")],
+                        "--port", str(free_port()), "--state-dir", state],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 4 and "CUDA is not available" in r.stderr and "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 30  # no rank start was tried (each costs seconds), no 15 s retry loop
+    # the fork server serve started first (its torch import overlaps the checks) went with it
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                left += [pid] if state.encode() in fh.read() else []
+        except OSError:
+            pass
+    assert not left
 
 
 def test_ctrl_c_while_starting_is_quiet_and_exits_0():

@@ -108,18 +108,32 @@ class References:
 
     def _engine_tp1(self, keys: list[tuple]) -> list[Reference]:
         eng = self.ctx.target.engine or {}
+        from v100plan.accept.serving import served_draft_tokens
+
+        # A sampled answer of a speculating service follows the rejection rule's draws: its reference is a TP1
+        # run speculating with the same drafts. Greedy references never speculate (greedy is lossless, so a
+        # speculating service must give one-token decoding's answers).
+        drafts = served_draft_tokens(self.ctx) if any(k[2] for k in keys) else 0
+        # Sampled requests first, on the fresh cache: a reference is a cold run (one after a request of the same
+        # prompt reuses its prefix, and a speculative sampled answer drawn after that reuse differs).
+        order = sorted(range(len(keys)), key=lambda i: not keys[i][2])
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
-            for prompt, max_tokens, temperature, seed in keys:
+            for prompt, max_tokens, temperature, seed in (keys[i] for i in order):
                 fh.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-                                     "seed": seed}) + "\n")
+                                     "seed": seed, **({"draft_tokens": drafts} if temperature and drafts else {})})
+                         + "\n")
         cmd = [sys.executable, "-m", "engine", "generate", "--model", self.ctx.target.model_dir, "--tp", "1",
                "--batch", fh.name, "--device", (eng.get("devices") or ["cpu"])[0]]
         if eng.get("dtype"):
             cmd += ["--dtype", eng["dtype"]]
         if self.ctx.max_context:  # the served context limit: the same cache size, so the same decode windows
             cmd += ["--max-context", str(self.ctx.max_context)]
+        # On a CPU one thread: torch's default of one per core spins in OpenMP whenever another process takes
+        # a core (1024 tokens of the demo: 25 s with one thread, over 120 s with two, at load average 8).
+        on_cpu = (eng.get("devices") or ["cpu"])[0] == "cpu"
+        env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if on_cpu else {})}
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         finally:
             os.unlink(fh.name)
         if proc.returncode != 0:
@@ -127,8 +141,11 @@ class References:
         docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         if len(docs) != len(keys):
             raise RuntimeError(f"the TP1 reference run answered {len(docs)} of {len(keys)} requests")
-        return [Reference(d["text"], list(d["token_ids"]), "python -m engine generate --tp 1 on the same weights",
-                          len(d["token_ids"])) for d in docs]
+        refs: list[Reference] = [None] * len(keys)  # type: ignore[list-item]
+        for i, d in zip(order, docs):
+            refs[i] = Reference(d["text"], list(d["token_ids"]), "python -m engine generate --tp 1 on the same weights",
+                                len(d["token_ids"]))
+        return refs
 
     def _baseline(self, prompt, max_tokens, temperature, seed) -> Reference:
         payload = self.ctx.payload(prompt, max_tokens, temperature=temperature, seed=seed)
@@ -140,7 +157,7 @@ class References:
 
 
 # what the report keeps of each rank's /health "decode" (no figures: those belong to the load and speed runs)
-DECODE_FIELDS = ("mode", "kernels", "allreduce", "exchange", "lockstep", "windows")
+DECODE_FIELDS = ("mode", "kernels", "allreduce", "exchange", "lockstep", "windows", "prefix_cache")
 
 
 class Context:

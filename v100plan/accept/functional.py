@@ -8,6 +8,7 @@ import time
 
 from v100plan.accept.cases import Outcome, case, percentile
 from v100plan.accept.context import PROMPTS, REF_TOKENS, Context
+from v100plan.accept.serving import served_draft_tokens
 
 F = "functional"
 
@@ -118,7 +119,9 @@ def seeded(ctx: Context) -> Outcome:
     if not o.check(a.ok and b.ok, f"answered {a.status}/{b.status}: {a.error_message() or b.error_message()}"):
         return o
     o.check(a.text() == b.text(), f"the same seed gave two answers: {a.text()[:40]!r} vs {b.text()[:40]!r}")
-    if ctx.refs.exact and ctx.is_engine:
+    if ctx.refs.exact and ctx.is_engine and served_draft_tokens(ctx) is None:
+        o.warn("the service speculates with a draft count it does not say: no TP1 run draws the same samples")
+    elif ctx.refs.exact and ctx.is_engine:
         ref = ctx.refs.get(PROMPTS["once"], REF_TOKENS, 0.9, 4242)
         _expect_ref(o, ctx, "seeded sample", ref, a.text(), a.token_ids())
     return o
@@ -347,16 +350,21 @@ def openai_client(ctx: Context) -> Outcome:
     return o
 
 
-def _needs_tp2_reference(ctx: Context) -> str | None:
-    why = _engine_only(ctx)
-    if why:
-        return why
+def needs_exact_tp1(ctx: Context) -> str | None:
+    """Why the served answers cannot be compared token for token with a TP1 run here, or None."""
     if ctx.refs.half_precision:
         return (f"served in {ctx.refs.half_precision}: TP2's split sums round differently from one card's, so "
                 "tokens equal TP1's only in float32")
     if not ctx.refs.exact:
         return ("the served weights are not on this machine, so there is no TP1 run to compare with: give "
                 "accept --model-dir DIR (the served model's directory here)")
+    return None
+
+
+def _needs_tp2_reference(ctx: Context) -> str | None:
+    why = _engine_only(ctx) or needs_exact_tp1(ctx)
+    if why:
+        return why
     if (ctx.target.engine or {}).get("tp", 2) != 2:
         return "the service runs one rank (TP1)"
     return None

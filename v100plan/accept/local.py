@@ -26,17 +26,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_demo_model(path: Path, arch: str = "llama") -> Path:
-    """The engine's generated demo model of ``arch`` (deterministic; reused when already there)."""
+def make_demo_model(path: Path, arch: str = "llama", mtp: bool = False) -> Path:
+    """The engine's generated demo model of ``arch`` (deterministic; reused when already there); ``mtp``:
+    with its MTP draft layer (qwen3_5 only), for `serve --speculative mtp`."""
     if (path / "config.json").exists() and (path / "model.safetensors").exists():
         return path
-    proc = subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(path), "--arch", arch],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(path), "--arch", arch,
+                           *(["--mtp"] if mtp else [])], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise EnvironmentProblem(f"could not write the demo model: {proc.stderr.strip()[-400:]}",
                                  "the engine needs torch, numpy, safetensors and tokenizers: "
                                  "pip install 'v100plan[engine,serve]'")
     return path
+
+
+def has_mtp_layer(model_dir: Path) -> bool:
+    """Whether the model's config.json declares an MTP draft layer (what `serve --speculative mtp` needs)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(cfg.get("text_config", cfg).get("mtp_num_hidden_layers"))
 
 
 def state_dir_readers(state_dir: Path):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from v100plan.errors import BadInput, EnvironmentProblem, V100planError
-from v100plan.qualify.phases import Phases
+from v100plan.qualify.phases import DEMO_ID, Phases
 
 HEALTH_TIMEOUT_S = 180.0
 PURPOSE = "qualify"  # what the deployment's history records; `deploy` and `stop` check it
@@ -25,6 +25,7 @@ class HostRun:
     mode = "host"
     probe_fatal = True  # no probe, no settings to deploy with: an unreachable host ends the run here
     start_name = "deploy"
+    demo_id = DEMO_ID  # deploy serves it without speculation
 
     def __init__(self, target, port: int, device: str):  # noqa: ANN001 - v100plan.remote.supervisor.Target
         self.target = target

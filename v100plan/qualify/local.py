@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.core.speculative import DEFAULT_DRAFT_TOKENS
 from v100plan.qualify.phases import DEMO_ARCH, Phases, note_plan_allreduce
+
+# qualify's drafts per round for a model with an MTP layer: the engine's default (the field's setting)
+SPEC_DRAFTS = DEFAULT_DRAFT_TOKENS
 
 
 def _devices(device: str, probe: dict | None) -> str:
@@ -36,6 +40,7 @@ class LocalRun:
     probe_what = "measuring this machine's cards (python -m probes --quick)"
     probe_fatal = False
     start_name, start_what = "start", "starting the bundled engine under its supervisor"
+    demo_id = "v100plan-demo-hybrid-mtp"  # with its MTP draft layer: served with --speculative mtp
 
     def __init__(self, device: str):
         self.device = device
@@ -53,12 +58,12 @@ class LocalRun:
     def demo_model(self, out_dir: Path) -> Path:
         from v100plan.accept.local import make_demo_model
 
-        return make_demo_model(out_dir / "demo-model-hybrid", arch=DEMO_ARCH)
+        return make_demo_model(out_dir / "demo-model-hybrid-mtp", arch=DEMO_ARCH, mtp=True)
 
     def start(self, model_dir: Path, probe: dict | None, plan: dict | None, notes: list[str], say):  # noqa: ANN001, ANN201
         """Start the service; returns (the acceptance suite's Target, the engine's launch settings, a detail)."""
         from v100plan.accept.context import Target
-        from v100plan.accept.local import LocalService
+        from v100plan.accept.local import LocalService, has_mtp_layer
 
         devices = _devices(self.device, probe)
         dtype = _dtype(devices, probe, plan, demo=self.demo)
@@ -71,14 +76,22 @@ class LocalRun:
                          "a GPU's and no plan applies")
         # The service's own limits, as deploy deploys them (no qualify-only watchdog flags): the report's
         # target.limits records them from its /health.
-        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype, allreduce="auto")
+        # A model with an MTP draft layer (the demo's) is served with speculation on, so every scenario (the
+        # faults and the load too) runs through speculative rounds; one service, not a second one.
+        spec = ["--speculative", "mtp", "--draft-tokens", str(SPEC_DRAFTS)] if has_mtp_layer(model_dir) else []
+        if spec:
+            notes.append(f"served with --speculative mtp --draft-tokens {SPEC_DRAFTS} (the model's MTP draft layer): "
+                         "greedy answers are checked against a TP1 run without speculation, sampled ones against a "
+                         "TP1 run speculating alike")
+        self.svc = svc = LocalService(model_dir, devices=devices, dtype=dtype, allreduce="auto", serve_flags=spec)
         self.secrets.append(svc.api_key)
         self.endpoint = svc.endpoint
         svc.start()
         health = svc.health()
         engine = {"tp": 2, "devices": list(("cpu", "cpu") if devices == "cpu" else
                                            (("cuda:0", "cuda:1") if devices == "cuda" else devices.split(","))),
-                  "dtype": dtype, "allreduce": health.get("allreduce"), "max_context": None}
+                  "dtype": dtype, "allreduce": health.get("allreduce"), "max_context": None,
+                  **({"speculative": {"method": "mtp", "draft_tokens": SPEC_DRAFTS}} if spec else {})}
         target = Target(endpoint=svc.endpoint, api_key=svc.api_key, mode="local", model_dir=str(model_dir),
                         engine=engine, supervised=True, read_rank_logs=svc.read_rank_logs,
                         read_service_log=svc.read_service_log, notes=notes)

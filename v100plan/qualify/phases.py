@@ -13,7 +13,8 @@ from typing import Any
 from v100plan import output
 from v100plan.errors import V100planError
 
-# qualify's default model when none is given: the hybrid class the field serves (engine/core/demo.py)
+# qualify's default model when none is given: the hybrid class the field serves (engine/core/demo.py); a
+# local run takes it with its MTP draft layer (LocalRun.demo_id), so one service runs speculation too
 DEMO_ARCH, DEMO_ID = "qwen3_5", "v100plan-demo-hybrid"
 
 
@@ -116,7 +117,7 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
         if model_dir is None:
             model_dir = run.demo_model(out_dir)
             run.demo = True
-            notes.append(f"no model given: the generated {DEMO_ID} model (the hybrid class users serve: Gated "
+            notes.append(f"no model given: the generated {run.demo_id} model (the hybrid class users serve: Gated "
                          "DeltaNet and gated attention layers as Qwen3.5, about 2.5 M parameters, random weights, "
                          "byte-identical on every machine) stands in for a real one")
         plan = _plan(phases, probe, model_dir)
@@ -145,7 +146,7 @@ def qualify(out_dir: Path, model_dir: Path | None, opts, run, show: bool):  # no
     if result is None:
         result = {"scenarios": [], "load": None, "notes": notes, "partial_reason": partial,
                   "target": {"mode": run.mode, "endpoint": run.endpoint, "host": run.inputs.get("host"),
-                             "model": str(given_model) if given_model else DEMO_ID, "server": None,
+                             "model": str(given_model) if given_model else run.demo_id, "server": None,
                              "fault_control": False, "engine": engine, "notes": notes}}
     report = assemble(result, phases=phases.items + [{"name": "report", "status": "passed", "wall_s": 0.0,
                                                        "detail": f"written to {out_dir}"}],
