@@ -165,8 +165,8 @@ def spec_equals_plain(ctx: Context) -> Outcome:
     else:
         o.warn(f"/metrics has no {SPEC_DRAFTS}: that the ranks drafted is not shown")
     block = health_block(ctx)
-    if block is not None:
-        o.metrics["health_speculative"] = block
+    if block is not None:  # what /health says since the service started (metrics are flat values)
+        o.metrics.update({f"health_{k}": block.get(k) for k in ("mode", "drafted_tokens", "acceptance_rate")})
     return o
 
 
