@@ -173,3 +173,25 @@ def test_the_sparse_step_builds_the_mlp_table():
     assert cfg.mlp_types == ("dense", "moe", "dense", "moe")
     dense = ecfg.from_dict(dict(SMALL, model_type="qwen3_next", num_experts=0))
     assert not dense.moe and dense.mlp_types == ("dense",) * 4
+
+
+def test_a_random_weights_model_of_the_shape_loads_every_expert(tmp_path, nxt):
+    from engine.core import random_weights
+
+    hf, m, _, _ = nxt
+    raw = json.loads((nxt[2] / "config.json").read_text())
+    summary = random_weights.write(tmp_path / "r", raw, seed=1)
+    assert summary["parameters"] == sum(p.numel() for p in hf.parameters())
+    r = Model(ecfg.load(tmp_path / "r"))
+    weights.load_into(r, tmp_path / "r")  # WeightsError if any expert, router or shared-expert tensor is unfilled
+    assert r.weights_origin == "random" and r.layers[3].ew2.abs().sum() > 0
+    sparse = r.weight_bytes()  # a step reads the 2 chosen experts of 8
+    moe_layers = [la for la in r.layers if la.mlp == "moe"]
+    for la in moe_layers:
+        la.top_k = 8
+    try:
+        every = r.weight_bytes()
+    finally:
+        for la in moe_layers:
+            la.top_k = 2
+    assert every - sparse == sum((la.ew13.numel() + la.ew2.numel()) * 4 * 6 // 8 for la in moe_layers)
