@@ -28,12 +28,10 @@ PROMPT = [1, 17, 300, 42, 5, 99, 7, 250, 11]
 N_TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def nxt(tmp_path_factory):
-    """(transformers' model, the engine's model of its checkpoint, the checkpoint, its 32 greedy tokens)."""
+def checkpoint(d):
+    """transformers' random model saved in d, and its 32 greedy tokens after PROMPT."""
     import transformers
 
-    d = tmp_path_factory.mktemp("qwen3_next")
     torch.manual_seed(4321)
     hf = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**SMALL)).eval()
     with torch.no_grad():
@@ -51,6 +49,14 @@ def nxt(tmp_path_factory):
         hf.save_pretrained(d, safe_serialization=True)
         ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=N_TOKENS, min_new_tokens=N_TOKENS,
                           do_sample=False, pad_token_id=0)[0, len(PROMPT):].tolist()
+    return hf, ref
+
+
+@pytest.fixture(scope="module")
+def nxt(tmp_path_factory):
+    """(transformers' model, the engine's model of its checkpoint, the checkpoint, its 32 greedy tokens)."""
+    d = tmp_path_factory.mktemp("qwen3_next")
+    hf, ref = checkpoint(d)
     m = Model(ecfg.load(d))
     weights.load_into(m, d)
     m.setup_cache(256)
