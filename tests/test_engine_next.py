@@ -14,7 +14,7 @@ from engine.core import config as ecfg
 from engine.core import moe, qwen3_next, runner, shard, tp, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO
+from tests.engine_helpers import REPO, eager_and_static_step, spread_hybrid_weights
 
 # Small, with the real model's ratios where they matter: 3 value heads per key head (the interleaved qkvz
 # layout is then not the identity), 2 of 8 experts per token, one dense layer among MoE ones (mlp_only_layers).
@@ -34,18 +34,8 @@ def checkpoint(d):
 
     torch.manual_seed(4321)
     hf = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**SMALL)).eval()
+    spread_hybrid_weights(hf)
     with torch.no_grad():
-        for n, p in hf.named_parameters():
-            if n.endswith("A_log"):
-                p.uniform_(0.0, 2.7)
-            elif n.endswith("dt_bias"):
-                p.uniform_(0.5, 1.5)
-            elif "norm" in n:
-                p.normal_(0.0, 0.1)  # zero-centred norms read 1 + w: exercise w
-            elif n.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 0.3)  # a decisive router: no near-ties between the k-th and the next expert
-            else:
-                p.normal_(0.0, 0.08)
         hf.save_pretrained(d, safe_serialization=True)
         ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=N_TOKENS, min_new_tokens=N_TOKENS,
                           do_sample=False, pad_token_id=0)[0, len(PROMPT):].tolist()
@@ -96,15 +86,7 @@ def test_greedy_tokens_identical_to_transformers(nxt):
 
 def test_the_decode_steps_moe_equals_the_prefills(nxt):
     _, m, d, _ = nxt
-    m2 = Model(m.cfg)
-    weights.load_into(m2, d)
-    m2.setup_cache(256)
-    ids = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32]])
-    m.forward(ids[:, :8], 0)
-    eager = m.forward(ids[:, 8:], 8)
-    m2.forward(ids[:, :8], 0)
-    with torch.inference_mode():
-        static = m2.decode_step(ids[0, 8:], torch.tensor([8]), 128)
+    eager, static, _ = eager_and_static_step(m, d, torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32]]), 128)
     assert (eager - static).abs().max().item() < 1e-5
     # one layer's MLP directly: the gathered-experts form against the per-expert loop
     la = m.layers[0]
