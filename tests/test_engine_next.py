@@ -183,3 +183,34 @@ def test_a_random_weights_model_of_the_shape_loads_every_expert(tmp_path, nxt):
         for la in moe_layers:
             la.top_k = 2
     assert every - sparse == sum((la.ew13.numel() + la.ew2.numel()) * 4 * 6 // 8 for la in moe_layers)
+
+
+@pytest.mark.parametrize("norm_topk", [True, False])
+def test_the_moe_forms_equal_transformers_sparse_block(norm_topk):
+    """engine.core.moe's prefill and decode forms against transformers' Qwen3NextSparseMoeBlock on 20 tokens."""
+    import transformers
+    from transformers.models.qwen3_next import modeling_qwen3_next as hfm
+
+    cfg = transformers.Qwen3NextConfig(**dict(SMALL, norm_topk_prob=norm_topk))
+    torch.manual_seed(7)
+    block = hfm.Qwen3NextSparseMoeBlock(cfg).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.2)
+        h = torch.randn(1, 20, 128)
+        want = block(h)
+    w13 = torch.cat([block.shared_expert.gate_proj.weight, block.shared_expert.up_proj.weight])
+    w2 = block.shared_expert.down_proj.weight
+
+    def shared(x, w13, w2):
+        gate, up = torch.nn.functional.linear(x, w13).chunk(2, dim=-1)
+        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2)
+
+    args = (block.gate.weight, block.shared_expert_gate.weight, block.experts.gate_up_proj, block.experts.down_proj)
+    with torch.no_grad():
+        got = moe.prefill(h, *args, w13, w2, k=2, norm_topk=norm_topk, shared=shared)
+        steps = torch.cat([moe.decode(h[:, i:i + 1], *args, k=2, norm_topk=norm_topk)
+                           + moe.gate_scale(h[:, i:i + 1], args[1]) * shared(h[:, i:i + 1], w13, w2)
+                           for i in range(20)], dim=1)
+    assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item() * 10
+    assert (steps - want).abs().max().item() < 1e-5 * want.abs().max().item() * 10
