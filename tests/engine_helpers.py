@@ -140,3 +140,43 @@ def no_environment_reads(packages: tuple[str, ...] = ("engine.core", "engine.all
         yield watched
     finally:
         os.environ = watched.real
+
+
+def eager_and_static_step(m, model_dir, ids, window: int):
+    """The last token of ids [1, T] through the prefill (``m``, after ids[:-1]) and through THE decode step (a
+    second model loaded from ``model_dir``, after the same prefill): (eager logits, static logits, that model)."""
+    import torch
+
+    from engine.core import weights
+    from engine.core.model import Model
+
+    m2 = Model(m.cfg)
+    weights.load_into(m2, model_dir)
+    m2.setup_cache(m.max_context)
+    t = ids.shape[1] - 1
+    m.forward(ids[:, :t], 0)
+    eager = m.forward(ids[:, t:], t)
+    m2.forward(ids[:, :t], 0)
+    with torch.inference_mode():
+        static = m2.decode_step(ids[0, t:], torch.tensor([t]), window)
+    return eager, static, m2
+
+
+def spread_hybrid_weights(hf) -> None:
+    """A transformers Qwen3.5 / Qwen3-Next model's random weights made decisive for the oracle tests: decay rates
+    as the models initialise them, norms off their unit (zero-centred: 1 + w), matrices wider than init so greedy
+    choices are not near-ties, and a MoE router wider still (no near-tie between the k-th and the next expert)."""
+    import torch
+
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if n.endswith("A_log"):
+                p.uniform_(0.0, 2.7)
+            elif n.endswith("dt_bias"):
+                p.uniform_(0.5, 1.5)
+            elif "norm" in n:
+                p.normal_(0.0, 0.1)
+            elif n.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.3)
+            else:
+                p.normal_(0.0, 0.08)

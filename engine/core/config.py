@@ -1,6 +1,7 @@
 """Model shape as plain data, read from a Hugging Face config.json: Llama / Qwen2 / Qwen3 dense decoders, and
 the hybrid class of Qwen3.5 (Gated DeltaNet linear-attention layers between gated full-attention layers;
-``qwen3_5_text``, and the multimodal ``qwen3_5`` wrapper whose text config sits under ``text_config``)."""
+``qwen3_5_text``, and the multimodal ``qwen3_5`` wrapper whose text config sits under ``text_config``) and of
+Qwen3-Next (``qwen3_next``: the same layers with a sparse mixture-of-experts MLP, engine.core.moe)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 DENSE_TYPES = ("llama", "qwen2", "qwen3")
-HYBRID_TYPES = ("qwen3_5_text", "qwen3_5")
+HYBRID_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 SUPPORTED_TYPES = DENSE_TYPES + HYBRID_TYPES
 LAYER_KINDS = ("full_attention", "linear_attention")
+MLP_KINDS = ("dense", "moe")  # a SwiGLU MLP, or Qwen3-Next's routed experts plus a gated shared expert
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -54,12 +56,25 @@ class ModelConfig:
     weight_prefix: str = "model."  # where the decoder's tensors sit ("model.language_model." in the wrapper)
     quantization: Any = None  # engine.core.quant.QuantConfig of a GPTQ / AWQ checkpoint, None when dense
     mtp_layers: int = 0  # MTP draft layers the checkpoint carries (``mtp.*``; mtp_num_hidden_layers, Qwen3.5)
+    # Qwen3-Next's sparse MLP (engine.core.moe): per layer "dense" or "moe"; () = every layer dense
+    mlp_types: tuple[str, ...] = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each routed expert's width
+    shared_expert_intermediate_size: int = 0  # the shared expert's width (scaled by sigmoid(shared_expert_gate))
+    norm_topk_prob: bool = True  # the k chosen experts' probabilities renormalised to sum to 1
 
     def __post_init__(self):
         if not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * self.num_layers)
         if not self.rotary_dim:
             object.__setattr__(self, "rotary_dim", self.head_dim)
+        if not self.mlp_types:
+            object.__setattr__(self, "mlp_types", ("dense",) * self.num_layers)
+
+    @property
+    def moe(self) -> bool:
+        return "moe" in self.mlp_types
 
     @property
     def hybrid(self) -> bool:
@@ -108,9 +123,12 @@ class ModelConfig:
         nv = self.linear_num_value_heads
         linear = (d * (self.conv_dim + self.linear_value_dim + 2 * nv) + self.conv_dim * self.linear_conv_kernel_dim
                   + 2 * nv + self.linear_value_head_dim + self.linear_value_dim * d)
-        per_layer = 3 * d * f + 2 * d
+        n_moe = self.mlp_types.count("moe")
+        moe = d * (self.num_experts * (3 * self.moe_intermediate_size + 1) + 3 * self.shared_expert_intermediate_size
+                   + 1)  # routed experts and their router, the shared expert and its gate
+        mlps = (self.num_layers - n_moe) * 3 * d * f + n_moe * moe
         head = 0 if self.tie_word_embeddings else v * d
-        return (self.num_layers * per_layer + self.n_full * full + self.n_linear * linear + v * d + head + d)
+        return (mlps + self.num_layers * 2 * d + self.n_full * full + self.n_linear * linear + v * d + head + d)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K/V bytes per position: full-attention layers only (linear attention keeps a fixed-size state)."""
@@ -122,6 +140,8 @@ def from_dict(raw: dict[str, Any]) -> ModelConfig:
     if mt not in SUPPORTED_TYPES:
         raise ConfigError(f"model_type {mt!r} is not supported; this engine runs {', '.join(SUPPORTED_TYPES)}")
     quantization = _quantization(raw)
+    if mt == "qwen3_next" and quantization is not None:
+        raise ConfigError("quantization_config: a qwen3_next model runs dense only (packed experts are not run)")
     if mt in HYBRID_TYPES:
         return dataclasses.replace(_hybrid(raw), quantization=quantization)
     heads = int(raw["num_attention_heads"])
@@ -235,6 +255,7 @@ def _hybrid(raw: dict[str, Any]) -> ModelConfig:
     if lin["linear_num_value_heads"] % lin["linear_num_key_heads"]:
         raise ConfigError(f"linear_num_value_heads = {lin['linear_num_value_heads']} is not a multiple of "
                           f"linear_num_key_heads = {lin['linear_num_key_heads']}")
+    moe = _moe(raw, n_layers) if mt == "qwen3_next" else {}
     return ModelConfig(
         model_type=mt, vocab_size=int(_need(raw, "vocab_size", mt)), hidden_size=hidden,
         intermediate_size=int(_need(raw, "intermediate_size", mt)), num_layers=n_layers, num_heads=heads,
@@ -245,7 +266,34 @@ def _hybrid(raw: dict[str, Any]) -> ModelConfig:
         mlp_bias=False, qk_norm=True, max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
         bos_token_id=raw.get("bos_token_id", top.get("bos_token_id")), eos_token_ids=eos_ids,
         layer_types=types, attn_output_gate=True, zero_centred_norm=True, rotary_dim=rotary,
-        weight_prefix=prefix, mtp_layers=int(raw.get("mtp_num_hidden_layers") or 0), **lin)
+        weight_prefix=prefix, mtp_layers=0 if moe else int(raw.get("mtp_num_hidden_layers") or 0), **lin, **moe)
+
+
+def _moe(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """Qwen3-Next's MLP table as transformers builds it: layer i is sparse when num_experts > 0, i is not in
+    mlp_only_layers and (i + 1) % decoder_sparse_step == 0; else a dense MLP of intermediate_size. Its MTP
+    draft layer (``mtp.*``) is not run (its tensors are ignored)."""
+    mt = raw["model_type"]
+    experts = int(raw.get("num_experts", 0) or 0)
+    step = int(raw.get("decoder_sparse_step", 1) or 0)
+    if step < 1:
+        raise ConfigError(f"decoder_sparse_step = {step}: it must be at least 1")
+    only = raw.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(not isinstance(i, int) or not 0 <= i < n_layers for i in only):
+        raise ConfigError(f"mlp_only_layers {only!r} must list layer indices below num_hidden_layers = {n_layers}")
+    types = tuple("moe" if experts > 0 and i not in only and (i + 1) % step == 0 else "dense"
+                  for i in range(n_layers))
+    out = dict(mlp_types=types, num_experts=experts, norm_topk_prob=bool(raw.get("norm_topk_prob", True)))
+    if "moe" not in types:
+        return out
+    k = int(_need(raw, "num_experts_per_tok", mt))
+    if not 1 <= k <= experts:
+        raise ConfigError(f"num_experts_per_tok = {k} must be between 1 and num_experts = {experts}")
+    sizes = {f: int(_need(raw, f, mt)) for f in ("moe_intermediate_size", "shared_expert_intermediate_size")}
+    for f, n in sizes.items():
+        if n <= 0:
+            raise ConfigError(f"{f} = {n}: this engine runs MoE layers with a routed and a shared expert of width > 0")
+    return dict(out, num_experts_per_tok=k, **sizes)
 
 
 def files_dir(model_dir: str | Path) -> Path:

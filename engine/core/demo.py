@@ -102,7 +102,7 @@ def hybrid_tensors(cfg) -> list[tuple[str, tuple[int, ...], str]]:
     embed, head. The demo and the benches' random checkpoints both write these."""
     d, v = cfg.hidden_size, cfg.vocab_size
     out = [("model.embed_tokens.weight", (v, d), "embed")]
-    kinds = [(f"model.layers.{i}.", kind) for i, kind in enumerate(cfg.layer_types)]
+    kinds = [(f"model.layers.{i}.", kind, mlp) for i, (kind, mlp) in enumerate(zip(cfg.layer_types, cfg.mlp_types))]
     out += _hybrid_layers(cfg, kinds)
     out += [("model.norm.weight", (d,), "norm")]
     if not cfg.tie_word_embeddings:
@@ -110,17 +110,17 @@ def hybrid_tensors(cfg) -> list[tuple[str, tuple[int, ...], str]]:
     if cfg.mtp_layers:  # the draft layer: fc over [embedding | hidden], its norms, full-attention layers
         out += [("mtp.fc.weight", (d, 2 * d), "attn"), ("mtp.pre_fc_norm_embedding.weight", (d,), "norm"),
                 ("mtp.pre_fc_norm_hidden.weight", (d,), "norm")]
-        out += _hybrid_layers(cfg, [(f"mtp.layers.{i}.", "full_attention") for i in range(cfg.mtp_layers)])
+        out += _hybrid_layers(cfg, [(f"mtp.layers.{i}.", "full_attention", "dense") for i in range(cfg.mtp_layers)])
         out.append(("mtp.norm.weight", (d,), "norm"))
     return out
 
 
-def _hybrid_layers(cfg, kinds: list[tuple[str, str]]) -> list[tuple[str, tuple[int, ...], str]]:
+def _hybrid_layers(cfg, kinds: list[tuple[str, str, str]]) -> list[tuple[str, tuple[int, ...], str]]:
     d, f = cfg.hidden_size, cfg.intermediate_size
     hd, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     nv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_dim, cfg.linear_value_dim
     out = []
-    for p, kind in kinds:
+    for p, kind, mlp in kinds:
         out.append((p + "input_layernorm.weight", (d,), "norm"))  # zero-centred: applied as 1 + w
         if kind == "linear_attention":
             a = p + "linear_attn."
@@ -135,10 +135,24 @@ def _hybrid_layers(cfg, kinds: list[tuple[str, str]]) -> list[tuple[str, tuple[i
             out += [(a + "q_proj.weight", (2 * nh * hd, d), "attn"), (a + "k_proj.weight", (nkv * hd, d), "attn"),
                     (a + "v_proj.weight", (nkv * hd, d), "attn"), (a + "o_proj.weight", (d, nh * hd), "attn"),
                     (a + "q_norm.weight", (hd,), "norm"), (a + "k_norm.weight", (hd,), "norm")]
-        out += [(p + "post_attention_layernorm.weight", (d,), "norm"),
-                (p + "mlp.gate_proj.weight", (f, d), "mlp"), (p + "mlp.up_proj.weight", (f, d), "mlp"),
-                (p + "mlp.down_proj.weight", (d, f), "down")]
+        out.append((p + "post_attention_layernorm.weight", (d,), "norm"))
+        out += _moe_mlp(cfg, p) if mlp == "moe" else [
+            (p + "mlp.gate_proj.weight", (f, d), "mlp"), (p + "mlp.up_proj.weight", (f, d), "mlp"),
+            (p + "mlp.down_proj.weight", (d, f), "down")]
     return out
+
+
+def _moe_mlp(cfg, p: str) -> list[tuple[str, tuple[int, ...], str]]:
+    """A Qwen3-Next MoE MLP's tensors as its checkpoints hold them: router, every expert, the shared expert."""
+    d, fe, fs = cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    out = [(p + "mlp.gate.weight", (cfg.num_experts, d), "lin")]
+    for e in range(cfg.num_experts):
+        q = f"{p}mlp.experts.{e}."
+        out += [(q + "gate_proj.weight", (fe, d), "mlp"), (q + "up_proj.weight", (fe, d), "mlp"),
+                (q + "down_proj.weight", (d, fe), "down")]
+    q = p + "mlp.shared_expert."
+    return out + [(q + "gate_proj.weight", (fs, d), "mlp"), (q + "up_proj.weight", (fs, d), "mlp"),
+                  (q + "down_proj.weight", (d, fs), "down"), (p + "mlp.shared_expert_gate.weight", (1, d), "lin")]
 
 
 def _tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:

@@ -1,4 +1,4 @@
-"""The decoder: Llama / Qwen2 / Qwen3 dense and the Qwen3.5 hybrid, one code path for a whole model or one
+"""The decoder: Llama / Qwen2 / Qwen3 dense, the Qwen3.5 hybrid and Qwen3-Next (the hybrid with MoE MLPs), one code path for a whole model or one
 tensor-parallel rank.
 
 The layer table (``LAYER_KINDS``) says what each kind of layer holds and how it runs; a dense model is all
@@ -65,6 +65,16 @@ LAYER_KINDS = {
         "kernels": "gdn_block (torch: engine.core.gdn) or engine.core.gdn_fused's decode kernel; prefill: gdn.chunked "
                    "or engine.core.gdn_chunk's kernel (one launch per layer and chunk)",
     },
+}
+# What each kind of MLP holds (config.MLP_KINDS; per layer from cfg.mlp_types): both close with the allreduce.
+MLP_KINDS = {
+    "dense": {"weights": "w13 (gate | up), w2", "tp2": "gate/up rows, down columns split"},
+    "moe": {"weights": "router [E, D], ew13 [E, 2 fe, D], ew2 [E, D, fe], the shared expert as w13 / w2, "
+                       "shared_gate [1, D] (engine.core.moe)",
+            "tp2": "every expert's gate/up rows and down columns split (each rank a slice of every expert); "
+                   "router and shared gate replicated",
+            "kernels": "engine.core.moe: top-k on the device, the k experts gathered into two batched products "
+                       "(capturable); the shared expert through the path's mlp block"},
 }
 STATE_KEYS = ("k_cache", "v_cache", "k_scale", "v_scale", "conv_ring", "rec_state")  # per-sequence, not weights
 
@@ -231,6 +241,19 @@ def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: floa
     return (h * F.silu(z.float())).to(o.dtype)
 
 
+def moe_block(x, delta, post_norm, w13, w2, router, shared_gate, ew13, ew2, *, k: int, norm_topk: bool, eps: float,
+              zc: bool = False, mlp=None):
+    """The decode step's second half-layer of a Qwen3-Next MoE layer. x, delta [1, 1, D] -> (x + delta, partial
+    [1, 1, D]): the shared expert through ``mlp`` (mlp_block's signature: the path's own, fused or not) scaled
+    by its sigmoid gate, plus the k routed experts (engine.core.moe.decode)."""
+    from engine.core import moe
+
+    x, shared = (mlp or mlp_block)(x, delta, post_norm, w13, None, w2, None, eps=eps, zc=zc)
+    h = rms_norm(x, post_norm, eps, zc)
+    routed = moe.decode(h, router, shared_gate, ew13, ew2, k=k, norm_topk=norm_topk)
+    return x, routed + moe.gate_scale(h, shared_gate) * shared
+
+
 def mlp_block(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, linear=matmul, zc: bool = False):
     """The decode step's second half-layer. x, delta [1, 1, D] -> (x + delta, down_proj partial [1, 1, D])."""
     x = x + delta  # the attention's reduced output
@@ -243,14 +266,17 @@ class Layer:
     """One decoder layer's weights for this rank (LAYER_KINDS[kind]); q/k/v and gate/up, and a linear-attention
     layer's four input projections, are fused into single matrices."""
 
-    def __init__(self, cfg: ModelConfig, world: int, dtype: torch.dtype, device: torch.device, kind: str):
+    def __init__(self, cfg: ModelConfig, world: int, dtype: torch.dtype, device: torch.device, kind: str,
+                 mlp: str = "dense"):
         e = dict(dtype=dtype, device=device)
         # a GPTQ / AWQ checkpoint: wqkv, wo, w13 and w2 are placed by the loader (engine.core.quant_load), packed or
         # dense per module, so nothing is allocated for them here
         m = dict(dtype=dtype, device="meta") if cfg.quantization is not None else e
         self.kind = kind
+        self.mlp = mlp
         self.zc = cfg.zero_centred_norm
-        self.ff = cfg.intermediate_size // world
+        # a MoE layer's w13 / w2 are its shared expert (engine.core.moe)
+        self.ff = (cfg.shared_expert_intermediate_size if mlp == "moe" else cfg.intermediate_size) // world
         d = cfg.hidden_size
         self.input_norm = torch.empty(d, **e)
         self.post_norm = torch.empty(d, **e)
@@ -258,6 +284,13 @@ class Layer:
         self.b13 = torch.empty(2 * self.ff, **e) if cfg.mlp_bias else None
         self.w2 = torch.empty(d, self.ff, **m)
         self.b2 = torch.empty(d, **e) if cfg.mlp_bias else None
+        if mlp == "moe":
+            fe = cfg.moe_intermediate_size // world
+            self.router = torch.empty(cfg.num_experts, d, **e)  # replicated
+            self.shared_gate = torch.empty(1, d, **e)  # replicated
+            self.ew13 = torch.empty(cfg.num_experts, 2 * fe, d, **e)  # per expert: [gate | up] rows of this rank
+            self.ew2 = torch.empty(cfg.num_experts, d, fe, **e)  # per expert: down_proj columns of this rank
+            self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.norm_topk_prob
         if kind == "linear_attention":
             self._init_linear(cfg, world, e)
         else:
@@ -318,6 +351,10 @@ class Layer:
     def mlp_tensors(self, rank: int) -> tuple:
         return self.post_norm, self.w13, self.b13, self.w2, self.b2 if rank == 0 else None
 
+    def moe_tensors(self) -> tuple:
+        """moe_block's weights (a "moe" MLP: no biases)."""
+        return self.post_norm, self.w13, self.w2, self.router, self.shared_gate, self.ew13, self.ew2
+
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, norm=rms_norm):
         """Prefill: (q [B, h, T, hd], k [B, kv, T, hd], v [B, kv, T, hd], gate [B, T, h hd] or None). ``norm``:
         the q / k norm (rms_norm's signature; the speculative verification passes its one-kernel form)."""
@@ -356,7 +393,8 @@ class Model:
         self.embed = torch.empty(cfg.vocab_size, cfg.hidden_size, **e)  # replicated
         self.head = torch.empty(cfg.vocab_size // world, cfg.hidden_size, **e)  # this rank's vocabulary rows
         self.norm = torch.empty(cfg.hidden_size, **e)
-        self.layers = [Layer(cfg, world, dtype, self.device, kind) for kind in cfg.layer_types]
+        self.layers = [Layer(cfg, world, dtype, self.device, kind, mlp)
+                       for kind, mlp in zip(cfg.layer_types, cfg.mlp_types)]
         self.mtp = None  # engine.core.mtp.MTP: the checkpoint's draft layer(s), when the config declares them
         self.weights_origin = "checkpoint"  # or "random": generated at load (engine.core.random_weights)
         if cfg.mtp_layers:
@@ -417,9 +455,18 @@ class Model:
         return bias if self.rank == 0 else None
 
     def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
-        gu = matmul(h, layer.w13, layer.b13)  # [B, T, 2 ff]
+        if layer.mlp == "moe":
+            from engine.core import moe
+
+            return moe.prefill(h, layer.router, layer.shared_gate, layer.ew13, layer.ew2, layer.w13, layer.w2,
+                               k=layer.top_k, norm_topk=layer.norm_topk,
+                               shared=lambda x, w13, w2: self._dense_mlp(x, w13, None, w2, None))
+        return self._dense_mlp(h, layer.w13, layer.b13, layer.w2, layer.b2)
+
+    def _dense_mlp(self, h, w13, b13, w2, b2) -> torch.Tensor:
+        gu = matmul(h, w13, b13)  # [B, T, 2 ff]
         gate, up = gu.chunk(2, dim=-1)
-        return matmul(F.silu(gate) * up, layer.w2, self._bias_once(layer.b2))
+        return matmul(F.silu(gate) * up, w2, self._bias_once(b2))
 
     def _attention(self, layer: Layer, h: torch.Tensor, cos, sin, pos0: int) -> torch.Tensor:
         """Prefill of a full-attention layer: h [1, T, D] -> o_proj partial [1, T, D]; K/V written."""
@@ -578,7 +625,11 @@ class Model:
                               dv=layer.dv, eps=cfg.rms_norm_eps, **zc, **kw)
             delta = recv(part) if xs is not None else self._reduce(part)
             kw = {} if xs is None else {"send": xs.ticket(2 * i + 1, cfg.hidden_size, self.dtype)}
-            x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **zc, **kw)
+            if layer.mlp == "moe":  # the routed experts in torch, the shared expert through the path's mlp block
+                x, part = moe_block(x, delta, *layer.moe_tensors(), k=layer.top_k, norm_topk=layer.norm_topk,
+                                    eps=cfg.rms_norm_eps, **zc, mlp=mlp)
+            else:
+                x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **zc, **kw)
             last = i + 1 == len(self.layers)  # the last exchange is summed by xs.finish (it bumps the serial)
             delta = self._reduce(part) if xs is None else part if last else recv(part)
         if xs is not None:  # the final norm in the last exchange's kernel (rows of up to 8192: epilogue_exchange)
@@ -591,8 +642,8 @@ class Model:
         """Whether the TP2 exchange can run inside these blocks' GEMVs (engine.allreduce.epilogue): blocks that take
         tickets (every kind of layer this model has), a path that offers the exchange, kernels that run here
         (engine.core.attention.sends_here) and rows of up to 8192 values."""
-        if self.comm is None or not blocks or not getattr(blocks[0], "sends", False):
-            return False
+        if self.comm is None or not blocks or not getattr(blocks[0], "sends", False) or self.cfg.moe:
+            return False  # (moe_block takes no ticket: a MoE model exchanges through the path's allreduce)
         if self.cfg.hybrid and not (len(blocks) > 2 and getattr(blocks[2], "sends", False)):
             return False
         if getattr(getattr(self.comm, "path", None), "epilogue", None) is None:
@@ -613,6 +664,8 @@ class Model:
         n = self.head.numel() + self.norm.numel() + self.cfg.hidden_size
         for layer in self.layers:
             n += sum(t.numel() for t in layer.weights().values())
+            if layer.mlp == "moe":  # a step reads the k chosen experts of E
+                n -= (layer.ew13.numel() + layer.ew2.numel()) * (layer.router.shape[0] - layer.top_k) // layer.router.shape[0]
         return n * self.head.element_size() + sum(p.nbytes for p in self.packed())
 
     def packed(self) -> list:

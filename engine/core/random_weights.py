@@ -34,7 +34,8 @@ def read_spec(model_dir: str | Path) -> dict:
 
 
 def hf_shapes(cfg) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of a Hugging Face Llama/Qwen (or Qwen3.5 hybrid) checkpoint of this config, with its shape."""
+    """Every tensor of a Hugging Face Llama/Qwen (or Qwen3.5 / Qwen3-Next hybrid: Qwen3.5's projection names)
+    checkpoint of this config, with its shape."""
     if cfg.hybrid:
         from engine.core.demo import hybrid_tensors
 

@@ -35,6 +35,13 @@ RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.(A_log|dt_bias)$"), "colwise"),
     (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.out_proj\.weight$"), "rowwise"),
     (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.norm\.weight$"), "replicated"),
+    # Qwen3-Next: in_proj_qkvz / in_proj_ba are grouped per key head ([q k v z] and [b a] of its value heads), so
+    # whole row blocks are whole key heads with their value heads (converted to the engine's layout at load:
+    # engine.core.qwen3_next); the MoE MLP: every expert split as a dense MLP, router and shared gate replicated
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_(qkvz|ba)\.weight$"), "colwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(experts\.\d+|shared_expert)\.(gate|up)_proj\.weight$"), "colwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(experts\.\d+|shared_expert)\.down_proj\.weight$"), "rowwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(gate|shared_expert_gate)\.weight$"), "replicated"),
     # the MTP draft layer (Qwen3.5): its fc [D, 2D] over [embedding | hidden] is replicated (every rank computes
     # the whole input of its attention layer); its layers split as the decoder's above
     (re.compile(r"^mtp\.(fc|norm|pre_fc_norm_embedding|pre_fc_norm_hidden)\.weight$"), "replicated"),
@@ -63,7 +70,7 @@ def kind_of(name: str) -> str:
     for pattern, kind in RULES:
         if pattern.match(name):
             return kind
-    raise ShardError(f"tensor {name!r} is not part of a Llama/Qwen2/Qwen3 dense or Qwen3.5 hybrid decoder; "
+    raise ShardError(f"tensor {name!r} is not part of a Llama/Qwen2/Qwen3 dense or Qwen3.5 / Qwen3-Next hybrid decoder; "
                      f"refusing to guess how to split it")
 
 
@@ -75,6 +82,9 @@ def check_divisible(cfg: ModelConfig, world: int) -> None:
     if cfg.hybrid:
         sizes += [("linear_num_key_heads", cfg.linear_num_key_heads),
                   ("linear_num_value_heads", cfg.linear_num_value_heads)]
+    if cfg.moe:
+        sizes += [("moe_intermediate_size", cfg.moe_intermediate_size),
+                  ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size)]
     for label, n in sizes:
         if n % world:
             problems.append(f"{label} = {n} is not divisible by {world}")

@@ -19,6 +19,7 @@ from engine.core.model import Model
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")  # Qwen3-Next's routed experts
 MTP_TOP = {"mtp.fc.weight": "fc", "mtp.pre_fc_norm_embedding.weight": "emb_norm",
            "mtp.pre_fc_norm_hidden.weight": "hid_norm", "mtp.norm.weight": "norm"}
 
@@ -67,7 +68,35 @@ def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
     return _layer_slot(model, model.layers[int(m.group(1))], m.group(2), name)
 
 
-def _layer_slot(model: Model, layer, rest: str, name: str) -> tuple[torch.Tensor, int]:
+def _layer_slot(model: Model, layer, rest: str, name: str) -> tuple:
+    if layer.mlp == "moe":
+        return _moe_slot(layer, rest, name) or _mixer_slot(model, layer, rest, name)
+    return _mixer_slot(model, layer, rest, name)
+
+
+def _moe_slot(layer, rest: str, name: str) -> tuple | None:
+    """(tensor, row offset, expert index or None) of a MoE MLP's tensor (engine.core.moe), None for another."""
+    table = {"mlp.gate.weight": (layer.router, 0, None), "mlp.shared_expert_gate.weight": (layer.shared_gate, 0, None),
+             "mlp.shared_expert.gate_proj.weight": (layer.w13, 0, None),
+             "mlp.shared_expert.up_proj.weight": (layer.w13, layer.ff, None),
+             "mlp.shared_expert.down_proj.weight": (layer.w2, 0, None)}
+    if rest in table:
+        return table[rest]
+    m = _EXPERT.match(rest)
+    if m is None:
+        if rest.startswith("mlp."):
+            raise WeightsError(f"tensor {name} has no place in a MoE layer (router mlp.gate, mlp.experts.E.*, "
+                               f"mlp.shared_expert.*, mlp.shared_expert_gate)")
+        return None
+    e, part = int(m.group(1)), m.group(2)
+    if e >= layer.ew13.shape[0]:
+        raise WeightsError(f"tensor {name}: expert {e} of num_experts = {layer.ew13.shape[0]}")
+    if part == "down":
+        return layer.ew2, 0, e
+    return layer.ew13, 0 if part == "gate" else layer.ew13.shape[1] // 2, e
+
+
+def _mixer_slot(model: Model, layer, rest: str, name: str) -> tuple[torch.Tensor, int]:
     common = {
         "input_layernorm.weight": (layer.input_norm, 0),
         "post_attention_layernorm.weight": (layer.post_norm, 0),
@@ -115,11 +144,20 @@ def _layer_slot(model: Model, layer, rest: str, name: str) -> tuple[torch.Tensor
 
 
 def _place(model: Model, name: str, t: torch.Tensor, filled: dict[int, int]) -> None:
-    dest, off = _slot(model, name)
+    from engine.core import qwen3_next
+
+    m = _LAYER.match(name)
+    if m and int(m.group(1)) < len(model.layers):  # Qwen3-Next's fused projections: the engine's layout first
+        parts = qwen3_next.convert(m.group(2), t, model.layers[int(m.group(1))])
+        if parts is not None:
+            for rest, part in parts:
+                _place(model, f"model.layers.{m.group(1)}.{rest}", part, filled)
+            return
+    dest, off, *expert = _slot(model, name)
     if dest.dim() == 2 and t.dim() == 3 and t.shape[1] == 1:  # conv1d [channels, 1, kernel] -> [channels, kernel]
         t = t[:, 0]
     n = t.shape[0]
-    target = dest[off:off + n]
+    target = dest[off:off + n] if not expert or expert[0] is None else dest[expert[0], off:off + n]
     if tuple(target.shape) != tuple(t.shape):
         raise WeightsError(f"{name}: checkpoint shape {tuple(t.shape)} does not fit {tuple(target.shape)} "
                            f"(rank {model.rank} of {model.world})")

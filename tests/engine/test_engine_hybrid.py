@@ -15,7 +15,7 @@ from engine.core import config as ecfg
 from engine.core import gdn, runner, shard, tp, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO, run_interpreter_cases
+from tests.engine_helpers import REPO, eager_and_static_step, run_interpreter_cases, spread_hybrid_weights
 
 # The 27B shape's ratios, shrunk: every 4th layer full attention, 6:1... here 2:1 GQA, head dim 64 with a
 # quarter rotary, each linear-attention key head serving 3 value heads (as 16 key / 48 value heads do).
@@ -31,16 +31,7 @@ def _hf(out, multimodal: bool = False):
     torch.manual_seed(4321)
     text = transformers.Qwen3_5TextConfig(**SMALL)
     model = transformers.Qwen3_5ForCausalLM(text).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("A_log"):
-                p.uniform_(0.0, 2.7)
-            elif n.endswith("dt_bias"):
-                p.uniform_(0.5, 1.5)
-            elif "norm" in n:
-                p.normal_(0.0, 0.1)  # zero-centred norms read 1 + w: exercise w
-            else:
-                p.normal_(0.0, 0.08)  # wider than init so greedy choices are not near-ties
+    spread_hybrid_weights(model)
     if not multimodal:
         model.save_pretrained(out, safe_serialization=True)
         return model
@@ -107,15 +98,7 @@ def test_greedy_64_tokens_identical_to_transformers(hybrid):
 
 def test_static_decode_step_equals_prefill_of_the_same_token(hybrid):
     _, m, d = hybrid
-    m2 = Model(m.cfg)
-    weights.load_into(m2, d)
-    m2.setup_cache(512)
-    ids = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32]])
-    m.forward(ids[:, :8], 0)
-    eager = m.forward(ids[:, 8:], 8)
-    m2.forward(ids[:, :8], 0)
-    with torch.inference_mode():
-        static = m2.decode_step(ids[0, 8:], torch.tensor([8]), 256)
+    eager, static, m2 = eager_and_static_step(m, d, torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32]]), 256)
     assert (eager - static).abs().max().item() < 1e-5
     # the recurrent and conv states after both paths agree too
     for a, b in zip(m.layers[:3], m2.layers[:3]):

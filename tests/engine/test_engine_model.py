@@ -11,7 +11,7 @@ from engine.core import config as ecfg
 from engine.core import runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import SHRINK, make_hf_model, small_config
+from tests.engine_helpers import SHRINK, eager_and_static_step, make_hf_model, small_config
 
 
 @pytest.fixture(scope="module", params=sorted(SHRINK))
@@ -49,15 +49,7 @@ def test_greedy_64_tokens_identical_to_transformers(pair):
 
 def test_static_decode_step_matches_eager(pair):
     _, _, m, d = pair
-    m2 = Model(m.cfg)
-    weights.load_into(m2, d)
-    m2.setup_cache(256)
-    ids = torch.tensor([[3, 14, 15, 92, 65, 35, 89]])
-    m.forward(ids[:, :6], 0)
-    eager = m.forward(ids[:, 6:], 6)
-    m2.forward(ids[:, :6], 0)
-    with torch.inference_mode():
-        static = m2.decode_step(ids[0, 6:], torch.tensor([6]), 256)
+    eager, static, _ = eager_and_static_step(m, d, torch.tensor([[3, 14, 15, 92, 65, 35, 89]]), 256)
     assert (eager - static).abs().max().item() < 1e-4
 
 
