@@ -94,3 +94,27 @@ def test_split_k_sums_are_the_same_on_every_graph_replay():
         assert rel(out, ref) < 1e-2, split
         outs.append(first)
     assert rel(outs[1], outs[0]) < 1e-2 and rel(outs[2], outs[0]) < 1e-2
+
+
+@pytest.mark.parametrize("key", ["gptq-sym-g32", "awq-g64-all-packed"])
+def test_a_packed_gdn_checkpoint_on_the_gpu_gives_transformers_tokens(key, tmp_path):
+    """Qwen3.5 with its Gated DeltaNet projections packed (w_in packed beside dense b/a, or all one packed matrix):
+    the fused kernels and CUDA graphs give transformers' greedy tokens on the dequantised weights."""
+    from engine.core import config as ecfg
+    from engine.core import runner, weights
+    from engine.core.model import Model
+    from engine.core.sampling import Sampler
+    from tests.test_engine_gdn_packed import CASES, PROMPT, make_hybrid
+
+    method, group, sym, dense, override = CASES[key]
+    hf, _ = make_hybrid(tmp_path, method, group, sym, dense, override)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([PROMPT]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                           pad_token_id=0)[0, len(PROMPT):].tolist()
+    model = Model(ecfg.load(tmp_path), dtype=torch.float32, device="cuda")
+    weights.load_into(model, tmp_path)
+    model.setup_cache(256)
+    dec = runner.prepare(model)
+    assert dec.kernels == "fused" and dec.graphs and dec.info["weights"]["format"].startswith(method)
+    out, _ = runner.run(model, PROMPT, 24, Sampler(), set(), chunk=4)
+    assert out == want
