@@ -115,6 +115,13 @@ def make_quantised(name: str, out: Path, method: str, group: int, sym: bool = Tr
     return model, tensors
 
 
+def greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of exactly n tokens (the reference the engine's tokens must equal)."""
+    with torch.no_grad():
+        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+
+
 def quantise_model(model, method: str, group: int, sym: bool, desc_act: bool, quantised: tuple[str, ...],
                    dense: tuple[str, ...], seed: int) -> dict[str, torch.Tensor]:
     """Random weights into ``model``, its ``quantised`` modules (but ``dense``) rounded to 4 bits in place (the

@@ -16,8 +16,8 @@ from engine.core import quant, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
 from tests.engine_helpers import REPO
+from tests.quant_helpers import greedy, make_quantised
 from tests.quant_helpers import held_bytes as _held_bytes
-from tests.quant_helpers import make_quantised
 
 PROMPT = [1, 17, 300, 42, 5, 99]
 
@@ -32,9 +32,7 @@ CASES = {  # name -> (architecture, method, group size, sym, desc_act, modules l
 
 
 def _reference(hf, n: int) -> list[int]:
-    with torch.no_grad():
-        return hf.generate(torch.tensor([PROMPT]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           pad_token_id=0)[0, len(PROMPT):].tolist()
+    return greedy(hf, PROMPT, n)
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,16 @@ def packed_part(name: str) -> bool:
     return bool(_MODULE.match(name))
 
 
-def layer_inputs(cfg) -> dict[str, int]:
-    """Each matrix's input size, row-parallel ones marked (quant.check_inputs)."""
-    return {"q/k/v_proj": cfg.hidden_size, "gate/up_proj": cfg.hidden_size,
-            "rowwise:o_proj": cfg.num_heads * cfg.head_dim, "rowwise:down_proj": cfg.intermediate_size}
+def layer_inputs(cfg, names: set[str] | frozenset = frozenset()) -> dict[str, int]:
+    """Each matrix's input size, row-parallel ones marked (quant.check_inputs); a Gated DeltaNet layer's
+    projections where the checkpoint's tensor ``names`` hold them packed."""
+    out = {"q/k/v_proj": cfg.hidden_size, "gate/up_proj": cfg.hidden_size,
+           "rowwise:o_proj": cfg.num_heads * cfg.head_dim, "rowwise:down_proj": cfg.intermediate_size}
+    if any(".linear_attn.in_proj_" in n and n.endswith(".qweight") for n in names):
+        out["in_proj"] = cfg.hidden_size
+    if any(".linear_attn.out_proj.qweight" in n for n in names):
+        out["rowwise:out_proj"] = cfg.linear_value_dim
+    return out
 
 
 class Store:
@@ -58,11 +64,7 @@ class Store:
             if bad in names:
                 raise quant.QuantError(f"{bad}: a quantised embedding or output head is not supported")
         m = self.model
-        gdn = {"in_proj": m.cfg.hidden_size} if any(".linear_attn.in_proj_" in n and n.endswith(".qweight")
-                                                     for n in names) else {}
-        if any(".linear_attn.out_proj.qweight" in n for n in names):
-            gdn["rowwise:out_proj"] = m.cfg.linear_value_dim
-        quant.check_inputs(self.q, gdn, m.world)
+        quant.check_inputs(self.q, layer_inputs(m.cfg, names), m.world)
         for i, layer in enumerate(m.layers):
             for attr, modules in MATRICES.items():
                 if not hasattr(layer, attr):  # a linear-attention layer has no wqkv / wo
