@@ -172,3 +172,41 @@ def test_fused_hybrid_decode_step_on_packed_weights_is_the_step_on_their_dequant
     assert rel(got, want) < 1e-4 and int(got.argmax()) == int(want.argmax())
     for a, b in zip(_states(model), want_states):
         assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("key", ["gptq-sym-g32", "awq-g64-all-packed"])
+def test_fused_decode_step_on_a_packed_gdn_checkpoint_is_the_plain_step(key, tmp_path):
+    """A Qwen3.5 checkpoint with the Gated DeltaNet projections packed (tests/engine/test_engine_gdn_packed.py): w_in as
+    packed [in_proj_qkv | z] beside dense [b | a] (each part's norm-prologue GEMV), or all four as one packed matrix;
+    out_proj through the plain-prologue int4 GEMV; against the plain step (the products on the dequantised weights),
+    the linear-attention states after both the same."""
+    from engine.core import config as ecfg
+    from engine.core import weights
+    from engine.core.model import Model
+    from tests.engine.test_engine_gdn_packed import CASES, make_hybrid
+
+    method, group, sym, dense, override = CASES[key]
+    make_hybrid(tmp_path, method, group, sym, dense, override)
+    model = Model(ecfg.load(tmp_path))
+    weights.load_into(model, tmp_path)
+    model.setup_cache(96)
+    lin = [la for la in model.layers if la.kind == "linear_attention"]
+    assert isinstance(lin[0].w_in, quant.Rows if dense else quant.PackedLinear)
+    model.forward(torch.tensor([[1, 17, 300, 42, 5]]), 0)
+    held = [(la, la.rec_state.clone(), la.conv_ring.clone()) for la in lin]
+    caches = [(la, la.k_cache.clone(), la.v_cache.clone()) for la in model.attention_layers]
+    tok, pos = torch.tensor([9]), torch.tensor([5])
+    with torch.inference_mode():
+        want = model.decode_step(tok, pos, 64)
+        want_states = [(la.rec_state.clone(), la.conv_ring.clone()) for la in lin]
+        for la, r, c in held:
+            la.rec_state.copy_(r)
+            la.conv_ring.copy_(c)
+        for la, k, v in caches:
+            la.k_cache.copy_(k)
+            la.v_cache.copy_(v)
+        got = model.decode_step(tok, pos, 64, runner.fused_blocks())
+    assert rel(got, want) < 1e-5 and int(got.argmax()) == int(want.argmax())
+    for la, (r, c) in zip(lin, want_states):
+        assert torch.allclose(la.rec_state, r, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(la.conv_ring, c, rtol=1e-5, atol=1e-5)  # the projections, summed in another order

@@ -103,7 +103,6 @@ def make_quantised(name: str, out: Path, method: str, group: int, sym: bool = Tr
     AWQ (GEMM) checkpoint; returns the transformers model holding the dequantised weights. ``dense``: modules
     (e.g. "o_proj") left unquantised, as checkpoints mix them."""
     import transformers
-    from safetensors.torch import save_file
 
     raw = small_config(name)
     raw.update(WIDE)
@@ -111,11 +110,31 @@ def make_quantised(name: str, out: Path, method: str, group: int, sym: bool = Tr
     cfg = transformers.AutoConfig.for_model(**raw)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    tensors = quantise_model(model, method, group, sym, desc_act, QUANTISED, dense, seed)
+    write_checkpoint(out, model, tensors, raw, method, group, sym, desc_act)
+    return model, tensors
+
+
+def greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of exactly n tokens (the reference the engine's tokens must equal)."""
+    with torch.no_grad():
+        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+
+
+def quantise_model(model, method: str, group: int, sym: bool, desc_act: bool, quantised: tuple[str, ...],
+                   dense: tuple[str, ...], seed: int) -> dict[str, torch.Tensor]:
+    """Random weights into ``model``, its ``quantised`` modules (but ``dense``) rounded to 4 bits in place (the
+    model holds the dequantised weights); returns the checkpoint's tensors, packed ones as the method stores them."""
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if "norm" in n:
+            if n.endswith("A_log"):  # Gated DeltaNet decay rates and time steps as Qwen3.5 sets them up
+                p.uniform_(0.0, 2.7, generator=gen)
+            elif n.endswith("dt_bias"):
+                p.uniform_(0.5, 1.5, generator=gen)
+            elif "norm" in n:
                 p.normal_(1.0, 0.1, generator=gen)
             elif "bias" in n:
                 p.normal_(0.0, 0.1, generator=gen)
@@ -124,7 +143,7 @@ def make_quantised(name: str, out: Path, method: str, group: int, sym: bool = Tr
         orders: dict[tuple[int, int], torch.Tensor] = {}  # one input order per (layer, input): q/k/v share theirs
         for n, p in model.named_parameters():
             mod = n.split(".")[-2]
-            if not n.endswith(".weight") or mod not in QUANTISED or mod in dense:
+            if not n.endswith(".weight") or mod not in quantised or mod in dense:
                 tensors[n] = p.detach().clone().contiguous()
                 continue
             k = p.shape[1]
@@ -139,7 +158,15 @@ def make_quantised(name: str, out: Path, method: str, group: int, sym: bool = Tr
             base = n.removesuffix(".weight")
             packed = pack_gptq(q, zeros, scales, g_idx) if method == "gptq" else pack_awq(q, zeros, scales)
             tensors.update({f"{base}.{part}": t.contiguous() for part, t in packed.items()})
-    if not cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
+    return tensors
+
+
+def write_checkpoint(out: Path, model, tensors: dict[str, torch.Tensor], raw: dict, method: str, group: int,
+                     sym: bool, desc_act: bool) -> None:
+    """model.safetensors and a config.json of ``raw`` with the method's quantization_config."""
+    from safetensors.torch import save_file
+
+    if not model.config.tie_word_embeddings and "lm_head.weight" not in tensors:
         tensors["lm_head.weight"] = model.lm_head.weight.detach().clone()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -147,4 +174,17 @@ def make_quantised(name: str, out: Path, method: str, group: int, sym: bool = Tr
            "checkpoint_format": "gptq"} if method == "gptq" else
           {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"})
     (out / "config.json").write_text(json.dumps({**raw, "quantization_config": qc}))
-    return model, tensors
+
+
+def held_bytes(tensors: dict[str, torch.Tensor], desc_act: bool) -> int:
+    """What a rank at TP1 holds: every tensor of the file, but g_idx only as one input order per stacked matrix
+    when desc_act reorders the inputs (q/k/v share one, gate/up one), and not at all when it is k // group; a tied
+    output head is a copy of the embedding."""
+    n = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.endswith("g_idx"))
+    if "lm_head.weight" not in tensors:
+        n += tensors["model.embed_tokens.weight"].numel() * tensors["model.embed_tokens.weight"].element_size()
+    if desc_act:
+        for name, t in tensors.items():
+            if name.endswith(("q_proj.g_idx", "o_proj.g_idx", "gate_proj.g_idx", "down_proj.g_idx")):
+                n += t.numel() * 4
+    return n

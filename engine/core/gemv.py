@@ -340,7 +340,10 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
     ``delta`` may be an engine.allreduce.epilogue.Sent (this rank's partial, sent): the kernel waits for the
     peer's and adds them (two-pass norm). ``one_pass``: PROLOGUE_NORM_ONE_PASS instead (default NORM_ONE_PASS).
     ``zc``: the zero-centred norm (weight applied as 1 + w, Qwen3.5). A packed (GPTQ / AWQ) ``w``:
-    engine.core.gemv_int4's kernel, the same prologue."""
+    engine.core.gemv_int4's kernel, the same prologue; packed parts beside dense ones (engine.core.quant.Rows): each
+    part's kernel."""
+    if hasattr(w, "parts"):
+        return w.linear_norm(x, delta, norm_weight, eps, b, zc=zc)
     if not isinstance(w, torch.Tensor):
         from engine.core import gemv_int4
 

@@ -204,7 +204,7 @@ def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_nor
 
 
 def gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out, *,
-              nk: int, nv: int, dk: int, dv: int, eps: float, zc: bool = True, linear=F.linear):
+              nk: int, nv: int, dk: int, dv: int, eps: float, zc: bool = True, linear=matmul):
     """The decode step's first half-layer of a Gated DeltaNet layer. x, delta [1, 1, D] -> (x + delta,
     out_proj partial [1, 1, D]). One token: the conv ring and the recurrent state are updated in place at
     ``pos`` (gdn_mix); nothing depends on pos's value on the host (capturable)."""
@@ -269,8 +269,8 @@ class Layer:
     def __init__(self, cfg: ModelConfig, world: int, dtype: torch.dtype, device: torch.device, kind: str,
                  mlp: str = "dense"):
         e = dict(dtype=dtype, device=device)
-        # a GPTQ / AWQ checkpoint: wqkv, wo, w13 and w2 are placed by the loader (engine.core.quant_load), packed or
-        # dense per module, so nothing is allocated for them here
+        # a GPTQ / AWQ checkpoint: wqkv, wo, w13, w2 (w_in, w_out) are placed by the loader (engine.core.quant_load),
+        # packed or dense per module, so nothing is allocated for them here
         m = dict(dtype=dtype, device="meta") if cfg.quantization is not None else e
         self.kind = kind
         self.mlp = mlp
@@ -292,7 +292,7 @@ class Layer:
             self.ew2 = torch.empty(cfg.num_experts, d, fe, **e)  # per expert: down_proj columns of this rank
             self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.norm_topk_prob
         if kind == "linear_attention":
-            self._init_linear(cfg, world, e)
+            self._init_linear(cfg, world, e, m)
         else:
             self._init_attention(cfg, world, e, m)
 
@@ -316,19 +316,19 @@ class Layer:
         self.k_scale: torch.Tensor | None = None  # [1, n_kv, max_ctx] float32 (int8 cache only)
         self.v_scale: torch.Tensor | None = None
 
-    def _init_linear(self, cfg: ModelConfig, world: int, e: dict) -> None:
+    def _init_linear(self, cfg: ModelConfig, world: int, e: dict, m: dict) -> None:
         d = cfg.hidden_size
         self.nk = cfg.linear_num_key_heads // world
         self.nv = cfg.linear_num_value_heads // world
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.conv_channels = 2 * self.nk * self.dk + self.nv * self.dv  # [q | k | v] of this rank's heads
         self.kernel = cfg.linear_conv_kernel_dim
-        self.w_in = torch.empty(self.conv_channels + self.nv * self.dv + 2 * self.nv, d, **e)  # [qkv | z | b | a]
+        self.w_in = torch.empty(self.conv_channels + self.nv * self.dv + 2 * self.nv, d, **m)  # [qkv | z | b | a]
         self.conv_w = torch.empty(self.conv_channels, self.kernel, **e)
         self.a_log = torch.empty(self.nv, **e)
         self.dt_bias = torch.empty(self.nv, **e)
         self.gnorm = torch.empty(self.dv, **e)
-        self.w_out = torch.empty(d, self.nv * self.dv, **e)  # columns: this rank's value heads
+        self.w_out = torch.empty(d, self.nv * self.dv, **m)  # columns: this rank's value heads
         self.conv_ring: torch.Tensor | None = None  # [channels, kernel], slot p % kernel = input of position p
         self.rec_state: torch.Tensor | None = None  # [nv, dk, dv] float32
 
@@ -500,7 +500,7 @@ class Model:
 
         t = h.shape[1]
         kd, vd = layer.nk * layer.dk, layer.nv * layer.dv
-        proj = F.linear(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]
+        proj = matmul(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]
         mixed, z, b, a = proj.split([2 * kd + vd, vd, layer.nv, layer.nv], dim=-1)
         rings = None
         if states is not None:  # ring after position pos0 + i: the ring before with slots pos0..pos0 + i written
@@ -531,7 +531,7 @@ class Model:
                                v.view(t, layer.nv, layer.dv), g, beta, layer.rec_state)
             layer.rec_state.copy_(final)
         y = gated_norm(o.to(h.dtype), z.view(t, layer.nv, layer.dv), layer.gnorm, self.cfg.rms_norm_eps)
-        return F.linear(y.reshape(1, t, vd), layer.w_out)
+        return matmul(y.reshape(1, t, vd), layer.w_out)
 
     def _gdn_kernel(self, layer: Layer) -> bool:
         """Whether a linear-attention prefill runs engine.core.gdn_chunk's kernel: kernel choice "fused" (as
@@ -669,8 +669,11 @@ class Model:
         return n * self.head.element_size() + sum(p.nbytes for p in self.packed())
 
     def packed(self) -> list:
-        """The packed (GPTQ / AWQ) matrices of this rank (engine.core.quant.PackedLinear)."""
-        return [w for layer in self.layers for w in vars(layer).values() if hasattr(w, "qweight")]
+        """The packed (GPTQ / AWQ) matrices of this rank (engine.core.quant.PackedLinear, or a Rows: packed parts
+        stacked with dense ones, counted whole)."""
+        from engine.core.quant import is_packed
+
+        return [w for layer in self.layers for w in vars(layer).values() if is_packed(w)]
 
     def weights_info(self) -> dict:
         """What `generate --json` and the rank's ready message report: the weight format and the bytes this rank

@@ -141,6 +141,83 @@ def cat(parts: list[PackedLinear]) -> PackedLinear:
                         first.format)
 
 
+class Rows:
+    """Matrices stacked along the output that cannot be one PackedLinear: packed ones beside dense ones (a Gated
+    DeltaNet layer's in_proj_qkv | z packed, its small in_proj_b | a dense), or packed parts whose output count is
+    not a whole number of zero-point words. Each part is its own product; the outputs are concatenated."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.in_features = parts[0].shape[1]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: each packed part's packed tensors, each dense part's values."""
+        return sum(p.nbytes if isinstance(p, PackedLinear) else p.numel() * p.element_size() for p in self.parts)
+
+    def packed_parts(self) -> list[PackedLinear]:
+        return [p for p in self.parts if isinstance(p, PackedLinear)]
+
+    def dequantise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.cat([p.dequantise(dtype) if isinstance(p, PackedLinear) else p.to(dtype) for p in self.parts])
+
+    def _biases(self, b: torch.Tensor | None) -> list:
+        return [None] * len(self.parts) if b is None else list(b.split([p.shape[0] for p in self.parts], -1))
+
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] @ W^T + b, part by part (engine.core.gemv.linear: the GEMV for a row on a GPU)."""
+        from engine.core import gemv
+
+        return torch.cat([gemv.linear(x, p, pb) for p, pb in zip(self.parts, self._biases(b))], -1)
+
+    def linear_norm(self, x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, b=None, zc: bool = False):
+        """engine.core.gemv.linear_norm part by part: the first part's kernel adds delta, the others normalise its
+        x + delta again (the norm prologue costs one read of the row)."""
+        from engine.core import gemv
+
+        bs = self._biases(b)
+        first, x_out = gemv.linear_norm(x, delta, norm_weight, eps, self.parts[0], bs[0], zc=zc)
+        zero = torch.zeros_like(x_out)
+        rest = [gemv.linear_norm(x_out, zero, norm_weight, eps, p, pb, zc=zc)[0]
+                for p, pb in zip(self.parts[1:], bs[1:])]
+        return torch.cat([first, *rest], -1), x_out
+
+
+def _fusable(a: PackedLinear, b: PackedLinear) -> bool:
+    """Whether b can follow a in one PackedLinear (cat's conditions)."""
+    same_perm = a.perm is None and b.perm is None or (a.perm is not None and b.perm is not None
+                                                       and torch.equal(a.perm, b.perm))
+    return (a.out_features % 8 == 0 and same_perm
+            and (a.in_features, a.group_size, a.zero_offset) == (b.in_features, b.group_size, b.zero_offset))
+
+
+def stack(parts: list) -> PackedLinear | Rows:
+    """Matrices (PackedLinear or dense [N, K] tensors) stacked along the output: runs of packed ones fused into
+    one PackedLinear where ``cat`` can (each but the last a whole number of zero-point words), the rest a Rows."""
+    runs: list = []
+    for p in parts:
+        last = runs[-1] if runs else None
+        if isinstance(p, PackedLinear) and isinstance(last, list) and _fusable(last[-1], p):
+            last.append(p)
+        elif isinstance(p, PackedLinear):
+            runs.append([p])
+        elif isinstance(last, torch.Tensor):
+            runs[-1] = torch.cat([last, p])
+        else:
+            runs.append(p)
+    built = [cat(r) if isinstance(r, list) and len(r) > 1 else r[0] if isinstance(r, list) else r for r in runs]
+    return built[0] if len(built) == 1 else Rows(built)
+
+
 def from_checkpoint(q: QuantConfig, parts: dict[str, torch.Tensor], name: str, group_offset: int = 0) -> PackedLinear:
     """One module's tensors as stored (this rank's slice) -> PackedLinear on CPU. ``group_offset``: the first
     group this rank's rows belong to (row-parallel slices), subtracted from g_idx."""
@@ -184,9 +261,9 @@ def from_checkpoint(q: QuantConfig, parts: dict[str, torch.Tensor], name: str, g
 
 
 def is_packed(w: Any) -> bool:
-    return isinstance(w, PackedLinear)
+    return isinstance(w, (PackedLinear, Rows))
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor | PackedLinear, b: torch.Tensor | None = None) -> torch.Tensor:
+def matmul(x: torch.Tensor, w: torch.Tensor | PackedLinear | Rows, b: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for a dense or packed weight: where the model's products dispatch."""
-    return w.linear(x, b) if isinstance(w, PackedLinear) else F.linear(x, w, b)
+    return w.linear(x, b) if isinstance(w, (PackedLinear, Rows)) else F.linear(x, w, b)

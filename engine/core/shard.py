@@ -44,7 +44,11 @@ def shard(src: str | Path, dst: str | Path, world: int, force: bool = False) -> 
     if cfg.quantization is not None:  # a row-parallel split must not cut a quantisation group
         from engine.core import quant, quant_load
 
-        quant.check_inputs(cfg.quantization, quant_load.layer_inputs(cfg), world)
+        names = set()
+        for path in weights.safetensors_files(src):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                names.update(tp.canonical(n, cfg) for n in f.keys())
+        quant.check_inputs(cfg.quantization, quant_load.layer_inputs(cfg, names), world)
     if dst.exists() and any(dst.iterdir()) and not force:
         raise ValueError(f"{dst} exists and is not empty (give --force to overwrite)")
     # Cloned: safetensors slices can share the mapped file's memory, which save_file refuses.

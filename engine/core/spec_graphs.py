@@ -98,7 +98,7 @@ def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tenso
     (engine.core.gdn_fused's kernel on a GPU), the ring and state after row i copied into rings[i] [C, K] and
     recs[i] [nv, dk, dv]."""
     t = h.shape[1]
-    proj = F.linear(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]
+    proj = matmul(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]
     if _fused_gdn(model, layer):
         from engine.core.gdn_fused import gdn_decode as mix
     else:
@@ -110,7 +110,7 @@ def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tenso
                       eps=model.cfg.rms_norm_eps))
         rings[i].copy_(layer.conv_ring)
         recs[i].copy_(layer.rec_state)
-    return F.linear(torch.stack(ys).view(1, t, -1), layer.w_out)
+    return matmul(torch.stack(ys).view(1, t, -1), layer.w_out)
 
 
 def add_norm(model, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,8 @@
   vocab       split rows (dim 0) of the output head: logits are gathered back in rank order
   replicated  every rank holds all of it: embeddings, norms, q/k norms, o/down biases (added once, by rank 0)
   colwise_qkv a linear-attention layer's in_proj_qkv and conv1d: rows [q | k | v], each part split by heads
-              (rank r gets [q_r | k_r | v_r], so its conv channels follow its heads)
+              (rank r gets [q_r | k_r | v_r], so its conv channels follow its heads); a packed in_proj_qkv the
+              same along its output dimension (dim 1), in whole packed words
 
 Names are canonical: a multimodal wrapper's ``model.language_model.`` reads as ``model.`` (``canonical``);
 its vision tower is not part of the decoder (``IGNORED``); the MTP draft layer (``mtp.*``) splits as the decoder.
@@ -30,10 +31,14 @@ RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.down_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
     (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.down_proj\.bias$"), "replicated"),
     # Gated DeltaNet (linear attention) layers
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.(in_proj_qkv|conv1d)\.weight$"), "colwise_qkv"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_(z|b|a)\.weight$"), "colwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_qkv\.(weight|qweight|qzeros|scales|g_idx)$"),
+     "colwise_qkv"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.conv1d\.weight$"), "colwise_qkv"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_(z|b|a)\.(weight|qweight|qzeros|scales|g_idx)$"),
+     "colwise"),
     (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.(A_log|dt_bias)$"), "colwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.out_proj\.weight$"), "rowwise"),
+    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.out_proj\.(weight|qweight|qzeros|scales|g_idx)$"),
+     "rowwise"),
     (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.norm\.weight$"), "replicated"),
     # Qwen3-Next: in_proj_qkvz / in_proj_ba are grouped per key head ([q k v z] and [b a] of its value heads), so
     # whole row blocks are whole key heads with their value heads (converted to the engine's layout at load:
@@ -124,6 +129,8 @@ def take(source, kind: str, rank: int, world: int, cfg: ModelConfig | None = Non
 
         if cfg is None:
             raise ShardError("a colwise_qkv split needs the model's config")
+        if name is not None and PACKED.search(name):
+            return _take_packed_qkv(source, shape, rank, world, cfg, name)
         parts, start = [], 0
         for n in qkv_segments(cfg):
             a, b = rank_range(n, rank, world)
@@ -141,12 +148,39 @@ def take(source, kind: str, rank: int, world: int, cfg: ModelConfig | None = Non
     raise ShardError(f"unknown split kind {kind!r}")
 
 
+def _qkv_unit(cfg: ModelConfig, columns: int, name: str) -> int:
+    """Output rows per column of a packed in_proj_qkv tensor: 1 (GPTQ qweight, scales) or 8 (packed words)."""
+    rows = sum(qkv_segments(cfg))
+    if rows not in (columns, 8 * columns):
+        raise ShardError(f"{name}: {columns} output columns do not fit in_proj_qkv's {rows} rows (the config's "
+                         f"linear-attention heads)")
+    return rows // columns
+
+
+def _take_packed_qkv(source, shape, rank: int, world: int, cfg: ModelConfig, name: str):
+    """A packed in_proj_qkv's part for this rank: [q_r | k_r | v_r] along the outputs (dim 1), whole words."""
+    import torch
+
+    if name.endswith("g_idx"):  # over the inputs: every rank needs all of it
+        return source[:]
+    unit = _qkv_unit(cfg, shape[1], name)
+    parts, start = [], 0
+    for n in qkv_segments(cfg):
+        if n % (world * 8):
+            raise ShardError(f"{name}: {n} rows of one of q/k/v split over {world} ranks would cut a packed word "
+                             f"of 8 values (each rank's part must be a multiple of 8 rows)")
+        a, b = rank_range(n // unit, rank, world)
+        parts.append(source[:, start + a:start + b])
+        start += n // unit
+    return torch.cat(parts, 1)
+
+
 def split_dim(kind: str, name: str | None = None) -> int | None:
     """The dimension along which the ranks' parts concatenate back, or None if replicated. Packed tensors
     (GPTQ / AWQ, stored [inputs, outputs]): colwise along dim 1 (g_idx, over the inputs, replicated),
     rowwise along dim 0."""
-    if name is not None and PACKED.search(name) and kind in ("colwise", "rowwise"):
-        if kind == "colwise":
+    if name is not None and PACKED.search(name) and kind in ("colwise", "rowwise", "colwise_qkv"):
+        if kind in ("colwise", "colwise_qkv"):
             return None if name.endswith("g_idx") else 1
         return 0
     return {"colwise": 0, "vocab": 0, "rowwise": 1, "colwise_qkv": 0}.get(kind)
@@ -156,9 +190,10 @@ def join(pieces: list, kind: str, cfg: ModelConfig, name: str | None = None):
     """The ranks' parts put back together (the inverse of ``take`` over every rank)."""
     import torch
 
-    if kind == "colwise_qkv":
-        per = [n // len(pieces) for n in qkv_segments(cfg)]
-        segs = [p.split(per, 0) for p in pieces]
-        return torch.cat([segs[r][i] for i in range(len(per)) for r in range(len(pieces))], 0)
     dim = split_dim(kind, name)
+    if kind == "colwise_qkv" and dim is not None:
+        unit = _qkv_unit(cfg, sum(p.shape[dim] for p in pieces), name or "in_proj_qkv") if dim == 1 else 1
+        per = [n // unit // len(pieces) for n in qkv_segments(cfg)]
+        segs = [p.split(per, dim) for p in pieces]
+        return torch.cat([segs[r][i] for i in range(len(per)) for r in range(len(pieces))], dim)
     return pieces[0] if dim is None else torch.cat(pieces, dim=dim)

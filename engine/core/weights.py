@@ -197,7 +197,7 @@ def load_into(model: Model, model_dir: str | Path) -> None:
             raw = {tp.canonical(n, cfg): n for n in f.keys() if not tp.IGNORED.search(n)
                    and not (n.startswith("mtp.") and model.mtp is None)}  # a draft layer the config does not run
             for name, stored in raw.items():
-                if store is not None and quant_load.packed_part(name):
+                if store is not None and store.takes(name):
                     store.add(name, f.get_slice(stored), pre_sliced)
                     names.add(name)
                     continue

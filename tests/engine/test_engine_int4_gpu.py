@@ -44,26 +44,30 @@ def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
     assert rel(w.linear(chunk), F.linear(chunk.float(), wd)) < 1e-2
 
 
-@pytest.mark.parametrize("method,group", [("gptq", 128), ("awq", 64)])
-def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group, tmp_path):
+def _served_tokens_are_transformers(hf, d, method: str, prompt: list[int]) -> None:
+    """The checkpoint in ``d`` on the GPU (float32, the fused kernels, CUDA graphs) gives hf's 24 greedy tokens."""
     from engine.core import config as ecfg
     from engine.core import runner, weights
     from engine.core.model import Model
     from engine.core.sampling import Sampler
-    from tests.quant_helpers import make_quantised
+    from tests.quant_helpers import greedy
 
-    hf, _ = make_quantised("llama-3.1-8b", tmp_path, method, group, sym=False)
-    prompt = [1, 17, 300, 42, 5, 99]
-    with torch.no_grad():
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
-                           pad_token_id=0)[0, len(prompt):].tolist()
-    model = Model(ecfg.load(tmp_path), dtype=torch.float32, device="cuda")
-    weights.load_into(model, tmp_path)
+    want = greedy(hf, prompt, 24)
+    model = Model(ecfg.load(d), dtype=torch.float32, device="cuda")
+    weights.load_into(model, d)
     model.setup_cache(256)
     dec = runner.prepare(model)
     assert dec.kernels == "fused" and dec.graphs and dec.info["weights"]["format"].startswith(method)
     out, _ = runner.run(model, prompt, 24, Sampler(), set(), chunk=4)
     assert out == want
+
+
+@pytest.mark.parametrize("method,group", [("gptq", 128), ("awq", 64)])
+def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group, tmp_path):
+    from tests.quant_helpers import make_quantised
+
+    hf, _ = make_quantised("llama-3.1-8b", tmp_path, method, group, sym=False)
+    _served_tokens_are_transformers(hf, tmp_path, method, [1, 17, 300, 42, 5, 99])
 
 
 def test_split_k_sums_are_the_same_on_every_graph_replay():
@@ -94,3 +98,14 @@ def test_split_k_sums_are_the_same_on_every_graph_replay():
         assert rel(out, ref) < 1e-2, split
         outs.append(first)
     assert rel(outs[1], outs[0]) < 1e-2 and rel(outs[2], outs[0]) < 1e-2
+
+
+@pytest.mark.parametrize("key", ["gptq-sym-g32", "awq-g64-all-packed"])
+def test_a_packed_gdn_checkpoint_on_the_gpu_gives_transformers_tokens(key, tmp_path):
+    """Qwen3.5 with its Gated DeltaNet projections packed (w_in packed beside dense b/a, or all one packed matrix):
+    the fused kernels and CUDA graphs give transformers' greedy tokens on the dequantised weights."""
+    from tests.engine.test_engine_gdn_packed import CASES, PROMPT, make_hybrid
+
+    method, group, sym, dense, override = CASES[key]
+    hf, _ = make_hybrid(tmp_path, method, group, sym, dense, override)
+    _served_tokens_are_transformers(hf, tmp_path, method, PROMPT)

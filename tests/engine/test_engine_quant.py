@@ -16,7 +16,8 @@ from engine.core import quant, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
 from tests.engine_helpers import REPO
-from tests.quant_helpers import make_quantised
+from tests.quant_helpers import greedy, make_quantised
+from tests.quant_helpers import held_bytes as _held_bytes
 
 PROMPT = [1, 17, 300, 42, 5, 99]
 
@@ -31,9 +32,7 @@ CASES = {  # name -> (architecture, method, group size, sym, desc_act, modules l
 
 
 def _reference(hf, n: int) -> list[int]:
-    with torch.no_grad():
-        return hf.generate(torch.tensor([PROMPT]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           pad_token_id=0)[0, len(PROMPT):].tolist()
+    return greedy(hf, PROMPT, n)
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +43,6 @@ def checkpoints(tmp_path_factory):
         hf, tensors = make_quantised(arch, d, method, group, sym, desc, dense)
         made[key] = (d, hf, tensors)
     return made
-
-
-def _held_bytes(tensors: dict[str, torch.Tensor], desc_act: bool) -> int:
-    """What a rank at TP1 holds: every tensor of the file, but g_idx only as one input order per stacked matrix
-    when desc_act reorders the inputs (q/k/v share one, gate/up one), and not at all when it is k // group; a tied
-    output head is a copy of the embedding."""
-    n = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.endswith("g_idx"))
-    if "lm_head.weight" not in tensors:
-        n += tensors["model.embed_tokens.weight"].numel() * tensors["model.embed_tokens.weight"].element_size()
-    if desc_act:
-        for name, t in tensors.items():
-            if name.endswith(("q_proj.g_idx", "o_proj.g_idx", "gate_proj.g_idx", "down_proj.g_idx")):
-                n += t.numel() * 4
-    return n
 
 
 @pytest.mark.parametrize("key", sorted(CASES))
