@@ -17,9 +17,9 @@ from engine.core import config as ecfg
 from engine.core import quant, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
+from tests.engine.test_engine_hybrid import SMALL
 from tests.engine_helpers import REPO
 from tests.quant_helpers import QUANTISED, greedy, held_bytes, quantise_model, write_checkpoint
-from tests.engine.test_engine_hybrid import SMALL
 
 GDN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 PROMPT = [1, 17, 300, 42, 5, 99, 7, 250]
