@@ -72,7 +72,7 @@ def test_transformers_5_rope_parameters_are_read(tmp_path):
 
 @pytest.mark.parametrize("change,expect", [
     ({"model_type": "mixtral"}, "model_type 'mixtral' is not supported"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn' is not supported"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_scaling type 'longrope' is not supported"),
 ])
 def test_unsupported_configs_are_refused_with_the_reason(change, expect):
     raw = small_config("llama-3.1-8b")
