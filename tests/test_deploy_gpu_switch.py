@@ -133,3 +133,23 @@ def test_full_cards_fall_back_to_stop_start_with_the_outage_named(cli, env, firs
     print(f"GPU host without room: stop-start, {poll.failed} of {poll.polls} polls failed")
     st = cli.json("status", server.host_spec, "--deployment", DEP)
     assert st["state"] == "healthy" and st["engine"]["max_context"] == 256
+
+
+def test_rollback_measures_the_cards_against_the_release_it_goes_back_to(cli, env, first, server, port,
+                                                                          fake_bin):
+    from v100plan import documents
+
+    serving = _serving(first)
+    (fake_bin / "recording.csv").write_text(FULL)
+    r = cli("rollback", server.host_spec, "--deployment", DEP, "--switch", "blue-green")
+    assert r.exit_code == 2 and "does not fit beside release " + serving in sshd_mod.flat(r.stderr), r.stderr
+    assert _serving(first) == serving
+    (fake_bin / "recording.csv").write_text(ROOMY)
+    with HealthPoller(port) as poll:
+        r = cli("rollback", server.host_spec, "--deployment", DEP, "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = documents.validate(json.loads(r.stdout), "rollback_outcome")
+    sw = doc["switch"]
+    assert sw["mode"] == "blue-green" and len(sw["gpus"]) == 2 and all(g["fits"] for g in sw["gpus"]), sw
+    assert poll.failed == 0, poll.failures
+    assert _serving(first) == doc["release"] != serving
