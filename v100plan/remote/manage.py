@@ -30,17 +30,23 @@ def rollback_candidates(st: dict[str, Any]) -> list[str]:
 
 
 def _rollback_switch(remote, paths, prev: str, current: str, settings, switch_mode: str) -> room.Switch:  # noqa: ANN001
-    """The switch for a rollback: the cards measured against what release ``prev`` holds per rank (its
-    model's config and shard manifest, read on the host); a release whose model files are not there to read
-    (an older layout) is judged as when nothing was measured."""
-    model = f"{paths.release(prev)}/model"
-    try:
-        cfg = json.loads(remote.read_text(f"{model}/rank0/config.json"))
-        per_rank = [int(b) for b in json.loads(remote.read_text(f"{model}/shard.json"))["bytes_per_rank"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return room.choose(switch_mode, settings, None, f"release {prev}'s model files were not readable", None,
-                           current, remote.label)
-    return room.decide(remote, switch_mode, settings, cfg, per_rank, current)
+    """The switch for a rollback: the host's cards (when it has any) against what release ``prev`` holds per
+    rank (its model's config and shard manifest, read on the host); a release whose model files are not
+    there to read (an older layout) is judged as when nothing was measured."""
+    if switch_mode == "stop-start":
+        return room.choose(switch_mode, settings, None, "", None, current, remote.label)
+    cards, found = room.host_cards(remote)
+    need = None
+    if cards is not None:
+        model = f"{paths.release(prev)}/model"
+        try:
+            cfg = json.loads(remote.read_text(f"{model}/rank0/config.json"))
+            per_rank = [int(b) for b in json.loads(remote.read_text(f"{model}/shard.json"))["bytes_per_rank"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            cards, found = None, f"release {prev}'s model files were not readable"
+        else:
+            need = room.rank_need_bytes(cfg, settings, per_rank)
+    return room.choose(switch_mode, settings, cards, found, need, current, remote.label)
 
 
 def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda s: None,

@@ -135,8 +135,8 @@ def choose(requested: str, settings: rel.EngineSettings, cards: list[Card] | Non
     if requested == "blue-green" and serving:
         raise BadInput(f"{host}: --switch blue-green: the new release does not fit beside release {serving} "
                        f"({numbers(short)}; need = weights + K/V + {_gib(MARGIN_BYTES)} margin); nothing was stopped",
-                       hint="deploy with --switch stop-start (an outage until the new release passes /health), "
-                            "or a smaller --max-context")
+                       hint="run it again with --switch stop-start (an outage until the new release passes "
+                            "/health); a deploy with a smaller --max-context needs less")
     return Switch("stop-start", f"the cards cannot hold the new release beside what is in use ({numbers(short)}; "
                   f"need = weights + K/V + {_gib(MARGIN_BYTES)} margin): the old release stops first, an outage "
                   "until the new one passes /health", gpus)
