@@ -80,7 +80,7 @@ def test_a_changed_deploy_switches_with_no_failed_poll(cli, env, first, server, 
     from v100plan import documents
 
     documents.validate(doc, "deploy_outcome")
-    assert doc["switch"] == "blue-green" and doc["previous"] == first["release"]
+    assert doc["switch"]["mode"] == "blue-green" and doc["previous"] == first["release"]
     assert poll.polls > 50 and poll.failed == 0, (poll.polls, poll.failures)
     print(f"changed deploy: {poll.polls} polls of /health in {wall:.1f} s, {poll.failed} failed")
     assert live_slot(first["dir"]) != old_slot  # the new release runs in the other slot
@@ -193,7 +193,7 @@ def test_stop_start_names_its_outage(cli, env, first, server, port, demo_model):
         r = _deploy(cli, server, port, demo_model, "--max-context", "128", "--switch", "stop-start")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["switch"] == "stop-start"
+    assert doc["switch"]["mode"] == "stop-start"
     assert "the service is down until" in sshd_mod.flat(r.stderr)
     assert poll.failed > 0  # what blue/green avoids: the outage is real, and named
     st = cli.json("status", server.host_spec, "--deployment", DEP)

@@ -30,8 +30,10 @@ from v100plan.remote.connect import interrupt_on_sigterm
 
 SwitchOpt = Annotated[str, typer.Option(
     "--switch", metavar="MODE",
-    help="auto (default): blue-green on CPU, stop-start on GPUs; blue-green: the new release starts beside "
-         "the serving one and takes over with no outage (both must fit in memory); stop-start: stop, then start.")]
+    help="auto (default): blue-green where every card (nvidia-smi's free memory now) holds the new release's "
+         "rank beside what runs there, and on CPU hosts; else stop-start, with the outage named. blue-green: "
+         "the new release starts beside the serving one and takes over with no outage (refused, exit 2, where "
+         "it does not fit); stop-start: stop, then start.")]
 SWITCH_MODES = ("auto", "blue-green", "stop-start")
 
 
@@ -134,6 +136,9 @@ def register(app: typer.Typer) -> None:
         if site is not None:
             taken = ", ".join(f"{p['name']} {p['version']}" for p in site.get("from_site") or []) or "nothing"
             rows.append(("from the host's site", f"{taken} ({site['python']})"))
+        sw = out.extra.get("switch")
+        if sw:
+            rows.append(("switch", f"{sw['mode']}: {sw['why']}"))
         if "after_reboot" in out.extra:
             rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
         if dry_run:
@@ -164,6 +169,7 @@ def register(app: typer.Typer) -> None:
         interrupt_on_sigterm()
         out = dp.rollback(remote.target(host), health_timeout, say(quiet), to=to, switch_mode=_switch_mode(switch))
         emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
+                              ("switch", f"{out.extra['switch']['mode']}: {out.extra['switch']['why']}"),
                               ("wall s", f"{out.wall_s:.1f}")], "Rollback", json_out, quiet)
 
     def status(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001

@@ -13,8 +13,8 @@ two slots (run/a, run/b), each on a port of its own. Bringing a release up:
    `current` is switched, and the old release is stopped (its proxy drains what it holds).
 
 A failure at 2-3 stops the new release; the old one never stopped serving. ``stop-start``
-(GPU hosts, where two copies of the model may not fit the cards' memory, and qualify's fresh
-runs) stops the old release before step 2: the outage is named in the output.
+(GPU hosts whose cards cannot hold the new release beside the old one, as v100plan/remote/room.py
+measures, and qualify's fresh runs) stops the old release before step 2: the outage is named in the output.
 """
 
 from __future__ import annotations
@@ -35,17 +35,6 @@ from v100plan.remote.supervisor import Paths, Say, serve_flags, start_service, s
 FRONT_SOURCE = (Path(__file__).resolve().parent / "front.py").read_text()
 SLOTS = ("a", "b")
 MODES = ("blue-green", "stop-start")
-
-
-def choose_mode(requested: str, settings: rel.EngineSettings) -> tuple[str, str]:
-    """The switch to use and why: ``auto`` is blue-green on CPU; on GPUs two releases would each hold the
-    model in the cards' memory at once, which a large model does not allow, so stop-then-start."""
-    if requested != "auto":
-        return requested, f"--switch {requested}"
-    if settings.device == "cpu":
-        return "blue-green", "both ranks on CPU: the new release starts beside the old one"
-    return "stop-start", ("ranks on GPUs: two releases at once may not fit the cards' memory, so the old one stops "
-                          "first (an outage until the new one passes /health; --switch blue-green when both fit)")
 
 
 @contextlib.contextmanager

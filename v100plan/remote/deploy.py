@@ -22,6 +22,7 @@ records the supervisord, proxy and rank PIDs and stops exactly those.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from v100plan.errors import BadInput, ChecksFailed, EnvironmentProblem
 from v100plan.remote import bluegreen as bg
 from v100plan.remote import bundle as bundle_mod
 from v100plan.remote import release as rel
+from v100plan.remote import room
 from v100plan.remote import split as split_mod
 from v100plan.remote import venv as venv_mod
 from v100plan.remote.connect import Remote
@@ -155,7 +157,12 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
     rid_text = rid or "<id>"
     acts.append(f"unpack release {rid_text} into {paths.dir}/releases/{rid_text}, its model -> the shards")
     rid = rid_text
-    mode, mode_why = bg.choose_mode(switch_mode, settings)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    sw = room.decide(remote, switch_mode, settings, cfg, sp.bytes_per_rank if sp else None, st.get("current"))
+    out.extra["switch"] = sw.to_dict()
+    mode, mode_why = sw.mode, sw.why
+    if st.get("current"):
+        acts.append(f"switch {mode}: {mode_why}")
     front = st.get("front")
     if not front or front.get("port") != settings.port:
         acts.append(f"start the front on 127.0.0.1:{settings.port} (it forwards to the release in service)")
@@ -244,8 +251,17 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
     current = st.get("current")
     uploaded = out.extra["uploaded"] = {"bundle_bytes": 0, "model_bytes": 0}  # what went over, by part
     fresh = purpose != "deploy"  # qualify: every run starts the service anew, on empty logs
-    mode, mode_why = ("stop-start", "a fresh run") if fresh else bg.choose_mode(switch_mode, settings)
-    out.extra["switch"] = mode
+    if fresh:
+        sw = room.Switch("stop-start", "a fresh run", [])
+    elif current == rid:  # nothing new to fit beside it: the release is current (serving, or to start again)
+        sw = room.choose(switch_mode, settings, None, "the release is current", None, None, remote.label)
+    else:
+        cfg = json.loads((Path(model_dir) / "rank0" / "config.json").read_text())
+        sw = room.decide(remote, switch_mode, settings, cfg, out.extra["split"]["bytes_per_rank"], current)
+        if current and sw.mode == "blue-green" and sw.gpus:
+            say(f"switch blue-green: {sw.why}")
+    out.extra["switch"] = sw.to_dict()
+    mode, mode_why = sw.mode, sw.why
     old_settings = settings_of(st.get("current_manifest"))
     if current == rid:
         if not fresh and healthy(remote, target.remote, paths, st, rid, settings.port):

@@ -8,6 +8,7 @@ from typing import Any
 
 from v100plan.errors import BadInput, ChecksFailed, EnvironmentProblem
 from v100plan.remote import bluegreen as bg
+from v100plan.remote import room
 from v100plan.remote import supervisor as sv
 from v100plan.remote.host import agent
 from v100plan.remote.supervisor import Outcome, Say, Target, session
@@ -26,6 +27,26 @@ def rollback_candidates(st: dict[str, Any]) -> list[str]:
     current = st.get("current")
     return [h["release"] for h in reversed(hist) if h["release"] != current and h["release"] not in left
             and h["release"] in st.get("releases", [])]
+
+
+def _rollback_switch(remote, paths, prev: str, current: str, settings, switch_mode: str) -> room.Switch:  # noqa: ANN001
+    """The switch for a rollback: the host's cards (when it has any) against what release ``prev`` holds per
+    rank (its model's config and shard manifest, read on the host); a release whose model files are not
+    there to read (an older layout) is judged as when nothing was measured."""
+    if switch_mode == "stop-start":
+        return room.choose(switch_mode, settings, None, "", None, current, remote.label)
+    cards, found = room.host_cards(remote)
+    need = None
+    if cards is not None:
+        model = f"{paths.release(prev)}/model"
+        try:
+            cfg = json.loads(remote.read_text(f"{model}/rank0/config.json"))
+            per_rank = [int(b) for b in json.loads(remote.read_text(f"{model}/shard.json"))["bytes_per_rank"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            cards, found = None, f"release {prev}'s model files were not readable"
+        else:
+            need = room.rank_need_bytes(cfg, settings, per_rank)
+    return room.choose(switch_mode, settings, cards, found, need, current, remote.label)
 
 
 def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda s: None,
@@ -51,8 +72,9 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
         out.release, out.previous = prev, current
         with sv.held_lock(remote, target.remote, paths.lock, f"rollback to {prev}"):
             settings = sv.settings_of(json.loads(remote.read_text(f"{paths.release(prev)}/manifest.json")))
-            mode, _ = bg.choose_mode(switch_mode, settings)
-            out.extra["switch"] = mode
+            sw = _rollback_switch(remote, paths, prev, current, settings, switch_mode)
+            out.extra["switch"] = sw.to_dict()
+            mode = sw.mode
             say(f"starting release {prev}" + (f" beside release {current}, which keeps serving until it passes"
                                               if mode == "blue-green" else "") + "; waiting for /health")
             ok, why = bg.bring_up(remote, target.remote, paths, st, prev, settings, health_timeout_s, say,
