@@ -34,7 +34,7 @@ FULL = "".join(f"{i}, {FULL_USED_MIB}, {TOTAL_MIB}, {TOTAL_MIB - FULL_USED_MIB}\
 @pytest.fixture(scope="module")
 def fake_bin(tmp_path_factory):
     d = tmp_path_factory.mktemp("fake-gpu-bin")
-    (d / "nvidia-smi").write_text('#!/bin/sh\n# a recorded H200 pair (tests/test_deploy_gpu_switch.py)\n'
+    (d / "nvidia-smi").write_text('#!/bin/sh\n# a recorded H200 pair (tests/deploy/test_deploy_gpu_switch.py)\n'
                                   'cat "$(dirname "$0")/recording.csv"\n')
     (d / "nvidia-smi").chmod(0o755)
     (d / "recording.csv").write_text(ROOMY)

@@ -1,6 +1,6 @@
 """The blue/green decision's arithmetic (v100plan/remote/room.py), without a host: nvidia-smi's csv, the
 need per rank from the planner's own formulas, and the choice with its numbers. The host-side behaviour
-(a fake nvidia-smi on a real sshd) is tests/test_deploy_gpu_switch.py."""
+(a fake nvidia-smi on a real sshd) is tests/deploy/test_deploy_gpu_switch.py."""
 
 from __future__ import annotations
 
