@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from engine import BUNDLE_ROOT, DATA_DIR
-from engine.bench.served import _request, free_port, stop_serve, stream_gaps, wait_healthy
+from engine import DATA_DIR
+from engine.bench.served import _request, start_serve, stop_serve, stream_gaps, wait_healthy
 
 
 def main(argv: list[str]) -> int:
@@ -49,17 +47,8 @@ def main(argv: list[str]) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-           "NVSHMEM_DISABLE_NVLS": "1"}
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(work / "model"), "--tp", "2", "--port", str(port),
-           "--device", args.devices, "--dtype", args.dtype, "--max-context", str(args.max_context),
-           "--state-dir", str(work / "state"), "--served-model-name", "bench", "--start-timeout-s", "600",
-           "--stall-timeout-s", "900"]
-    doc["serve_command"] = " ".join(cmd[1:])
-    log = open(work / "serve.log", "wb")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=BUNDLE_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc, port, doc["serve_command"], log = start_serve(work, args.devices, args.dtype, args.max_context)
     try:
         doc["health_start"] = wait_healthy(port, proc, 600)
         doc["start_s"] = round(time.perf_counter() - t0, 1)

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from engine import BUNDLE_ROOT, DATA_DIR
-from engine.bench.served import free_port, stop_serve, wait_healthy, write_random_checkpoint
+from engine import DATA_DIR
+from engine.bench.served import start_serve, stop_serve, wait_healthy, write_random_checkpoint
 
 
 def first_event(port: int, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
@@ -83,16 +81,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     torch.cuda.empty_cache()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-           "NVSHMEM_DISABLE_NVLS": "1"}
-    port = free_port()
-    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(work / "model"), "--tp", "2", "--port", str(port),
-           "--device", args.devices, "--dtype", args.dtype, "--max-context", str(args.max_context),
-           "--state-dir", str(work / "state"), "--served-model-name", "bench", "--start-timeout-s", "600",
-           "--stall-timeout-s", "900"]
-    doc["serve_command"] = " ".join(cmd[1:])
-    log = open(work / "serve.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=BUNDLE_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc, port, doc["serve_command"], log = start_serve(work, args.devices, args.dtype, args.max_context)
     try:
         doc["health"] = wait_healthy(port, proc, 600)
         v = min(30000, raw["vocab_size"] - 10)

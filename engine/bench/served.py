@@ -69,6 +69,21 @@ def write_random_checkpoint(config_path: str, dst: Path, dtype: str, device: str
     return {"bytes": nbytes, "files": n_file, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def start_serve(work: Path, devices: str, dtype: str, max_context: int) -> tuple[subprocess.Popen, int, str, object]:
+    """`python -m engine serve --tp 2` on work/model as a user starts it (127.0.0.1, a free port, NVLink multicast
+    off, long start and stall limits for long prompts), its log in work/serve.log: (process, port, command, log)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(work / "model"), "--tp", "2", "--port", str(port),
+           "--device", devices, "--dtype", dtype, "--max-context", str(max_context),
+           "--state-dir", str(work / "state"), "--served-model-name", "bench", "--start-timeout-s", "600",
+           "--stall-timeout-s", "900"]
+    log = open(work / "serve.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=BUNDLE_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, port, " ".join(cmd[1:]), log
+
+
 def stop_serve(proc: subprocess.Popen, timeout_s: float) -> None:
     """SIGTERM (serve drains and stops its ranks), SIGKILL past ``timeout_s``."""
     proc.send_signal(signal.SIGTERM)
