@@ -370,9 +370,16 @@ def prepare(model: Model, prefix_cache_bytes: int | None = None, spec_tokens: in
     if spec_tokens and dec.graphs and getattr(model, "mtp", None) is not None:
         from engine.core.spec_graphs import SpecGraphs
 
-        dec.spec = SpecGraphs(model, spec_tokens, dec.windows)
-        dec.spec.capture()
-        dec.info["speculation"] = dict(dec.spec.info, mode="graphs")
+        try:
+            dec.spec = SpecGraphs(model, spec_tokens, dec.windows)
+            dec.spec.capture()
+            dec.info["speculation"] = dict(dec.spec.info, mode="graphs")
+        except (RuntimeError, ValueError) as e:  # rounds run eagerly, correct and slower; the reason is shown
+            dec.spec = None
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            dec.info["speculation"] = {"draft_tokens": spec_tokens, "mode": "eager", "graphs": 0, "capture_s": None,
+                                       "why": f"capturing the speculative rounds failed: {type(e).__name__}: {e}"}
     elif spec_tokens:
         dec.info["speculation"] = {"draft_tokens": spec_tokens, "mode": "eager", "graphs": 0, "capture_s": None}
     return dec

@@ -148,3 +148,23 @@ def _sampled(model, spec, k):
                     reason="Triton is not installed: the kernels cannot run (pip install triton)")
 def test_the_verification_kernels_match_the_torch_body_under_the_triton_interpreter():
     run_interpreter_cases("tests/engine_spec_cases.py", 5)
+
+
+def test_a_failed_capture_of_the_rounds_falls_back_to_eager_rounds_and_says_why(tmp_path, monkeypatch):
+    from engine.core import config as ecfg
+    from engine.core import spec_graphs
+
+    demo.make(tmp_path, arch="qwen3_5", mtp=True)
+    m = Model(ecfg.load(tmp_path))
+    weights.load_into(m, tmp_path)
+    m.setup_cache(512)
+    monkeypatch.setattr(runner.Decoder, "capture", lambda self: setattr(self, "graphs", True))  # as on a GPU
+
+    def broken(self):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(spec_graphs.SpecGraphs, "capture", broken)
+    dec = runner.prepare(m, spec_tokens=3)
+    assert dec.spec is None
+    info = dec.info["speculation"]
+    assert info["mode"] == "eager" and "operation not permitted" in info["why"] and info["draft_tokens"] == 3
