@@ -217,6 +217,8 @@ def chunked(q, k, v, g, beta, state, chunk: int = 64, bv: int | None = None, num
     bv = bv or min(32, dv)
     s = state.float().clone().contiguous()
     out = torch.empty(h, n * c, dv, dtype=torch.float32, device=u.device)
+    if num_stages is None and dtype == torch.float32:
+        num_stages = 1  # float32 tiles pipelined three deep need 256 KiB of shared memory (an H200 has 227 KiB)
     kw = {} if num_stages is None else {"num_stages": num_stages}
     _kernels()[1][(h, dv // bv)](*(x.to(dtype).contiguous() for x in (u, w, qd, kd, attn)), last.contiguous(), s,
                                  out, n, DK=dk, DV=dv, BV=bv, C=c, IEEE=dtype == torch.float32,

@@ -535,14 +535,16 @@ class Model:
 
     def _gdn_kernel(self, layer: Layer) -> bool:
         """Whether a linear-attention prefill runs engine.core.gdn_chunk's kernel: kernel choice "fused" (as
-        the decode step takes engine.core.gdn_fused), where the kernels run and the head sizes fit."""
+        the decode step takes engine.core.gdn_fused), where the kernels run and the head sizes fit; float32 (the
+        reference dtype) keeps the torch form."""
         from engine.core import attention, gdn_chunk
 
         if self.kernels is None:
             from engine.core.runner import device_kernels
 
             self.kernels = device_kernels(self.device)[0]
-        return self.kernels == "fused" and attention.runs_here(self.device) and gdn_chunk.supported(layer.dk, layer.dv)
+        return (self.kernels == "fused" and self.dtype != torch.float32 and attention.runs_here(self.device)
+                and gdn_chunk.supported(layer.dk, layer.dv))
 
     # ---- prefill chunks and eager decode ----------------------------------------------------------
     def chunk_inputs(self, t: int, pos0: int):
