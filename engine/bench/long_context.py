@@ -29,6 +29,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-context", type=int, default=262144)
     p.add_argument("--tokens", type=int, default=32, help="tokens generated at the end of the context")
+    p.add_argument("--yarn", type=float, default=None, metavar="FACTOR", help="serve past the config's positions "
+                   "with YaRN RoPE scaling of FACTOR (default: the config's own rope scaling)")
+    p.add_argument("--yarn-original", type=int, default=32768, help="with --yarn: the positions trained at")
     p.add_argument("--timeout-s", type=float, default=540)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -39,9 +42,15 @@ def main(argv: list[str]) -> int:
     if random_cli.main([str(work / "model"), *mk]) != 0:
         return 2
     raw = json.loads((work / "model" / "config.json").read_text())
+    if args.yarn:  # as a model card tells users to extend the context: the rope block and the positions
+        raw["rope_scaling"] = {"rope_type": "yarn", "factor": args.yarn,
+                               "original_max_position_embeddings": args.yarn_original}
+        raw["max_position_embeddings"] = max(raw.get("max_position_embeddings", 0), args.max_context)
+        (work / "model" / "config.json").write_text(json.dumps(raw, indent=1) + "\n")
     doc: dict = {"kind": "engine_bench_long_context", "config": Path(args.config).name,
                  "layers": raw["num_hidden_layers"], "devices": args.devices, "dtype": args.dtype,
-                 "max_context": args.max_context, "tokens": args.tokens, "method": __doc__.strip()}
+                 "max_context": args.max_context, "tokens": args.tokens,
+                 "rope_scaling": raw.get("rope_scaling"), "method": __doc__.strip()}
 
     def emit():
         if args.out:
