@@ -26,11 +26,14 @@ import socket
 import sys
 import threading
 
-from engine.service.serve_config import ServeConfigError, add_serve_arguments, config_from_args
+from engine.service.serve_config import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_SERVE,
+    ServeConfigError,
+    add_serve_arguments,
+    config_from_args,
+)
 from engine.service.state_dir import StateDirError, make_state_dir
-
-EXIT_BAD_INPUT = 2
-EXIT_CANNOT_SERVE = 4
 
 
 def main(argv: list[str] | None = None) -> int:

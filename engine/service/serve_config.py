@@ -18,6 +18,12 @@ from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdli
 from engine.core import speculative  # stdlib-only too
 from engine.core.config import files_dir  # stdlib-only too
 
+# serve's exit codes that no restart mends: bad flags or model (2), a host that cannot serve (4: an extra
+# or CUDA missing). Its supervisors (supervisord, systemd) leave such an exit down and say so.
+EXIT_BAD_INPUT = 2
+EXIT_CANNOT_SERVE = 4
+FINAL_EXITS = (EXIT_BAD_INPUT, EXIT_CANNOT_SERVE)
+
 DTYPES = ("float32", "float16", "bfloat16")
 
 # The service's watchdog limits: the one set `serve`, `supervise`, `deploy` and `qualify` run with

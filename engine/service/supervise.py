@@ -43,6 +43,7 @@ from pathlib import Path
 
 import engine
 from engine.service.serve_config import (
+    FINAL_EXITS,
     ServeConfigError,
     add_serve_arguments,
     config_from_args,
@@ -130,10 +131,12 @@ command={_conf_value(shlex.join(command))}
 directory={_conf_value(BUNDLE_ROOT)}
 environment=PYTHONUNBUFFERED="1"
 autostart=true
-; restart the proxy whenever it exits, however it exits (SIGKILL included). supervisord spawns it
-; again at its next 1 s tick (measured: 1.0 s from exit to spawn); startsecs is only how long a
-; start must last to count as one (a shorter one is retried with supervisord's backoff).
-autorestart=true
+; restart the proxy whenever it exits, however it exits (SIGKILL included), except serve's exits 2 (bad
+; flags or model) and 4 (this host cannot serve: an extra or CUDA missing), which no restart mends.
+; supervisord spawns it again at its next 1 s tick (measured: 1.0 s from exit to spawn); startsecs is
+; only how long a start must last to count as one (a shorter one is retried with supervisord's backoff).
+autorestart=unexpected
+exitcodes={",".join(str(c) for c in FINAL_EXITS)}
 startsecs=2
 startretries=10
 stopsignal=TERM
@@ -158,6 +161,7 @@ WorkingDirectory={BUNDLE_ROOT}
 Environment=PYTHONUNBUFFERED=1
 ExecStart={shlex.join(command)}
 Restart=always
+RestartPreventExitStatus={" ".join(str(c) for c in FINAL_EXITS)}
 # Back within the 5 s a killed proxy is allowed (the proxy's imports and its ranks' start follow).
 RestartSec=0.5
 # SIGTERM to the proxy alone (it drains, stops its watchdog, then its ranks); the final SIGKILL
@@ -294,12 +298,25 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
         code, _ = _health(_read_json(os.path.join(state_dir, "service.json")))
         if code == 200:
             break
+        if _program_status(state_dir)["program_state"] in ("EXITED", "FATAL"):  # not restarted: say why now
+            stop(state_dir)
+            raise SuperviseError("the service exited and is not restarted (" + _stderr_tail(state_dir) + "); "
+                                 f"see {state_dir}/logs/serve.stderr.log")
         time.sleep(0.3)
     result.update(status(state_dir))
     if wait_healthy_s > 0 and code != 200:
         raise SuperviseError(f"the service did not become healthy within {wait_healthy_s:g} s; "
                              f"see {state_dir}/logs/serve.stderr.log")
     return result
+
+
+def _stderr_tail(state_dir: str, lines: int = 3) -> str:
+    try:
+        with open(os.path.join(state_dir, "logs", "serve.stderr.log"), errors="replace") as fh:
+            tail = [ln.strip() for ln in fh.read()[-4000:].splitlines() if ln.strip()][-lines:]
+    except OSError:
+        return "no log"
+    return " / ".join(tail) or "it wrote nothing"
 
 
 def status(state_dir: str) -> dict:

@@ -136,6 +136,35 @@ def test_supervisord_restarts_a_killed_proxy_and_stop_leaves_nothing():
     assert "rank_failure" not in after_signal and "restart" not in after_signal, after_signal
 
 
+def test_a_serve_that_cannot_serve_here_is_left_down_and_start_says_why_at_once():
+    # serve's exit 4 (here: CUDA asked for on a host without it) is not mended by a restart: supervisord
+    # leaves it EXITED and `supervise start` fails with serve's own message instead of waiting out
+    # --wait-healthy-s while the proxy is restarted over and over.
+    state = short_dir("supdown")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "engine", "supervise", "start", "--state-dir", state,
+                        "--wait-healthy-s", "120", "--", "--model", demo_model(), "--port", str(free_port()),
+                        "--device", "cuda:0,cuda:1"], cwd=REPO, capture_output=True, text=True, timeout=150)
+    took = time.monotonic() - t0
+    try:
+        assert r.returncode != 0
+        assert "exited and is not restarted" in r.stderr and "CUDA" in r.stderr, r.stderr[-2000:]
+        assert took < 60, f"start took {took:.1f} s to give up on a serve that cannot run here"
+        assert not os.path.exists(os.path.join(state, "supervisord.pid")) or _supervisord_gone(state)
+    finally:
+        subprocess.run([sys.executable, "-m", "engine", "supervise", "stop", "--state-dir", state], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _supervisord_gone(state: str) -> bool:
+    try:
+        pid = int(open(os.path.join(state, "supervisord.pid")).read().strip())
+    except (OSError, ValueError):
+        return True
+    return not pid_alive(pid)
+
+
 def test_systemd_unit_runs_serve_and_kills_the_cgroup():
     unit = _supervise("unit", "--state-dir", "/var/lib/v100plan", "--", "--model", demo_model(), "--port", "8123")
     text = unit["unit"]

@@ -204,11 +204,12 @@ def test_supervisor_files_restart_the_proxy_and_reach_the_ranks():
     conf = supervisord_conf("/srv/state%x", ["/usr/bin/python3", "-m", "engine", "serve", "--port", "8000"])
     assert "command=/usr/bin/python3 -m engine serve --port 8000" in conf
     # SIGTERM to the proxy alone (it stops its watchdog before its ranks); SIGKILL to the group.
-    assert "autorestart=true" in conf and "stopasgroup=false" in conf and "killasgroup=true" in conf
+    assert "autorestart=unexpected" in conf and "stopasgroup=false" in conf and "killasgroup=true" in conf
+    assert "exitcodes=2,4" in conf  # serve's exits no restart mends (bad input, cannot serve here): left down
     assert "umask=077" in conf
     assert "file=/srv/state%%x/supervisor.sock" in conf  # '%' escaped for supervisord's expansion
     unit = systemd_unit(["/usr/bin/python3", "-m", "engine", "serve"])
-    assert "Restart=always" in unit and "KillMode=mixed" in unit
+    assert "Restart=always" in unit and "KillMode=mixed" in unit and "RestartPreventExitStatus=2 4" in unit
 
 
 def test_the_default_body_limit_fits_a_prompt_that_fills_the_context(tmp_path):
