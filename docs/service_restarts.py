@@ -6,6 +6,9 @@ after a restart (the case a pool of pre-imported processes, still importing, use
     python3 docs/service_restarts.py --rounds 3 --device cuda             # a host with two GPUs
     .venv/bin/python docs/service_restarts.py --rounds 4 -- --no-standby-ranks   # extra serve flags
 
+Each kill also times the first answer after /health 200 and the same request again (a first request that pays
+for something the new ranks do once shows as first_answer_s >> second_answer_s).
+
 Prints one JSON line per kill, then one with the medians, the worst and the load average; run from
 the repository root (it starts the service as the tests do, tests/test_service_support.py).
 """
@@ -19,6 +22,7 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
 
@@ -40,8 +44,12 @@ def kill_mid_request(svc: ServiceProcess, rank: int, reference: list[int]) -> di
     svc.wait_healthy(timeout_s=300, newer_than=before["generation"])
     healthy = time.monotonic() - t0
     answer = svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"]
+    answered = time.monotonic() - t0
+    t1 = time.monotonic()  # the same request again: what the new ranks' first request paid once
+    again = svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"]
     return {"client_status": out["r"].status_code, "healthy_s": round(healthy, 2),
-            "answered_s": round(time.monotonic() - t0, 2), "correct": answer == reference}
+            "answered_s": round(answered, 2), "first_answer_s": round(answered - healthy, 2),
+            "second_answer_s": round(time.monotonic() - t1, 2), "correct": answer == reference == again}
 
 
 def main() -> int:
@@ -49,14 +57,17 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--device", default="cpu")
     p.add_argument("--settle-s", type=float, default=12.0, help="pause before each kill with time to spare")
+    p.add_argument("--model", default=None, help="model directory (default: the tests' dense demo)")
+    p.add_argument("--log-out", default=None, help="write the service's log (ranks' lines too) to this file")
     p.add_argument("serve_flags", nargs="*", help="more `engine serve` flags (after --)")
     a = p.parse_args()
     svc = ServiceProcess("--enable-fault-injection", "--liveness-timeout-s", "4", "--max-restarts", "20",
-                         "--device", a.device, *a.serve_flags, stall_timeout_s=120, allreduce_timeout_s=60)
+                         "--device", a.device, *a.serve_flags, model=a.model, stall_timeout_s=120,
+                         allreduce_timeout_s=60)
     try:
         svc.wait_healthy(timeout_s=600)
         reference = svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"]
-        if a.device == "cpu":
+        if a.device == "cpu" and a.model is None:
             assert reference == expected_tokens(prompt_ids(PROMPT), 16)
         spare, right_after = [], []
         for i in range(a.rounds):
@@ -72,6 +83,11 @@ def main() -> int:
                    for name, runs in (("with_time_to_spare", spare), ("right_after_a_restart", right_after))}
         print(json.dumps({**summary, "restarts": restarts, "load_average": os.getloadavg(), "device": a.device}))
     finally:
+        if a.log_out:
+            with open(a.log_out, "w") as fh:
+                fh.write(svc.log_text())
+                for path in sorted(Path(svc.state_dir).rglob("rank*.log")):  # each rank's own lines
+                    fh.write(f"==> {path.name}\n" + path.read_text(errors="replace"))
         svc.stop()
     return 0
 

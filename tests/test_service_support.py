@@ -188,7 +188,8 @@ class ServiceProcess:
         return r.json()
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return Path(self.log_path).read_text(errors="replace")
 
     def events(self, kind: str | None = None) -> list[dict]:
