@@ -79,7 +79,8 @@ def test_the_verification_body_with_the_kernels_equals_the_torch_body(kernels_on
         out[fused] += (sg.tok.tolist(),)
     (lf, hf, rf, cf, df), (lt, ht, rt, ct, dt) = out[True], out[False]
     torch.testing.assert_close(lf, lt, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(hf, ht, rtol=1e-4, atol=1e-5)
+    # float32 sums in the kernels' order and torch's through three layers: a few 1e-5 apart on some CPUs
+    torch.testing.assert_close(hf, ht, rtol=1e-4, atol=1e-4)
     for a, b in zip(rf + cf, rt + ct):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert df == dt
