@@ -33,6 +33,17 @@ class Options:
         return cls(mode=mode, load_duration_s=float(duration_s or default), min_load_s=early, only=only)
 
 
+def record(values: dict[str, Any], unavailable: dict[str, str], field: str, value: Any,
+           reason: str | None = None) -> None:
+    """values[field] = value; a None value keeps why in unavailable[field] ("unavailable" when no reason is
+    given), a measured one clears an earlier reason."""
+    values[field] = value
+    if value is None:
+        unavailable[field] = reason or "unavailable"
+    else:
+        unavailable.pop(field, None)
+
+
 @dataclasses.dataclass
 class CardState:
     """One card as the cases learn about it: field -> value, field -> reason when unavailable."""
@@ -42,11 +53,7 @@ class CardState:
     unavailable: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def set(self, field: str, value: Any, reason: str | None = None) -> None:
-        self.values[field] = value
-        if value is None:
-            self.unavailable[field] = reason or "unavailable"
-        else:
-            self.unavailable.pop(field, None)
+        record(self.values, self.unavailable, field, value, reason)
 
 
 @dataclasses.dataclass
@@ -63,8 +70,4 @@ class ProbeContext:
         return self.pairs.setdefault((src, dst), {"src": src, "dst": dst, "unavailable": {}})
 
     def set_host(self, field: str, value: Any, reason: str | None = None) -> None:
-        self.host[field] = value
-        if value is None:
-            self.host_unavailable[field] = reason or "unavailable"
-        else:
-            self.host_unavailable.pop(field, None)
+        record(self.host, self.host_unavailable, field, value, reason)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from engine.allreduce.epilogue import EpilogueExchange
 from engine.core import runner
 from engine.core.model import rms_norm
-from tests.engine_helpers import no_environment_reads, small_config
+from tests.engine_helpers import no_environment_reads, random_small_model
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/engine/test_engine_exchange.py with TRITON_INTERPRET=1", allow_module_level=True)
@@ -137,21 +137,7 @@ def test_a_receive_never_takes_an_earlier_steps_words_it_waits_and_fails():
 # ---- whole decode steps, two ranks in two processes -------------------------------------------------------
 
 def _model(name: str, dtype, **override):
-    from engine.core import config as ecfg
-    from engine.core.model import Model
-    from engine.core.weights import expected_tensors
-
-    raw = small_config(name)
-    raw.update(override)
-    model = Model(ecfg.from_dict(raw), dtype=torch.float32, device="cpu")
-    g = torch.Generator().manual_seed(7)
-    with torch.inference_mode():
-        for label, t in expected_tensors(model):
-            t.normal_(1.0 if "norm" in label else 0.0, 0.1 if t.dim() == 1 else 0.05, generator=g)
-        model.setup_cache(96)
-        for layer in model.layers:
-            layer.k_cache.normal_(generator=g)
-            layer.v_cache.normal_(generator=g)
+    model = random_small_model(name, 96, **override)
     if dtype != torch.float32:
         model = _cast(model, dtype)
     return model

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from engine.core import runner
 from engine.core.model import rms_norm, rotate_half
-from tests.engine_helpers import small_config
+from tests.engine_helpers import random_small_model
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/engine/test_engine_fused_kernels.py with TRITON_INTERPRET=1", allow_module_level=True)
@@ -161,22 +161,7 @@ def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, com
 
 
 def _model(name: str, **override):
-    from engine.core import config as ecfg
-    from engine.core.model import Model
-    from engine.core.weights import expected_tensors
-
-    raw = small_config(name)
-    raw.update(override)
-    model = Model(ecfg.from_dict(raw), dtype=torch.float32, device="cpu")
-    g = torch.Generator().manual_seed(7)
-    with torch.inference_mode():
-        for label, t in expected_tensors(model):  # norms and biases random too, so folding mistakes show
-            t.normal_(1.0 if "norm" in label else 0.0, 0.1 if t.dim() == 1 else 0.05, generator=g)
-        model.setup_cache(96)
-        for layer in model.layers:
-            layer.k_cache.normal_(generator=g)
-            layer.v_cache.normal_(generator=g)
-    return model
+    return random_small_model(name, 96, **override)
 
 
 @pytest.mark.parametrize("name,override,one_pass", [

@@ -45,6 +45,48 @@ def small_config(name: str) -> dict:
     return raw
 
 
+def random_small_model(name: str, max_context: int, **override):
+    """A float32 CPU Model of small_config(name) (updated with ``override``): every tensor random, norms and
+    biases too (so folding mistakes show), a cache of ``max_context`` positions set up and its K/V random;
+    generator seed 7."""
+    import torch
+
+    from engine.core import config as ecfg
+    from engine.core.model import Model
+    from engine.core.weights import expected_tensors
+
+    raw = small_config(name)
+    raw.update(override)
+    model = Model(ecfg.from_dict(raw), dtype=torch.float32, device="cpu")
+    g = torch.Generator().manual_seed(7)
+    with torch.inference_mode():
+        for label, t in expected_tensors(model):
+            t.normal_(1.0 if "norm" in label else 0.0, 0.1 if t.dim() == 1 else 0.05, generator=g)
+        model.setup_cache(max_context)
+        for layer in model.layers:
+            layer.k_cache.normal_(generator=g)
+            layer.v_cache.normal_(generator=g)
+    return model
+
+
+def state_tensors(model) -> list:
+    """Every per-sequence state tensor a model holds after setup_cache (engine.core.model.STATE_KEYS), the MTP
+    draft layers' last: K/V caches (and their int8 scales), conv rings and recurrent states, layer by layer."""
+    from engine.core.model import STATE_KEYS
+
+    layers = model.layers + (model.mtp.layers if model.mtp is not None else [])
+    return [t for la in layers for t in (getattr(la, k, None) for k in STATE_KEYS) if t is not None]
+
+
+def snapshot_state(model) -> list:
+    return [t.clone() for t in state_tensors(model)]
+
+
+def restore_state(model, saved: list) -> None:
+    for t, s in zip(state_tensors(model), saved, strict=True):
+        t.copy_(s)
+
+
 def make_hf_model(name: str, out: Path):
     """A transformers model with random weights from the shrunk real config, saved as safetensors."""
     import torch

@@ -15,6 +15,7 @@ from engine.core import config as ecfg
 from engine.core import runner
 from engine.core.model import Model
 from engine.core.weights import expected_tensors
+from tests.engine_helpers import restore_state, snapshot_state
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/engine/test_engine_hybrid.py with TRITON_INTERPRET=1", allow_module_level=True)
@@ -54,39 +55,20 @@ def _model(dtype=torch.float32, kv_dtype="auto", **override) -> Model:
     return model
 
 
-def _buffers(model):
-    out = []
-    for la in model.layers:
-        if la.kind == "full_attention":
-            out += [t for t in (la.k_cache, la.v_cache, la.k_scale, la.v_scale) if t is not None]
-        else:
-            out += [la.conv_ring, la.rec_state]
-    return out
-
-
-def _states(model):
-    return [t.clone() for t in _buffers(model)]
-
-
-def _restore(model, saved):
-    for t, v in zip(_buffers(model), saved):
-        t.copy_(v)
-
-
 @pytest.mark.parametrize("kv,override", [("auto", {}), ("auto", {"linear_num_value_heads": 2}),
                                          ("auto", {"num_key_value_heads": 4}), ("int8", {})])
 def test_fused_hybrid_decode_steps_give_the_plain_ones_and_the_same_states(kv, override):
     model = _model(kv_dtype=kv, **override)
-    start = _states(model)
+    start = snapshot_state(model)
     with torch.inference_mode():
         want = [model.decode_step(torch.tensor([t]), torch.tensor([40 + i]), 64) for i, t in enumerate((5, 9, 77))]
-        want_states = _states(model)
-        _restore(model, start)
+        want_states = snapshot_state(model)
+        restore_state(model, start)
         got = [model.decode_step(torch.tensor([t]), torch.tensor([40 + i]), 64, runner.fused_blocks())
                for i, t in enumerate((5, 9, 77))]
     for a, b in zip(got, want):
         assert rel(a, b) < 1e-5 and int(a.argmax()) == int(b.argmax())
-    for a, b in zip(_states(model), want_states):
+    for a, b in zip(snapshot_state(model), want_states):
         if a.dtype == torch.int8:  # a rounding tie may land one step apart
             assert (a.int() - b.int()).abs().max() <= 1
         else:
@@ -97,9 +79,9 @@ def test_fused_decode_at_the_first_positions_reads_zero_padding():
     model = _model()
     with torch.inference_mode():
         model.forward(torch.tensor([[3]]), 0)  # one token: the ring's earlier slots are the conv's zero padding
-        s = _states(model)
+        s = snapshot_state(model)
         want = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64)
-        _restore(model, s)
+        restore_state(model, s)
         got = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64, runner.fused_blocks())
     assert rel(got, want) < 1e-5
 
@@ -116,9 +98,9 @@ def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
         ref.forward(ids, 0)
         bf.forward(ids, 0)
         want = ref.decode_step(torch.tensor([5]), torch.tensor([40]), 64)
-        s = _states(bf)
+        s = snapshot_state(bf)
         plain = bf.decode_step(torch.tensor([5]), torch.tensor([40]), 64)
-        _restore(bf, s)
+        restore_state(bf, s)
         fused = bf.decode_step(torch.tensor([5]), torch.tensor([40]), 64, runner.fused_blocks())
     e_plain, e_fused = rel(plain, want), rel(fused, want)
     assert e_fused <= max(1.5 * e_plain, 1e-3), (e_fused, e_plain)
@@ -136,9 +118,9 @@ def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step():
             t.copy_(torch.randn(t.shape, generator=g) * (0.1 if t.dim() == 1 else 0.05) + (1.0 if "norm" in label else 0.0))
         model.setup_cache(96)
         model.forward(torch.randint(0, 512, (1, 50), generator=g), 0)
-        s = _states(model)
+        s = snapshot_state(model)
         want = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64)
-        _restore(model, s)
+        restore_state(model, s)
         got = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64, runner.fused_blocks())
     assert rel(got, want) < 1e-5
 
@@ -148,7 +130,7 @@ def _prefill_two_chunks(model, ids, kernels):
     model.kernels = kernels
     with torch.inference_mode():
         first = model.forward(ids[:, :30], 40, all_logits=True)  # a chunk boundary inside the 50 tokens
-        return torch.cat([first, model.forward(ids[:, 30:], 70, all_logits=True)]), _states(model)
+        return torch.cat([first, model.forward(ids[:, 30:], 70, all_logits=True)]), snapshot_state(model)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -156,10 +138,10 @@ def test_prefill_with_the_gdn_chunk_kernel_gives_the_torch_forms_logits_and_stat
     ids = torch.randint(0, 128, (1, 50), generator=torch.Generator().manual_seed(5))
     model = _model(dtype)  # 40 positions already in: the chunks continue the states
     with torch.inference_mode():
-        start = _states(model)
+        start = snapshot_state(model)
     want, want_states = _prefill_two_chunks(model, ids, "eager")
     with torch.inference_mode():
-        _restore(model, start)
+        restore_state(model, start)
     got, got_states = _prefill_two_chunks(model, ids, "fused")
     if dtype == torch.float32:
         assert rel(got, want) < 1e-5 and torch.equal(got.argmax(-1), want.argmax(-1))

@@ -23,12 +23,23 @@ def recording_fixtures(served_path, bench_path):
 
 
 def two_h200s_on_the_qwen3_8b_shape(served: dict, bench: dict) -> None:
-    """The recording is the served bench on two distinct H200s, bf16, the Qwen3-8B shape, multicast off."""
+    """The recording is the served bench on two distinct H200s, bf16, the Qwen3-8B shape, multicast off, and the
+    bench run inside it is the one beside it."""
     assert served["kind"] == "engine_bench_served" and served["devices"] == "cuda:0,cuda:1"
+    assert served["bench_summary"] == bench["summary"]
     assert served["dtype"] == bench["dtype"] == "bfloat16" and served["config"] == bench["config"] == "qwen3-8b.config.json"
     assert [c["device"] for c in bench["cards"]] == ["NVIDIA H200", "NVIDIA H200"]
     assert bench["cards"][0]["uuid"] != bench["cards"][1]["uuid"]
     assert bench["env"]["NCCL_NVLS_ENABLE"] == "0"  # multicast off, as the lent machines require
+
+
+def both_ranks_fused_graphs_on_the_mailbox(served: dict) -> list[dict]:
+    """Both ranks decoded with captured graphs of the fused kernels, exchanging through the GPU-side mailbox;
+    their /health decode blocks, rank 0's first."""
+    decs = [served["health"]["decode"][r] for r in ("0", "1")]
+    for dec in decs:
+        assert dec["mode"] == "graphs" and dec["kernels"] == "fused" and dec["allreduce"] == "device_mailbox_graph"
+    return decs
 
 
 def tp1_read_bw_fraction(bench: dict) -> float:

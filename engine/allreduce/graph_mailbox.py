@@ -36,13 +36,15 @@ __device__ __forceinline__ bool gave_up(unsigned long long start, unsigned long 
     return waited > timeout_ns || (waited > 100000ull && *((volatile int*)failed) != 0);
 }
 
-// The whole all_gather in ONE kernel: each thread sends its words to the peer, waits for the peer's same
-// words, and writes both into out as [rank 0's words | rank 1's words]; the last block to finish bumps the
-// step counter (every block read it at its start, so none can see the new value).
-extern "C" __global__ void mbox_gather(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
-                                       const unsigned long long* inbox, unsigned int* __restrict__ out,
-                                       unsigned int* ctr, unsigned int* done, int words, int slot_words,
-                                       int rank, unsigned long long timeout_ns, int* failed) {
+// The exchange both kernels run: each thread sends its words to the peer, waits for the peer's same words
+// and hands each pair to take(i, this rank's word, the peer's word) (a thread whose wait timed out takes
+// no more); the last block to finish bumps the step counter (every block read it at its start, so none
+// can see the new value).
+template <typename Take>
+__device__ __forceinline__ void exchange(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
+                                         const unsigned long long* inbox, unsigned int* ctr, unsigned int* done,
+                                         int words, int slot_words, unsigned long long timeout_ns, int* failed,
+                                         Take take) {
     unsigned int step = ctr[0] + 1u;
     volatile unsigned long long* dst = peer_inbox + (size_t)(step & 1u) * slot_words;
     const volatile unsigned long long* box = inbox + (size_t)(step & 1u) * slot_words;
@@ -57,16 +59,25 @@ extern "C" __global__ void mbox_gather(const unsigned int* __restrict__ src, uns
             if (gave_up(start, timeout_ns, failed)) { atomicExch(failed, 1); ok = false; break; }
             v = box[i];
         }
-        if (ok) {
-            out[(size_t)rank * words + i] = src[i];
-            out[(size_t)(1 - rank) * words + i] = (unsigned int)(v & 0xffffffffull);
-        }
+        if (ok) take(i, src[i], (unsigned int)(v & 0xffffffffull));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
         if (atomicAdd(done, 1u) == gridDim.x - 1) { done[0] = 0u; ctr[0] = step; __threadfence(); }
     }
+}
+
+// The whole all_gather in ONE kernel: out is [rank 0's words | rank 1's words].
+extern "C" __global__ void mbox_gather(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
+                                       const unsigned long long* inbox, unsigned int* __restrict__ out,
+                                       unsigned int* ctr, unsigned int* done, int words, int slot_words,
+                                       int rank, unsigned long long timeout_ns, int* failed) {
+    exchange(src, peer_inbox, inbox, ctr, done, words, slot_words, timeout_ns, failed,
+             [=](int i, unsigned int mine, unsigned int peer) {
+                 out[(size_t)rank * words + i] = mine;
+                 out[(size_t)(1 - rank) * words + i] = peer;
+             });
 }
 
 // 16-bit floats inside a 32-bit word, summed as torch sums them: in float32, rounded to nearest even.
@@ -95,37 +106,15 @@ __device__ __forceinline__ unsigned int add_word(unsigned int a, unsigned int b,
          | (f_to_f16(f16_to_f(a >> 16) + f16_to_f(b >> 16)) << 16);
 }
 
-// The whole allreduce in ONE kernel: each thread sends its words to the peer, waits for the peer's same
-// words, and writes rank 0's + rank 1's; the last block to finish bumps the step counter (every block
-// read it at its start, so none can see the new value).
+// The whole allreduce in ONE kernel: out is rank 0's words + rank 1's words.
 extern "C" __global__ void mbox_allreduce(const unsigned int* __restrict__ src, unsigned long long* peer_inbox,
                                           const unsigned long long* inbox, unsigned int* __restrict__ out,
                                           unsigned int* ctr, unsigned int* done, int words, int slot_words,
                                           int rank, int dtype, unsigned long long timeout_ns, int* failed) {
-    unsigned int step = ctr[0] + 1u;
-    volatile unsigned long long* dst = peer_inbox + (size_t)(step & 1u) * slot_words;
-    const volatile unsigned long long* box = inbox + (size_t)(step & 1u) * slot_words;
-    int stride = gridDim.x * blockDim.x;
-    int first = blockIdx.x * blockDim.x + threadIdx.x;
-    for (int i = first; i < words; i += stride) dst[i] = ((unsigned long long)step << 32) | (unsigned long long)src[i];
-    unsigned long long start = now_ns();
-    bool ok = true;
-    for (int i = first; ok && i < words; i += stride) {
-        unsigned long long v = box[i];
-        while ((unsigned int)(v >> 32) != step) {
-            if (gave_up(start, timeout_ns, failed)) { atomicExch(failed, 1); ok = false; break; }
-            v = box[i];
-        }
-        if (ok) {
-            unsigned int mine = src[i], peer = (unsigned int)(v & 0xffffffffull);
-            out[i] = rank == 0 ? add_word(mine, peer, dtype) : add_word(peer, mine, dtype);
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(done, 1u) == gridDim.x - 1) { done[0] = 0u; ctr[0] = step; __threadfence(); }
-    }
+    exchange(src, peer_inbox, inbox, ctr, done, words, slot_words, timeout_ns, failed,
+             [=](int i, unsigned int mine, unsigned int peer) {
+                 out[i] = rank == 0 ? add_word(mine, peer, dtype) : add_word(peer, mine, dtype);
+             });
 }
 """
 
@@ -177,34 +166,35 @@ class GraphMailbox(Path):
         self.done = torch.zeros(1, dtype=torch.int32, device=device)
         self.gather, self.fused = _kernels(device.index)
 
-    def _launch(self, fn, grid: int, block: int, args) -> None:
+    def _run(self, fn, words: torch.Tensor, out_words: int, *extra) -> torch.Tensor:
+        """One exchange kernel over ``words`` (int32 [w]; send, wait, combine, step bump) into a new int32
+        [out_words]; ``extra`` are the kernel's arguments between rank and the timeout (allreduce's dtype)."""
         import cupy as cp
+        import numpy as np
 
+        w = words.numel()
+        if w > self.slot_words:
+            raise PathError(f"message of {w * 4} bytes exceeds the mailbox's {self.slot_words * 4}")
+        out = torch.empty(out_words, dtype=torch.int32, device=self.device)
+        block = 256
+        grid = max(1, min(-(-w // block), 264))  # grid-stride; a block sends before it waits: no deadlock
+        p = np.uint64
+        args = (p(words.data_ptr()), p(self.peer_inbox.data_ptr()), p(self.inbox.tensor.data_ptr()),
+                p(out.data_ptr()), p(self.ctr.data_ptr()), p(self.done.data_ptr()), np.int32(w),
+                np.int32(self.slot_words), np.int32(self.rank), *(np.int32(e) for e in extra),
+                p(self.timeout_ns), p(self.failed.data_ptr()))
         stream = cp.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream, self.device.index)
         with stream:
             fn((grid,), (block,), args)
+        return out
 
     def _gather_words(self, x) -> tuple[torch.Tensor, int]:
         """[rank 0's bytes | rank 1's bytes] of x (one kernel: send, wait, copy, step bump), and x's byte count."""
-        import numpy as np
-
         raw = x.detach().contiguous().view(-1).view(torch.uint8)  # [nbytes]
         n = raw.numel()
         if n % 4:
             raise PathError(f"the GPU-side mailbox moves whole 4-byte words; got {n} bytes")
-        w = n // 4
-        if w > self.slot_words:
-            raise PathError(f"message of {n} bytes exceeds the mailbox's {self.slot_words * 4}")
-        words = raw.view(torch.int32)  # [w]
-        out = torch.empty(2 * w, dtype=torch.int32, device=self.device)
-        block = 256
-        grid = max(1, min(-(-w // block), 264))  # grid-stride; a block sends before it waits: no deadlock
-        p = np.uint64
-        self._launch(self.gather, grid, block, (p(words.data_ptr()), p(self.peer_inbox.data_ptr()),
-                                                p(self.inbox.tensor.data_ptr()), p(out.data_ptr()),
-                                                p(self.ctr.data_ptr()), p(self.done.data_ptr()), np.int32(w),
-                                                np.int32(self.slot_words), np.int32(self.rank),
-                                                p(self.timeout_ns), p(self.failed.data_ptr())))
+        out = self._run(self.gather, raw.view(torch.int32), 2 * (n // 4))
         return out.view(torch.uint8), n
 
     def all_gather(self, x):
@@ -224,26 +214,12 @@ class GraphMailbox(Path):
     def allreduce_sum(self, x):
         """rank 0's x + rank 1's x in one kernel (send, wait, add, step bump) for float32 / bf16 / fp16;
         bit-identical to torch's ``a + b`` (the self-test checks it), so both ranks hold the same sum."""
-        import numpy as np
-
         code = DTYPE_CODE.get(x.dtype)
         raw = x.detach().contiguous().view(-1).view(torch.uint8)  # [nbytes]
         n = raw.numel()
         if code is None or n % 4:
             return super().allreduce_sum(x)
-        w = n // 4
-        if w > self.slot_words:
-            raise PathError(f"message of {n} bytes exceeds the mailbox's {self.slot_words * 4}")
-        words = raw.view(torch.int32)
-        out = torch.empty(w, dtype=torch.int32, device=self.device)
-        block = 256
-        grid = max(1, min(-(-w // block), 264))  # grid-stride; a block sends before it waits: no deadlock
-        p = np.uint64
-        self._launch(self.fused, grid, block, (p(words.data_ptr()), p(self.peer_inbox.data_ptr()),
-                                               p(self.inbox.tensor.data_ptr()), p(out.data_ptr()),
-                                               p(self.ctr.data_ptr()), p(self.done.data_ptr()), np.int32(w),
-                                               np.int32(self.slot_words), np.int32(self.rank), np.int32(code),
-                                               p(self.timeout_ns), p(self.failed.data_ptr())))
+        out = self._run(self.fused, raw.view(torch.int32), n // 4, code)
         return out.view(torch.uint8)[:n].view(x.dtype).view(x.shape)
 
     def epilogue(self):

@@ -195,6 +195,20 @@ def fused(args, doc: dict) -> None:
     doc["fused_us_by_prologue"] = {k: round(v, 3) for k, v in us_kind.items()}
 
 
+def _write(doc: dict, out: str | None) -> None:
+    if out:
+        with open(out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+
+
+def _finish(doc: dict, out: str | None, t0: float, summary: str) -> int:
+    """The run's wall time into doc, doc written to --out, its ``summary`` section printed."""
+    doc["wall_s"] = round(time.perf_counter() - t0, 1)
+    _write(doc, out)
+    print(json.dumps(doc[summary]))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.gemv", description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=36)
@@ -224,12 +238,7 @@ def main(argv: list[str]) -> int:
     if args.fused:
         doc["kind"] = "engine_bench_fused"
         fused(args, doc)
-        doc["wall_s"] = round(time.perf_counter() - t0, 1)
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(doc, fh, indent=1)
-        print(json.dumps(doc["fused_best"]))
-        return 0
+        return _finish(doc, args.out, t0, "fused_best")
     g = torch.Generator(device=dev).manual_seed(0)
     for shape_set in args.shapes.split(","):
         doc["shapes"][shape_set] = {}
@@ -247,14 +256,8 @@ def main(argv: list[str]) -> int:
             tol = max(1.5 * cub_err, 1e-3)
             outs = [torch.empty(n, device=dev, dtype=torch.bfloat16) for _ in range(args.layers)]
 
-            def us_of(fn):
-                graph = timing.capture(fn)
-                ms = timing.time_graph_ms(graph, n=20)
-                del graph
-                return ms * 1e3 / args.layers
-
             row = {"n": n, "k": k, "cublas": {"rel_err": round(cub_err, 6)}}
-            us = us_of(lambda: [F.linear(x, w) for w in ws])
+            us = _us(lambda: [F.linear(x, w) for w in ws], args.layers)
             row["cublas"].update(us=round(us, 3), gbps=round(nbytes / args.layers / (us * 1e-6) / 1e9, 1))
             row["triton"] = {}
             xv = x.view(-1)
@@ -265,7 +268,7 @@ def main(argv: list[str]) -> int:
                     if e > tol:
                         row["triton"][name] = {"rel_err": round(e, 6), "status": f"error {e:.3g} > {tol:.3g}"}
                         continue
-                    us = us_of(lambda c=cfg: [gemv.launch(xv, w, None, o, c) for w, o in zip(ws, outs)])
+                    us = _us(lambda c=cfg: [gemv.launch(xv, w, None, o, c) for w, o in zip(ws, outs)], args.layers)
                     row["triton"][name] = {"rel_err": round(e, 6), "us": round(us, 3),
                                            "gbps": round(nbytes / args.layers / (us * 1e-6) / 1e9, 1)}
                 except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
@@ -281,15 +284,8 @@ def main(argv: list[str]) -> int:
             ws.clear()
             outs.clear()
             torch.cuda.empty_cache()
-            if args.out:
-                with open(args.out, "w") as fh:
-                    json.dump(doc, fh, indent=1)
-    doc["wall_s"] = round(time.perf_counter() - t0, 1)
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(doc, fh, indent=1)
-    print(json.dumps(doc["best"]))
-    return 0
+            _write(doc, args.out)
+    return _finish(doc, args.out, t0, "best")
 
 
 if __name__ == "__main__":

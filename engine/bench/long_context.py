@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from engine import DATA_DIR
-from engine.bench.served import _request, start_serve, stop_serve, stream_gaps, wait_healthy
+from engine.bench.served import _request, end_serve, start_serve, stream_gaps, wait_healthy
 
 
 def main(argv: list[str]) -> int:
@@ -78,13 +78,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - a failed phase is a result; the log says why
         doc["error"] = f"{type(e).__name__}: {e}"
     finally:
-        stop_serve(proc, 60)
-        log.close()
-    doc["log_tail"] = (work / "serve.log").read_text(errors="replace").splitlines()[-20:]
-    emit()
-    import shutil
-
-    shutil.rmtree(work, ignore_errors=True)
+        end_serve(proc, log, work, doc, emit, remove=True)
     print(json.dumps(doc, indent=1))
     return 0 if doc.get("completed") else 3
 

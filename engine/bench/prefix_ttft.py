@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from engine import DATA_DIR
-from engine.bench.served import start_serve, stop_serve, wait_healthy, write_random_checkpoint
+from engine.bench.served import end_serve, start_serve, wait_healthy, write_random_checkpoint
 
 
 def first_event(port: int, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
@@ -102,14 +102,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - a failed phase is a result; the log says why
         doc["error"] = f"{type(e).__name__}: {e}"
     finally:
-        stop_serve(proc, 60)
-        log.close()
-    doc["log_tail"] = (work / "serve.log").read_text(errors="replace").splitlines()[-20:]
-    emit()
-    if not args.workdir:  # the random checkpoint is gigabytes: a temporary one goes with the run
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
+        end_serve(proc, log, work, doc, emit, remove=not args.workdir)
     print(json.dumps(doc, indent=1))
     return 0 if "error" not in doc else 3
 

@@ -94,6 +94,21 @@ def stop_serve(proc: subprocess.Popen, timeout_s: float) -> None:
         proc.wait()
 
 
+def end_serve(proc: subprocess.Popen, log, work: Path, doc: dict, emit, remove: bool) -> None:
+    """The service benches' ending: stop_serve (60 s), the last 20 lines of work/serve.log in doc["log_tail"],
+    emit(), and work removed when ``remove`` (a temporary random checkpoint is gigabytes: it goes with the run)."""
+    try:
+        stop_serve(proc, 60)
+    finally:
+        log.close()
+    doc["log_tail"] = (work / "serve.log").read_text(errors="replace").splitlines()[-20:]
+    emit()
+    if remove:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -167,7 +167,7 @@ _load_fused()
 @functools.cache
 def _prologue_kernel():
     # Triton resolves triton.language, the functions a kernel calls and its constants through the module's globals
-    global tl, rnd, _normed, _norm_stats, _xs_tag, _xs_wait, _xs_values, _xs_send
+    global tl, rnd, _normed, _residual, _norm_stats, _xs_tag, _xs_wait, _xs_values, _xs_send
     global PRO_PLAIN, PRO_NORM, PRO_SILU, PRO_NORM1
     import triton
     import triton.language as tl
@@ -178,6 +178,16 @@ def _prologue_kernel():
     PRO_PLAIN, PRO_NORM, PRO_SILU, PRO_NORM1 = (tl.constexpr(int(p)) for p in Prologue)
 
     @triton.jit
+    def _residual(x_ptr, d_ptr, xo_ptr, offs, mask, pid, dt: tl.constexpr, EMU: tl.constexpr):
+        """x + delta at offs, rounded to the dtype, as float32; program 0 also writes it (the new residual) to xo."""
+        xv = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dv = tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        r = rnd(xv + dv, dt, EMU)
+        if pid == 0:
+            tl.store(xo_ptr + offs, r, mask=mask)
+        return r.to(tl.float32)
+
+    @triton.jit
     def _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt: tl.constexpr, EMU: tl.constexpr,
                     STATS_BLOCK: tl.constexpr):
         """1/rms of x + delta (rounded to the dtype), float32, in a fixed order over the whole row; program 0
@@ -185,13 +195,7 @@ def _prologue_kernel():
         scols = tl.arange(0, STATS_BLOCK)
         ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
         for k0 in range(0, K, STATS_BLOCK):
-            smask = (k0 + scols) < K
-            xv = tl.load(x_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-            dv = tl.load(d_ptr + k0 + scols, mask=smask, other=0.0).to(tl.float32)
-            r = rnd(xv + dv, dt, EMU)
-            if pid == 0:
-                tl.store(xo_ptr + k0 + scols, r, mask=smask)
-            r = r.to(tl.float32)
+            r = _residual(x_ptr, d_ptr, xo_ptr, k0 + scols, (k0 + scols) < K, pid, dt, EMU)
             ss += r * r
         return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
 
@@ -254,13 +258,8 @@ def _prologue_kernel():
                 r = rnd(xv + dv, dt, EMU).to(tl.float32)
                 h = _normed(r, rstd, nw, dt, EMU, ZC).to(tl.float32)
             elif PROLOGUE == PRO_NORM1:  # one pass: sum of squares beside the product, rstd applied to the sums
-                xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
+                r = _residual(x_ptr, d_ptr, xo_ptr, k0 + cols0, cmask, pid, dt, EMU)
                 nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                r = rnd(xv + dv, dt, EMU)
-                if pid == 0:
-                    tl.store(xo_ptr + k0 + cols0, r, mask=cmask)
-                r = r.to(tl.float32)
                 ss += r * r
                 h = r * (1.0 + nw) if ZC else r * nw
             elif PROLOGUE == PRO_SILU:

@@ -18,42 +18,54 @@ import re
 
 from engine.core.config import ModelConfig
 
+# GPTQ / AWQ tensors of a linear layer (engine.core.quant), besides or instead of its dense weight
+_PACKED = "qweight|qzeros|scales|g_idx"
+# A decoder layer's tensors, or the MTP draft layer's (which split as the decoder's)
+_LAYER = r"^(?:model|mtp)\.layers\.\d+\."
+
+
+def _rule(pattern: str, kind: str) -> tuple[re.Pattern[str], str]:
+    return re.compile(pattern), kind
+
+
+def _layer(rest: str, kind: str) -> tuple[re.Pattern[str], str]:
+    """A rule for the tensor ``rest`` names within a layer."""
+    return _rule(_LAYER + rest + "$", kind)
+
+
 RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^model\.embed_tokens\.weight$"), "replicated"),
-    (re.compile(r"^model\.norm\.weight$"), "replicated"),
-    (re.compile(r"^lm_head\.weight$"), "vocab"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight$"), "replicated"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.o_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.o_proj\.bias$"), "replicated"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.self_attn\.(q_norm|k_norm)\.weight$"), "replicated"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(gate|up)_proj\.(weight|bias|qweight|qzeros|scales|g_idx)$"), "colwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.down_proj\.(weight|qweight|qzeros|scales|g_idx)$"), "rowwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.down_proj\.bias$"), "replicated"),
+    _rule(r"^model\.embed_tokens\.weight$", "replicated"),
+    _rule(r"^model\.norm\.weight$", "replicated"),
+    _rule(r"^lm_head\.weight$", "vocab"),
+    _layer(r"(input_layernorm|post_attention_layernorm)\.weight", "replicated"),
+    _layer(rf"self_attn\.(q|k|v)_proj\.(weight|bias|{_PACKED})", "colwise"),
+    _layer(rf"self_attn\.o_proj\.(weight|{_PACKED})", "rowwise"),
+    _layer(r"self_attn\.o_proj\.bias", "replicated"),
+    _layer(r"self_attn\.(q_norm|k_norm)\.weight", "replicated"),
+    _layer(rf"mlp\.(gate|up)_proj\.(weight|bias|{_PACKED})", "colwise"),
+    _layer(rf"mlp\.down_proj\.(weight|{_PACKED})", "rowwise"),
+    _layer(r"mlp\.down_proj\.bias", "replicated"),
     # Gated DeltaNet (linear attention) layers
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_qkv\.(weight|qweight|qzeros|scales|g_idx)$"),
-     "colwise_qkv"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.conv1d\.weight$"), "colwise_qkv"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_(z|b|a)\.(weight|qweight|qzeros|scales|g_idx)$"),
-     "colwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.(A_log|dt_bias)$"), "colwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.out_proj\.(weight|qweight|qzeros|scales|g_idx)$"),
-     "rowwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.norm\.weight$"), "replicated"),
+    _layer(rf"linear_attn\.in_proj_qkv\.(weight|{_PACKED})", "colwise_qkv"),
+    _layer(r"linear_attn\.conv1d\.weight", "colwise_qkv"),
+    _layer(rf"linear_attn\.in_proj_(z|b|a)\.(weight|{_PACKED})", "colwise"),
+    _layer(r"linear_attn\.(A_log|dt_bias)", "colwise"),
+    _layer(rf"linear_attn\.out_proj\.(weight|{_PACKED})", "rowwise"),
+    _layer(r"linear_attn\.norm\.weight", "replicated"),
     # Qwen3-Next: in_proj_qkvz / in_proj_ba are grouped per key head ([q k v z] and [b a] of its value heads), so
     # whole row blocks are whole key heads with their value heads (converted to the engine's layout at load:
     # engine.core.qwen3_next); the MoE MLP: every expert split as a dense MLP, router and shared gate replicated
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.linear_attn\.in_proj_(qkvz|ba)\.weight$"), "colwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(experts\.\d+|shared_expert)\.(gate|up)_proj\.weight$"), "colwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(experts\.\d+|shared_expert)\.down_proj\.weight$"), "rowwise"),
-    (re.compile(r"^(?:model|mtp)\.layers\.\d+\.mlp\.(gate|shared_expert_gate)\.weight$"), "replicated"),
+    _layer(r"linear_attn\.in_proj_(qkvz|ba)\.weight", "colwise"),
+    _layer(r"mlp\.(experts\.\d+|shared_expert)\.(gate|up)_proj\.weight", "colwise"),
+    _layer(r"mlp\.(experts\.\d+|shared_expert)\.down_proj\.weight", "rowwise"),
+    _layer(r"mlp\.(gate|shared_expert_gate)\.weight", "replicated"),
     # the MTP draft layer (Qwen3.5): its fc [D, 2D] over [embedding | hidden] is replicated (every rank computes
     # the whole input of its attention layer); its layers split as the decoder's above
-    (re.compile(r"^mtp\.(fc|norm|pre_fc_norm_embedding|pre_fc_norm_hidden)\.weight$"), "replicated"),
+    _rule(r"^mtp\.(fc|norm|pre_fc_norm_embedding|pre_fc_norm_hidden)\.weight$", "replicated"),
 ]
 
 # GPTQ / AWQ tensors (engine.core.quant): stored [inputs, outputs], so their split dims are the dense ones' swapped
-PACKED = re.compile(r"\.(qweight|qzeros|scales|g_idx)$")
+PACKED = re.compile(rf"\.({_PACKED})$")
 
 # Tensors some checkpoints carry that the decoder recomputes itself or does not run: RoPE tables, the
 # multimodal wrapper's vision tower.

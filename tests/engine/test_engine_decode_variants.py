@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.conftest import FIXTURES
-from tests.engine_helpers import small_config
+from tests.engine_helpers import random_small_model, small_config
 
 RECORDED = FIXTURES / "engine" / "h200-decode-variants-2026-11-29.json"
 # The first run of the day judged against the eager bf16 step with a fixed 5 % bar: every compiled
@@ -19,23 +19,8 @@ RECORDED = FIXTURES / "engine" / "h200-decode-variants-2026-11-29.json"
 RECORDED_STRICT = FIXTURES / "engine" / "h200-decode-variants-2026-11-29-vs-eager-bf16.json"
 
 
-def _model(name: str, ctx: int = 40):
-    import torch
-
-    from engine.core import config as ecfg
-    from engine.core.model import Model
-    from engine.core.weights import expected_tensors
-
-    model = Model(ecfg.from_dict(small_config(name)), dtype=torch.float32, device="cpu")
-    g = torch.Generator().manual_seed(7)
-    with torch.inference_mode():
-        for label, t in expected_tensors(model):  # norms and biases random too, so folding mistakes show
-            t.normal_(1.0 if "norm" in label else 0.0, 0.1 if t.dim() == 1 else 0.05, generator=g)
-        model.setup_cache(256)
-        for layer in model.layers:
-            layer.k_cache.normal_(generator=g)
-            layer.v_cache.normal_(generator=g)
-    return model
+def _model(name: str):
+    return random_small_model(name, 256)
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-8b", "qwen2.5-0.5b"])

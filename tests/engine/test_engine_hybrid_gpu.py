@@ -17,7 +17,7 @@ from engine.core import config as ecfg
 from engine.core import runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO
+from tests.engine_helpers import REPO, restore_state, snapshot_state
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -33,22 +33,6 @@ REAL_HEADS = dict(model_type="qwen3_5_text", vocab_size=2048, hidden_size=1024, 
 
 def rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-def _states(model):
-    out = []
-    for la in model.layers:
-        out += [la.k_cache, la.v_cache] if la.kind == "full_attention" else [la.conv_ring, la.rec_state]
-    return out
-
-
-def _snapshot(model):
-    return [t.clone() for t in _states(model)]
-
-
-def _restore(model, saved):
-    for t, s in zip(_states(model), saved):
-        t.copy_(s)
 
 
 def _pair():
@@ -84,15 +68,15 @@ def test_fused_bf16_hybrid_step_is_as_close_to_float32_as_the_plain_one_and_repl
     with torch.inference_mode():
         ref = models[torch.float32].decode_step(tok, pos, 1024)
         m = models[torch.bfloat16]
-        start = _snapshot(m)
+        start = snapshot_state(m)
         plain = m.decode_step(tok, pos, 1024)
-        _restore(m, start)
+        restore_state(m, start)
         fused = m.decode_step(tok, pos, 1024, runner.fused_blocks())
-        after = _snapshot(m)
-        _restore(m, start)
+        after = snapshot_state(m)
+        restore_state(m, start)
         out = {}
         graph = timing.capture(lambda: out.__setitem__("y", m.decode_step(tok, pos, 1024, runner.fused_blocks())))
-        _restore(m, start)  # capture's warm-up ran the step: start again from the same state
+        restore_state(m, start)  # capture's warm-up ran the step: start again from the same state
         graph.replay()
         torch.cuda.synchronize()
     assert torch.isfinite(fused).all()
@@ -100,7 +84,7 @@ def test_fused_bf16_hybrid_step_is_as_close_to_float32_as_the_plain_one_and_repl
     print(f"bf16 logits vs float32: plain {e_plain:.4g}, fused {e_fused:.4g}")
     assert e_fused <= max(1.5 * e_plain, 1e-3)
     assert torch.equal(out["y"], fused)
-    for a, b in zip(_snapshot(m), after):
+    for a, b in zip(snapshot_state(m), after):
         assert torch.equal(a, b)
 
 
@@ -112,11 +96,11 @@ def test_bf16_prefill_with_the_gdn_chunk_kernel_is_as_close_to_float32_as_the_to
     runs = {}
     with torch.inference_mode():
         for name, m, kernels in (("ref", m32, "eager"), ("eager", m16, "eager"), ("fused", m16, "fused")):
-            start = _snapshot(m)
+            start = snapshot_state(m)
             m.kernels = kernels
             logits = m.forward(ids, 700, all_logits=True)
             runs[name] = (logits, [la.rec_state.clone() for la in m.layers if la.kind == "linear_attention"])
-            _restore(m, start)
+            restore_state(m, start)
     (ref, ref_s), (plain, plain_s), (fused, fused_s) = runs["ref"], runs["eager"], runs["fused"]
     e_plain, e_fused = rel(plain, ref), rel(fused, ref)
     print(f"bf16 prefill logits vs float32: torch form {e_plain:.4g}, gdn_chunk {e_fused:.4g}")

@@ -23,11 +23,8 @@ served, bench = served_checks.recording_fixtures(SERVED, BENCH)
 
 def test_two_h200s_serving_the_qwen3_8b_shape_with_the_fused_kernels(served, bench):
     served_checks.two_h200s_on_the_qwen3_8b_shape(served, bench)
-    assert served["bench_summary"] == bench["summary"]
     assert bench["summary"]["tp1"]["kernels"] == "fused"
-    for r in ("0", "1"):
-        dec = served["health"]["decode"][r]
-        assert dec["mode"] == "graphs" and dec["kernels"] == "fused" and dec["allreduce"] == "device_mailbox_graph"
+    served_checks.both_ranks_fused_graphs_on_the_mailbox(served)
     lines = [ln for ln in served["rank_log"] if ln.startswith("[rank 1] decode graphs (")]  # the log's tail: rank 1
     assert lines and "kernels fused (five Triton kernels per layer" in lines[-1]
 

@@ -17,7 +17,13 @@ from engine.core import demo, mtp, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
 from engine.core.spec_graphs import SpecGraphs
-from tests.engine_helpers import one_torch_thread, run_interpreter_cases
+from tests.engine_helpers import (
+    one_torch_thread,
+    restore_state,
+    run_interpreter_cases,
+    snapshot_state,
+    state_tensors,
+)
 
 PROMPT = [1] + [(7 * i + 3) % 250 + 3 for i in range(20)]
 K = 3
@@ -41,24 +47,12 @@ def model(tmp_path_factory):
     return m
 
 
-def _state(m: Model) -> list[torch.Tensor]:
-    out = []
-    for la in m.layers + m.mtp.layers:
-        out += [la.k_cache, la.v_cache] if la.kind == "full_attention" else [la.conv_ring, la.rec_state]
-    return out
-
-
 def _prefilled(m: Model) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Prefill PROMPT (the draft layer too) -> (a copy of every state, the last position's hidden state)."""
     pre = mtp.Prefill(m, PROMPT, 0)
     _, hidden = m.forward(torch.tensor([PROMPT]), 0, hidden=True)
     pre.chunk(0, hidden)
-    return [t.clone() for t in _state(m)], pre.pending
-
-
-def _restore(m: Model, saved: list[torch.Tensor]) -> None:
-    for t, s in zip(_state(m), saved):
-        t.copy_(s)
+    return snapshot_state(m), pre.pending
 
 
 def test_the_verification_body_equals_the_eager_verification(model):
@@ -66,8 +60,8 @@ def test_the_verification_body_equals_the_eager_verification(model):
     n, seq = len(PROMPT), [40, 41, 42, 43]
     states: list = []
     logits, hid = model.forward(torch.tensor([seq]), n, all_logits=True, hidden=True, states=states)
-    after = [t.clone() for t in _state(model)]
-    _restore(model, saved)
+    after = snapshot_state(model)
+    restore_state(model, saved)
     sg = SpecGraphs(model, K, [WINDOW])
     sg.tok.copy_(torch.tensor(seq))
     sg.pos.fill_(n)
@@ -79,7 +73,7 @@ def test_the_verification_body_equals_the_eager_verification(model):
     for (rings, recs), r, s in zip(states, sg.rings, sg.recs):  # every position's states, as the eager path keeps
         torch.testing.assert_close(r, rings, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(s, recs, rtol=1e-4, atol=1e-5)
-    for a, b in zip(_state(model), after):  # K/V at n..n+K and the states after the last row
+    for a, b in zip(state_tensors(model), after):  # K/V at n..n+K and the states after the last row
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     lin = [la for la in model.layers if la.kind == "linear_attention"]
     for a in (2, 0, 1):  # the rollback: the states after row a, as the eager rollback's
@@ -94,17 +88,17 @@ def test_the_draft_body_drafts_what_the_eager_drafts_do(model):
     saved, pending = _prefilled(model)
     n = len(PROMPT)
     first = int(torch.argmax(model.forward(torch.tensor([PROMPT[-1:]]), n - 1)))  # any token: the drafts follow it
-    _restore(model, saved)
+    restore_state(model, saved)
     drafts, _ = mtp.draft(model, Sampler(), K, [first], pending[None], n - 1)
-    eager_mtp = [t.clone() for t in _state(model)[-2:]]  # the draft layer's K/V
-    _restore(model, saved)
+    eager_mtp = snapshot_state(model)[-2:]  # the draft layer's K/V
+    restore_state(model, saved)
     sg = SpecGraphs(model, K, [WINDOW])
     sg.argmax[:1].fill_(first)
     sg.hid[:1].copy_(pending[None])
     sg.pos.fill_(n - 1)
     sg.draft(1, WINDOW)
     assert sg.tok.tolist() == [first] + drafts and int(sg.pos) == n
-    for a, b in zip(_state(model)[-2:], eager_mtp):
+    for a, b in zip(state_tensors(model)[-2:], eager_mtp):
         torch.testing.assert_close(a[:, :, :n + K], b[:, :, :n + K], rtol=1e-4, atol=1e-5)
 
 

@@ -12,6 +12,7 @@ from engine.core import config as ecfg
 from engine.core import demo, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
+from tests.engine_helpers import restore_state, snapshot_state
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -31,22 +32,6 @@ def model(tmp_path_factory):
     return m
 
 
-def _state(m):
-    out = []
-    for la in m.layers + m.mtp.layers:
-        out += [la.k_cache, la.v_cache] if la.kind == "full_attention" else [la.conv_ring, la.rec_state]
-    return out
-
-
-def _snap(m):
-    return [t.clone() for t in _state(m)]
-
-
-def _restore(m, saved):
-    for t, s in zip(_state(m), saved):
-        t.copy_(s)
-
-
 def close(a, b) -> bool:
     """Equal up to float32 rounding (cuBLAS may pick another algorithm inside a capture)."""
     return torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6)
@@ -57,40 +42,40 @@ def test_the_captured_bodies_replay_to_the_eager_logits_and_states(model):
     n, w = len(prompt), 256
     with torch.inference_mode():
         model.forward(torch.tensor([prompt], device="cuda"), 0)
-        start = _snap(model)
+        start = snapshot_state(model)
         for kk in (K, 1):
             sg.tok[:kk + 1].copy_(torch.tensor([5, 6, 7, 8][:kk + 1]))
             sg.pos.fill_(n)
             eager = sg.verify(kk, w).clone()
             rows = [(r.clone(), s.clone()) for r, s in zip(sg.rings, sg.recs)]
-            after = _snap(model)
-            _restore(model, start)
+            after = snapshot_state(model)
+            restore_state(model, start)
             got = sg.replay_verify(kk, w)
             torch.cuda.synchronize()
             assert close(got, eager) and torch.equal(torch.argmax(got, -1), torch.argmax(eager, -1))
             for (r, s), r2, s2 in zip(rows, sg.rings, sg.recs):
                 assert close(r[:kk + 1], r2[:kk + 1]) and close(s[:kk + 1], s2[:kk + 1])
-            for a, b in zip(_snap(model), after):
+            for a, b in zip(snapshot_state(model), after):
                 assert close(a, b)
             sg.replay_rollback(0)
             torch.cuda.synchronize()
             lin = [la for la in model.layers if la.kind == "linear_attention"]
             assert all(torch.equal(la.rec_state, s[0]) and torch.equal(la.conv_ring, r[0])
                        for la, r, s in zip(lin, sg.rings, sg.recs))
-            _restore(model, start)
+            restore_state(model, start)
         # the draft graph: the draft layer's catch-up over 2 rows, then K - 1 one-row steps
         inputs = [t.clone() for t in (sg.tok, sg.argmax, sg.hid)]  # what the draft reads (it rewrites tok)
         sg.pos.fill_(n - 2)
         sg.draft(2, w)
-        eager_tok, eager_mtp = sg.tok.clone(), _snap(model)[-2:]
-        _restore(model, start)
+        eager_tok, eager_mtp = sg.tok.clone(), snapshot_state(model)[-2:]
+        restore_state(model, start)
         for t, s in zip((sg.tok, sg.argmax, sg.hid), inputs):
             t.copy_(s)
         sg.pos.fill_(n - 2)
         sg.replay_draft(2, w)
         torch.cuda.synchronize()
         assert torch.equal(sg.tok, eager_tok) and int(sg.pos) == n
-        assert all(close(a, b) for a, b in zip(_snap(model)[-2:], eager_mtp))
+        assert all(close(a, b) for a, b in zip(snapshot_state(model)[-2:], eager_mtp))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["short", "bucket-edge"])

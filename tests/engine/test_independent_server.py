@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests import independent_server as ind
+from tests.test_service_support import pid_alive
 
 independent_server = ind.independent_server
 
@@ -265,14 +266,6 @@ def test_stop_ends_the_whole_process_group(tmp_path):
     ind._stop(proc)
     assert proc.returncode is not None
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][:1] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not pid_alive(child)

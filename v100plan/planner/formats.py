@@ -25,6 +25,12 @@ def _gguf_bpw(gib: float) -> float:
     return round(gib * GIB * 8 / LLAMA3_8B_PARAMS, 3)
 
 
+# AWQ and GPTQ store the same thing: 4-bit weights, a 16-bit scale and a 4-bit zero per group of 128
+_G128_BPW = round(4 + (16 + 4) / 128, 3)
+_G128 = ("4-bit weights, group 128 with a 16-bit scale and 4-bit zero per group: 4 + (16 + 4) / 128 = "
+         f"{_G128_BPW} bits")
+
+
 @dataclass(frozen=True)
 class WeightFormat:
     name: str
@@ -41,12 +47,11 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("bf16", 16.0, False, "float", "bfloat16: 16 bits"),
     WeightFormat("fp8", 8.0, False, "float", "FP8 E4M3 weights with one scale per tensor or channel (negligible): 8 bits"),
     WeightFormat("int8", 8.0, False, "int", "int8 weights with a per-channel scale (negligible): 8 bits"),
-    WeightFormat("int4-awq", 4.156, False, "int",
-                 "4-bit weights, group 128 with a 16-bit scale and 4-bit zero per group: 4 + (16 + 4) / 128 = 4.156 bits "
-                 "(AutoAWQ/GPTQ packing; multigrid.ai 'Group Size in GPTQ and AWQ Quantization', overhead = (16 + 4) / g)"),
-    WeightFormat("int4-gptq", 4.156, False, "int",
-                 "4-bit weights, group 128 with a 16-bit scale and 4-bit zero per group: 4 + (16 + 4) / 128 = 4.156 bits "
-                 "(quantize_config.json bits 4, group_size 128; overhead = (16 + 4) / g)"),
+    WeightFormat("int4-awq", _G128_BPW, False, "int",
+                 f"{_G128} (AutoAWQ/GPTQ packing; multigrid.ai 'Group Size in GPTQ and AWQ Quantization', "
+                 "overhead = (16 + 4) / g)"),
+    WeightFormat("int4-gptq", _G128_BPW, False, "int",
+                 f"{_G128} (quantize_config.json bits 4, group_size 128; overhead = (16 + 4) / g)"),
     WeightFormat("int4-g32", 5.0, False, "int",
                  "4-bit weights, group 32 with a bf16 scale and a bf16 zero per group: 4 + (16 + 16) / 32 = 5 bits "
                  "(pytorch-labs/gpt-fast quantize.py --mode int4 --groupsize 32, scales_and_zeros in bfloat16)"),
