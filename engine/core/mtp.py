@@ -98,12 +98,13 @@ def check_draft_tokens(model, k: int) -> None:
 
 class Prefill:
     """The draft layer's K/V over the prompt, chunk by chunk as the model prefills it: position p pairs the
-    model's hidden state at p with prompt token p + 1; the last prompt position waits for the first token."""
+    model's hidden state at p with prompt token p + 1; the last prompt position waits for the first token.
+    ``prefix`` (an engine.core.prefix.PrefixCache, or None) is told which tokens the draft layer has run over."""
 
-    def __init__(self, model, prompt: list[int], first: int):
-        self.model, self.prompt = model, prompt
+    def __init__(self, model, prompt: list[int], first: int, prefix=None):
+        self.model, self.prompt, self.prefix = model, prompt, prefix
         self.pending: torch.Tensor | None = None  # the hidden state of the position before the next chunk
-        self.first = first  # positions before it were reused: the draft layer's K/V there is what it was
+        self.first = first  # positions before it were reused: the prefix cache holds the draft layer's K/V there
 
     def chunk(self, start: int, hidden: torch.Tensor) -> None:
         """The model prefilled prompt[start:start + T] with final-norm output ``hidden`` [T, D]."""
@@ -114,6 +115,8 @@ class Prefill:
             hs, pos0 = hidden[:-1], start
         if hs.shape[0]:
             self.model.mtp.forward(self.model, self.prompt[pos0 + 1:end], hs, pos0)
+            if self.prefix is not None:
+                self.prefix.drafted = list(self.prompt[:end])  # positions [0, end - 1)
         self.pending = hidden[-1]
 
 
@@ -189,10 +192,11 @@ Hook = Callable[[str, int, list[int], int], bool]
 
 
 def graph_round(model, decoder, sg, sampler: Sampler, kk: int, m_tokens: list[int], m_pos: int,
-                pos: int) -> tuple[list[int], int, int]:
+                pos: int, keep: bool = False) -> tuple[list[int], int, int]:
     """One round on ``decoder.spec``'s graphs (engine.core.spec_graphs): the drafts (the draft graph when greedy
     and the round's positions fit; else drafted eagerly and written into the static tokens), the verification
-    graph, one read-back, the rollback graph where a draft was rejected. -> (drafts, accepted a, next token)."""
+    graph, one read-back, the rollback graph where a draft was rejected. -> (drafts, accepted a, next token).
+    ``keep``: the draft layer runs over the last round's positions even when this round drafts nothing."""
     k = sg.k
     window = decoder.window_for(min(pos + k, model.max_context - 1))
     greedy = sampler.temperature == 0
@@ -200,7 +204,8 @@ def graph_round(model, decoder, sg, sampler: Sampler, kk: int, m_tokens: list[in
     if greedy and pos + k - 1 < model.max_context:
         sg.replay_draft(len(m_tokens), window)  # K drafts; the verification reads the first kk
     else:
-        drafts, qs = globals()["draft"](model, sampler, kk, m_tokens, sg.hid[:len(m_tokens)], m_pos) if kk else ([], [])
+        drafts, qs = (globals()["draft"](model, sampler, kk, m_tokens, sg.hid[:len(m_tokens)], m_pos)
+                      if kk or keep else ([], []))
         sg.tok[:kk + 1].copy_(torch.tensor([m_tokens[-1]] + drafts))
         sg.pos.fill_(pos)
     logits = sg.replay_verify(kk, window)
@@ -224,7 +229,9 @@ def decode(model, decoder, logits: torch.Tensor, pending: torch.Tensor, n: int, 
            info: dict | None, prefix=None) -> tuple[list[int], str]:
     """The speculative decode loop after a prefill of ``n`` prompt tokens (``logits`` [V] of the last one,
     ``pending`` its final-norm hidden state). Returns what runner.run returns. The drafts come from the module's
-    ``draft`` (looked up per round: tests plug other proposals in there)."""
+    ``draft`` (looked up per round: tests plug other proposals in there). With a ``prefix`` cache the draft layer
+    keeps up with every position the model holds (the last round's too, after the loop), so that a later request
+    reusing them drafts exactly as a cold one."""
     spec = {"draft_tokens": 0, "accepted_tokens": 0, "rounds": 0}
     if info is not None:
         info["spec"] = spec
@@ -249,6 +256,7 @@ def decode(model, decoder, logits: torch.Tensor, pending: torch.Tensor, n: int, 
     sg = getattr(decoder, "spec", None)
     if sg is not None and sg.k != k:
         sg = None  # captured for another draft count: eager rounds
+    keep = prefix is not None  # a round without drafts still runs the draft layer over the last round's positions
     if sg is not None:  # the first round's draft-layer inputs, where the graphs read them
         sg.argmax[:1].fill_(tok)
         sg.hid[:1].copy_(pending[None])
@@ -257,10 +265,11 @@ def decode(model, decoder, logits: torch.Tensor, pending: torch.Tensor, n: int, 
         t0 = time.perf_counter()
         kk = min(k, max_tokens - len(out) - 1)  # drafts past the last token asked for are wasted
         if sg is not None:
-            drafts, a, nxt = graph_round(model, decoder, sg, sampler, kk, m_tokens, m_pos, pos)
+            drafts, a, nxt = graph_round(model, decoder, sg, sampler, kk, m_tokens, m_pos, pos, keep)
             hid = sg.hid
         else:
-            drafts, qs = globals()["draft"](model, sampler, kk, m_tokens, m_hidden, m_pos) if kk else ([], [])
+            drafts, qs = (globals()["draft"](model, sampler, kk, m_tokens, m_hidden, m_pos)
+                          if kk or keep else ([], []))
             states: list = []
             all_logits, hid = model.forward(torch.tensor([[tok] + drafts], device=model.device), pos,
                                             all_logits=True, hidden=True, states=states)
@@ -283,4 +292,7 @@ def decode(model, decoder, logits: torch.Tensor, pending: torch.Tensor, n: int, 
         tok = nxt
         if len(out) > before:
             decoder.note_token_ms((time.perf_counter() - t0) * 1e3 / (len(out) - before))
+    if keep:  # the draft layer over the last positions: it then holds every position the model does, plus one
+        model.mtp.forward(model, m_tokens, m_hidden, m_pos)
+        prefix.drafted = prefix.live[:m_pos + 1] + m_tokens
     return out, done

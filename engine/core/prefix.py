@@ -7,7 +7,12 @@ rest. The engine holds one sequence at a time, so:
     its end, or restart from a snapshot (conv ring + recurrent state, copied) taken at an earlier position of
     the same tokens. Snapshots are taken where a prompt's prefill ends (one token before its last, so the same
     prompt sent again has a state to start its last token from) and at chunk boundaries of long prompts,
-    within a byte budget, least recently used first out.
+    within a byte budget, least recently used first out;
+  - the MTP draft layer's K/V at position p is computed from the model's hidden state at p and token p + 1,
+    so it holds what a cold prefill leaves only for positions whose tokens up to p + 1 are those the draft
+    layer last ran over (``drafted``). A request that speculates reuses no more than that: a request that did
+    not speculate leaves the draft layer's K/V as it was (wrong for its own new positions), and a sampled
+    answer's draws depend on the drafts, so a reused draft layer must be the cold one to give the cold answer.
 
 Both ranks of TP2 see the same requests in the same order and decide the same reuse; the lockstep records
 carry each prefill step's position, so a rank that reused a different prefix fails the check on its first
@@ -40,6 +45,8 @@ class PrefixCache:
         self.model = model
         self.budget = budget_bytes
         self.live: list[int] = []  # tokens whose K/V (and states) the model holds, in position order
+        # tokens the MTP draft layer's K/V was computed for: positions [0, len - 1) hold a cold prefill's
+        self.drafted: list[int] = []
         self.snaps: collections.OrderedDict[int, tuple[str, list]] = collections.OrderedDict()  # pos -> (key, copies)
         self.linear = [la for la in model.layers if la.kind == "linear_attention"]
         self.hits = 0
@@ -49,6 +56,7 @@ class PrefixCache:
     def forget(self) -> None:
         """The cache holds nothing reusable (e.g. after warm-up steps that wrote position 0)."""
         self.live = []
+        self.drafted = []
         self.snaps.clear()
 
     def fed(self, tokens: list[int], start: int) -> None:
@@ -73,10 +81,22 @@ class PrefixCache:
         self.snaps[pos] = (_key(self.live[:pos]), copies)
 
     # ---- a new request -------------------------------------------------------------------------------
-    def plan(self, prompt: list[int]) -> int:
+    def plan(self, prompt: list[int], drafting: bool = False) -> int:
         """Positions of ``prompt`` whose state can be reused (0: prefill all), and the model set up to continue
-        from there: at least the last prompt token is always prefilled (its logits start decoding)."""
+        from there: at least the last prompt token is always prefilled (its logits start decoding). ``drafting``:
+        the request speculates with the MTP draft layer, whose K/V at the reused positions must be valid too."""
+        n = self._reusable(prompt, drafting)
+        if drafting:  # the draft layer's positions [0, n) serve this prompt; it rewrites those after them
+            self.drafted = list(prompt[:n + 1])
+        if n:
+            self.hits += 1
+            self.reused_tokens += n
+        return n
+
+    def _reusable(self, prompt: list[int], drafting: bool) -> int:
         n = min(common_prefix(prompt, self.live), len(prompt) - 1)
+        if drafting:  # the prefill writes the draft layer from position n on: it must hold [0, n) already
+            n = min(n, common_prefix(prompt, self.drafted) - 1)
         if n <= 0:
             return 0
         if self.linear:
@@ -96,6 +116,4 @@ class PrefixCache:
         # snapshots past n belong to a sequence the new prompt is about to overwrite
         for p in [p for p in self.snaps if p > n]:
             del self.snaps[p]
-        self.hits += 1
-        self.reused_tokens += n
         return n

@@ -391,7 +391,8 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         spec_tokens: int = 0) -> tuple[list[int], str]:
     """Returns (generated ids, finish_reason in length | stop | cancelled). With ``model.prefix`` (an
     engine.core.prefix.PrefixCache) the prompt's positions the model already holds are not prefilled again;
-    ``info["cached_tokens"]`` says how many (the first prefill chunk then starts there).
+    ``info["cached_tokens"]`` says how many (the first prefill chunk then starts there); a speculating request
+    reuses only positions whose MTP draft-layer K/V the cache also holds (engine.core.prefix).
 
     On a guarded decoder (two ranks on graphs, greedy), the step that produces token k carries
     ``flags(k)`` = (cancel, corrupt) into its in-graph lockstep, and ``decoder.checked`` holds token k's
@@ -414,11 +415,11 @@ def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, 
         mtp.check_draft_tokens(model, spec_tokens)
     max_tokens = min(max_tokens, model.max_context - len(prompt_ids))
     prefix = getattr(model, "prefix", None)
-    first = prefix.plan(prompt_ids) if prefix is not None else 0
+    first = prefix.plan(prompt_ids, drafting=bool(spec_tokens)) if prefix is not None else 0
     if info is not None:
         info["cached_tokens"] = first
     if spec_tokens:
-        drafting = mtp.Prefill(model, prompt_ids, first)
+        drafting = mtp.Prefill(model, prompt_ids, first, prefix)
     logits = None
     n = len(prompt_ids)
     # chunks from the first position to prefill; with a prefix cache the last prompt token is a step of its own,

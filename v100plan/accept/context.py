@@ -114,11 +114,8 @@ class References:
         # run speculating with the same drafts. Greedy references never speculate (greedy is lossless, so a
         # speculating service must give one-token decoding's answers).
         drafts = served_draft_tokens(self.ctx) if any(k[2] for k in keys) else 0
-        # Sampled requests first, on the fresh cache: a reference is a cold run (one after a request of the same
-        # prompt reuses its prefix, and a speculative sampled answer drawn after that reuse differs).
-        order = sorted(range(len(keys)), key=lambda i: not keys[i][2])
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
-            for prompt, max_tokens, temperature, seed in (keys[i] for i in order):
+            for prompt, max_tokens, temperature, seed in keys:
                 fh.write(json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                                      "seed": seed, **({"draft_tokens": drafts} if temperature and drafts else {})})
                          + "\n")
@@ -141,11 +138,8 @@ class References:
         docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         if len(docs) != len(keys):
             raise RuntimeError(f"the TP1 reference run answered {len(docs)} of {len(keys)} requests")
-        refs: list[Reference] = [None] * len(keys)  # type: ignore[list-item]
-        for i, d in zip(order, docs):
-            refs[i] = Reference(d["text"], list(d["token_ids"]), "python -m engine generate --tp 1 on the same weights",
-                                len(d["token_ids"]))
-        return refs
+        return [Reference(d["text"], list(d["token_ids"]), "python -m engine generate --tp 1 on the same weights",
+                          len(d["token_ids"])) for d in docs]
 
     def _baseline(self, prompt, max_tokens, temperature, seed) -> Reference:
         payload = self.ctx.payload(prompt, max_tokens, temperature=temperature, seed=seed)
