@@ -31,20 +31,20 @@ import torch
 
 from engine.core import gemv
 
-# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages): the fastest of engine.bench.int4's CONFIGS per
-# matrix of the 27B shape at TP1 and TP2, group 128, measured on an H200 on 2026-12-02
-# (tests/fixtures/engine/h200-int4-2026-12-02.json, judged by tests/engine/test_engine_int4_recording.py)
+# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages, form): the fastest of engine.bench.int4's CONFIGS
+# per matrix of the 27B shape at TP1 and TP2, group 128, bf16, measured on an H200 on 2026-12-02 with the pairs form
+# (tests/fixtures/engine/h200-int4-2026-12-02-pairs.json, judged by tests/engine/test_engine_int4_recording.py)
 BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
-    ("norm", 34816, 5120): (128, 256, 4, 8, 1),
-    ("silu", 5120, 17408): (32, 128, 1, 8, 2),
-    ("norm", 12288, 5120): (32, 128, 1, 4, 2),
-    ("norm", 1024, 5120): (32, 128, 1, 8, 2),
-    ("plain", 5120, 6144): (32, 128, 1, 8, 2),
-    ("norm", 17408, 5120): (128, 256, 4, 8, 1),
-    ("silu", 5120, 8704): (32, 128, 1, 8, 2),
-    ("norm", 6144, 5120): (32, 128, 1, 8, 2),
-    ("norm", 512, 5120): (64, 128, 2, 8, 2),
-    ("plain", 5120, 3072): (64, 128, 2, 8, 2),
+    ("norm", 34816, 5120): (32, 128, 1, 4, 1, 1),
+    ("silu", 5120, 17408): (32, 128, 1, 8, 2, 1),
+    ("norm", 12288, 5120): (32, 128, 1, 8, 2, 1),
+    ("norm", 1024, 5120): (32, 128, 1, 8, 2, 1),
+    ("plain", 5120, 6144): (32, 128, 1, 8, 2, 1),
+    ("norm", 17408, 5120): (32, 128, 1, 4, 1, 1),
+    ("silu", 5120, 8704): (32, 128, 1, 8, 2, 1),
+    ("norm", 6144, 5120): (32, 128, 1, 8, 2, 1),
+    ("norm", 512, 5120): (64, 128, 2, 8, 2, 0),
+    ("plain", 5120, 3072): (64, 128, 2, 8, 2, 1),
 }
 FORM_PLANES, FORM_PAIRS = 0, 1  # blocks[5]: the loop's form for 16-bit activations (float32 ones: planes)
 DEFAULT_FORM = FORM_PAIRS
@@ -54,11 +54,11 @@ BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": 
 # stages]}}
 
 
-def _default_blocks(n: int, k: int) -> tuple[int, int, int, int, int]:
-    """Blocks for a matrix the table does not list: one warp of 32 rows, tiles of 128 inputs fetched one ahead, K
-    in 8 slices (at most one per tile): within 5 % of the fastest on every matrix of the 2026-12-02
-    recording."""
-    return 32, 128, 1, max(1, min(8, k // 128)), 2
+def _default_blocks(n: int, k: int) -> tuple[int, ...]:
+    """Blocks for a matrix the table does not list: two warps of 64 rows, tiles of 128 inputs fetched one ahead,
+    K in 8 slices (at most one per tile), the pairs form: within 6 % of the fastest on every matrix of the
+    2026-12-02 pairs recording."""
+    return 64, 128, 2, max(1, min(8, k // 128)), 2, FORM_PAIRS
 
 
 def _load_blocks() -> None:
