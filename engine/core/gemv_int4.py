@@ -17,6 +17,13 @@ so the bytes read are the packed weights, the zero points and the scales, nothin
   bias, rounding, and optionally the rows, tagged, to the peer's inbox (the TP2 exchange of
   engine.allreduce.epilogue, mode "send"). float32 sums in a fixed order: bit-identical ranks and graph replays.
 
+For 16-bit activations the default is the fp16-pairs form (blocks[5] = FORM_PAIRS): the row kernel writes h as
+fp16 pairs scaled per tile by a power of two (and the tile's factor), and the GEMV makes two nibbles per LOP3
+(``& 0x000F000F | 0x64006400`` read as two fp16 is 1024 + q), takes 1024 + z off and multiplies by h in f16x2
+arithmetic (inline PTX, an fp16x2 partial per word, float32 across words), ~2.7 SASS instructions per nibble against
+~5.2 for the planes; the interpreter runs the same operands in float32 (``_pair_word``). ``stages`` 3 / 4 run that
+loop through Triton's cp.async pipeline. float32 activations always take the planes form.
+
 Prefill chunks do not come here: PackedLinear.linear dequantises the matrix for the chunk (``dequantise``, one
 Triton kernel) and multiplies with cuBLAS.
 """
