@@ -77,6 +77,54 @@ def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k,
     assert torch.equal(out, again)  # fixed reduction order
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_scale(dtype):
+    """16-bit activations: the fp16-pairs form (h scaled per tile by a power of two into fp16, the zero point
+    taken off as fp16 pairs) and the float32-planes form against dequantise-then-matmul, for activations of
+    order 1 and of order 3000 (without the per-tile scale fp16 products and sums of such h would overflow), with
+    both GPTQ's zero offset 1 and AWQ's 0; on the interpreter the pairs form runs its float32 form."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(11)
+    for zoff in (1, 0):
+        w = packed(64, 256, 128, g, zero_offset=zoff)
+        wd = w.dequantise(torch.float32)
+        for scale in (1.0, 3000.0):
+            x = (scale * torch.randn(256, generator=g)).to(dtype)
+            want = F.linear(x.float(), wd)
+            got = {}
+            for form, stages in ((gemv_int4.FORM_PAIRS, 1), (gemv_int4.FORM_PAIRS, 3), (gemv_int4.FORM_PLANES, 1)):
+                out = torch.full((64,), float("nan"), dtype=dtype)
+                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=(32, 128, 4, 2, stages, form))
+                assert torch.isfinite(out).all() and rel(out, want) < 1e-2, (zoff, scale, form, stages)
+                got[form, stages] = out
+            pairs = got[gemv_int4.FORM_PAIRS, 1]
+            assert rel(pairs, got[gemv_int4.FORM_PLANES, 1]) < 1e-2 and torch.equal(pairs, got[gemv_int4.FORM_PAIRS, 3])
+
+
+def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
+    """int4_row_kernel's pairs form: word i's pair p holds h[8 i + p] (low half) and h[8 i + p + 4] (high half)
+    times 2^(5 - e) with e = floor(log2 max |h|) over the tile, and the tile's factor is 2^(e - 5)."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(12)
+    k, sub = 256, 128
+    w = packed(16, k, 128, g)
+    x = (torch.randn(k, generator=g) * torch.tensor([0.01, 500.0]).repeat_interleave(128)).to(torch.bfloat16)
+    hp, hf = gemv_int4.row_input(gemv.PROLOGUE_PLAIN, x, w, sub, pairs=True)
+    bits = hp.view(torch.int32)
+    halves = torch.stack([(bits << 16) >> 16, bits >> 16], -1).to(torch.int16).view(torch.float16).float()
+    sw = sub // 8
+    for c in range(k // sub):
+        h = x[c * sub:(c + 1) * sub].float()
+        e = torch.floor(torch.log2(h.abs().max()))
+        assert float(hf[c]) == float(2.0 ** (e - 5))
+        tile = halves[c * sub // 2:(c + 1) * sub // 2].view(4, sw, 2)  # [pair p, word i, half]
+        want = torch.stack([h.view(sw, 8)[:, :4].t(), h.view(sw, 8)[:, 4:].t()], -1) * 2.0 ** (5 - e)
+        assert torch.equal(tile, want)  # bf16 times a power of two is exact in fp16
+        assert 32 <= float(tile.abs().max()) < 64
+
+
 def test_prefill_dequantise_kernel_is_the_reference_dequantise():
     from engine.core import gemv_int4
 

@@ -5,7 +5,7 @@ card's read bandwidth, the prefill product on packed weights, and the fused deco
 What each number is (every time a median over CUDA-graph replays: engine.core.timing):
   read_bw_gbps             sum over a 4 GiB float32 buffer: the card's measured read bandwidth
   int4[set][matrix]        per block configuration
-                           (BLOCK_N, BLOCK_K, num_warps, split-K, pipeline stages): L distinct packed matrices (one
+                           (BLOCK_N, BLOCK_K, num_warps, split-K, pipeline stages, form): L distinct packed matrices (one
                            per layer, together well past L2) multiplied by one row in one graph, us per matrix;
                            bytes = packed weights + zero points + scales; gbps = bytes / time; fraction = gbps /
                            read_bw_gbps. Every configuration is first checked against dequantise-then-matmul in
@@ -39,11 +39,21 @@ SHAPES = {
                 "k_or_v": (2 * 256, 5120), "o_proj": (5120, 12 * 256)},
 }
 PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "silu", "o_proj": "plain"}
-CONFIGS = [(32, 128, 1, 1, 2), (32, 128, 1, 4, 2), (32, 128, 1, 8, 2), (64, 128, 2, 1, 2), (64, 128, 2, 4, 2),
-           (64, 128, 2, 8, 2), (128, 128, 4, 1, 2), (128, 128, 4, 4, 2), (128, 128, 4, 8, 2), (64, 128, 4, 4, 2),
-           (128, 256, 4, 8, 1), (64, 128, 4, 4, 1)]
+CONFIGS = [
+    # the float32-planes form (blocks[5] = 0): the 2026-12-02 recording's winners
+    (32, 128, 1, 8, 2, 0), (128, 256, 4, 8, 1, 0), (64, 128, 2, 8, 2, 0),
+    # the fp16-pairs form (blocks[5] = 1; 16-bit activations): no prefetch, one tile ahead in registers, and
+    # Triton's cp.async pipeline (stages 3, 4)
+    (32, 128, 1, 8, 1, 1), (32, 128, 1, 4, 1, 1), (64, 256, 2, 8, 1, 1), (16, 128, 1, 8, 1, 1),
+    (32, 128, 1, 8, 2, 1), (64, 128, 2, 8, 2, 1), (128, 128, 4, 8, 2, 1),
+    (32, 128, 1, 8, 3, 1), (32, 128, 1, 8, 4, 1), (32, 128, 1, 4, 4, 1), (32, 128, 1, 2, 4, 1),
+    (16, 128, 1, 8, 4, 1), (64, 128, 2, 8, 4, 1), (64, 128, 2, 4, 4, 1), (64, 128, 2, 2, 4, 1),
+    (128, 128, 4, 8, 4, 1), (128, 128, 4, 4, 4, 1), (128, 128, 4, 2, 4, 1), (128, 128, 4, 1, 4, 1),
+    (256, 128, 8, 2, 4, 1), (64, 128, 2, 8, 3, 1), (128, 128, 4, 4, 3, 1), (32, 128, 1, 16, 4, 1),
+]
 # (BLOCK_N, BLOCK_K, num_warps, split: programs along K, stages: 2 = the next tile's loads issued before this
-# tile's arithmetic, 1 = not)
+# tile's arithmetic, 1 = not, 3 / 4 = Triton's pipeline of that depth (pairs form), form: 0 = float32 planes,
+# 1 = fp16 pairs)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 
@@ -123,9 +133,11 @@ def int4_gemv(args, doc: dict) -> None:
                 else:
                     us_p = us
                 sub = min(cfg[1], args.group)
+                pairs = len(cfg) > 5 and cfg[5] == gemv_int4.FORM_PAIRS and act in gemv_int4.PAIR_DTYPES
                 row_us = _us(lambda: [gemv_int4.row_input(gemv.PROLOGUE_NORM if pro == "norm" else gemv.PROLOGUE_SILU
                                                           if pro == "silu" else gemv.PROLOGUE_PLAIN,
-                                                          gu if pro == "silu" else x, w, sub, d, nw, 1e-6, xo)
+                                                          gu if pro == "silu" else x, w, sub, d, nw, 1e-6, xo,
+                                                          pairs=pairs)
                                       for w in ws], count)
                 gbps = one.nbytes / (us * 1e-6) / 1e9
                 row["best"] = {"blocks": list(cfg), "us": round(us, 3), "gbps": round(gbps, 1),

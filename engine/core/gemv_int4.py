@@ -17,6 +17,13 @@ so the bytes read are the packed weights, the zero points and the scales, nothin
   bias, rounding, and optionally the rows, tagged, to the peer's inbox (the TP2 exchange of
   engine.allreduce.epilogue, mode "send"). float32 sums in a fixed order: bit-identical ranks and graph replays.
 
+For 16-bit activations the default is the fp16-pairs form (blocks[5] = FORM_PAIRS): the row kernel writes h as
+fp16 pairs scaled per tile by a power of two (and the tile's factor), and the GEMV makes two nibbles per LOP3
+(``& 0x000F000F | 0x64006400`` read as two fp16 is 1024 + q), takes 1024 + z off and multiplies by h in f16x2
+arithmetic (inline PTX, an fp16x2 partial per word, float32 across words), ~2.7 SASS instructions per nibble against
+~5.2 for the planes; the interpreter runs the same operands in float32 (``_pair_word``). ``stages`` 3 / 4 run that
+loop through Triton's cp.async pipeline. float32 activations always take the planes form.
+
 Prefill chunks do not come here: PackedLinear.linear dequantises the matrix for the chunk (``dequantise``, one
 Triton kernel) and multiplies with cuBLAS.
 """
@@ -31,31 +38,34 @@ import torch
 
 from engine.core import gemv
 
-# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages): the fastest of engine.bench.int4's CONFIGS per
-# matrix of the 27B shape at TP1 and TP2, group 128, measured on an H200 on 2026-12-02
-# (tests/fixtures/engine/h200-int4-2026-12-02.json, judged by tests/engine/test_engine_int4_recording.py)
+# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages, form): the fastest of engine.bench.int4's CONFIGS
+# per matrix of the 27B shape at TP1 and TP2, group 128, bf16, measured on an H200 on 2026-12-02 with the pairs form
+# (tests/fixtures/engine/h200-int4-2026-12-02-pairs.json, judged by tests/engine/test_engine_int4_recording.py)
 BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
-    ("norm", 34816, 5120): (128, 256, 4, 8, 1),
-    ("silu", 5120, 17408): (32, 128, 1, 8, 2),
-    ("norm", 12288, 5120): (32, 128, 1, 4, 2),
-    ("norm", 1024, 5120): (32, 128, 1, 8, 2),
-    ("plain", 5120, 6144): (32, 128, 1, 8, 2),
-    ("norm", 17408, 5120): (128, 256, 4, 8, 1),
-    ("silu", 5120, 8704): (32, 128, 1, 8, 2),
-    ("norm", 6144, 5120): (32, 128, 1, 8, 2),
-    ("norm", 512, 5120): (64, 128, 2, 8, 2),
-    ("plain", 5120, 3072): (64, 128, 2, 8, 2),
+    ("norm", 34816, 5120): (32, 128, 1, 4, 1, 1),
+    ("silu", 5120, 17408): (32, 128, 1, 8, 2, 1),
+    ("norm", 12288, 5120): (32, 128, 1, 8, 2, 1),
+    ("norm", 1024, 5120): (32, 128, 1, 8, 2, 1),
+    ("plain", 5120, 6144): (32, 128, 1, 8, 2, 1),
+    ("norm", 17408, 5120): (32, 128, 1, 4, 1, 1),
+    ("silu", 5120, 8704): (32, 128, 1, 8, 2, 1),
+    ("norm", 6144, 5120): (32, 128, 1, 8, 2, 1),
+    ("norm", 512, 5120): (64, 128, 2, 8, 2, 0),
+    ("plain", 5120, 3072): (64, 128, 2, 8, 2, 1),
 }
+FORM_PLANES, FORM_PAIRS = 0, 1  # blocks[5]: the loop's form for 16-bit activations (float32 ones: planes)
+DEFAULT_FORM = FORM_PAIRS
+PAIR_DTYPES = (torch.bfloat16, torch.float16)
 DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
 BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split,
 # stages]}}
 
 
-def _default_blocks(n: int, k: int) -> tuple[int, int, int, int, int]:
-    """Blocks for a matrix the table does not list: one warp of 32 rows, tiles of 128 inputs fetched one ahead, K
-    in 8 slices (at most one per tile): within 5 % of the fastest on every matrix of the 2026-12-02
-    recording."""
-    return 32, 128, 1, max(1, min(8, k // 128)), 2
+def _default_blocks(n: int, k: int) -> tuple[int, ...]:
+    """Blocks for a matrix the table does not list: two warps of 64 rows, tiles of 128 inputs fetched one ahead,
+    K in 8 slices (at most one per tile), the pairs form: within 6 % of the fastest on every matrix of the
+    2026-12-02 pairs recording."""
+    return 64, 128, 2, max(1, min(8, k // 128)), 2, FORM_PAIRS
 
 
 def _load_blocks() -> None:
@@ -69,7 +79,7 @@ def _load_blocks() -> None:
         n, k = (int(v) for v in shape.split("x"))
         if len(val) > 3 and isinstance(val[3], bool):  # a table of the earlier loop forms: its blocks only
             val = val[:3]
-        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:5])
+        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:6])
 
 
 _load_blocks()
@@ -78,7 +88,8 @@ _load_blocks()
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum
+    global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
+    global _pair_sum
     import triton
     import triton.language as tl
 
@@ -111,7 +122,7 @@ def _kernels():
     @triton.jit
     def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hw_ptr, K, eps, PROLOGUE: tl.constexpr,
                         HAS_PERM: tl.constexpr, SUB: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr,
-                        ZC: tl.constexpr = False):
+                        ZC: tl.constexpr = False, PAIRS: tl.constexpr = False):
         """The GEMV's input row h for inputs [c SUB, (c + 1) SUB), c = this program, in plane order: hp[c SUB +
         j SUB / 8 + i] = h[c SUB + 8 i + j] x 16^-j' (j' = j for nibbles 0..4, j - 3 for 5..7: the place the
         GEMV leaves nibble j of word i in), float32; hw[c SUB / 8 + i] = the sum of word i's eight h (the zero
@@ -119,17 +130,35 @@ def _kernels():
         c = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         SW: tl.constexpr = SUB // 8
-        dst = tl.arange(0, SUB)
-        j = dst // SW
-        src = 8 * (dst % SW) + j
         rstd = 0.0
         if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
             rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, c, eps, dt, EMU, STATS_BLOCK)
-        h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
-        tl.store(hp_ptr + c * SUB + dst, h * tl.exp2(-4.0 * (j - tl.where(j < 5, 0, 3)).to(tl.float32)))
-        w8 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 8)[None, :]  # [SW, 8]: word i's inputs, natural order
-        hn = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w8, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
-        tl.store(hw_ptr + c * SW + tl.arange(0, SW), tl.sum(hn, axis=1))
+        if PAIRS:
+            # pair plane p of word i: (h[8 i + p], h[8 i + p + 4]) as two fp16 in one int32 (low, high), times
+            # 2^(5 - e), e = floor(log2 max |h|) over the tile: the largest |h| in [32, 64), so no product or
+            # partial sum of the GEMV's fp16 arithmetic overflows (|q - z| <= 16); a 16-bit h is exact in fp16
+            # (bf16's 8-bit mantissa fits in 11) down to 2^-19 of the tile's largest. hw[c] = 2^(e - 5).
+            dst2 = tl.arange(0, SUB // 2)
+            src2 = 8 * (dst2 % SW) + dst2 // SW
+            hl = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+            hh = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2 + 4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+            m = tl.maximum(tl.max(tl.abs(hl), axis=0), tl.max(tl.abs(hh), axis=0))
+            e = tl.where(m > 0.0, tl.floor(tl.log2(m)), 0.0)
+            e = tl.minimum(tl.maximum(e, -100.0), 100.0)
+            up = tl.exp2(5.0 - e)
+            bl = (hl * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            bh = (hh * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16
+            tl.store(hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2) + dst2, bl | bh)
+            tl.store(hw_ptr + c, tl.exp2(e - 5.0))
+        else:
+            dst = tl.arange(0, SUB)
+            j = dst // SW
+            src = 8 * (dst % SW) + j
+            h = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+            tl.store(hp_ptr + c * SUB + dst, h * tl.exp2(-4.0 * (j - tl.where(j < 5, 0, 3)).to(tl.float32)))
+            w8 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 8)[None, :]  # [SW, 8]: word i's inputs, natural order
+            hn = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w8, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+            tl.store(hw_ptr + c * SW + tl.arange(0, SW), tl.sum(hn, axis=1))
 
     @triton.jit
     def _q(w, J: tl.constexpr):
@@ -176,11 +205,111 @@ def _kernels():
         return sc[:, None] * (part - z[:, None] * hw[None, :])
 
     @triton.jit
+    def _f16x2(x):
+        """The two fp16 halves of int32 words (low, high) as float32."""
+        lo = ((x << 16) >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (x >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return lo, hi
+
+    @triton.jit
+    def _pair_word(w, h0, h1, h2, h3, zlo, zhi, ASM: tl.constexpr):
+        """float32 per word: the sum over its eight nibbles q of (q - z) h, the nibbles made two at a time:
+        ``(w >> 8m) & 0x000F000F | 0x64006400`` read as two fp16 is (1024 + q, 1024 + q') for nibbles (2m, 2m + 4)
+        and ``& 0x00F000F0`` gives (1024 + 16 q, ...) for nibbles (2m + 1, 2m + 5): one LOP3 per two values.
+        zlo = (1024 + z) twice and zhi = -(64 + z) twice (fp16 bits) take the zero point off exactly (|q - z| <=
+        16), and h comes in the same pairs (int4_row_kernel, PAIRS). ASM: PTX with f16x2 arithmetic, the word's
+        eight products summed in an fp16x2 partial then widened (one word at most, |products| <= 1024: a few fp16
+        roundings per word, summed in float32); otherwise the same operands in float32 arithmetic (the
+        interpreter cannot run inline assembly)."""
+        if ASM:
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 %qa, %qb, %qc, %qd, %qt, %qs, %qacc;
+                .reg .f16 %ql, %qh;
+                lop3.b32 %qa, $1, 0x000F000F, 0x64006400, 0xEA;
+                lop3.b32 %qb, $1, 0x00F000F0, 0x64006400, 0xEA;
+                shr.u32 %qt, $1, 8;
+                lop3.b32 %qc, %qt, 0x000F000F, 0x64006400, 0xEA;
+                lop3.b32 %qd, %qt, 0x00F000F0, 0x64006400, 0xEA;
+                mov.b32 %qs, 0x2C002C00;
+                sub.f16x2 %qa, %qa, $6;
+                fma.rn.f16x2 %qb, %qb, %qs, $7;
+                sub.f16x2 %qc, %qc, $6;
+                fma.rn.f16x2 %qd, %qd, %qs, $7;
+                mul.f16x2 %qacc, %qa, $2;
+                fma.rn.f16x2 %qacc, %qb, $3, %qacc;
+                fma.rn.f16x2 %qacc, %qc, $4, %qacc;
+                fma.rn.f16x2 %qacc, %qd, $5, %qacc;
+                mov.b32 {%ql, %qh}, %qacc;
+                add.rn.f16 %ql, %ql, %qh;
+                cvt.f32.f16 $0, %ql;
+                }""",
+                constraints="=f,r,r,r,r,r,r,r", args=[w, h0, h1, h2, h3, zlo, zhi], dtype=tl.float32,
+                is_pure=True, pack=1)
+        else:
+            zl, _ = _f16x2(zlo)
+            zh, _ = _f16x2(zhi)
+            t = w >> 8
+            a0, a1 = _f16x2((w & 0x000F000F) | 0x64006400)
+            b0, b1 = _f16x2((w & 0x00F000F0) | 0x64006400)
+            c0, c1 = _f16x2((t & 0x000F000F) | 0x64006400)
+            d0, d1 = _f16x2((t & 0x00F000F0) | 0x64006400)
+            g0, g1 = _f16x2(h0)
+            g2, g3 = _f16x2(h1)
+            g4, g5 = _f16x2(h2)
+            g6, g7 = _f16x2(h3)
+            s = (a0 - zl) * g0 + (a1 - zl) * g1 + (b0 * 0.0625 + zh) * g2 + (b1 * 0.0625 + zh) * g3
+            return s + (c0 - zl) * g4 + (c1 - zl) * g5 + (d0 * 0.0625 + zh) * g6 + (d1 * 0.0625 + zh) * g7
+
+    @triton.jit
+    def _pair_loads(wp, hq_ptr, hf_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
+                    SW: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr,
+                    EVEN_N: tl.constexpr):
+        """What one tile reads in the pairs form: the words, the group's scale times the tile's factor of h and
+        the zero point as fp16 pairs per row ([BLOCK_N, 1], in the words' layout), and h's four pair planes
+        (int32 words of two fp16). EVEN_K and EVEN_N: every tile is inside the matrix (the caller keeps kw below
+        kwend), so nothing is masked."""
+        r2 = rows[:, None]
+        grp = (kw * 8) // GS
+        if EVEN_K and EVEN_N:
+            words = tl.load(wp + kw, eviction_policy="evict_first")
+            f = tl.load(hf_ptr + kw // SW)
+            sc = tl.load(s_ptr + grp * N + r2).to(tl.float32) * f
+            zw = tl.load(qz_ptr + grp * (N // 8) + r2 // 8)
+            hb = hq_ptr + kw * 4 + wcols[None, :]
+            h0, h1 = tl.load(hb), tl.load(hb + SW)
+            h2, h3 = tl.load(hb + 2 * SW), tl.load(hb + 3 * SW)
+        else:
+            ok = (r2 * 0 + kw) < kwend
+            m2 = rmask[:, None] & ok
+            okc = (wcols[None, :] * 0 + kw) < kwend
+            if EVEN_K:
+                words = tl.load(wp + kw, mask=m2, other=0, eviction_policy="evict_first")
+            else:
+                words = tl.load(wp + kw, mask=m2 & ((kw + wcols) < KW)[None, :], other=0,
+                                eviction_policy="evict_first")
+            f = tl.load(hf_ptr + kw // SW + r2 * 0, mask=m2, other=0.0)
+            sc = tl.load(s_ptr + grp * N + r2, mask=m2, other=0.0).to(tl.float32) * f
+            zw = tl.load(qz_ptr + grp * (N // 8) + r2 // 8, mask=m2, other=0)
+            hb = hq_ptr + kw * 4 + wcols[None, :]
+            h0, h1 = tl.load(hb, mask=okc, other=0), tl.load(hb + SW, mask=okc, other=0)
+            h2, h3 = tl.load(hb + 2 * SW, mask=okc, other=0), tl.load(hb + 3 * SW, mask=okc, other=0)
+        z = ((zw >> zshift[:, None]) & 0xF) + ZOFF
+        zlo = 0x64006400 + z * 0x00010001  # (1024 + z) as two fp16
+        zhi = -738143232 + (z * 16) * 0x00010001  # 0xD400D400 + 16 z per half: -(64 + z) as two fp16
+        return words, sc, zlo, zhi, h0, h1, h2, h3
+
+    @triton.jit
+    def _pair_sum(words, sc, zlo, zhi, h0, h1, h2, h3, ASM: tl.constexpr):
+        return sc * _pair_word(words, h0, h1, h2, h3, zlo, zhi, ASM)
+
+    @triton.jit
     def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
                          xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
                          SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
-                         EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                         EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1, PAIRS: tl.constexpr = False,
+                         ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False):
         pid = tl.program_id(0)
         pk = tl.program_id(1)  # this program's slice of K (split-K): words [pk KS, (pk + 1) KS) of each row
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -195,7 +324,35 @@ def _kernels():
         # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
         kwbeg = pk * KS
         kwend = tl.minimum(kwbeg + KS, KW)
-        if STAGES == 2:
+        if PAIRS:
+            # 16-bit activations: h in fp16 pairs, two nibbles per instruction (_pair_word); hp: the pairs as
+            # int32, hw: one factor per tile
+            hq_ptr = hp_ptr.to(tl.pointer_type(tl.int32))
+            if STAGES == 2:
+                t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW,
+                                SW, GS, ZOFF, EVEN_K, EVEN_N)
+                for kw in range(kwbeg, kwend, SW):
+                    kn = kw + SW
+                    if EVEN_K and EVEN_N:
+                        kn = tl.multiple_of(tl.minimum(kn, kwend - SW), SW)  # the last tile again: no masks
+                    nxt = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wcols, zshift,
+                                      N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N)
+                    acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
+                    t = nxt
+            elif STAGES > 2:
+                # Triton's software pipeliner: the tile loads of STAGES - 1 tiles ahead go to shared memory
+                # asynchronously (cp.async), so the bytes in flight per warp do not cost registers
+                for kw in tl.range(kwbeg, kwend, SW, num_stages=STAGES):
+                    t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
+                                    SW, GS, ZOFF, EVEN_K, EVEN_N)
+                    acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
+            else:
+                for kw0 in range(kwbeg, kwend, BLOCK_K // 8):
+                    for s in tl.static_range(NSUB):
+                        t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kw0 + s * SW, kwend, rows, rmask, wcols,
+                                        zshift, N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N)
+                        acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
+        elif STAGES == 2:
             # one tile ahead in registers: the next tile's loads are issued before this tile's arithmetic, so
             # the loop does not wait for memory once per tile (the compiler otherwise issues some loads late,
             # each a round trip); one sub-tile per tile (BLOCK_K <= GS)
@@ -278,18 +435,19 @@ _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 
 def row_input(prologue: int, x: torch.Tensor, w, sub: int, delta: torch.Tensor | None = None,
               norm_weight: torch.Tensor | None = None, eps: float = 0.0, x_out: torch.Tensor | None = None,
-              zc: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              zc: bool = False, pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMV's input (int4_row_kernel): h in plane order per ``sub`` inputs, float32, and each word's sum of
-    h; NORM writes x + delta into x_out."""
+    h; NORM writes x + delta into x_out. ``pairs``: h as fp16 pairs (two in each float32's bits, sub / 2 per
+    tile) and one factor per tile instead."""
     k = w.in_features
     nchunks = -(-k // sub)
-    hp = torch.empty(nchunks * sub, dtype=torch.float32, device=x.device)
-    hw = torch.empty(nchunks * sub // 8, dtype=torch.float32, device=x.device)
+    hp = torch.empty(nchunks * sub // (2 if pairs else 1), dtype=torch.float32, device=x.device)
+    hw = torch.empty(nchunks * (1 if pairs else sub // 8), dtype=torch.float32, device=x.device)
     _kernels()[2][(nchunks,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
                               w.perm if w.perm is not None else w.qweight, x_out if x_out is not None else hp, hp, hw,
                               k, float(eps), PROLOGUE=prologue, HAS_PERM=w.perm is not None, SUB=sub,
                               EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
-                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, num_warps=4)
+                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, PAIRS=pairs, num_warps=4)
     return hp, hw
 
 
@@ -299,21 +457,23 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
            zc: bool = False) -> torch.Tensor:
     """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
     or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's.
-    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages]]): split = programs along K (split-K, default 1),
-    stages = the depth of the loop's load pipeline (DEFAULT_STAGES)."""
+    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages[, form]]]): split = programs along K (split-K, default
+    1), stages = the depth of the loop's load pipeline (DEFAULT_STAGES), form = FORM_PAIRS (fp16 pairs, 16-bit
+    activations only) or FORM_PLANES (float32 planes; float32 activations always), DEFAULT_FORM."""
     n, k = w.shape
     name = gemv.PROLOGUE_NAMES[prologue]
     cfg = tuple(blocks or BLOCKS.get((name, n, k), _default_blocks(n, k)))
     bn, bk, warps = cfg[:3]
     split = cfg[3] if len(cfg) > 3 else 1
     stages = cfg[4] if len(cfg) > 4 else DEFAULT_STAGES
+    pairs = x.dtype in PAIR_DTYPES and (cfg[5] if len(cfg) > 5 else DEFAULT_FORM) == FORM_PAIRS
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
     bk = min(bk, _pow2_at_least(k))
     gs = w.group_size if w.group_size < k else -(-k // bk) * bk  # one group over all inputs: whole tiles of it
     sub = min(bk, gs)
-    if stages == 2:
-        bk = sub  # the prefetching loop takes one group's tile at a time
+    if stages >= 2:
+        bk = sub  # the prefetching loops take one group's tile at a time
     if gs % sub or bk % sub or sub % 8 or sub & (sub - 1):
         raise ValueError(f"int4 GEMV: BLOCK_K {bk} and group size {gs} must nest (powers of two, at least 8)")
     tiles = -(-k // bk)
@@ -325,14 +485,14 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     if split > 1:
         part = torch.empty(split * n, dtype=torch.float32, device=out.device)
         counters = _counters(out.device, grid_n)
-    hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc)
+    hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc, pairs)
     emu = gemv.interpreting() and x.dtype == torch.bfloat16
     peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, out)
     _kernels()[0][(grid_n, split)](
         w.qweight, w.qzeros, w.scales, hp, hw, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
         peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
-        STAGES=stages, num_warps=warps)
+        STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, num_warps=warps)
     return out
 
 

@@ -44,6 +44,35 @@ def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
     assert rel(w.linear(chunk), F.linear(chunk.float(), wd)) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activation_scale(dtype):
+    """On a GPU the pairs form runs its inline PTX (LOP3 nibble pairs, f16x2 arithmetic, an fp16x2 partial per
+    word): against dequantise-then-matmul and the float32-planes form, for activations of order 1 and 3000
+    (fp16 products of unscaled h would overflow), GPTQ (zero offset 1) and AWQ (0), split-K and not."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(7)
+    n, k = 5120, 2048
+    for zoff in (1, 0):
+        w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
+                               quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
+                               (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, zoff,
+                               "t").to("cuda")
+        wd = w.dequantise(torch.float32)
+        for scale in (1.0, 3000.0):
+            x = (scale * torch.randn(k, device="cuda")).to(dtype)
+            want = F.linear(x.float(), wd)
+            outs = {}
+            for blocks in ((32, 128, 1, 8, 1, 1), (128, 128, 4, 1, 2, 1), (64, 128, 2, 4, 4, 1), (32, 128, 1, 8, 2, 0)):
+                out = torch.full((n,), float("nan"), device="cuda", dtype=dtype)
+                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=blocks)
+                assert torch.isfinite(out).all() and rel(out, want) < 1e-2, (zoff, scale, blocks)
+                outs[blocks] = out
+            pairs, planes = outs[(32, 128, 1, 8, 1, 1)], outs[(32, 128, 1, 8, 2, 0)]
+            assert rel(pairs, planes) < 1e-2 and rel(outs[(128, 128, 4, 1, 2, 1)], pairs) < 1e-2
+            assert rel(outs[(64, 128, 2, 4, 4, 1)], pairs) < 1e-2
+
+
 def _served_tokens_are_transformers(hf, d, method: str, prompt: list[int]) -> None:
     """The checkpoint in ``d`` on the GPU (float32, the fused kernels, CUDA graphs) gives hf's 24 greedy tokens."""
     from engine.core import config as ecfg

@@ -14,4 +14,4 @@ from tests.engine_helpers import run_interpreter_cases
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the int4 kernels cannot run (pip install triton)")
 def test_every_int4_kernel_matches_dequantise_then_matmul_under_the_triton_interpreter():
-    run_interpreter_cases("tests/engine_int4_cases.py", 31)
+    run_interpreter_cases("tests/engine_int4_cases.py", 34)
