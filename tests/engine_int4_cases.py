@@ -192,7 +192,8 @@ def test_fused_hybrid_decode_step_on_packed_weights_is_the_step_on_their_dequant
     """The 27B class at toy size: every layer matrix packed (MLP, gated attention, the Gated DeltaNet in/out
     projections, as engine.bench.int4's step runs them) through the fused blocks, against the plain step on the
     same weights dequantised; the linear-attention states and K/V caches end up the same too."""
-    from tests.engine_hybrid_cases import _model, _restore, _states
+    from tests.engine_helpers import restore_state, snapshot_state
+    from tests.engine_hybrid_cases import _model
 
     model = _model()
     g = torch.Generator().manual_seed(21)
@@ -206,19 +207,19 @@ def test_fused_hybrid_decode_step_on_packed_weights_is_the_step_on_their_dequant
                 p.scales = (p.scales.float() * 3).half()  # weights of ~0.08, as the dense ones
                 swaps.append((layer, attr, p))
     assert {attr for _, attr, _ in swaps} >= {"wqkv", "wo", "w13", "w2", "w_out"}
-    start = _states(model)
+    start = snapshot_state(model)
     tok, pos = torch.tensor([7]), torch.tensor([40])
     with torch.inference_mode():
         for layer, attr, p in swaps:
             setattr(layer, attr, p.dequantise(torch.float32))
         want = model.decode_step(tok, pos, 64)
-        want_states = _states(model)
-        _restore(model, start)
+        want_states = snapshot_state(model)
+        restore_state(model, start)
         for layer, attr, p in swaps:
             setattr(layer, attr, p)
         got = model.decode_step(tok, pos, 64, runner.fused_blocks())
     assert rel(got, want) < 1e-4 and int(got.argmax()) == int(want.argmax())
-    for a, b in zip(_states(model), want_states):
+    for a, b in zip(snapshot_state(model), want_states):
         assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4)
 
 

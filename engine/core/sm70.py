@@ -133,8 +133,9 @@ def variants() -> list[tuple[str, object, dict, int]]:
     prep, chunk = gdn_chunk._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
-    q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2)
-    q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192)
+    q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2,
+              PAIRS=False, ASM=True, EVEN_N=False)
+    q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192, PAIRS=False)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
     return [
@@ -164,7 +165,10 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_row:norm", int4_row, {**q4row, "PROLOGUE": 1}, 4),
         ("int4_row:silu", int4_row, {**q4row, "PROLOGUE": 2}, 4),
         ("int4_row:plain, desc_act order", int4_row, {**q4row, "PROLOGUE": 0, "HAS_PERM": True, "SUB": 32}, 4),
+        ("int4_row:norm, fp16 pairs", int4_row, {**q4row, "PROLOGUE": 1, "PAIRS": True}, 4),
         ("int4_gemv", int4, q4, 1),
+        ("int4_gemv:fp16 pairs (inline PTX)", int4, {**q4, "PAIRS": True}, 1),
+        ("int4_gemv:fp16 pairs, split-K", int4, {**q4, "PAIRS": True, "SPLIT": 8, "BLOCK_N": 64}, 2),
         ("int4_gemv:send", int4, {**q4, "SEND": True}, 1),
         ("int4_gemv:split-K", int4, {**q4, "SPLIT": 8}, 1),
         ("int4_gemv:group 32", int4, {**q4, "GS": 32, "BLOCK_K": 32}, 1),
