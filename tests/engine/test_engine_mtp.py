@@ -16,22 +16,12 @@ from engine.core import config as ecfg
 from engine.core import demo, mtp, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO, one_torch_thread
+from tests.engine_helpers import REPO
 
 CHUNK = 16  # prefill chunk: the prompts below cross its boundaries
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mtp-demo")
-    demo.make(d, arch="qwen3_5", mtp=True)
-    return d
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/engine/conftest.py
 
 
 def _load(d, prefix_bytes: int = 0, context: int = 256) -> Model:
@@ -44,9 +34,9 @@ def _load(d, prefix_bytes: int = 0, context: int = 256) -> Model:
 
 
 @pytest.fixture(scope="module")
-def models(demo_dir):
+def models(mtp_demo_dir):
     """(plain: no prefix cache, cached: with one)."""
-    return _load(demo_dir), _load(demo_dir, prefix_bytes=1 << 24)
+    return _load(mtp_demo_dir), _load(mtp_demo_dir, prefix_bytes=1 << 24)
 
 
 PROMPTS = [[1, 40, 41, 42, 43], [1] + [(7 * i + 3) % 250 + 3 for i in range(36)]]  # 5 and 37: three chunks of 16
@@ -59,8 +49,8 @@ def reference(models):
     return [runner.run(plain, p, MAX_TOKENS, Sampler(), set(), CHUNK)[0] for p in PROMPTS]
 
 
-def test_the_mtp_demo_carries_the_draft_layer_over_the_plain_hybrid_weights(demo_dir, tmp_path):
-    cfg = json.loads((demo_dir / "config.json").read_text())
+def test_the_mtp_demo_carries_the_draft_layer_over_the_plain_hybrid_weights(mtp_demo_dir, tmp_path):
+    cfg = json.loads((mtp_demo_dir / "config.json").read_text())
     assert cfg["mtp_num_hidden_layers"] == 1 and cfg["v100plan"]["model_id"] == demo.MTP_ID
     plain = demo.weights_bytes(demo.HYBRID_SEED, demo.HYBRID_CONFIG)
     with_mtp = demo.weights_bytes(demo.HYBRID_SEED, dict(demo.HYBRID_CONFIG, mtp_num_hidden_layers=1))
@@ -68,8 +58,8 @@ def test_the_mtp_demo_carries_the_draft_layer_over_the_plain_hybrid_weights(demo
     assert all(with_mtp[n] == plain[n] for n in plain)  # the decoder's weights are the plain demo's
     assert "mtp.fc.weight" in extra and "mtp.layers.0.self_attn.q_proj.weight" in extra
     assert with_mtp["mtp.fc.weight"][0] == (256, 512)
-    m = Model(ecfg.load(demo_dir))
-    weights.load_into(m, demo_dir)  # every mtp.* tensor has a place and every draft-layer weight is filled
+    m = Model(ecfg.load(mtp_demo_dir))
+    weights.load_into(m, mtp_demo_dir)  # every mtp.* tensor has a place and every draft-layer weight is filled
     assert m.mtp is not None and float(m.mtp.fc.abs().sum()) > 0
 
 
@@ -94,9 +84,9 @@ def test_greedy_speculation_is_exact_around_every_chunk_boundary(models, n):
     assert runner.run(plain, prompt, 6, Sampler(), set(), CHUNK, spec_tokens=3)[0] == ref
 
 
-def test_greedy_speculation_is_exact_over_an_int8_kv_cache(demo_dir):
-    m = Model(ecfg.load(demo_dir), kv_dtype="int8")
-    weights.load_into(m, demo_dir)
+def test_greedy_speculation_is_exact_over_an_int8_kv_cache(mtp_demo_dir):
+    m = Model(ecfg.load(mtp_demo_dir), kv_dtype="int8")
+    weights.load_into(m, mtp_demo_dir)
     m.setup_cache(128)
     runner.prepare(m, prefix_cache_bytes=0)
     ref, _ = runner.run(m, PROMPTS[1], MAX_TOKENS, Sampler(), set(), CHUNK)
@@ -222,11 +212,11 @@ def _generate(d, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def test_tp2_speculative_generate_equals_tp1_and_reports_the_counts(demo_dir, reference):
+def test_tp2_speculative_generate_equals_tp1_and_reports_the_counts(mtp_demo_dir, reference):
     ids = ",".join(map(str, PROMPTS[1]))
     outs = []
     for tp in ("1", "2"):
-        proc = _generate(demo_dir, "--tp", tp, "--prompt-ids", ids, "--max-tokens", str(MAX_TOKENS),
+        proc = _generate(mtp_demo_dir, "--tp", tp, "--prompt-ids", ids, "--max-tokens", str(MAX_TOKENS),
                          "--speculative", "mtp", "--draft-tokens", "3", "--json")
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -234,8 +224,8 @@ def test_tp2_speculative_generate_equals_tp1_and_reports_the_counts(demo_dir, re
     assert outs[0]["spec"] == outs[1]["spec"] and outs[0]["spec"]["draft_tokens"] > 0
 
 
-def test_bad_speculation_flags_exit_2_with_the_reason(demo_dir, tmp_path):
-    proc = _generate(demo_dir, "--prompt-ids", "1,2", "--speculative", "mtp", "--draft-tokens", "5")
+def test_bad_speculation_flags_exit_2_with_the_reason(mtp_demo_dir, tmp_path):
+    proc = _generate(mtp_demo_dir, "--prompt-ids", "1,2", "--speculative", "mtp", "--draft-tokens", "5")
     assert proc.returncode == 2 and "--draft-tokens must be 1 to 4, got 5" in proc.stderr
     plain = tmp_path / "plain"
     demo.make(plain, arch="qwen3_5")
@@ -244,10 +234,10 @@ def test_bad_speculation_flags_exit_2_with_the_reason(demo_dir, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_the_served_speculative_answer_equals_one_token_decoding_and_metrics_count_the_drafts(demo_dir, reference):
+def test_the_served_speculative_answer_equals_one_token_decoding_and_metrics_count_the_drafts(mtp_demo_dir, reference):
     from tests.test_service_support import ServiceProcess
 
-    svc = ServiceProcess("--speculative", "mtp", "--draft-tokens", "2", model=str(demo_dir))
+    svc = ServiceProcess("--speculative", "mtp", "--draft-tokens", "2", model=str(mtp_demo_dir))
     try:
         svc.wait_healthy()
         model_id = svc.client.get("/v1/models").json()["data"][0]["id"]
@@ -268,18 +258,18 @@ def test_the_served_speculative_answer_equals_one_token_decoding_and_metrics_cou
         svc.stop()
 
 
-def test_serve_passes_the_drafts_to_the_ranks_and_refuses_a_bad_count(demo_dir):
+def test_serve_passes_the_drafts_to_the_ranks_and_refuses_a_bad_count(mtp_demo_dir):
     import argparse
 
     from engine.service import serve_config as sc
 
     p = argparse.ArgumentParser()
     sc.add_serve_arguments(p)
-    cfg = sc.config_from_args(p.parse_args(["--model", str(demo_dir), "--speculative", "mtp", "--draft-tokens", "2"]))
+    cfg = sc.config_from_args(p.parse_args(["--model", str(mtp_demo_dir), "--speculative", "mtp", "--draft-tokens", "2"]))
     assert cfg.draft_tokens == 2
     cmd = sc.rank_command(cfg, 0, 1, "/tmp/rv", "/tmp/sock")
     assert cmd[cmd.index("--speculative") + 1] == "mtp" and cmd[cmd.index("--draft-tokens") + 1] == "2"
-    off = sc.config_from_args(p.parse_args(["--model", str(demo_dir)]))
+    off = sc.config_from_args(p.parse_args(["--model", str(mtp_demo_dir)]))
     assert off.draft_tokens == 0 and "--speculative" not in sc.rank_command(off, 0, 1, "/tmp/rv", "/tmp/sock")
     with pytest.raises(sc.ServeConfigError, match="--draft-tokens must be 1 to 4, got 0"):
-        sc.config_from_args(p.parse_args(["--model", str(demo_dir), "--speculative", "mtp", "--draft-tokens", "0"]))
+        sc.config_from_args(p.parse_args(["--model", str(mtp_demo_dir), "--speculative", "mtp", "--draft-tokens", "0"]))

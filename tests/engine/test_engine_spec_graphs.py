@@ -18,7 +18,6 @@ from engine.core.model import Model
 from engine.core.sampling import Sampler
 from engine.core.spec_graphs import SpecGraphs
 from tests.engine_helpers import (
-    one_torch_thread,
     restore_state,
     run_interpreter_cases,
     snapshot_state,
@@ -30,16 +29,12 @@ K = 3
 WINDOW = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/engine/conftest.py
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("spec-demo")
-    demo.make(d, arch="qwen3_5", mtp=True)
+def model(mtp_demo_dir):
+    d = mtp_demo_dir
     m = Model(ecfg.load(d))
     weights.load_into(m, d)
     m.setup_cache(WINDOW)

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine.core import config as ecfg
-from engine.core import demo, mtp, runner, weights
+from engine.core import mtp, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import one_torch_thread
 
 CHUNK = 16
 CONTEXT = 256
@@ -20,17 +19,7 @@ TOKENS = 24
 TEMPERATURE, SEED = 3.0, 3  # a flat distribution: the drafts are often accepted, so they steer the draws
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("spec-reuse-demo")
-    demo.make(d, arch="qwen3_5", mtp=True)
-    return d
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/engine/conftest.py
 
 
 def _load(d, prefix_bytes: int) -> Model:
@@ -42,15 +31,15 @@ def _load(d, prefix_bytes: int) -> Model:
 
 
 @pytest.fixture(scope="module")
-def cold(demo_dir):
+def cold(mtp_demo_dir):
     """No prefix cache: every request prefills from position 0."""
-    return _load(demo_dir, 0)
+    return _load(mtp_demo_dir, 0)
 
 
 @pytest.fixture()
-def warm(demo_dir):
+def warm(mtp_demo_dir):
     """A fresh model with a prefix cache (each test builds its own history)."""
-    return _load(demo_dir, 1 << 24)
+    return _load(mtp_demo_dir, 1 << 24)
 
 
 @pytest.fixture()
@@ -153,9 +142,9 @@ TURNS = [[50, 51, 52], [60, 61], [70, 71, 72, 73]]  # what the user adds after e
 
 
 @pytest.mark.slow
-def test_tp2_a_conversation_with_reuse_answers_as_a_pair_without_a_prefix_cache(demo_dir, monkeypatch):
+def test_tp2_a_conversation_with_reuse_answers_as_a_pair_without_a_prefix_cache(mtp_demo_dir, monkeypatch):
     warm, prompts = [], [PROMPT]
-    pair = _pair(demo_dir, monkeypatch, prefix_cache=True)
+    pair = _pair(mtp_demo_dir, monkeypatch, prefix_cache=True)
     try:
         warm.append(_ask(pair, "w0", PROMPT))
         again = _ask(pair, "w0-again", PROMPT)
@@ -168,7 +157,7 @@ def test_tp2_a_conversation_with_reuse_answers_as_a_pair_without_a_prefix_cache(
     assert again["counts"] == warm[0]["counts"]
     # each turn reused the whole conversation before it but the last answer's last token
     assert [w["cached"] for w in warm[1:]] == [len(p) - len(extra) - 1 for p, extra in zip(prompts[1:], TURNS)]
-    pair = _pair(demo_dir, monkeypatch, prefix_cache=False)
+    pair = _pair(mtp_demo_dir, monkeypatch, prefix_cache=False)
     try:
         cold = [_ask(pair, f"c{i}", p) for i, p in enumerate(prompts)]
     finally:
