@@ -28,6 +28,7 @@ sys.path.insert(0, os.getcwd())
 
 from tests.test_service_support import MODEL_ID, ServiceProcess, expected_tokens, prompt_ids, wait_until  # noqa: E402
 
+# main() puts the served model's name in "model"
 LONG = {"model": MODEL_ID, "prompt": "Long story", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
 PROMPT = "The quick brown fox"
 
@@ -43,10 +44,10 @@ def kill_mid_request(svc: ServiceProcess, rank: int, reference: list[int]) -> di
     t.join()
     svc.wait_healthy(timeout_s=300, newer_than=before["generation"])
     healthy = time.monotonic() - t0
-    answer = svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"]
+    answer = svc.complete(PROMPT, 16, model=LONG["model"]).json()["v100plan"]["token_ids"]
     answered = time.monotonic() - t0
     t1 = time.monotonic()  # the same request again: what the new ranks' first request paid once
-    again = svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"]
+    again = svc.complete(PROMPT, 16, model=LONG["model"]).json()["v100plan"]["token_ids"]
     return {"client_status": out["r"].status_code, "healthy_s": round(healthy, 2),
             "answered_s": round(answered, 2), "first_answer_s": round(answered - healthy, 2),
             "second_answer_s": round(time.monotonic() - t1, 2), "correct": answer == reference == again}
@@ -66,7 +67,8 @@ def main() -> int:
                          allreduce_timeout_s=60)
     try:
         svc.wait_healthy(timeout_s=600)
-        reference = svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"]
+        LONG["model"] = svc.client.get("/v1/models").json()["data"][0]["id"]
+        reference = svc.complete(PROMPT, 16, model=LONG["model"]).json()["v100plan"]["token_ids"]
         if a.device == "cpu" and a.model is None:
             assert reference == expected_tokens(prompt_ids(PROMPT), 16)
         spare, right_after = [], []

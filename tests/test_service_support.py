@@ -176,8 +176,8 @@ class ServiceProcess:
         return wait_until(ok, timeout_s, 0.1, "a healthy service")
 
     def complete(self, ids: list[int] | str, max_tokens: int, **kw) -> httpx.Response:
-        return self.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": ids, "max_tokens": max_tokens,
-                                                         "temperature": 0.0, **kw})
+        return self.client.post("/v1/completions", json={"model": kw.pop("model", MODEL_ID), "prompt": ids,
+                                                         "max_tokens": max_tokens, "temperature": 0.0, **kw})
 
     def targets(self) -> dict:
         return self.client.get("/control/targets").json()

@@ -288,6 +288,15 @@ class Decoder:
             del self._step_ms[:-256]
             self._pending = None
 
+    def forget_stats(self) -> None:
+        """Drop the step and token times so far (warm_up()'s request is not what the service reports)."""
+        if self._pending is not None and self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        self._pending = None
+        self._step_ms.clear()
+        self._token_ms.clear()
+        self._host_ms.clear()
+
     def after_step(self) -> None:
         """After the logits were read back: a GPU-side wait that timed out fails here, in its step."""
         if self.graphs:
@@ -383,6 +392,30 @@ def prepare(model: Model, prefix_cache_bytes: int | None = None, spec_tokens: in
     elif spec_tokens:
         dec.info["speculation"] = {"draft_tokens": spec_tokens, "mode": "eager", "graphs": 0, "capture_s": None}
     return dec
+
+
+WARM_UP_PROMPT = 80  # tokens: a full and a partial chunk of the delta rule's 64, and the last token's own step
+
+
+@torch.inference_mode()
+def warm_up(model: Model, chunk: int = 2048, spec_tokens: int = 0) -> float:
+    """Serve one short greedy request that nobody sees, so that the first real one does not pay what a new
+    process does once on the prefill and sampling paths (kernels loaded, libraries initialised: prepare()'s
+    capture covers only the decode step). Both ranks run the same request, so their collectives pair up.
+    The prefix cache and the decode statistics forget it. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    vocab = model.cfg.vocab_size
+    prompt = [(31 * i + 7) % vocab for i in range(min(WARM_UP_PROMPT, model.max_context - 4))]
+    run(model, prompt, 3, Sampler(0.0, 1.0, 0), set(), chunk, spec_tokens=spec_tokens)
+    if getattr(model, "prefix", None) is not None:
+        model.prefix.forget()
+        model.prefix.hits = model.prefix.reused_tokens = 0
+    dec = getattr(model, "decoder", None)
+    if dec is not None:
+        dec.forget_stats()
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter() - t0
 
 
 def run(model: Model, prompt_ids: list[int], max_tokens: int, sampler: Sampler, stop_ids: set[int],

@@ -313,9 +313,10 @@ def _run_dir(state_dir: str, generation: int) -> str:
 
 
 async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, ...] = (),
-                     forks: RankForks | None = None) -> RankPair:
+                     forks: RankForks | None = None, extra: tuple[tuple[str, ...], ...] = ((), ())) -> RankPair:
     """Start both ranks of `generation` and wait for both `ready` messages; forked by `forks`
-    (torch already imported) while that fork server runs, else as new processes.
+    (torch already imported) while that fork server runs, else as new processes. ``extra[r]``: rank r's
+    further flags (a restart's reuse of what the previous pair measured), ``rank1_extra`` after them.
 
     Raises RankStartError (after killing whatever started) on a fatal message, an
     early exit, or cfg.start_timeout_s without both ready.
@@ -330,7 +331,7 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
     for rank in (0, 1):
         sock = os.path.join(run_dir, f"r{rank}.sock")
         log_path = os.path.join(log_dir, f"rank{rank}.g{generation}.log")
-        cmd = rank_command(cfg, rank, generation, rendezvous, sock, rank1_extra if rank == 1 else ())
+        cmd = rank_command(cfg, rank, generation, rendezvous, sock, extra[rank] + (rank1_extra if rank == 1 else ()))
         proc = await forks.fork(cmd[4:], log_path) if forks is not None else None  # the flags after `rank`
         if proc is None:
             with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:

@@ -105,10 +105,13 @@ class Service:
         # Every start forks its ranks from a process that imported torch once (the first too)
         # (serve passes the one it started before its own imports)
         self._forks = forks or (RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent,
-                                          rank_env()) if cfg.standby_ranks else None)
+                                          rank_env(), gpu=any(d.startswith("cuda") for d in cfg.devices))
+                                if cfg.standby_ranks else None)
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
+        self._reuse: tuple[tuple[str, ...], ...] = ((), ())  # rank flags a restart reuses (_remember)
+        self._race: dict | None = None
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -183,9 +186,12 @@ class Service:
                 await self._start_forks()
             try:
                 forks = self._forks if self._forks is not None and self._forks.alive else None
-                pair = await start_pair(self.cfg, self.generation, self._start_fault(), forks)
+                fault = self._start_fault()
+                reuse = self._reuse if not fault else ((), ())
+                pair = await start_pair(self.cfg, self.generation, fault, forks, reuse)
             except RankStartError as exc:
                 cause = exc.cause
+                self._reuse = ((), ())  # the next start measures and races again
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
                 self.last_failure = str(exc)
@@ -205,6 +211,7 @@ class Service:
                 await asyncio.sleep(self.budget.backoff_s())
                 continue
             self.budget.record(True)
+            self._remember(pair, reused=reuse != ((), ()))
             if self.state in ("draining", "exiting"):  # a signal came during the start: no new pair
                 await pair.close(grace_s=0.5)
                 return None
@@ -231,6 +238,25 @@ class Service:
             self.log.emit("rank_forks_started", pid=self._forks.proc.pid, adopted=self._forks.adopted)
         except OSError as exc:
             self.log.emit("rank_forks_failed", reason=str(exc))
+
+    def _remember(self, pair: RankPair, reused: bool) -> None:
+        """What a restart of this pair need not do again (docs/service.md, "Start-up"): each rank's measured read
+        bandwidth (the same card) and, where the path was raced (--allreduce auto), the path that won: a restart
+        self-tests that path alone. The race shown stays the one that chose it. A failed start forgets both."""
+        if reused and pair.race is None:
+            pair.race = self._race
+        self._race = pair.race
+        flags: list[tuple[str, ...]] = []
+        for link in pair.links:
+            dec = (link.ready or {}).get("decode") or {}
+            bw = dec.get("read_bw_gbps")
+            mine: tuple[str, ...] = ()
+            if bw and dec.get("read_bw_source") in ("measured", "measured earlier"):
+                mine = ("--read-bw-gbps", str(bw), "--read-bw-source", "measured earlier")
+            if self.cfg.allreduce == "auto" and pair.allreduce:
+                mine += ("--allreduce", pair.allreduce)
+            flags.append(mine)
+        self._reuse = tuple(flags)
 
     def _start_fault(self) -> tuple[str, ...]:
         """Rank 1's flags that make this start's allreduce self-test fail, while a storm is armed."""

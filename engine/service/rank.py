@@ -69,6 +69,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-bw-gbps", type=float, default=float(env_bw) if env_bw else None,
                    help=f"the card's read bandwidth in GB/s, for the achieved fraction the service reports "
                         f"(default: ${READ_BW_ENV}, else measured by the rank at start)")
+    p.add_argument("--read-bw-source", choices=("flag", "measured earlier"), default="flag",
+                   help="where --read-bw-gbps came from: the service passes 'measured earlier' to a restarted "
+                        "rank, with what the previous rank on the same card measured (default: flag)")
 
 
 class StartFailed(Exception):
@@ -195,13 +198,18 @@ class Rank:
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
                                  spec_tokens=self.spec_tokens)
         decoder.info["prefix_cache"] = "off" if a.no_prefix_cache else "on"  # /health says it (every stats too)
+        marks.append(("decode_prep", time.monotonic()))
+        # One unseen request now, so the first real one after a (re)start does not pay the prefill path's
+        # one-time costs (docs/service.md, "Start-up"): the ranks run it together, before `ready`.
+        decoder.info["warm_up_s"] = round(profiled(lambda: runner.warm_up(self.model, self.prefill_chunk(),
+                                                                         self.spec_tokens), self.r), 2)
         log(self.r, runner.describe(decoder.info) + f"; read bandwidth {self.read_bw['read_bw_gbps']} GB/s "
                     f"({self.read_bw['read_bw_source']})")
         self.lockstep = Lockstep(self.path, device, self.r) if self.path else None
         name = self.path.name if self.path else "none"
         selftest = "passed" if self.path else "not_applicable"
         race = self.choice.race if self.choice else None
-        marks.append(("decode_prep", time.monotonic()))
+        marks.append(("warm_up", time.monotonic()))
         phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
         held = self.model.weights_info()
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context}, "
@@ -214,7 +222,8 @@ class Rank:
         """The card's read bandwidth for the achieved fraction: the flag's, else measured now (a sum over
         a buffer far beyond the caches: 1 GiB on a GPU, before the weights take the memory; 32 MiB on a CPU)."""
         if self.args.read_bw_gbps:
-            return {"read_bw_gbps": round(float(self.args.read_bw_gbps), 1), "read_bw_source": "flag"}
+            return {"read_bw_gbps": round(float(self.args.read_bw_gbps), 1),
+                    "read_bw_source": getattr(self.args, "read_bw_source", "flag")}
         from engine.core import timing
 
         nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)
@@ -373,6 +382,26 @@ class Rank:
                 self.cancelled.discard(rid)
                 self.busy = False  # idle before the answer leaves: a ping after "done" finds the rank idle
             server.send(reply)
+
+
+PROFILE_ENV = "V100PLAN_PROFILE_WARM_UP"
+
+
+def profiled(fn, rank: int):
+    """fn(); with $V100PLAN_PROFILE_WARM_UP=N set, its N largest host-time entries (cumulative) go to the log."""
+    top = os.environ.get(PROFILE_ENV)
+    if not top:
+        return fn()
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(int(top))
+    log(rank, "warm-up profile:\n" + text.getvalue())
+    return out
 
 
 def describe_stats(s: dict) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import importlib
 import json
 import os
 import select
@@ -41,12 +42,27 @@ _PR_SET_PDEATHSIG = 1
 ADOPT_WAIT_S = 30.0  # how long a server whose proxy was killed waits for the next one
 
 
-def _preload() -> None:
+def _preload(gpu: bool = False) -> None:
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
     from engine.allreduce import comm, dist, epilogue, host_mailbox, select  # noqa: F401
     from engine.core import model, runner, weights  # noqa: F401
+
+    # With what a rank imports later, on its own, each time (none of it touches a GPU).
+    for name in ("attention", "gdn", "gdn_chunk", "gdn_fused", "gemv", "kvquant", "lockstep", "mtp",
+                 "prefill_attention", "prefix", "quant", "spec_graphs", "speculative"):
+        try:
+            importlib.import_module(f"engine.core.{name}")
+        except ImportError:  # (Triton absent) the rank that needs it says so with its context
+            pass
+
+    # GPU ranks only: the prefill's attention on a GPU takes torch.nn.attention.bias, which imports torch._dynamo,
+    # sympy and FSDP: measured on one H200 (2026-12-02, docs/service.md "Start-up"), 5-6 s of every restarted
+    # rank's start; a CPU rank never imports it (1.3 s here that it would only cost).
+    if gpu:
+        import torch.multiprocessing.reductions  # noqa: F401
+        import torch.nn.attention.bias  # noqa: F401
 
     try:  # the decoder asks whether Triton is there (engine.core.runner): 0.6-1.5 s of every rank's start on
         import triton  # noqa: F401  a CPU host when each forked rank imported it itself (it touches no GPU)
@@ -179,12 +195,13 @@ def _end_ranks(children: set[int]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.service.rank_forks")
     p.add_argument("--adopt-socket", metavar="PATH", help="outlive a killed proxy: wait here for the next one")
+    p.add_argument("--gpu", action="store_true", help="the ranks run on GPUs: import what their prefill needs")
     args = p.parse_args(argv)
     # A Ctrl-C in serve's terminal reaches its whole process group: serve drains and then ends this
     # server by closing its stdin; the signal itself must not end it (and its ranks) first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _preload()
+        _preload(args.gpu)
     except Exception:  # noqa: BLE001 - a forked rank reports the same import error with its context
         traceback.print_exc()
     # Looked up before any fork: a child must not dlopen (a loader lock held at fork time is held forever).
@@ -313,8 +330,9 @@ class RankForks:
     ``adopt_socket``), started again if it died."""
 
     def __init__(self, log_path: str, preexec_fn=None, env: dict[str, str] | None = None,
-                 adopt_socket: str | None = None):
+                 adopt_socket: str | None = None, gpu: bool = False):
         self.log_path = log_path
+        self.gpu = gpu
         # A server that may be adopted must outlive its proxy: no parent-death signal (it ends its ranks
         # itself when the proxy's end closes, and exits when nobody adopts it).
         self.preexec_fn = None if adopt_socket else preexec_fn
@@ -342,7 +360,7 @@ class RankForks:
                                            stderr=log, preexec_fn=self.preexec_fn, env=self.env)
 
     def _command(self) -> list[str]:
-        return [sys.executable, "-m", "engine.service.rank_forks",
+        return [sys.executable, "-m", "engine.service.rank_forks", *(["--gpu"] if self.gpu else []),
                 *(["--adopt-socket", self.adopt_socket] if self.adopt_socket else [])]
 
     async def _adopt(self, popen: subprocess.Popen) -> _Adopted:

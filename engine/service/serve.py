@@ -173,7 +173,8 @@ def _claim(cfg):
         os.makedirs(os.path.join(cfg.state_dir, "logs"), mode=0o700, exist_ok=True)
         adopt = os.path.join(cfg.state_dir, "forks.sock")  # a Unix socket path: at most 107 bytes
         forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env(),
-                          adopt_socket=adopt if len(adopt.encode()) < 100 else None)
+                          adopt_socket=adopt if len(adopt.encode()) < 100 else None,
+                          gpu=any(d.startswith("cuda") for d in cfg.devices))
         forks.spawn_early()
     return lock, forks
 

@@ -200,6 +200,24 @@ def test_a_fault_right_after_a_restart_does_not_wait_for_an_import(svc):
     print(f"\nkilled rank 0 right after a restart: healthy and answering {answered:.2f} s after the kill")
 
 
+def test_a_restart_reuses_the_measured_bandwidth_and_self_tests_only_the_path_that_won(svc):
+    first = svc.wait_healthy()
+    svc.inject("kill", rank=0)
+    now = svc.wait_healthy(timeout_s=60, newer_than=first["generation"])
+    ups = svc.events("ranks_up")
+    assert len(ups) == 1 and len(ups[0]["race"]) >= 2  # the first start raced every path that passed
+    restart = [e for e in svc.events("restart") if e["generation"] == now["generation"]][-1]
+    assert restart["allreduce"] == ups[0]["allreduce"] and restart["race"] == ups[0]["race"]
+    for rank in (0, 1):
+        log = open(os.path.join(svc.state_dir, "logs", f"rank{rank}.g{now['generation']}.log")).read()
+        tests = [ln for ln in log.splitlines() if "allreduce self-test" in ln]
+        assert len(tests) == 1 and ups[0]["allreduce"] in tests[0], log  # no race again
+        assert "read bandwidth" in log and "(measured earlier)" in log, log
+        decode = now["decode"][str(rank)] if now.get("decode") else svc.health().json()["decode"][str(rank)]
+        assert decode["read_bw_source"] == "measured earlier" and decode["read_bw_gbps"] > 0
+    assert svc.complete(PROMPT, 16).json()["v100plan"]["token_ids"] == expected_tokens(prompt_ids(PROMPT), 16)
+
+
 def test_control_targets_and_refusals(svc):
     t = svc.targets()
     assert t["state"] == "up" and [r["rank"] for r in t["ranks"]] == [0, 1]
