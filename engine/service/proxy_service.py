@@ -111,7 +111,9 @@ class Service:
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
         self._reuse: tuple[tuple[str, ...], ...] = ((), ())  # rank flags a restart reuses (_remember)
+        self._known: dict | None = None
         self._race: dict | None = None
+        self._inherited = self._read_reuse()
 
     # ----- lifecycle -----------------------------------------------------------------
 
@@ -184,6 +186,8 @@ class Service:
                 # proxy itself was restarted (kill_proxy). A fork server that died later is only
                 # started again once a pair runs (below).
                 await self._start_forks()
+                if self._forks.adopted:
+                    self._take_over_reuse()
             try:
                 forks = self._forks if self._forks is not None and self._forks.alive else None
                 fault = self._start_fault()
@@ -191,7 +195,7 @@ class Service:
                 pair = await start_pair(self.cfg, self.generation, fault, forks, reuse)
             except RankStartError as exc:
                 cause = exc.cause
-                self._reuse = ((), ())  # the next start measures and races again
+                self._reuse, self._known = ((), ()), None  # the next start measures and races again
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
                 self.last_failure = str(exc)
@@ -242,21 +246,52 @@ class Service:
     def _remember(self, pair: RankPair, reused: bool) -> None:
         """What a restart of this pair need not do again (docs/service.md, "Start-up"): each rank's measured read
         bandwidth (the same card) and, where the path was raced (--allreduce auto), the path that won: a restart
-        self-tests that path alone. The race shown stays the one that chose it. A failed start forgets both."""
+        self-tests that path alone. The race shown stays the one that chose it. A failed start forgets both.
+        service.json keeps them for the next proxy, which takes them only with this one's fork server."""
         if reused and pair.race is None:
             pair.race = self._race
         self._race = pair.race
-        flags: list[tuple[str, ...]] = []
+        bws = []
         for link in pair.links:
             dec = (link.ready or {}).get("decode") or {}
-            bw = dec.get("read_bw_gbps")
+            ok = dec.get("read_bw_source") in ("measured", "measured earlier")
+            bws.append(dec.get("read_bw_gbps") if ok else None)
+        known = {"read_bw_gbps": bws, "allreduce": pair.allreduce if self.cfg.allreduce == "auto" else None,
+                 "race": pair.race, "for": self._reuse_key()}
+        self._reuse, self._known = self._flags(known), known
+
+    def _reuse_key(self) -> list:
+        c = self.cfg
+        return [c.model_dir, list(c.devices), c.dtype, c.allreduce]
+
+    @staticmethod
+    def _flags(known: dict) -> tuple[tuple[str, ...], ...]:
+        flags = []
+        for bw in (list(known.get("read_bw_gbps") or []) + [None, None])[:2]:
             mine: tuple[str, ...] = ()
-            if bw and dec.get("read_bw_source") in ("measured", "measured earlier"):
-                mine = ("--read-bw-gbps", str(bw), "--read-bw-source", "measured earlier")
-            if self.cfg.allreduce == "auto" and pair.allreduce:
-                mine += ("--allreduce", pair.allreduce)
+            if isinstance(bw, (int, float)) and not isinstance(bw, bool) and 0 < bw < 1e6:
+                mine = ("--read-bw-gbps", str(float(bw)), "--read-bw-source", "measured earlier")
+            if known.get("allreduce") in ALLREDUCE_PATHS:
+                mine += ("--allreduce", known["allreduce"])
             flags.append(mine)
-        self._reuse = tuple(flags)
+        return tuple(flags)
+
+    def _read_reuse(self) -> dict | None:
+        """What the previous proxy of this state dir left in service.json (read before this one rewrites it)."""
+        try:
+            with open(os.path.join(self.cfg.state_dir, "service.json")) as fh:
+                known = json.load(fh).get("restart_reuse")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return known if isinstance(known, dict) and known.get("for") == self._reuse_key() else None
+
+    def _take_over_reuse(self) -> None:
+        """A proxy that took over its predecessor's fork server (the same service, restarted by its supervisor)
+        takes over what that one's pair measured too (the state dir is this user's own: serve checks it)."""
+        known, self._inherited = self._inherited, None
+        if known is not None:
+            self._reuse, self._known = self._flags(known), known
+            self._race = known.get("race") if isinstance(known.get("race"), dict) else None
 
     def _start_fault(self) -> tuple[str, ...]:
         """Rank 1's flags that make this start's allreduce self-test fail, while a storm is armed."""
@@ -309,6 +344,8 @@ class Service:
         }
         if self.exit_record is not None:
             doc["exit"] = self.exit_record
+        if self._known is not None:
+            doc["restart_reuse"] = self._known
         # Each PID's start time: `supervise stop` signals a PID only when it is still that process.
         doc["start_times"] = {str(pid): start_time(pid) for pid in [os.getpid(), *doc["rank_pids"]]}
         os.makedirs(self.cfg.state_dir, mode=0o700, exist_ok=True)

@@ -115,6 +115,11 @@ def test_kill_proxy_recovers_within_5_s_under_a_cpu_load(supervised, tmp_path):
     # every restart took the fork server over: the service log says so for each new proxy
     adopted = [e for e in supervised_events(supervised) if e.get("event") == "rank_forks_started"]
     assert sum(1 for e in adopted if e.get("adopted")) >= 3, adopted
+    # and what the killed proxy's pair measured (service.json): the new pair neither measures the read
+    # bandwidth again nor races the allreduce paths (one self-test, of the path that won)
+    newest = max((supervised.state_dir / "logs").glob("rank0.g*.log"), key=lambda p: p.stat().st_mtime)
+    text = newest.read_text()
+    assert "(measured earlier)" in text and text.count("allreduce self-test") == 1, text
 
 
 def supervised_events(svc) -> list[dict]:
