@@ -359,6 +359,11 @@ class RankForks:
             self._early = subprocess.Popen(self._command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=log, preexec_fn=self.preexec_fn, env=self.env)
 
+    @property
+    def adopting(self) -> bool:
+        """spawn_early() found a server a killed proxy left waiting (it is taken over at start())."""
+        return self._waiting is not None
+
     def _command(self) -> list[str]:
         return [sys.executable, "-m", "engine.service.rank_forks", *(["--gpu"] if self.gpu else []),
                 *(["--adopt-socket", self.adopt_socket] if self.adopt_socket else [])]

@@ -58,14 +58,17 @@ def _main(argv: list[str] | None) -> int:
     lock, forks = started
     code: int | None = EXIT_CANNOT_SERVE  # until the checks pass (an exception or Ctrl-C leaves it so)
     try:
-        code = _cannot_serve(cfg)
+        # A fork server waiting for adoption is this state dir's, left by the proxy its supervisor just restarted:
+        # that proxy checked this host's CUDA, so this one does not import torch to do it again (3-5 s of a GPU
+        # host's proxy restart, measured on one H200: docs/acceptance.md, "kill_proxy on one H200").
+        code = _cannot_serve(cfg, cuda_checked=forks is not None and forks.adopting)
     finally:
         if code is not None and forks is not None:
             forks.discard()  # not serving after all: the fork server must not wait for a proxy
     return code if code is not None else _run(cfg, lock, forks)
 
 
-def _cannot_serve(cfg) -> int | None:
+def _cannot_serve(cfg, cuda_checked: bool = False) -> int | None:
     """The exit code when this host cannot serve as asked (the serve extra missing, no CUDA), else None."""
     try:
         import fastapi  # noqa: F401
@@ -75,7 +78,7 @@ def _cannot_serve(cfg) -> int | None:
         print(f"Error: the service needs the serve extra ({exc.name} is missing): pip install 'v100plan[serve]'",
               file=sys.stderr)
         return EXIT_CANNOT_SERVE
-    problem = cuda_problem(cfg.devices)
+    problem = None if cuda_checked else cuda_problem(cfg.devices)
     if problem is not None:
         print(f"Error: {problem}\nHint: run on a host with NVIDIA GPUs and a CUDA build of torch, "
               f"or use --device cpu", file=sys.stderr)

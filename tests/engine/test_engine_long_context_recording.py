@@ -1,5 +1,6 @@
-"""The 27B hybrid shape served at 256K positions on one H200 (engine.bench.long_context, random weights generated
-at load, two ranks on the one card), judged by what the run measured: the context filled to its last position,
+"""The 27B hybrid shape and the 8B dense shape (with YaRN x8 over its 32K trained positions: `--yarn 8`) served at
+256K positions on one H200 (engine.bench.long_context, random weights generated at load, two ranks on the one
+card), judged by what the run measured: the context filled to its last position,
 both ranks' weights the shape's bytes, the prefill rate physically possible, the streamed gaps and the ranks'
 own per-token figure telling the same story."""
 
@@ -15,14 +16,17 @@ from engine.core import random_weights
 from tests.paths import FIXTURES, REPO
 
 FIX = FIXTURES / "engine"
-RUNS = sorted(FIX.glob("h200-long-context-27b*-256k-*.json"))
-CONFIG = REPO / "engine" / "data" / "qwen3.5-27b.config.json"
+RUNS = sorted(FIX.glob("h200-long-context-*-256k-*.json"))
+DATA = REPO / "engine" / "data"
 H200_DENSE_BF16_TFLOPS = 989.5  # NVIDIA's H200 datasheet, dense bf16 (docs/engine-speed.md uses it)
 
 
 def _cfg(d: dict):
-    """The served shape: the 27B config cut to the run's layers (as make-random-model --layers cuts it)."""
-    raw = json.loads(CONFIG.read_text())
+    """The served shape: the run's config cut to its layers (as make-random-model --layers cuts it), with the
+    rope scaling it was served with."""
+    raw = json.loads((DATA / d["config"]).read_text())
+    if d.get("rope_scaling"):
+        raw["rope_scaling"] = d["rope_scaling"]
     return ecfg.from_dict(dict(raw, num_hidden_layers=d["layers"]))
 
 
@@ -47,7 +51,11 @@ def test_no_prefill_chunk_materialises_its_scores_any_more():
 def test_the_context_was_filled_to_its_last_position(path):
     d = json.loads(path.read_text())
     assert d["kind"] == "engine_bench_long_context" and d["completed"] and "error" not in d
-    assert d["max_context"] == 262144 and d["layers"] in (16, 64)
+    assert d["max_context"] == 262144 and d["layers"] in ((16, 64) if d["config"].startswith("qwen3.5") else (36,))
+    if d.get("rope_scaling"):  # the 8B dense shape was trained at 32K: YaRN stretches its positions to 256K
+        scaling = d["rope_scaling"]
+        assert scaling["rope_type"] == "yarn"
+        assert scaling["factor"] * scaling["original_max_position_embeddings"] >= d["max_context"]
     assert d["prompt_tokens"] + d["tokens"] == d["max_context"]
     assert d["last_position"] == d["max_context"] - 1
     assert d["stream"]["events"] >= d["tokens"]

@@ -88,3 +88,34 @@ def test_nobody_adopting_it_the_server_exits():
         if server.poll() is None:
             server.send_signal(signal.SIGKILL)
             server.wait()
+
+
+def test_a_proxy_taking_over_a_waiting_fork_server_does_not_check_cuda_again(tmp_path):
+    # On a host without CUDA, `--device cuda` is refused at once (exit 4)... unless a fork server of this state dir
+    # waits for adoption: the proxy its supervisor just restarted checked the host, and importing torch to check
+    # again is most of a GPU host's proxy restart. The waiting server is found by spawn_early().
+    from engine.service import serve
+    from engine.service.rank_forks import RankForks
+    from engine.service.serve_config import EXIT_CANNOT_SERVE
+
+    class Cfg:
+        devices = ("cuda:0", "cuda:1")
+
+    assert serve._cannot_serve(Cfg()) == EXIT_CANNOT_SERVE  # this CI host has no CUDA
+    assert serve._cannot_serve(Cfg(), cuda_checked=True) is None
+    d = short_dir("adopt")
+    os.chmod(d, 0o700)
+    path = os.path.join(d, "forks.sock")
+    forks = RankForks(str(tmp_path / "forks.log"), adopt_socket=path)
+    assert not forks.adopting
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # stands for a server waiting on its socket
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(1)
+    try:
+        forks.spawn_early()
+        assert forks.adopting and forks._early is None  # nothing new was started: the waiting one is taken
+    finally:
+        if forks._waiting is not None:
+            forks._waiting[0].close()
+        listener.close()
