@@ -1,8 +1,11 @@
 """`v100plan qualify` with its defaults on one H200 (nvidia-h200, 2026-12-02, tests/fixtures/acceptance/
-record-h200x2-qualify.sh with TESTS_S=1 QUALIFY_S=430): the hybrid MTP demo served as TP2 with its two ranks
-on the one card (cuda:0,cuda:0), float32, speculation on, the watchdog at serve's defaults (qualify passes none).
-The report (qualify-h200-defaults-2026-12-02.json, console in the .txt) is judged by what it measured: the
-scenarios' own statuses and repetitions, the limits the service's keyed /health reported, the event times."""
+record-h200x2-qualify.sh with TESTS=tests/service/test_service_gpu.py TESTS_S=60 QUALIFY_S=420): the hybrid MTP
+demo served as TP2 with its two ranks on the one card (cuda:0,cuda:0), float32, speculation on, the watchdog at
+serve's defaults (qualify passes none); the code of commit e9f5cdb (ranks warm up before ready, the fork server
+imports what GPU ranks need; the report's git_revision is the device copy's stale HEAD). The report
+(qualify-h200-defaults-warm-2026-12-02.json, console in the .txt) is judged by what it measured: the scenarios'
+own statuses and repetitions, the limits the service's keyed /health reported, the event times. kill_proxy after
+the proxy's restart was cut: test_accept_h200_kill_proxy_recording.py."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from engine.service import serve_config
 from tests.paths import FIXTURES
 from v100plan.accept.runner import verdict
 
-NAME = "qualify-h200-defaults-2026-12-02"
+NAME = "qualify-h200-defaults-warm-2026-12-02"
 RANK_FAULTS = ("kill_rank1", "kill_rank0", "freeze_rank1", "corrupt_hash", "stall_allreduce", "spec_fault")
 
 
@@ -65,14 +68,14 @@ def _medians(s: dict) -> tuple[float, float, float]:
     return detect, statistics.median(healthy), recover
 
 
-def test_rank_faults_are_detected_within_the_liveness_limit_and_healthy_again_within_5_s(rec):
+def test_rank_faults_are_detected_within_the_liveness_limit_and_answered_exactly_within_5_s(rec):
     by = {s["key"]: s for s in rec["scenarios"]}
     liveness = rec["target"]["limits"]["liveness_timeout_s"]
     for key in RANK_FAULTS:
         detect, healthy, recover = _medians(by[key])
         # a kill or a wrong hash is seen at once; a freeze or a stalled allreduce at the liveness timeout
         assert detect <= liveness + 0.5, (key, detect)
-        assert healthy <= 5.0, (key, healthy)  # a new rank pair answers /health 200
-        assert healthy < recover, key
-    # Not reached in this run: the first exact answer within 5 s (5-7 s after /health 200 on this card;
-    # docs/acceptance.md, "One H200 at the defaults").
+        assert healthy < recover <= 5.0, (key, healthy, recover)  # the first exact answer, from the injection
+        # the new ranks' first answer costs what any answer does (it paid 5-7 s before the warm-up)
+        assert recover - healthy < 1.0, (key, healthy, recover)
+
