@@ -405,8 +405,11 @@ def warm_up(model: Model, chunk: int = 2048, spec_tokens: int = 0) -> float:
     The prefix cache and the decode statistics forget it. Returns the seconds it took."""
     t0 = time.perf_counter()
     vocab = model.cfg.vocab_size
-    prompt = [(31 * i + 7) % vocab for i in range(min(WARM_UP_PROMPT, model.max_context - 4))]
-    run(model, prompt, 3, Sampler(0.0, 1.0, 0), set(), chunk, spec_tokens=spec_tokens)
+    n = min(WARM_UP_PROMPT, model.max_context - 4)
+    if n < 1:  # a context too short for a request of its own: nothing to warm
+        return 0.0
+    run(model, [(31 * i + 7) % vocab for i in range(n)], 3, Sampler(0.0, 1.0, 0), set(), chunk,
+        spec_tokens=spec_tokens)
     if getattr(model, "prefix", None) is not None:
         model.prefix.forget()
         model.prefix.hits = model.prefix.reused_tokens = 0
