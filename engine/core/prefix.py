@@ -21,6 +21,7 @@ chunk. Everything here is host bookkeeping plus device copies; no shape depends 
 
 from __future__ import annotations
 
+import array
 import collections
 import hashlib
 
@@ -28,8 +29,16 @@ DEFAULT_BUDGET_BYTES = 2 << 30
 SNAPSHOT_EVERY = 8192  # positions between snapshots inside a long prompt (at chunk boundaries)
 
 
-def _key(tokens) -> str:
-    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()
+def _keys(tokens: list[int], positions) -> dict[int, str]:
+    """The key of ``tokens[:p]`` for each p of ``positions``, in one pass (one running SHA-256 over the ids as
+    int64: a follow-up on a 100K-token conversation checks a dozen snapshots; hashing each prefix from its
+    start, as text, took 0.12 s of its time to first token)."""
+    h, last, out = hashlib.sha256(), 0, {}
+    for p in sorted(positions):
+        h.update(array.array("q", tokens[last:p]).tobytes())
+        last = p
+        out[p] = h.copy().hexdigest()
+    return out
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -78,7 +87,7 @@ class PrefixCache:
         while self.snaps and (len(self.snaps) + 1) * size > self.budget:
             self.snaps.popitem(last=False)
         copies = [t.clone() for la in self.linear for t in (la.conv_ring, la.rec_state)]
-        self.snaps[pos] = (_key(self.live[:pos]), copies)
+        self.snaps[pos] = (_keys(self.live, (pos,))[pos], copies)
 
     # ---- a new request -------------------------------------------------------------------------------
     def plan(self, prompt: list[int], drafting: bool = False) -> int:
@@ -103,7 +112,8 @@ class PrefixCache:
             if n == len(self.live):
                 pass  # the live states are at exactly n
             else:
-                usable = [p for p in self.snaps if p <= n and self.snaps[p][0] == _key(prompt[:p])]
+                keys = _keys(prompt, [p for p in self.snaps if p <= n])
+                usable = [p for p, key in keys.items() if self.snaps[p][0] == key]
                 if not usable:
                     return 0
                 n = max(usable)
