@@ -3,12 +3,12 @@
 Some tests run one long CPU-bound child and then check what it printed: the kernel cases under Triton's
 interpreter (tests/engine_*_cases.py) and the sm_70 compile (engine/core/sm70.py), some five minutes of one
 core together. Such a test takes ``@pytest.mark.early(spec)``; when collection has picked the tests that
-will run, tests/conftest.py hands their specs to ``start`` and one background thread runs them one after the
-other at the lowest CPU priority (nice 19, also for the child's own session's autogroup), so they use the
-core the rest of the run leaves idle (most tests wait on services and subprocesses) and yield the CPU to
+will run, tests/conftest.py hands their specs to ``start`` and two background threads run them, in that order,
+at the lowest CPU priority (nice 19, also for the child's own session's autogroup), so they use the
+cores the rest of the run leaves idle (most tests wait on services and subprocesses) and yield the CPU to
 everything else. The test itself calls ``run(spec)``: it gets the child's result as ``subprocess.run``
 would have given it, waiting if the child is still running and running it then and there, at normal
-priority, if it has not started (or when the test runs without the marker, or alone, or under -p no:...).
+priority, if it has not started yet (or has no marker).
 
 What a child checks does not depend on when it runs: the children started here measure no time and talk to
 no other test (a case that waits on wall-clock time, e.g. tests/engine_exchange_cases.py's two processes
@@ -71,6 +71,7 @@ class _Job:
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
+WORKERS = 2  # children at a time: the CI host has two cores, and at nice 19 they take only what is idle
 _lock = threading.Lock()
 _jobs: dict[Spec, _Job] = {}
 _stopping = threading.Event()
@@ -88,7 +89,8 @@ def start(specs: list[Spec]) -> None:
             _jobs[s] = _Job(s)
         if _home is None:  # a v100plan home of their own, as each test gets one (tests/conftest.py)
             _home = tempfile.mkdtemp(prefix="v100plan-early-")
-    threading.Thread(target=_worker, args=(new,), name="early-children", daemon=True).start()
+    for i in range(min(WORKERS, len(new))):
+        threading.Thread(target=_worker, args=(new,), name=f"early-children-{i}", daemon=True).start()
 
 
 def _worker(specs: list[Spec]) -> None:
@@ -96,7 +98,7 @@ def _worker(specs: list[Spec]) -> None:
         with _lock:
             job = _jobs[s]
             if _stopping.is_set() or job.state != "queued":
-                continue
+                continue  # another worker's, or claimed by its test
             env = s.env({**os.environ, "V100PLAN_HOME": _home or ""})
             job.proc = subprocess.Popen([sys.executable, "-c", _LOW_PRIORITY, s.module, *s.args], cwd=REPO, env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
