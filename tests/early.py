@@ -11,8 +11,9 @@ would have given it, waiting if the child is still running and running it then a
 priority, if it has not started yet (or has no marker).
 
 What a child checks does not depend on when it runs: the children started here measure no time and talk to
-no other test (a case that waits on wall-clock time, e.g. tests/engine_exchange_cases.py's two processes
-meeting at a barrier, is not started early).
+no other test. The one wall-clock limit among them is tests/engine_exchange_cases.py's barrier of 600 s for
+its two rank processes (their spin-waits count spins, not time): at nice 19 a child still gets about 1.5% of
+a busy core, and a rank needs a few CPU seconds (spawn, import torch) to reach the barrier.
 """
 
 from __future__ import annotations
