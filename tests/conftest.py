@@ -28,6 +28,26 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_collection_finish(session):
+    """Start the children of the tests that will run and take ``@pytest.mark.early(spec)`` (tests/early.py), in
+    the order of those tests, in the background; a test skipped by its skipif marker starts none."""
+    from tests import early
+
+    specs = []
+    for item in session.items:
+        if any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0] is True) for m in item.iter_markers()):
+            continue
+        specs += [m.args[0] for m in item.iter_markers("early")]
+    if specs:
+        early.start(specs)
+
+
+def pytest_sessionfinish(session):
+    from tests import early
+
+    early.stop()
+
+
 def pytest_collection_modifyitems(config, items):
     if gpu_available():
         return

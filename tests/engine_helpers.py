@@ -117,20 +117,26 @@ def demo_dir(tmp_path_factory) -> Path:
     return d
 
 
+def interpreter_spec(path: str, env_drop: tuple[str, ...] = ()):
+    """The child pytest that runs a cases file (tests/engine_*_cases.py) under Triton's interpreter: a spec for
+    tests/early.py (a test that takes ``@pytest.mark.early(interpreter_spec(path))`` has it started early)."""
+    from tests import early
+
+    return early.Spec("pytest", ("-q", "-p", "no:cacheprovider", "-x", path),
+                      set_env=(("TRITON_INTERPRET", "1"), ("CUDA_VISIBLE_DEVICES", "")), drop_env=env_drop,
+                      timeout_s=900)
+
+
 def run_interpreter_cases(path: str, at_least: int, env_drop: tuple[str, ...] = ()) -> None:
     """Run a cases file (tests/engine_*_cases.py) in a child pytest under Triton's interpreter: TRITON_INTERPRET=1
     must be set before triton is first imported, and torch.compile in other tests imports it. Asserts it
-    passed with at least ``at_least`` tests and none skipped."""
-    import os
+    passed with at least ``at_least`` tests and none skipped. The child may have been started early
+    (tests/early.py); its result is the same."""
     import re
-    import subprocess
-    import sys
 
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    for k in env_drop:
-        env.pop(k, None)
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", path], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=900)
+    from tests import early
+
+    res = early.run(interpreter_spec(path, env_drop))
     tail = res.stdout[-3000:] + res.stderr[-2000:]
     assert res.returncode == 0, tail
     m = re.search(r"(\d+) passed", res.stdout)

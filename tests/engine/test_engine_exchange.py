@@ -12,11 +12,12 @@ import torch
 from engine.allreduce import epilogue
 from engine.core import decode_mode, runner
 from engine.core.model import Model
-from tests.engine_helpers import run_interpreter_cases
+from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
+@pytest.mark.early(interpreter_spec("tests/engine_exchange_cases.py", (decode_mode.EXCHANGE_ENV,)))
 def test_the_exchange_kernels_under_the_triton_interpreter():
     run_interpreter_cases("tests/engine_exchange_cases.py", 6, env_drop=(decode_mode.EXCHANGE_ENV,))
 

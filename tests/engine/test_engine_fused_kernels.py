@@ -12,11 +12,12 @@ import pytest
 
 from engine.core import attention, runner
 from engine.core.model import attn_block, mlp_block
-from tests.engine_helpers import run_interpreter_cases
+from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
+@pytest.mark.early(interpreter_spec("tests/engine_fused_cases.py"))
 def test_every_fused_kernel_matches_the_plain_blocks_under_the_triton_interpreter():
     run_interpreter_cases("tests/engine_fused_cases.py", 19)
 

@@ -11,11 +11,12 @@ import torch
 from engine.core import config as ecfg
 from engine.core import gdn_chunk
 from engine.core.model import Model
-from tests.engine_helpers import run_interpreter_cases
+from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the kernel cannot run (pip install triton)")
+@pytest.mark.early(interpreter_spec("tests/engine_gdn_chunk_cases.py"))
 def test_the_prefill_kernel_equals_the_torch_forms_under_the_triton_interpreter():
     run_interpreter_cases("tests/engine_gdn_chunk_cases.py", 6)
 

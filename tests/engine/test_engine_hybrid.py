@@ -15,7 +15,13 @@ from engine.core import config as ecfg
 from engine.core import gdn, runner, shard, tp, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
-from tests.engine_helpers import REPO, eager_and_static_step, run_interpreter_cases, spread_hybrid_weights
+from tests.engine_helpers import (
+    REPO,
+    eager_and_static_step,
+    interpreter_spec,
+    run_interpreter_cases,
+    spread_hybrid_weights,
+)
 
 # The 27B shape's ratios, shrunk: every 4th layer full attention, 6:1... here 2:1 GQA, head dim 64 with a
 # quarter rotary, each linear-attention key head serving 3 value heads (as 16 key / 48 value heads do).
@@ -219,6 +225,7 @@ def test_tp2_greedy_tokens_equal_transformers_through_generate(hybrid):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
+@pytest.mark.early(interpreter_spec("tests/engine_hybrid_cases.py"))
 def test_fused_hybrid_kernels_match_the_plain_blocks_under_the_triton_interpreter():
     run_interpreter_cases("tests/engine_hybrid_cases.py", 9)
 

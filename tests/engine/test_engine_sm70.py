@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 
 from engine.core import runner
-from tests.engine_helpers import REPO
+from tests import early
 
 FOUND = (True, "ptxas 12.9 (the nvidia-cuda-nvcc-cu12 wheel) compiles sm_70")
 MISSING = (False, "Triton 3.9's bundled ptxas: ptxas 13.0 does not compile sm_70")
@@ -41,10 +39,14 @@ def test_a_v100_asked_for_compiled_blocks_says_why_it_runs_eager_ones():
     assert runner.dtype_for("cuda", (7, 0)) == "float16"
 
 
+# `python -m engine.core.sm70`, which may start early in the background (tests/early.py): it measures no time
+SM70 = early.Spec("engine.core.sm70", set_env=(("TRITON_DEFAULT_FP_FUSION", "1"),), timeout_s=600)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed: nothing to compile")
+@pytest.mark.early(SM70)
 def test_every_v100_kernel_compiles_to_sm70_sass_in_fp16():
-    res = subprocess.run([sys.executable, "-m", "engine.core.sm70"], cwd=REPO, capture_output=True, text=True,
-                         timeout=600, env={**__import__("os").environ, "TRITON_DEFAULT_FP_FUSION": "1"})
+    res = early.run(SM70)
     out = json.loads(res.stdout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert out["target"] == "sm_70" and out["ptxas_found"], out["ptxas"]

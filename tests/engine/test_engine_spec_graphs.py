@@ -18,6 +18,7 @@ from engine.core.model import Model
 from engine.core.sampling import Sampler
 from engine.core.spec_graphs import SpecGraphs
 from tests.engine_helpers import (
+    interpreter_spec,
     restore_state,
     run_interpreter_cases,
     snapshot_state,
@@ -135,6 +136,7 @@ def _sampled(model, spec, k):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed: the kernels cannot run (pip install triton)")
+@pytest.mark.early(interpreter_spec("tests/engine_spec_cases.py"))
 def test_the_verification_kernels_match_the_torch_body_under_the_triton_interpreter():
     run_interpreter_cases("tests/engine_spec_cases.py", 5)
 
