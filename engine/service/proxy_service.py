@@ -105,14 +105,12 @@ class Service:
         # Every start forks its ranks from a process that imported torch once (the first too)
         # (serve passes the one it started before its own imports)
         self._forks = forks or (RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent,
-                                          rank_env(), gpu=any(d.startswith("cuda") for d in cfg.devices))
+                                          rank_env(), gpu=cfg.gpu)
                                 if cfg.standby_ranks else None)
         self._recent_durations_s: deque[float] = deque(maxlen=8)
         # Fault injection ("fail_starts"): this many coming rank starts get a failing self-test on rank 1.
         self.fail_starts_armed = 0
-        self._reuse: tuple[tuple[str, ...], ...] = ((), ())  # rank flags a restart reuses (_remember)
-        self._known: dict | None = None
-        self._race: dict | None = None
+        self._known: dict | None = None  # what a restart reuses of the last pair's start (_remember)
         self._inherited = self._read_reuse()
 
     # ----- lifecycle -----------------------------------------------------------------
@@ -191,11 +189,11 @@ class Service:
             try:
                 forks = self._forks if self._forks is not None and self._forks.alive else None
                 fault = self._start_fault()
-                reuse = self._reuse if not fault else ((), ())
-                pair = await start_pair(self.cfg, self.generation, fault, forks, reuse)
+                reused = self._known if not fault else None
+                pair = await start_pair(self.cfg, self.generation, fault, forks, self._flags(reused))
             except RankStartError as exc:
                 cause = exc.cause
-                self._reuse, self._known = ((), ()), None  # the next start measures and races again
+                self._known = None  # the next start measures and races again
                 self.budget.record(False)
                 self.metrics.inc("v100plan_rank_restart_failures_total")
                 self.last_failure = str(exc)
@@ -215,7 +213,7 @@ class Service:
                 await asyncio.sleep(self.budget.backoff_s())
                 continue
             self.budget.record(True)
-            self._remember(pair, reused=reuse != ((), ()))
+            self._remember(pair, reused)
             if self.state in ("draining", "exiting"):  # a signal came during the start: no new pair
                 await pair.close(grace_s=0.5)
                 return None
@@ -243,29 +241,31 @@ class Service:
         except OSError as exc:
             self.log.emit("rank_forks_failed", reason=str(exc))
 
-    def _remember(self, pair: RankPair, reused: bool) -> None:
+    def _remember(self, pair: RankPair, reused: dict | None) -> None:
         """What a restart of this pair need not do again (docs/service.md, "Start-up"): each rank's measured read
         bandwidth (the same card) and, where the path was raced (--allreduce auto), the path that won: a restart
-        self-tests that path alone. The race shown stays the one that chose it. A failed start forgets both.
-        service.json keeps them for the next proxy, which takes them only with this one's fork server."""
-        if reused and pair.race is None:
-            pair.race = self._race
-        self._race = pair.race
+        self-tests that path alone. The race shown stays the one that chose it (``reused``: what this start
+        reused). A failed start forgets both. service.json keeps them for the next proxy, which takes them only
+        with this one's fork server."""
+        if reused is not None and pair.race is None:
+            pair.race = reused.get("race") if isinstance(reused.get("race"), dict) else None
         bws = []
         for link in pair.links:
             dec = (link.ready or {}).get("decode") or {}
             ok = dec.get("read_bw_source") in ("measured", "measured earlier")
             bws.append(dec.get("read_bw_gbps") if ok else None)
-        known = {"read_bw_gbps": bws, "allreduce": pair.allreduce if self.cfg.allreduce == "auto" else None,
-                 "race": pair.race, "for": self._reuse_key()}
-        self._reuse, self._known = self._flags(known), known
+        self._known = {"read_bw_gbps": bws, "allreduce": pair.allreduce if self.cfg.allreduce == "auto" else None,
+                       "race": pair.race, "for": self._reuse_key()}
 
     def _reuse_key(self) -> list:
         c = self.cfg
         return [c.model_dir, list(c.devices), c.dtype, c.allreduce]
 
     @staticmethod
-    def _flags(known: dict) -> tuple[tuple[str, ...], ...]:
+    def _flags(known: dict | None) -> tuple[tuple[str, ...], ...]:
+        """Each rank's flags that reuse ``known`` (none without it)."""
+        if known is None:
+            return ((), ())
         flags = []
         for bw in (list(known.get("read_bw_gbps") or []) + [None, None])[:2]:
             mine: tuple[str, ...] = ()
@@ -288,10 +288,8 @@ class Service:
     def _take_over_reuse(self) -> None:
         """A proxy that took over its predecessor's fork server (the same service, restarted by its supervisor)
         takes over what that one's pair measured too (the state dir is this user's own: serve checks it)."""
-        known, self._inherited = self._inherited, None
-        if known is not None:
-            self._reuse, self._known = self._flags(known), known
-            self._race = known.get("race") if isinstance(known.get("race"), dict) else None
+        if self._inherited is not None:
+            self._known, self._inherited = self._inherited, None
 
     def _start_fault(self) -> tuple[str, ...]:
         """Rank 1's flags that make this start's allreduce self-test fail, while a storm is armed."""

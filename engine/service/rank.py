@@ -223,7 +223,7 @@ class Rank:
         a buffer far beyond the caches: 1 GiB on a GPU, before the weights take the memory; 32 MiB on a CPU)."""
         if self.args.read_bw_gbps:
             return {"read_bw_gbps": round(float(self.args.read_bw_gbps), 1),
-                    "read_bw_source": getattr(self.args, "read_bw_source", "flag")}
+                    "read_bw_source": self.args.read_bw_source}
         from engine.core import timing
 
         nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)

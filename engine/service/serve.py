@@ -177,7 +177,7 @@ def _claim(cfg):
         adopt = os.path.join(cfg.state_dir, "forks.sock")  # a Unix socket path: at most 107 bytes
         forks = RankForks(os.path.join(cfg.state_dir, "logs", "rank-forks.log"), die_with_parent, rank_env(),
                           adopt_socket=adopt if len(adopt.encode()) < 100 else None,
-                          gpu=any(d.startswith("cuda") for d in cfg.devices))
+                          gpu=cfg.gpu)
         forks.spawn_early()
     return lock, forks
 

@@ -91,6 +91,11 @@ class ServeConfig:
     def is_loopback(self) -> bool:
         return host_is_loopback(self.host)
 
+    @property
+    def gpu(self) -> bool:
+        """A rank runs on a CUDA device."""
+        return any(d.startswith("cuda") for d in self.devices)
+
 
 def host_is_loopback(host: str) -> bool:
     if host == "localhost":
