@@ -57,6 +57,16 @@ CONFIGS = [
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 
+def _configs(text: str) -> list[tuple[int, ...]]:
+    try:
+        out = [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--configs: {text!r} is not ';'-separated BN,BK,warps,split,stages,form") from None
+    if not out or any(len(c) != 6 for c in out):
+        raise argparse.ArgumentTypeError("--configs: each configuration has six numbers (BN,BK,warps,split,stages,form)")
+    return out
+
+
 def _packed(n: int, k: int, group: int, dev, g):
     import torch
 
@@ -96,7 +106,7 @@ def int4_gemv(args, doc: dict) -> None:
             outs = [torch.empty(n, device=dev, dtype=act) for _ in ws]
             row = {"n": n, "k": k, "matrices": count, "bytes": one.nbytes, "configs": {}}
             best = None
-            for cfg0 in CONFIGS:
+            for cfg0 in (args.configs or CONFIGS):
                 cfg = (cfg0[0], min(cfg0[1], k), *cfg0[2:])
                 key = "x".join(map(str, cfg))
                 if key in row["configs"]:
@@ -274,6 +284,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: int4, prefill, fp16, step")
     p.add_argument("--config", default="engine/data/qwen3.5-27b.config.json", help="step: the model shape")
     p.add_argument("--contexts", default="1024,131072", help="step: contexts to time (default: 1024,131072)")
+    p.add_argument("--configs", default=None, type=_configs,
+                   help="int4: the block configurations to time, ';'-separated, each BN,BK,warps,split,stages,form "
+                        "(default: CONFIGS)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     args.device = "cuda:0"

@@ -96,6 +96,12 @@ def main(argv: list[str]) -> int:
         t, _ = first_event(port, follow, 4)
         doc["repeat_ttft_s"] = round(t, 3)
         emit()
+        # a second follow-up of another length (the first turn's answer and 137 new tokens): what a turn costs once
+        # the service has seen a follow-up, so that a first-seen cost (a compilation) shows as the difference
+        follow2 = follow + [(17 * i + 2) % v + 10 for i in range(137)]
+        t, _ = first_event(port, follow2, 4)
+        doc["follow_up_2_ttft_s"] = round(t, 3)
+        emit()
         short = [(13 * i + 1) % v + 10 for i in range(args.new)]
         t, _ = first_event(port, short, 4)
         doc["cold_short_ttft_s"] = round(t, 3)

@@ -61,7 +61,10 @@ def _kernels():
     def _mm(a, b):  # the 16 x 16 blocks of the inverse: float32 products
         return tl.dot(a, b, input_precision="ieee")
 
-    @triton.jit
+    # T (the chunk's tokens) and N (its 64-token chunks) change from one prefill call to the next: Triton would
+    # compile a kernel per divisibility of each (a multiple of 16 or not, N == 1 or not), so the first follow-up turn
+    # of a length the service had not seen paid ~1.4 s of compilation (one H200, 2026-12-02: 1.84 s against 0.40 s)
+    @triton.jit(do_not_specialize=["T", "N"])
     def gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, u_ptr, w_ptr, qd_ptr, kd_ptr, attn_ptr, last_ptr,
                               scr_ptr, T, N, stride_q, stride_k, stride_v, NV: tl.constexpr, RATIO: tl.constexpr,
                               DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, IEEE: tl.constexpr,
@@ -142,7 +145,7 @@ def _kernels():
         tl.store(kd_ptr + row[:, None] * DK + ks[None, :], rnd(k * tl.exp(last - cum)[:, None], dt, EMU))
         tl.store(last_ptr + h * N + i, tl.exp(last))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N"])
     def gdn_chunk_kernel(u_ptr, w_ptr, qd_ptr, kd_ptr, attn_ptr, last_ptr, state_ptr, out_ptr, N,
                          DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                          IEEE: tl.constexpr, EMU: tl.constexpr):
