@@ -675,13 +675,19 @@ class Model:
         stacked with dense ones, counted whole)."""
         from engine.core.quant import is_packed
 
-        return [w for layer in self.layers for w in vars(layer).values() if is_packed(w)]
+        return [w for layer in self._all_layers() for w in vars(layer).values() if is_packed(w)]
+
+    def _all_layers(self) -> list:
+        """The decoder's layers and the MTP draft layers (their weights are held too)."""
+        return self.layers + (self.mtp.layers if self.mtp is not None else [])
 
     def weights_info(self) -> dict:
         """What `generate --json` and the rank's ready message report: the weight format and the bytes this rank
         holds for weights (every tensor but the per-sequence state; packed matrices as their packed tensors)."""
         q = self.cfg.quantization
-        dense = [self.embed, self.head, self.norm] + [t for layer in self.layers for t in layer.weights().values()]
+        dense = [self.embed, self.head, self.norm] + [t for layer in self._all_layers() for t in layer.weights().values()]
+        if self.mtp is not None:
+            dense += [self.mtp.fc, self.mtp.emb_norm, self.mtp.hid_norm, self.mtp.norm]
         held = sum(t.numel() * t.element_size() for t in dense) + sum(p.nbytes for p in self.packed())
         fmt = str(self.dtype).removeprefix("torch.") if q is None else f"{q.format} ({str(self.dtype)[6:]} dense)"
         info = {"format": fmt, "bytes": held, "packed_matrices": len(self.packed())}

@@ -18,7 +18,7 @@ import torch
 
 from engine.core import quant, tp
 
-_PROJ = r"^model\.layers\.(\d+)\.((?:self_attn|mlp)\.\w+_proj|linear_attn\.(?:in_proj_\w+|out_proj))\."
+_PROJ = r"^((?:model|mtp)\.layers)\.(\d+)\.((?:self_attn|mlp)\.\w+_proj|linear_attn\.(?:in_proj_\w+|out_proj))\."
 _MODULE = re.compile(_PROJ + r"(qweight|qzeros|scales|g_idx)$")
 _PART = re.compile(_PROJ + r"(qweight|qzeros|scales|g_idx|weight)$")
 # the layer matrix each checkpoint module lands in, in the order they are stacked
@@ -27,6 +27,14 @@ MATRICES = {"wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
             "w_in": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
                      "linear_attn.in_proj_a"), "w_out": ("linear_attn.out_proj",)}
 MIXABLE = ("w_in",)  # packed and dense modules may share this matrix (a quant.Rows)
+
+
+def _layer_lists(m) -> list[tuple[str, list]]:
+    """The decoder's layers and the MTP draft layers (Qwen3.5), each with its checkpoint prefix."""
+    out = [("model.layers", m.layers)]
+    if m.mtp is not None:
+        out.append(("mtp.layers", m.mtp.layers))
+    return out
 
 
 def packed_part(name: str) -> bool:
@@ -50,7 +58,7 @@ class Store:
 
     def __init__(self, model, qcfg: quant.QuantConfig):
         self.model, self.q = model, qcfg
-        self.parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        self.parts: dict[tuple[str, int, str], dict[str, torch.Tensor]] = {}
         self.routed: set[str] = set()  # dense modules' weights stacked with packed ones: read here too
         quant.check_inputs(qcfg, layer_inputs(model.cfg), model.world)
 
@@ -65,53 +73,58 @@ class Store:
                 raise quant.QuantError(f"{bad}: a quantised embedding or output head is not supported")
         m = self.model
         quant.check_inputs(self.q, layer_inputs(m.cfg, names), m.world)
-        for i, layer in enumerate(m.layers):
-            for attr, modules in MATRICES.items():
-                if not hasattr(layer, attr):  # a linear-attention layer has no wqkv / wo
-                    continue
-                packed = [f"model.layers.{i}.{mod}.qweight" in names for mod in modules]
-                dense = [f"model.layers.{i}.{mod}.weight" in names for mod in modules]
-                missing = [mod for mod, p, d in zip(modules, packed, dense) if not p and not d]
-                if any(packed) and missing:
-                    raise quant.QuantError(f"model.layers.{i}.{missing[0]}: neither qweight nor weight (it is "
-                                           f"stacked with packed modules into one matrix)")
-                if any(packed) and any(dense):
-                    if attr not in MIXABLE:
-                        raise quant.QuantError(f"layer {i}: {', '.join(modules)} are stacked into one matrix and "
-                                               f"must be all quantised or all dense")
-                    self.routed.update(f"model.layers.{i}.{mod}.weight" for mod, d in zip(modules, dense) if d)
-                t = getattr(layer, attr)
-                if not any(packed) and isinstance(t, torch.Tensor) and t.is_meta:
-                    setattr(layer, attr, torch.empty(t.shape, dtype=m.dtype, device=m.device))
+        for prefix, layers in _layer_lists(m):
+            for i, layer in enumerate(layers):
+                for attr, modules in MATRICES.items():
+                    if not hasattr(layer, attr):  # a linear-attention layer has no wqkv / wo
+                        continue
+                    packed = [f"{prefix}.{i}.{mod}.qweight" in names for mod in modules]
+                    dense = [f"{prefix}.{i}.{mod}.weight" in names for mod in modules]
+                    missing = [mod for mod, p, d in zip(modules, packed, dense) if not p and not d]
+                    if any(packed) and missing:
+                        raise quant.QuantError(f"{prefix}.{i}.{missing[0]}: neither qweight nor weight (it is "
+                                               f"stacked with packed modules into one matrix)")
+                    if any(packed) and any(dense):
+                        if attr not in MIXABLE:
+                            raise quant.QuantError(f"{prefix}.{i}: {', '.join(modules)} are stacked into one matrix "
+                                                   f"and must be all quantised or all dense")
+                        self.routed.update(f"{prefix}.{i}.{mod}.weight" for mod, d in zip(modules, dense) if d)
+                    t = getattr(layer, attr)
+                    if not any(packed) and isinstance(t, torch.Tensor) and t.is_meta:
+                        setattr(layer, attr, torch.empty(t.shape, dtype=m.dtype, device=m.device))
 
     def add(self, name: str, source, pre_sliced: bool) -> None:
-        layer, module, part = _PART.match(name).groups()
+        prefix, layer, module, part = _PART.match(name).groups()
         m = self.model
         t = source[:] if pre_sliced else tp.take(source, tp.kind_of(name), m.rank, m.world, m.cfg, name=name)
-        self.parts.setdefault((int(layer), module), {})[part] = t
+        self.parts.setdefault((prefix, int(layer), module), {})[part] = t
 
     def finish(self) -> None:
         m = self.model
-        for i, layer in enumerate(m.layers):
-            for attr, modules in MATRICES.items():
-                if not hasattr(layer, attr) or not any((i, mod) in self.parts for mod in modules):
-                    continue
-                built = []
-                for mod in modules:
-                    parts = self.parts.pop((i, mod), None)
-                    if parts is None:
-                        raise quant.QuantError(f"model.layers.{i}.{mod}: no qweight (its fused partners have one)")
-                    if "weight" in parts:  # a dense partner of packed modules
-                        built.append(parts["weight"].to(dtype=m.dtype, device=m.device))
-                        continue
-                    rowwise = tp.kind_of(f"model.layers.{i}.{mod}.weight") == "rowwise"
-                    offset = m.rank * parts["scales"].shape[0] if rowwise and m.world > 1 else 0
-                    built.append(quant.from_checkpoint(self.q, parts, f"model.layers.{i}.{mod}", offset).to(m.device))
-                w = quant.stack(built)
-                want = tuple(getattr(layer, attr).shape)
-                if w.shape != want:
-                    raise quant.QuantError(f"layer {i} {attr}: packed shape {w.shape} does not fit {want} (rank "
-                                           f"{m.rank} of {m.world})")
-                setattr(layer, attr, w)
+        for prefix, layers in _layer_lists(m):
+            for i, layer in enumerate(layers):
+                for attr, modules in MATRICES.items():
+                    if hasattr(layer, attr) and any((prefix, i, mod) in self.parts for mod in modules):
+                        setattr(layer, attr, self._built(prefix, i, attr, modules, getattr(layer, attr).shape))
         if self.parts:
             raise quant.QuantError(f"packed tensors with no place in this model: {sorted(self.parts)[:3]}")
+
+    def _built(self, prefix: str, i: int, attr: str, modules: tuple[str, ...], want) -> object:
+        """Layer i's matrix ``attr`` from its modules' parts: packed ones as PackedLinear, dense partners as read."""
+        m = self.model
+        built = []
+        for mod in modules:
+            parts = self.parts.pop((prefix, i, mod), None)
+            if parts is None:
+                raise quant.QuantError(f"{prefix}.{i}.{mod}: no qweight (its fused partners have one)")
+            if "weight" in parts:  # a dense partner of packed modules
+                built.append(parts["weight"].to(dtype=m.dtype, device=m.device))
+                continue
+            rowwise = tp.kind_of(f"{prefix}.{i}.{mod}.weight") == "rowwise"
+            offset = m.rank * parts["scales"].shape[0] if rowwise and m.world > 1 else 0
+            built.append(quant.from_checkpoint(self.q, parts, f"{prefix}.{i}.{mod}", offset).to(m.device))
+        w = quant.stack(built)
+        if w.shape != tuple(want):
+            raise quant.QuantError(f"{prefix}.{i} {attr}: packed shape {w.shape} does not fit {tuple(want)} (rank "
+                                   f"{m.rank} of {m.world})")
+        return w

@@ -1,0 +1,92 @@
+"""A GPTQ checkpoint of the hybrid with its MTP draft layer packed too (mtp.layers.N.*.qweight, as 4-bit releases
+of Qwen3.5 carry it): the draft layer's matrices are held packed (no dense copy), its weight bytes are counted, and
+speculation over it drafts exactly what the same model with the dequantised weights drafts, so greedy answers and
+accepted counts equal that dense model's (and one-token decoding's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.core import config as ecfg
+from engine.core import quant, runner, weights
+from engine.core.model import Model
+from engine.core.sampling import Sampler
+from tests.quant_helpers import _group_index, dequantise, pack_gptq, quantise
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/engine/conftest.py
+
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv", "in_proj_z",
+        "out_proj")
+PROMPTS = [[1, 17, 200, 42, 5, 99, 7, 150, 3, 3, 3, 3], list(range(40, 70))]
+GROUP = 32
+
+
+@pytest.fixture(scope="module")
+def checkpoints(mtp_demo_dir, tmp_path_factory):
+    """(packed: GPTQ v1 sym g32, every projection of the decoder and of the draft layer; dense: the same weights
+    dequantised, as a plain checkpoint; the packed file's tensors)."""
+    src = load_file(str(mtp_demo_dir / "model.safetensors"))
+    raw = json.loads((mtp_demo_dir / "config.json").read_text())
+    packed, dense = {}, {}
+    for name, t in src.items():
+        mod = name.split(".")[-2]
+        if not name.endswith(".weight") or mod not in PROJ:
+            packed[name] = dense[name] = t
+            continue
+        g_idx = _group_index(t.shape[1], GROUP, None)
+        q, zeros, scales = quantise(t.float(), g_idx, True, min_zero=1)
+        dense[name] = dequantise(q, zeros, scales, g_idx).to(t.dtype).contiguous()
+        base = name.removesuffix(".weight")
+        packed.update({f"{base}.{part}": v.contiguous() for part, v in pack_gptq(q, zeros, scales, g_idx).items()})
+    out = {}
+    for key, tensors, extra in (("packed", packed, {"quantization_config": {
+            "quant_method": "gptq", "bits": 4, "group_size": GROUP, "sym": True, "desc_act": False,
+            "checkpoint_format": "gptq"}}), ("dense", dense, {})):
+        d = tmp_path_factory.mktemp(f"mtp-{key}")
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+        (d / "config.json").write_text(json.dumps({**raw, **extra}))
+        for f in mtp_demo_dir.iterdir():
+            if f.name not in ("model.safetensors", "config.json") and f.is_file():
+                (d / f.name).write_bytes(f.read_bytes())
+        out[key] = d
+    return out["packed"], out["dense"], packed
+
+
+def _load(d) -> Model:
+    m = Model(ecfg.load(d))
+    weights.load_into(m, d)
+    m.setup_cache(256)
+    runner.prepare(m)
+    return m
+
+
+def test_the_draft_layer_is_held_packed_and_counted(checkpoints):
+    packed_dir, _, tensors = checkpoints
+    m = _load(packed_dir)
+    assert m.mtp is not None and len(m.mtp.layers) == 1
+    layer = m.mtp.layers[0]
+    for attr in ("wqkv", "wo", "w13", "w2"):
+        w = getattr(layer, attr)
+        assert isinstance(w, quant.PackedLinear) and w.qweight.dtype == torch.int32, attr
+    assert len(m.packed()) == 4 * (len(m.layers) + 1)  # the decoder's four matrices a layer, and the draft layer's
+    held = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.endswith("g_idx"))
+    if "lm_head.weight" not in tensors:
+        held += tensors["model.embed_tokens.weight"].numel() * tensors["model.embed_tokens.weight"].element_size()
+    assert m.weights_info()["bytes"] == held  # every tensor of the file, the draft layer's included
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculation_over_the_packed_draft_layer_drafts_what_the_dequantised_one_drafts(checkpoints, k):
+    packed_dir, dense_dir, _ = checkpoints
+    pm, dm = _load(packed_dir), _load(dense_dir)
+    for prompt in PROMPTS:
+        plain, _ = runner.run(pm, prompt, 24, Sampler(), set(), 16)
+        got, want = {}, {}
+        out_p, _ = runner.run(pm, prompt, 24, Sampler(), set(), 16, info=got, spec_tokens=k)
+        out_d, _ = runner.run(dm, prompt, 24, Sampler(), set(), 16, info=want, spec_tokens=k)
+        assert out_p == plain == out_d
+        assert got["spec"] == want["spec"] and got["spec"]["draft_tokens"] > 0
