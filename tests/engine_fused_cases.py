@@ -158,6 +158,10 @@ def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, com
     again = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
                                        eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s)
     assert torch.equal(out, again)  # fixed reduction order
+    ahead = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
+                                       eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s,
+                                       prefetch=True)
+    assert torch.equal(out, ahead)  # the register prefetch attends the same tiles in the same order
 
 
 def _model(name: str, **override):

@@ -3,7 +3,7 @@ the kernel the service runs) at long contexts, against the card's read bandwidth
 
 For each shape (the 27B hybrid's attention: 24 query / 4 KV heads of 256, gated, quarter rotary; the 8B dense
 one: 32 / 8 of 128), cache dtype (the model's bf16, int8 with its scales) and context, every configuration of
-(positions per tile, warps, programs in all, tiles in flight) is checked against the default configuration's
+(positions per tile, warps, programs in all, tiles in flight, register prefetch of the next tile) is checked against the default configuration's
 output, then timed as a CUDA graph of 20 launches over a rotating set of 2 caches (median of 5); K/V GB/s = the
 cache bytes the step reads at that context (K, V and the int8 scales) / time. Prints one JSON document.
 """
@@ -31,6 +31,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--warps", default="4,8")
     p.add_argument("--programs", default="264,528", help="programs in all (the window split over them)")
     p.add_argument("--stages", default="1,2")
+    p.add_argument("--prefetch", default="0", help="0,1: without / with the register prefetch of the next tile "
+                                                   "(with stages 1 only)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -71,12 +73,14 @@ def main(argv: list[str]) -> int:
                                                   k_scale=c[2], v_scale=c[3], **kw)
 
             ref = call(caches[0]).float()
-            for bs, warps, progs, stages in itertools.product(*(map(int, a.split(",")) for a in (
-                    args.blocks, args.warps, args.programs, args.stages))):
+            for bs, warps, progs, stages, ahead in itertools.product(*(map(int, a.split(",")) for a in (
+                    args.blocks, args.warps, args.programs, args.stages, args.prefetch))):
+                if ahead and stages > 1:
+                    continue
                 splits = max(1, progs // kv)
-                kw = dict(block_s=bs, num_warps=warps, splits=splits, stages=stages)
+                kw = dict(block_s=bs, num_warps=warps, splits=splits, stages=stages, prefetch=bool(ahead))
                 row = {"shape": shape, "kv": kvd, "context": ctx, "block_s": bs, "warps": warps, "programs": progs,
-                       "stages": stages}
+                       "stages": stages, "prefetch": bool(ahead)}
                 try:
                     out = call(caches[0], **kw).float()
                     err = float((out - ref).norm() / ref.norm())

@@ -46,6 +46,7 @@ HD256_CONFIG = (64, 4, 0)
 # tiles whose loads a program keeps in flight (the launch's num_stages): 1 = none. Triton's default (3) needs
 # 3 x 128 KB of shared memory at head dim 256 and 128-position tiles: more than an H200 has (227 KB).
 STAGES = 1
+PREFETCH = False  # the register prefetch of the next tile (decode_attention's ``prefetch``): not yet measured faster
 VOLTA_TILE = 128 * 128  # positions per tile x head dim at most below compute capability 8.0 (engine.core.sm70)
 
 
@@ -182,7 +183,7 @@ def _kernels():
                          QK_NORM: tl.constexpr, DOT_F32: tl.constexpr, ONE_KERNEL: tl.constexpr,
                          EMU: tl.constexpr, ROT: tl.constexpr = 0, GATED: tl.constexpr = False,
                          ZC: tl.constexpr = False, ksc_ptr=None, vsc_ptr=None, stride_sh=0,
-                         INT8: tl.constexpr = False):
+                         INT8: tl.constexpr = False, PREFETCH: tl.constexpr = False):
         kvh = tl.program_id(0)
         sp = tl.program_id(1)
         dt = qkv_ptr.dtype.element_ty
@@ -255,18 +256,33 @@ def _kernels():
         m_i = tl.full((G_PAD,), -1.0e30, tl.float32)
         l_i = tl.zeros((G_PAD,), tl.float32)
         acc = tl.zeros((G_PAD, HD), tl.float32)
-        if lo <= pos:
-            m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt, DOT_F32,
-                                    EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
-        # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
-        # compiler pipelines the tile loads (the launch's num_stages: STAGES)
         n_t = tl.minimum(CHUNK, pos - lo + 1)
-        for t in range(BLOCK_S, n_t, BLOCK_S):
-            offs = lo + t + tl.arange(0, BLOCK_S)
-            kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh,
+        if PREFETCH:
+            # the next tile's loads issued before this tile's arithmetic (two tiles in registers), so a program
+            # does not wait a memory round trip per tile; the tiles are attended in the same order as below
+            for t in range(BLOCK_S, n_t, BLOCK_S):
+                noffs = lo + t + tl.arange(0, BLOCK_S)
+                nk1, nk2, nv, nks, nvs = _load_tile(kc_ptr, vc_ptr, kvh, noffs, pos, stride_kh, stride_ks, stride_vh,
                                                     stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
-            m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                    DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+                kt1, kt2, vt, ksc_t, vsc_t, offs = nk1, nk2, nv, nks, nvs, noffs
+            if lo <= pos:
+                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+        else:
+            if lo <= pos:
+                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+            # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
+            # compiler pipelines the tile loads (the launch's num_stages: STAGES)
+            for t in range(BLOCK_S, n_t, BLOCK_S):
+                offs = lo + t + tl.arange(0, BLOCK_S)
+                kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks,
+                                                        stride_vh, stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr,
+                                                        stride_sh, INT8, dt)
+                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
         # this program's partial
         pidx = kvh * SPLITS + sp
         tl.store(part_acc + (pidx * G_PAD + gs[:, None]) * HD + ds[None, :], acc, mask=gmask[:, None])
@@ -327,7 +343,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
                      combine: str = "last", splits: int | None = None, block_s: int | None = None,
                      num_warps: int | None = None, gated: bool = False, zc: bool = False,
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                     stages: int | None = None) -> torch.Tensor:
+                     stages: int | None = None, prefetch: bool | None = None) -> torch.Tensor:
     """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
     attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
     ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
@@ -336,7 +352,8 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     [query | gate] per head, the output scaled by sigmoid(gate)), ``zc`` (zero-centred q/k norms) and a partial
     rotary (cos / sin narrower than the head: RoPE on its first cos.shape[-1] dimensions). An int8 cache comes
     with ``k_scale`` / ``v_scale`` [1, kv, S] float32 (engine.core.kvquant). ``stages``: tiles whose loads the
-    loop keeps in flight (1: none; default STAGES)."""
+    loop keeps in flight (1: none; default STAGES); ``prefetch``: the next tile loaded into registers before this
+    tile's arithmetic (default PREFETCH; the same tiles in the same order, the same answer)."""
     from engine.core import gemv
 
     attn_k, comb_k = _kernels()
@@ -365,6 +382,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     emu = _interpreting() and qkv.dtype == torch.bfloat16
     int8 = k_scale is not None
     stages = STAGES if stages is None else stages
+    prefetch = PREFETCH if prefetch is None else prefetch
     attn_k[(n_kv, n_split)](
         qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
         k_cache, v_cache, out, part_acc, part_ml, count, float(eps), 1.0 / math.sqrt(hd),
@@ -373,7 +391,8 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
         QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu,
         ROT=0 if cos.shape[-1] == hd else cos.shape[-1], GATED=gated, ZC=zc,
         ksc_ptr=k_scale if int8 else part_ml, vsc_ptr=v_scale if int8 else part_ml,
-        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, num_stages=stages, num_warps=num_warps)
+        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, PREFETCH=prefetch, num_stages=stages,
+        num_warps=num_warps)
     if not one:
         comb_k[(n_kv,)](part_acc, part_ml, out, qkv.reshape(-1), SPLITS=n_split, G=g, G_PAD=g_pad, HD=hd, EMU=emu,
                         GATED=gated, num_warps=4)
