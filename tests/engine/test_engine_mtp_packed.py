@@ -6,6 +6,8 @@ accepted counts equal that dense model's (and one-token decoding's)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from engine.core import config as ecfg
 from engine.core import quant, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
+from tests.engine_helpers import REPO
 from tests.quant_helpers import _group_index, dequantise, pack_gptq, quantise
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/engine/conftest.py
@@ -90,3 +93,21 @@ def test_speculation_over_the_packed_draft_layer_drafts_what_the_dequantised_one
         out_d, _ = runner.run(dm, prompt, 24, Sampler(), set(), 16, info=want, spec_tokens=k)
         assert out_p == plain == out_d
         assert got["spec"] == want["spec"] and got["spec"]["draft_tokens"] > 0
+
+
+def test_tp2_speculative_generate_over_the_packed_checkpoint_equals_tp1(checkpoints):
+    """Each rank slices the packed draft layer as it slices the decoder's (outputs in whole words, inputs at group
+    boundaries): `generate --tp 2 --speculative mtp` gives TP1's tokens and counts, and one-token decoding's."""
+    packed_dir, _, _ = checkpoints
+    outs = []
+    for tp, spec in (("1", True), ("2", True), ("1", False)):
+        extra = ["--speculative", "mtp", "--draft-tokens", "3"] if spec else []
+        proc = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(packed_dir), "--tp", tp,
+                               "--prompt-ids", ",".join(map(str, PROMPTS[1])), "--max-tokens", "24", *extra,
+                               "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert outs[0]["token_ids"] == outs[1]["token_ids"] == outs[2]["token_ids"]
+    assert outs[0]["spec"] == outs[1]["spec"] and outs[0]["spec"]["draft_tokens"] > 0
+    assert outs[1]["weights"]["format"].startswith("gptq-int4-g32")
+    assert outs[1]["weights"]["bytes"] < outs[0]["weights"]["bytes"]  # rank 0's half of the split tensors
