@@ -46,6 +46,14 @@ HD256_CONFIG = (64, 4, 0)
 # tiles whose loads a program keeps in flight (the launch's num_stages): 1 = none. Triton's default (3) needs
 # 3 x 128 KB of shared memory at head dim 256 and 128-position tiles: more than an H200 has (227 KB).
 STAGES = 1
+# long windows (>= LONG_WINDOW positions) on cards with cp.async (compute capability >= 8.0), 16-bit caches: head dim
+# -> (positions per tile, warps, num_stages): Triton's pipeline three tiles deep on small tiles. H200, 2026-12-02
+# (python -m engine.bench.attention, tests/fixtures/engine/h200-attention-2026-12-02.json): 27B shape 172.8 / 309.4 us
+# at 128K / 256K (74 % / 83 % of read bandwidth) against 196.8 / 364.1 us for HD256_CONFIG; 8B shape 153.1 / 284.2 us
+# (82 % / 89 %) against 261.5 / 356.4 us for (BLOCK_S, NUM_WARPS). Shorter windows and int8 caches were not measured
+# with it and keep the configurations above.
+LONG_WINDOW = 65536
+LONG_CONFIG = {128: (64, 4, 3), 256: (32, 4, 3)}
 PREFETCH = False  # the register prefetch of the next tile (decode_attention's ``prefetch``): not yet measured faster
 VOLTA_TILE = 128 * 128  # positions per tile x head dim at most below compute capability 8.0 (engine.core.sm70)
 
@@ -358,6 +366,11 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
 
     attn_k, comb_k = _kernels()
     cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (HD256_CONFIG if hd >= 256 else (BLOCK_S, NUM_WARPS, 0))
+    long = LONG_CONFIG.get(hd)
+    if (long is not None and gemv.ATTENTION_CONFIG is None and window >= LONG_WINDOW and k_scale is None
+            and block_s is None and num_warps is None and stages is None and qkv.device.type == "cuda"
+            and torch.cuda.get_device_capability(qkv.device) >= (8, 0)):
+        cfg_bs, cfg_warps, stages = long
     if block_s is None and cfg_bs * hd > VOLTA_TILE and qkv.device.type == "cuda" and \
             torch.cuda.get_device_capability(qkv.device) < (8, 0):
         cfg_bs = VOLTA_TILE // hd  # a V100 block has 96 KB of shared memory: head dim 256 takes tiles of 64 (80 KB)

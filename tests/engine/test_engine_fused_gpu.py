@@ -59,3 +59,38 @@ def test_on_the_gpu_fused_steps_match_the_plain_step_in_bf16_and_in_a_graph(name
     assert torch.isfinite(fused).all()
     assert rel(fused, ref) <= max(1.5 * rel(plain, ref), 1e-3)
     assert torch.equal(first, fused) and torch.equal(out["y"], first)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", ["qwen3.5-27b", "qwen3-8b"])
+def test_long_window_attention_takes_its_pipelined_configuration_and_stays_as_close(shape):
+    """At 128K positions the one-query attention runs attention.LONG_CONFIG (three tiles in flight): its output is
+    as close to the earlier configuration's as that one is to itself in another tiling, and bit-identical on
+    replay."""
+    from engine.bench.attention import SHAPES
+    from engine.core import attention
+
+    sh = SHAPES[shape]
+    h, kv, hd, ctx = sh["n_heads"], sh["n_kv"], sh["hd"], 131072
+    g = torch.Generator(device="cuda").manual_seed(5)
+    qkv = torch.randn(h * hd * (2 if sh["gated"] else 1) + 2 * kv * hd, device="cuda", generator=g).bfloat16()
+    cos = torch.randn(1, sh["rot"], device="cuda", generator=g).bfloat16()
+    sin = torch.randn(1, sh["rot"], device="cuda", generator=g).bfloat16()
+    qn, kn = ((0.1 * torch.randn(hd, device="cuda", generator=g)).bfloat16() for _ in range(2))
+    k = torch.randn(1, kv, ctx, hd, device="cuda", generator=g).bfloat16()
+    v = torch.randn(1, kv, ctx, hd, device="cuda", generator=g).bfloat16()
+    pos = torch.tensor([ctx - 1], device="cuda")
+
+    def call(**kw):
+        return attention.decode_attention(qkv, cos, sin, pos, qn, kn, k, v, n_heads=h, n_kv=kv, hd=hd, eps=1e-6,
+                                          window=ctx, gated=sh["gated"], zc=sh["zc"], **kw).float()
+
+    old_bs, old_w = attention.HD256_CONFIG[:2] if hd >= 256 else (attention.BLOCK_S, attention.NUM_WARPS)
+    new = call()
+    old = call(block_s=old_bs, num_warps=old_w, stages=1)
+    other = call(block_s=old_bs // 2, num_warps=old_w, stages=1)
+    bs, warps, stages = attention.LONG_CONFIG[hd]
+    assert torch.equal(new, call(block_s=bs, num_warps=warps, stages=stages))  # the default is the long one
+    assert torch.equal(new, call())
+    assert rel(new, old) <= max(1.5 * rel(other, old), 5e-3), (rel(new, old), rel(other, old))
