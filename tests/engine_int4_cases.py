@@ -132,6 +132,38 @@ def test_prefill_dequantise_kernel_is_the_reference_dequantise():
     for group, zoff in ((32, 1), (128, 0), (-1, 0)):
         w = packed(40, 256, group, g, zero_offset=zoff)
         assert torch.equal(gemv_int4.dequantise(w, torch.float32), w.dequantise_held(torch.float32))
+        t = packed(64, 384, group, g, zero_offset=zoff).tiled(32)  # the words held in tiles of 32 rows
+        assert t.tile_rows == 32 and torch.equal(gemv_int4.dequantise(t, torch.float32, blocks=(16, 64)),
+                                                 t.untiled().dequantise_held(torch.float32))
+
+
+@pytest.mark.parametrize("n,k,group,desc_act,tb", [
+    (64, 256, 128, False, 32),  # two held tiles per row block
+    (96, 384, 32, True, 32),  # four groups per held tile, desc_act order; 96 rows: a masked row block at 64
+    (128, 256, -1, False, 64),  # one group over all inputs, tiles of 64 rows
+    (64, 256, 64, False, 16),  # tiles of 16 rows under row blocks of 32 and 64
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, group, desc_act, tb, dtype):
+    """quant.PackedLinear.tiled: the GEMV on the words held in tiles reads the same words and sums them in the
+    same order as on rows, for every loop form (no prefetch, one tile ahead, Triton's pipeline; planes and fp16
+    pairs), split-K, and row blocks smaller and larger than the held tile."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(n + k + tb)
+    w = packed(n, k, group, g, desc_act=desc_act)
+    t = w.tiled(tb)
+    assert t.tile_rows == tb and not torch.equal(t.qweight, w.qweight) and torch.equal(t.row_words(), w.qweight)
+    x = torch.randn(k, generator=g).to(dtype)
+    gu = torch.randn(2 * k, generator=g).to(dtype)
+    for blocks in ((32, 128, 4, 1, 1, 1), (64, 128, 4, 2, 2, 1), (16, 64, 4, 2, 3, 1), (32, 128, 4, 2, 2, 0),
+                   (64, 32, 4, 1, 1, 0)):
+        for pro, inp in ((gemv.PROLOGUE_PLAIN, x), (gemv.PROLOGUE_SILU, gu)):
+            want = torch.full((n,), float("nan"), dtype=dtype)
+            got = torch.full((n,), float("nan"), dtype=dtype)
+            gemv_int4.launch(pro, inp, w, None, want, blocks=blocks)
+            gemv_int4.launch(pro, inp, t, None, got, blocks=blocks)
+            assert torch.isfinite(want).all() and torch.equal(got, want), (blocks, pro)
 
 
 def test_send_epilogue_writes_the_rows_tagged_into_the_peer_inbox():
@@ -164,18 +196,24 @@ def test_send_epilogue_writes_the_rows_tagged_into_the_peer_inbox():
     assert torch.equal(vals, out)
 
 
-@pytest.mark.parametrize("method,group", [("gptq", 32), ("awq", 128)])
-def test_fused_decode_step_on_packed_weights_is_the_plain_step(method, group, tmp_path):
+@pytest.mark.parametrize("method,group,tiles", [("gptq", 32, False), ("awq", 128, False), ("gptq", 64, True)])
+def test_fused_decode_step_on_packed_weights_is_the_plain_step(method, group, tiles, tmp_path, monkeypatch):
+    """tiles: loaded as on a GPU, the words held in tiles (gemv_int4.held); the plain step's products then read
+    them back in rows."""
     from engine.core import config as ecfg
-    from engine.core import weights
+    from engine.core import gemv_int4, weights
     from engine.core.model import Model
     from tests.quant_helpers import make_quantised
 
+    if tiles:
+        monkeypatch.setattr(gemv_int4, "TILE_DEVICES", ("cuda", "cpu"))
     make_quantised("llama-3.1-8b", tmp_path, method, group, sym=False)
     model = Model(ecfg.load(tmp_path))
     weights.load_into(model, tmp_path)
     model.setup_cache(96)
     assert model.packed()
+    held = {p.tile_rows for p in model.packed()}
+    assert held == ({gemv_int4.TILE_ROWS} if tiles else {0}), held
     model.forward(torch.tensor([[1, 17, 300, 42, 5]]), 0)
     caches = [(lay.k_cache.clone(), lay.v_cache.clone()) for lay in model.layers]
     tok, pos = torch.tensor([9]), torch.tensor([5])

@@ -67,6 +67,16 @@ def _configs(text: str) -> list[tuple[int, ...]]:
     return out
 
 
+def _layouts(text: str) -> list[int]:
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layouts: {text!r} is not comma-separated tile rows (0 = rows)") from None
+    if not out or any(v < 0 or v & (v - 1) for v in out):
+        raise argparse.ArgumentTypeError("--layouts: each is 0 (rows) or a power of two (tile rows)")
+    return out
+
+
 def _packed(n: int, k: int, group: int, dev, g):
     import torch
 
@@ -95,21 +105,29 @@ def int4_gemv(args, doc: dict) -> None:
     g = torch.Generator(device=dev).manual_seed(0)
     act = getattr(torch, args.dtype)
     read = doc["read_bw_gbps"]
+    held: dict[int, list] = {}  # tile rows -> the matrices held in tiles of that many rows
     for set_name in args.shapes.split(","):
         doc["int4"][set_name] = {}
         for name, (n, k) in SHAPES[set_name].items():
-            one = _packed(n, k, args.group, dev, g)
-            count = max(2, min(64, -(-L2_SPAN_BYTES // one.nbytes)))
-            ws = [one] + [_packed(n, k, args.group, dev, g) for _ in range(count - 1)]
+            rows_held = [_packed(n, k, args.group, dev, g)]
+            count = max(2, min(64, -(-L2_SPAN_BYTES // rows_held[0].nbytes)))
+            rows_held += [_packed(n, k, args.group, dev, g) for _ in range(count - 1)]
             x = torch.randn(k, device=dev, generator=g).to(act)
-            ref = F.linear(x.float(), one.dequantise(torch.float32))
-            outs = [torch.empty(n, device=dev, dtype=act) for _ in ws]
-            row = {"n": n, "k": k, "matrices": count, "bytes": one.nbytes, "configs": {}}
+            ref = F.linear(x.float(), rows_held[0].dequantise(torch.float32))
+            outs = [torch.empty(n, device=dev, dtype=act) for _ in rows_held]
+            row = {"n": n, "k": k, "matrices": count, "bytes": rows_held[0].nbytes, "configs": {}}
             best = None
-            for cfg0 in (args.configs or CONFIGS):
+            for tb, cfg0 in [(tb, c) for tb in args.layouts for c in (args.configs or CONFIGS)]:
                 cfg = (cfg0[0], min(cfg0[1], k), *cfg0[2:])
-                key = "x".join(map(str, cfg))
+                key = "x".join(map(str, cfg)) + (f"-t{tb}" if tb else "")
                 if key in row["configs"]:
+                    continue
+                if tb and tb not in held:
+                    held[tb] = [w.tiled(tb) for w in rows_held]
+                ws = held[tb] if tb else rows_held
+                one = ws[0]
+                if tb and not one.tile_rows:
+                    row["configs"][key] = {"skipped": f"cannot be held in tiles of {tb} rows"}
                     continue
                 try:
                     gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
@@ -125,10 +143,16 @@ def int4_gemv(args, doc: dict) -> None:
                 gbps = one.nbytes / (us * 1e-6) / 1e9
                 row["configs"][key] = {"us": round(us, 3), "gbps": round(gbps, 1), "fraction": round(gbps / read, 4),
                                        "rel_err": round(err, 6)}
+                lay = f"t{tb}" if tb else "rows"
                 if best is None or us < best[1]:
-                    best = (cfg, us)
+                    best = (cfg, us, tb)
+                if lay not in row.setdefault("best_by_layout", {}) or us < row["best_by_layout"][lay]["us"]:
+                    row["best_by_layout"][lay] = {"blocks": list(cfg), "us": round(us, 3),
+                                                  "fraction": round(gbps / read, 4)}
             if best is not None:
-                cfg, us = best
+                cfg, us, tb = best
+                ws = rows_held if not tb else held[tb]
+                one = ws[0]
                 pro = PROLOGUE_OF[name]
                 d = torch.randn(k, device=dev, generator=g).to(act)
                 nw = torch.ones(k, device=dev, dtype=act)
@@ -150,21 +174,29 @@ def int4_gemv(args, doc: dict) -> None:
                                                           pairs=pairs)
                                       for w in ws], count)
                 gbps = one.nbytes / (us * 1e-6) / 1e9
-                row["best"] = {"blocks": list(cfg), "us": round(us, 3), "gbps": round(gbps, 1),
+                row["best"] = {"blocks": list(cfg), "tile_rows": tb, "us": round(us, 3), "gbps": round(gbps, 1),
                                "fraction": round(gbps / read, 4), "prologue": pro, "prologue_us": round(us_p, 3),
                                "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4),
                                "row_kernel_us": round(row_us, 3)}
                 doc["best_blocks"][f"{pro}:{n}x{k}"] = list(cfg)
                 gemv_int4.BLOCKS[(pro, n, k)] = tuple(cfg)  # what the step below runs
             doc["int4"][set_name][name] = row
-            ws = outs = None  # freed before the next matrix
+            ws = outs = rows_held = one = None  # freed before the next matrix
+            held.clear()
             torch.cuda.empty_cache()
     fr = [r["best"]["fraction"] for s in doc["int4"].values() for r in s.values() if "best" in r]
     tot_b = sum(r["bytes"] for s in doc["int4"].values() for r in s.values() if "best" in r)
     tot_us = sum(r["best"]["us"] for s in doc["int4"].values() for r in s.values() if "best" in r)
     doc["int4_summary"] = {"min_fraction": min(fr) if fr else None,
                            "bytes_weighted_fraction": round(tot_b / (tot_us * 1e-6) / 1e9 / read, 4) if fr else None,
-                           "target_fraction": 0.75}
+                           "target_fraction": 0.75, "by_layout": {}}
+    rows_ = [r for s in doc["int4"].values() for r in s.values()]
+    for lay in sorted({lay for r in rows_ for lay in r.get("best_by_layout", {})}):
+        have = [r for r in rows_ if lay in r.get("best_by_layout", {})]
+        b = sum(r["bytes"] for r in have)
+        t = sum(r["best_by_layout"][lay]["us"] for r in have)
+        doc["int4_summary"]["by_layout"][lay] = {"matrices": len(have),
+                                                 "bytes_weighted_fraction": round(b / (t * 1e-6) / 1e9 / read, 4)}
 
 
 def prefill(args, doc: dict) -> None:
@@ -248,7 +280,7 @@ def step(args, doc: dict) -> None:
 
     from engine.bench import decode as dbench
     from engine.core import config as ecfg
-    from engine.core import quant_config, weights
+    from engine.core import gemv_int4, quant_config, weights
     from engine.core.model import Model
 
     dev = torch.device(args.device)
@@ -264,7 +296,7 @@ def step(args, doc: dict) -> None:
             for attr in PACKED_ATTRS:
                 t = getattr(layer, attr, None)
                 if t is not None:
-                    setattr(layer, attr, _packed(*t.shape, args.group, dev, g))
+                    setattr(layer, attr, gemv_int4.held(_packed(*t.shape, args.group, dev, g), dev))
         weights.init_random(model)
         model.setup_cache(max(contexts) + 256)
     packed = sum(p.nbytes for p in model.packed())
@@ -287,6 +319,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--configs", default=None, type=_configs,
                    help="int4: the block configurations to time, ';'-separated, each BN,BK,warps,split,stages,form "
                         "(default: CONFIGS)")
+    p.add_argument("--layouts", default="0,32", type=_layouts,
+                   help="int4: how the words are held, comma-separated: 0 = in rows, TB = in tiles of TB rows "
+                        "(quant.PackedLinear.tiled; default: 0,32)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     args.device = "cuda:0"

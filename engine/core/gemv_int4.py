@@ -36,7 +36,7 @@ import os
 
 import torch
 
-from engine.core import gemv
+from engine.core import gemv, quant
 
 # (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages, form): the fastest of engine.bench.int4's CONFIGS
 # per matrix of the 27B shape at TP1 and TP2, group 128, bf16, measured on an H200 on 2026-12-02 with the pairs form
@@ -57,6 +57,9 @@ FORM_PLANES, FORM_PAIRS = 0, 1  # blocks[5]: the loop's form for 16-bit activati
 DEFAULT_FORM = FORM_PAIRS
 PAIR_DTYPES = (torch.bfloat16, torch.float16)
 DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
+TILE_ROWS = 32  # packed matrices on a GPU hold their words in tiles of this many rows (quant.PackedLinear.tiled); 0:
+# in rows
+TILE_DEVICES = ("cuda",)  # where loading tiles them (the CPU's products read rows)
 BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split,
 # stages]}}
 
@@ -89,7 +92,7 @@ _load_blocks()
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
-    global _pair_sum
+    global _pair_sum, _woff
     import triton
     import triton.language as tl
 
@@ -167,16 +170,27 @@ def _kernels():
         return ((w & (0xF << (4 * J))) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
     @triton.jit
+    def _woff(kw, TB: tl.constexpr, TW: tl.constexpr, SW: tl.constexpr):
+        """Where word kw of a row sits past the row's base pointer: kw in the row layout; in tiles of TB rows
+        (quant.PackedLinear.tiled) the tile kw // TW of the row's block, TW (quant.TILE_WORDS) words a row in
+        it. A tile of SW <= TW words never crosses a held tile (SW divides TW, kw a multiple of SW)."""
+        if TB == 0:
+            return tl.multiple_of(kw, SW)
+        return tl.multiple_of((kw // TW) * (TW * TB) + kw % TW, SW)
+
+    @triton.jit
     def _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
-                    SW: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr):
+                    SW: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr,
+                    TB: tl.constexpr = 0, TW: tl.constexpr = 16):
         """What one tile (words kw .. kw + SW of each row, inside one group) reads: the words, the group's scale
         and zero point per row, the eight planes of h and each word's sum of h (nothing past kwend)."""
         ok = (rows * 0 + kw) < kwend
         okc = (wcols * 0 + kw) < kwend
+        wo = _woff(kw, TB, TW, SW)
         if EVEN_K:  # no mask along K: 16-byte loads
-            words = tl.load(wp + kw, mask=(rmask & ok)[:, None], other=0, eviction_policy="evict_first")
+            words = tl.load(wp + wo, mask=(rmask & ok)[:, None], other=0, eviction_policy="evict_first")
         else:
-            words = tl.load(wp + kw, mask=(rmask & ok)[:, None] & ((kw + wcols) < KW)[None, :], other=0,
+            words = tl.load(wp + wo, mask=(rmask & ok)[:, None] & ((kw + wcols) < KW)[None, :], other=0,
                             eviction_policy="evict_first")  # [BLOCK_N, SW] int32
         grp = (kw * 8) // GS
         sc = tl.load(s_ptr + grp * N + rows, mask=rmask & ok, other=0.0).to(tl.float32)
@@ -264,15 +278,16 @@ def _kernels():
     @triton.jit
     def _pair_loads(wp, hq_ptr, hf_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
                     SW: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr,
-                    EVEN_N: tl.constexpr):
+                    EVEN_N: tl.constexpr, TB: tl.constexpr = 0, TW: tl.constexpr = 16):
         """What one tile reads in the pairs form: the words, the group's scale times the tile's factor of h and
         the zero point as fp16 pairs per row ([BLOCK_N, 1], in the words' layout), and h's four pair planes
         (int32 words of two fp16). EVEN_K and EVEN_N: every tile is inside the matrix (the caller keeps kw below
         kwend), so nothing is masked."""
         r2 = rows[:, None]
         grp = (kw * 8) // GS
+        wo = _woff(kw, TB, TW, SW)
         if EVEN_K and EVEN_N:
-            words = tl.load(wp + kw, eviction_policy="evict_first")
+            words = tl.load(wp + wo, eviction_policy="evict_first")
             f = tl.load(hf_ptr + kw // SW)
             sc = tl.load(s_ptr + grp * N + r2).to(tl.float32) * f
             zw = tl.load(qz_ptr + grp * (N // 8) + r2 // 8)
@@ -284,9 +299,9 @@ def _kernels():
             m2 = rmask[:, None] & ok
             okc = (wcols[None, :] * 0 + kw) < kwend
             if EVEN_K:
-                words = tl.load(wp + kw, mask=m2, other=0, eviction_policy="evict_first")
+                words = tl.load(wp + wo, mask=m2, other=0, eviction_policy="evict_first")
             else:
-                words = tl.load(wp + kw, mask=m2 & ((kw + wcols) < KW)[None, :], other=0,
+                words = tl.load(wp + wo, mask=m2 & ((kw + wcols) < KW)[None, :], other=0,
                                 eviction_policy="evict_first")
             f = tl.load(hf_ptr + kw // SW + r2 * 0, mask=m2, other=0.0)
             sc = tl.load(s_ptr + grp * N + r2, mask=m2, other=0.0).to(tl.float32) * f
@@ -309,7 +324,8 @@ def _kernels():
                          BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
                          SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
                          EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1, PAIRS: tl.constexpr = False,
-                         ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False):
+                         ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False, TB: tl.constexpr = 0,
+                         TW: tl.constexpr = 16):
         pid = tl.program_id(0)
         pk = tl.program_id(1)  # this program's slice of K (split-K): words [pk KS, (pk + 1) KS) of each row
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -319,7 +335,11 @@ def _kernels():
         SW: tl.constexpr = SUB // 8  # words per row per sub-tile
         wcols = tl.arange(0, SW)
         zshift = (rows % 8) * 4
-        wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
+        if TB == 0:  # the words in rows
+            wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
+        else:  # in tiles of TB rows x TW words (quant.PackedLinear.tiled)
+            rb = (rows // TB).to(tl.int64) * (TB * KW) + (rows % TB) * TW
+            wp = qw_ptr + rb[:, None] + wcols[None, :]
         acc = tl.zeros((BLOCK_N, SW), dtype=tl.float32)
         # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
         kwbeg = pk * KS
@@ -330,13 +350,13 @@ def _kernels():
             hq_ptr = hp_ptr.to(tl.pointer_type(tl.int32))
             if STAGES == 2:
                 t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW,
-                                SW, GS, ZOFF, EVEN_K, EVEN_N)
+                                SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                 for kw in range(kwbeg, kwend, SW):
                     kn = kw + SW
                     if EVEN_K and EVEN_N:
                         kn = tl.multiple_of(tl.minimum(kn, kwend - SW), SW)  # the last tile again: no masks
                     nxt = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wcols, zshift,
-                                      N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N)
+                                      N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
                     t = nxt
             elif STAGES > 2:
@@ -344,30 +364,30 @@ def _kernels():
                 # asynchronously (cp.async), so the bytes in flight per warp do not cost registers
                 for kw in tl.range(kwbeg, kwend, SW, num_stages=STAGES):
                     t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
-                                    SW, GS, ZOFF, EVEN_K, EVEN_N)
+                                    SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
             else:
                 for kw0 in range(kwbeg, kwend, BLOCK_K // 8):
                     for s in tl.static_range(NSUB):
                         t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kw0 + s * SW, kwend, rows, rmask, wcols,
-                                        zshift, N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N)
+                                        zshift, N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                         acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
         elif STAGES == 2:
             # one tile ahead in registers: the next tile's loads are issued before this tile's arithmetic, so
             # the loop does not wait for memory once per tile (the compiler otherwise issues some loads late,
             # each a round trip); one sub-tile per tile (BLOCK_K <= GS)
             t = _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW, SW,
-                            GS, ZOFF, EVEN_K)
+                            GS, ZOFF, EVEN_K, TB, TW)
             for kw in range(kwbeg, kwend, SW):
                 nxt = _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw + SW, kwend, rows, rmask, wcols, zshift, N,
-                                  KW, SW, GS, ZOFF, EVEN_K)
+                                  KW, SW, GS, ZOFF, EVEN_K, TB, TW)
                 acc += _tile_sum(*t)
                 t = nxt
         else:
             for kw0 in range(kwbeg, kwend, BLOCK_K // 8):
                 for s in tl.static_range(NSUB):
                     acc += _tile_sum(*_tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw0 + s * SW, kwend, rows, rmask,
-                                                  wcols, zshift, N, KW, SW, GS, ZOFF, EVEN_K))
+                                                  wcols, zshift, N, KW, SW, GS, ZOFF, EVEN_K, TB, TW))
         y = tl.sum(acc, axis=1)
         if SPLIT > 1:
             # every slice's sums to part [SPLIT, N]; the last program of this row block to finish adds them in
@@ -396,12 +416,20 @@ def _kernels():
 
     @triton.jit
     def dequant_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, GS: tl.constexpr, ZOFF: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # out [N, K] = s * (q - z) in the held input order, rounded once to out's dtype
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TB: tl.constexpr = 0,
+                       TW: tl.constexpr = 16):
+        # out [N, K] = s * (q - z) in the held input order, rounded once to out's dtype; TB > 0: the words held
+        # in tiles of TB rows (quant.PackedLinear.tiled)
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
         m = (rows < N)[:, None] & (cols < K)[None, :]
-        words = tl.load(qw_ptr + rows[:, None].to(tl.int64) * (K // 8) + (cols // 8)[None, :], mask=m, other=0)
+        wi = cols // 8
+        if TB == 0:
+            at = rows[:, None].to(tl.int64) * (K // 8) + wi[None, :]
+        else:
+            at = ((rows // TB).to(tl.int64) * (TB * (K // 8)) + (rows % TB) * TW)[:, None] + (
+                (wi // TW) * (TW * TB) + wi % TW)[None, :]
+        words = tl.load(qw_ptr + at, mask=m, other=0)
         q = ((words >> ((cols % 8) * 4)[None, :]) & 0xF).to(tl.float32)
         g = cols // GS
         sc = tl.load(s_ptr + g[None, :] * N + rows[:, None], mask=m, other=0.0).to(tl.float32)
@@ -411,6 +439,11 @@ def _kernels():
                  mask=m)
 
     return int4_gemv_kernel, dequant_kernel, int4_row_kernel
+
+
+def held(w, device: torch.device):
+    """A packed matrix as the GEMV on ``device`` reads it best: in tiles of TILE_ROWS rows on a GPU."""
+    return quant.tiled(w, TILE_ROWS) if TILE_ROWS and torch.device(device).type in TILE_DEVICES else w
 
 
 def _pow2_at_least(n: int) -> int:
@@ -470,6 +503,8 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
     bk = min(bk, _pow2_at_least(k))
+    if w.tile_rows:
+        bk = min(bk, 8 * quant.TILE_WORDS)  # a tile inside one held tile
     gs = w.group_size if w.group_size < k else -(-k // bk) * bk  # one group over all inputs: whole tiles of it
     sub = min(bk, gs)
     if stages >= 2:
@@ -492,7 +527,8 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
         w.qweight, w.qzeros, w.scales, hp, hw, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
         peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
-        STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, num_warps=warps)
+        STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, TB=w.tile_rows,
+        TW=quant.TILE_WORDS, num_warps=warps)
     return out
 
 
@@ -539,5 +575,6 @@ def dequantise(w, dtype: torch.dtype, blocks: tuple[int, int] = (32, 128)) -> to
     out = torch.empty(n, k, dtype=dtype, device=w.device)
     gs = w.group_size if w.group_size < k else _pow2_at_least(k)
     _kernels()[1][(-(-n // blocks[0]), -(-k // blocks[1]))](w.qweight, w.qzeros, w.scales, out, n, k, GS=gs,
-                                                           ZOFF=w.zero_offset, BLOCK_N=blocks[0], BLOCK_K=blocks[1])
+                                                           ZOFF=w.zero_offset, BLOCK_N=blocks[0], BLOCK_K=blocks[1],
+                                                           TB=w.tile_rows, TW=quant.TILE_WORDS)
     return out

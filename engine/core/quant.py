@@ -23,6 +23,12 @@ Held here as one layout for both (the kernels' layout; the same bytes as the fil
     scales        [G, N]      as stored (fp16)
     perm    int32 [K] or None an input order that makes groups contiguous (desc_act): input column c of the
                               held weight is the module's input perm[c]; None when g(k) = k // group_size.
+
+On a GPU the words are held in tiles (``PackedLinear.tiled``, ``tile_rows`` = TB > 0): the same [N, K / 8] tensor's
+memory ordered [N / TB, K / 8 / TILE_WORDS, TB, TILE_WORDS], so the tile of TB rows x TILE_WORDS words (128 inputs)
+the decode GEMV reads at a time is one contiguous 2 KB run instead of TB runs of 64 bytes a row apart (a DRAM row
+opened per 64 bytes). Word (n, i) sits at (n // TB) TB K/8 + (i // TILE_WORDS) TILE_WORDS TB + (n % TB) TILE_WORDS
++ i % TILE_WORDS; ``row_words`` gives the row layout back (the CPU products, fusing, the reference).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from engine.core.quant_config import QuantConfig, QuantError, check_inputs, pars
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's packing: nibble i of a word holds column AWQ_ORDER[i]
 AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word sits in nibble AWQ_REVERSE[j]
 PARTS = ("qweight", "qzeros", "scales", "g_idx")  # a module with a qweight is quantised; one with weight dense
+TILE_WORDS = 16  # words per row of one held tile (128 inputs: a GPTQ / AWQ group of 128, or whole smaller groups)
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble j at bits 4 j
 
 
@@ -66,11 +73,39 @@ class PackedLinear:
     """One quantised matrix [out_features, in_features] of this rank, packed (see the module docstring)."""
 
     def __init__(self, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, perm: torch.Tensor | None,
-                 group_size: int, zero_offset: int, fmt: str):
+                 group_size: int, zero_offset: int, fmt: str, tile_rows: int = 0):
         self.qweight, self.qzeros, self.scales, self.perm = qweight, qzeros, scales, perm
         self.out_features, self.in_features = qweight.shape[0], qweight.shape[1] * 8
         self.group_size = group_size if group_size != -1 else self.in_features
         self.zero_offset, self.format = zero_offset, fmt
+        self.tile_rows = tile_rows  # 0: qweight in rows; TB > 0: held in tiles of TB rows (module docstring)
+
+    def can_tile(self, rows: int) -> bool:
+        return rows > 0 and self.out_features % rows == 0 and (self.in_features // 8) % TILE_WORDS == 0
+
+    def tiled(self, rows: int) -> PackedLinear:
+        """The same matrix with its words held in tiles of ``rows`` rows (the module docstring); self if it
+        cannot be (N not a multiple of rows, K not of 128) or already is."""
+        if self.tile_rows or not self.can_tile(rows):
+            return self
+        n, kw = self.qweight.shape
+        t = self.qweight.view(n // rows, rows, kw // TILE_WORDS, TILE_WORDS).permute(0, 2, 1, 3).contiguous()
+        return PackedLinear(t.view(n, kw), self.qzeros, self.scales, self.perm, self.group_size, self.zero_offset,
+                            self.format, rows)
+
+    def row_words(self) -> torch.Tensor:
+        """qweight in the row layout [N, K / 8] (a copy when held in tiles)."""
+        if not self.tile_rows:
+            return self.qweight
+        n, kw = self.qweight.shape
+        tb = self.tile_rows
+        return self.qweight.view(n // tb, kw // TILE_WORDS, tb, TILE_WORDS).permute(0, 2, 1, 3).reshape(n, kw)
+
+    def untiled(self) -> PackedLinear:
+        if not self.tile_rows:
+            return self
+        return PackedLinear(self.row_words(), self.qzeros, self.scales, self.perm, self.group_size, self.zero_offset,
+                            self.format)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -90,12 +125,12 @@ class PackedLinear:
 
     def to(self, device: torch.device | str) -> PackedLinear:
         move = [None if t is None else t.to(device) for t in (self.qweight, self.qzeros, self.scales, self.perm)]
-        return PackedLinear(*move, self.group_size, self.zero_offset, self.format)
+        return PackedLinear(*move, self.group_size, self.zero_offset, self.format, self.tile_rows)
 
     def dequantise_held(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] in the held input order (perm applied), computed in float32, rounded once to dtype."""
         n, k = self.shape
-        q = unpack(self.qweight).view(n, k // self.group_size, self.group_size).float()  # [N, G, gs]
+        q = unpack(self.row_words()).view(n, k // self.group_size, self.group_size).float()  # [N, G, gs]
         z = unpack(self.qzeros)[:, :n].t().float() + self.zero_offset  # [N, G]
         s = self.scales.t().float()  # [N, G]
         return ((q - z[:, :, None]) * s[:, :, None]).view(n, k).to(dtype)
@@ -127,6 +162,7 @@ class PackedLinear:
 
 def cat(parts: list[PackedLinear]) -> PackedLinear:
     """Fused q/k/v or gate/up: the matrices stacked along the output (whole words of zero points each)."""
+    parts = [p.untiled() for p in parts]  # stacked in rows (load time fuses before the GPU's tiling)
     first = parts[0]
     for p in parts[1:]:
         if (p.in_features, p.group_size, p.zero_offset) != (first.in_features, first.group_size, first.zero_offset):
@@ -262,6 +298,16 @@ def from_checkpoint(q: QuantConfig, parts: dict[str, torch.Tensor], name: str, g
 
 def is_packed(w: Any) -> bool:
     return isinstance(w, (PackedLinear, Rows))
+
+
+def tiled(w: Any, rows: int) -> Any:
+    """A packed matrix (PackedLinear, or a Rows' packed parts) with its words held in tiles of ``rows`` rows where
+    they can be (PackedLinear.tiled); anything else as it is."""
+    if isinstance(w, PackedLinear):
+        return w.tiled(rows)
+    if isinstance(w, Rows):
+        return Rows([tiled(p, rows) for p in w.parts])
+    return w
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor | PackedLinear | Rows, b: torch.Tensor | None = None) -> torch.Tensor:

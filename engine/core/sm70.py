@@ -134,7 +134,7 @@ def variants() -> list[tuple[str, object, dict, int]]:
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 RECV=False, EPW=2, INTERP=False)
     q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2,
-              PAIRS=False, ASM=True, EVEN_N=False)
+              PAIRS=False, ASM=True, EVEN_N=False, EVEN_K=True, SPLIT=1, TB=0, TW=16)
     q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192, PAIRS=False)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
@@ -174,7 +174,10 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_gemv:group 32", int4, {**q4, "GS": 32, "BLOCK_K": 32}, 1),
         ("int4_gemv:128 x 256 tiles, no prefetch", int4, {**q4, "BLOCK_N": 128, "BLOCK_K": 256, "STAGES": 1,
                                                            "SPLIT": 8}, 4),
-        ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128), 4),
+        ("int4_gemv:fp16 pairs, words held in tiles", int4, {**q4, "PAIRS": True, "SPLIT": 8, "TB": 32, "TW": 16}, 1),
+        ("int4_gemv:words held in tiles, no prefetch", int4, {**q4, "STAGES": 1, "TB": 32, "TW": 16}, 1),
+        ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128, TB=0, TW=16), 4),
+        ("int4_dequant:words held in tiles", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128, TB=32, TW=16), 4),
     ]
 
 

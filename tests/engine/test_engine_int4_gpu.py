@@ -138,3 +138,27 @@ def test_a_packed_gdn_checkpoint_on_the_gpu_gives_transformers_tokens(key, tmp_p
     method, group, sym, dense, override = CASES[key]
     hf, _ = make_hybrid(tmp_path, method, group, sym, dense, override)
     _served_tokens_are_transformers(hf, tmp_path, method, PROMPT)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
+    """quant.PackedLinear.tiled on the card (the inline PTX, cp.async pipelines, 16-byte loads): bit-identical to
+    the row layout for every loop form and a row block under and over the held tile, and the prefill dequantise
+    the same matrix."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(8)
+    n, k = 5120, 4096
+    w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
+                           quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
+                           (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda")
+    t = gemv_int4.held(w, torch.device("cuda"))
+    assert t.tile_rows == gemv_int4.TILE_ROWS > 0
+    x = torch.randn(k, device="cuda").to(dtype)
+    for blocks in ((32, 128, 1, 4, 1, 1), (32, 128, 1, 8, 2, 1), (16, 128, 1, 8, 4, 1), (64, 128, 2, 8, 2, 1),
+                   (128, 128, 4, 4, 3, 1), (64, 128, 2, 8, 2, 0)):
+        want, got = torch.empty(n, device="cuda", dtype=dtype), torch.empty(n, device="cuda", dtype=dtype)
+        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
+        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, t, None, got, blocks=blocks)
+        assert torch.equal(got, want), blocks
+    assert torch.equal(gemv_int4.dequantise(t, torch.float32), w.dequantise_held(torch.float32))

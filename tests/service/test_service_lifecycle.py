@@ -100,11 +100,13 @@ def test_supervisord_restarts_a_killed_proxy_and_stop_leaves_nothing():
 
         def back():
             try:
-                t = client.get("/control/targets").json()
+                # Health first: targets read before the new pair is up would list no ranks yet.
                 h = client.get("/health")
+                t = client.get("/control/targets").json()
             except httpx.TransportError:
                 return None
-            return t if h.status_code == 200 and t["proxy_pid"] != before["proxy_pid"] else None
+            up = h.status_code == 200 and t["state"] == "up" and t["ranks"]
+            return t if up and t["proxy_pid"] != before["proxy_pid"] else None
 
         after = wait_until(back, 90, 0.3, "supervisord to bring the proxy back")
         assert after["generation"] > before["generation"]
