@@ -162,6 +162,15 @@ def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, com
                                        eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s,
                                        prefetch=True)
     assert torch.equal(out, ahead)  # the register prefetch attends the same tiles in the same order
+    kc2, vc2 = kc_ref.clone(), vc_ref.clone()
+    kc2[:, :, p:], vc2[:, :, p:] = float("nan"), float("nan")
+    apart = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc2, vc2, n_heads=H, n_kv=KV,
+                                       hd=HD, eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s,
+                                       apart=True)
+    # position p attended apart from its tile: the same cache write, the same answer to the summation order
+    assert torch.equal(kc2[:, :, :p + 1].isnan(), kc[:, :, :p + 1].isnan()) and torch.equal(vc2[:, :, p], vc[:, :, p])
+    assert torch.isfinite(apart).all()
+    assert rel(apart, out) < (1e-6 if dtype is torch.float32 else 1e-2)
 
 
 def _model(name: str, **override):

@@ -106,8 +106,12 @@ def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
     assert e_fused <= max(1.5 * e_plain, 1e-3), (e_fused, e_plain)
 
 
-def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step():
+@pytest.mark.parametrize("apart", [False, True])
+def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step(apart, monkeypatch):
+    from engine.core import attention
     from tests.engine_helpers import small_config
+
+    monkeypatch.setattr(attention, "APART", apart)  # the step's own position inside its tile, or apart
 
     raw = small_config("qwen3-8b")
     raw.update(head_dim=64)

@@ -3,8 +3,8 @@ the kernel the service runs) at long contexts, against the card's read bandwidth
 
 For each shape (the 27B hybrid's attention: 24 query / 4 KV heads of 256, gated, quarter rotary; the 8B dense
 one: 32 / 8 of 128), cache dtype (the model's bf16, int8 with its scales) and context, every configuration of
-(positions per tile, warps, programs in all, tiles in flight, register prefetch of the next tile) is checked against the default configuration's
-output, then timed as a CUDA graph of 20 launches over a rotating set of 2 caches (median of 5); K/V GB/s = the
+(positions per tile, warps, programs in all, tiles in flight, register prefetch of the next tile, the step's own
+position attended apart from the tiles) is checked against the default configuration's output, then timed as a CUDA graph of 20 launches over a rotating set of 2 caches (median of 5); K/V GB/s = the
 cache bytes the step reads at that context (K, V and the int8 scales) / time. Prints one JSON document.
 """
 
@@ -33,6 +33,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--stages", default="1,2")
     p.add_argument("--prefetch", default="0", help="0,1: without / with the register prefetch of the next tile "
                                                    "(with stages 1 only)")
+    p.add_argument("--apart", default="0,1", help="0,1: the step's own position inside its tile / attended apart "
+                                                   "(engine.core.attention.APART)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                   help="the model's dtype (16-bit caches are in it; float16 is the V100's)")
+    p.add_argument("--permute", default=None, help="0,1: int8 caches in float16 widened by Triton / by the byte "
+                                                   "permute (engine.core.attention.I8_PERMUTE); default: the "
+                                                   "engine's choice")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -45,21 +52,23 @@ def main(argv: list[str]) -> int:
     doc: dict = {"kind": "engine_bench_attention", "device": torch.cuda.get_device_name(dev),
                  "torch": torch.__version__, "read_bw_gbps": round(read, 1), "method": __doc__.strip(), "rows": []}
     g = torch.Generator(device=dev).manual_seed(0)
+    dt = getattr(torch, args.dtype)
+    doc["dtype"] = args.dtype
     for shape in args.shapes.split(","):
         sh = SHAPES[shape]
         h, kv, hd = sh["n_heads"], sh["n_kv"], sh["hd"]
         for kvd, ctx in itertools.product(args.kv.split(","), (int(c) for c in args.contexts.split(","))):
             qrows = h * hd * (2 if sh["gated"] else 1)
-            qkv = torch.randn(qrows + 2 * kv * hd, device=dev, generator=g).to(torch.bfloat16)
-            cos = torch.randn(1, sh["rot"], device=dev, generator=g).to(torch.bfloat16)
-            sin = torch.randn(1, sh["rot"], device=dev, generator=g).to(torch.bfloat16)
-            qn = (0.1 * torch.randn(hd, device=dev, generator=g)).to(torch.bfloat16)
-            kn = (0.1 * torch.randn(hd, device=dev, generator=g)).to(torch.bfloat16)
+            qkv = torch.randn(qrows + 2 * kv * hd, device=dev, generator=g).to(dt)
+            cos = torch.randn(1, sh["rot"], device=dev, generator=g).to(dt)
+            sin = torch.randn(1, sh["rot"], device=dev, generator=g).to(dt)
+            qn = (0.1 * torch.randn(hd, device=dev, generator=g)).to(dt)
+            kn = (0.1 * torch.randn(hd, device=dev, generator=g)).to(dt)
             pos = torch.tensor([ctx - 1], device=dev)
             caches = []
             for _ in range(2):  # rotate two caches so repeated launches do not read L2
-                k = torch.randn(1, kv, ctx, hd, device=dev, generator=g).to(torch.bfloat16)
-                v = torch.randn(1, kv, ctx, hd, device=dev, generator=g).to(torch.bfloat16)
+                k = torch.randn(1, kv, ctx, hd, device=dev, generator=g).to(dt)
+                v = torch.randn(1, kv, ctx, hd, device=dev, generator=g).to(dt)
                 if kvd == "int8":
                     (kq, ks), (vq, vs) = kvquant.quantize(k), kvquant.quantize(v)
                     caches.append((kq, vq, ks, vs))
@@ -73,14 +82,23 @@ def main(argv: list[str]) -> int:
                                                   k_scale=c[2], v_scale=c[3], **kw)
 
             ref = call(caches[0]).float()
-            for bs, warps, progs, stages, ahead in itertools.product(*(map(int, a.split(",")) for a in (
-                    args.blocks, args.warps, args.programs, args.stages, args.prefetch))):
-                if ahead and stages > 1:
-                    continue
-                splits = max(1, progs // kv)
-                kw = dict(block_s=bs, num_warps=warps, splits=splits, stages=stages, prefetch=bool(ahead))
-                row = {"shape": shape, "kv": kvd, "context": ctx, "block_s": bs, "warps": warps, "programs": progs,
-                       "stages": stages, "prefetch": bool(ahead)}
+            perms = [None] if args.permute is None else [bool(int(v)) for v in args.permute.split(",")]
+            grid = [None] + list(itertools.product(*(map(int, a.split(",")) for a in (
+                args.blocks, args.warps, args.programs, args.stages, args.prefetch, args.apart))), perms)
+            for cfg in grid:
+                if cfg is None:  # what the service runs at this shape and window: decode_attention's defaults
+                    kw = {}
+                    row = {"shape": shape, "kv": kvd, "context": ctx, "config": "default", "apart": attention.APART}
+                else:
+                    bs, warps, progs, stages, ahead, apart, perm = cfg
+                    if ahead and stages > 1:
+                        continue
+                    splits = max(1, progs // kv)
+                    kw = dict(block_s=bs, num_warps=warps, splits=splits, stages=stages, prefetch=bool(ahead),
+                              apart=bool(apart), permute=perm)
+                    row = {"shape": shape, "kv": kvd, "context": ctx, "block_s": bs, "warps": warps,
+                           "programs": progs, "stages": stages, "prefetch": bool(ahead), "apart": bool(apart),
+                           "permute": attention.I8_PERMUTE if perm is None else perm}
                 try:
                     out = call(caches[0], **kw).float()
                     err = float((out - ref).norm() / ref.norm())
@@ -98,7 +116,7 @@ def main(argv: list[str]) -> int:
             torch.cuda.empty_cache()
     best: dict = {}
     for r in doc["rows"]:
-        if "us" in r and r["err"] < 1e-2:
+        if "us" in r and r["err"] < 1e-2 and r.get("config") != "default":
             key = f"{r['shape']}:{r['kv']}:{r['context']}"
             if key not in best or r["us"] < best[key]["us"]:
                 best[key] = r

@@ -55,13 +55,20 @@ STAGES = 1
 LONG_WINDOW = 65536
 LONG_CONFIG = {128: (64, 4, 3), 256: (32, 4, 3)}
 PREFETCH = False  # the register prefetch of the next tile (decode_attention's ``prefetch``): not yet measured faster
+# the step's own position attended apart from the cache tiles (decode_attention's ``apart``): the tiles then go from
+# memory to the products untouched, so an int8 tile is widened in the products' register layout instead of
+# through shared memory a second time (Triton 3.x, sm_90 and sm_80: see docs/engine-speed.md, 2026-12-03)
+APART = False
+# int8 caches in fp16 on a GPU widened by a byte permute (attention._i8_to) instead of Triton's cvt per value:
+# compiled for sm_70 and sm_90 here; off until it has run on a GPU (tests/engine/test_engine_fused_gpu.py)
+I8_PERMUTE = False
 VOLTA_TILE = 128 * 128  # positions per tile x head dim at most below compute capability 8.0 (engine.core.sm70)
 
 
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
-    global tl, rnd, _normed, _half_idx, _rope_half, _combine, _load_tile, _attend
+    global tl, rnd, _normed, _half_idx, _rope_half, _combine, _load_tile, _attend, _attend_new, _i8_to
     import triton
     import triton.language as tl
 
@@ -95,7 +102,7 @@ def _kernels():
     @triton.jit
     def _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh, stride_vs, HALF: tl.constexpr,
                    HD: tl.constexpr, ROT: tl.constexpr, ksc_ptr, vsc_ptr, stride_sh, INT8: tl.constexpr,
-                   dt: tl.constexpr):
+                   dt: tl.constexpr, PERMUTE: tl.constexpr = False):
         # K (two halves) and V of cache positions offs, only those written by earlier steps (< pos); an int8
         # cache is dequantised in registers (one float32 scale per position and kv head)
         old = (offs < pos)[:, None]
@@ -111,21 +118,49 @@ def _kernels():
             omask = offs < pos
             ksc = tl.load(ksc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0).to(tl.float32)
             vsc = tl.load(vsc_ptr + kvh * stride_sh + offs, mask=omask, other=0.0).to(tl.float32)
-            kt1, kt2, vt = kt1.to(dt), kt2.to(dt), vt.to(dt)
+            kt1, kt2, vt = _i8_to(kt1, dt, PERMUTE), _i8_to(kt2, dt, PERMUTE), _i8_to(vt, dt, PERMUTE)
         return kt1, kt2, vt, ksc, vsc
 
     @triton.jit
+    def _i8_to(x, dt: tl.constexpr, PERMUTE: tl.constexpr):
+        """int8 values as dt, exactly. PERMUTE (fp16, the V100's dtype, on a GPU): the byte of x + 128 under an
+        fp16 high byte of 0x64 is 1024 + x + 128, so a byte permute and one f16x2 subtraction widen two values
+        (Triton's own conversion: a cvt per value, a quarter-rate instruction); otherwise Triton's."""
+        if PERMUTE:
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 %ta, %tm;
+                xor.b32 %ta, $2, 0x80808080;
+                mov.b32 %tm, 0x64806480;
+                prmt.b32 $0, %ta, 0x64646464, 0x5140;
+                prmt.b32 $1, %ta, 0x64646464, 0x7362;
+                sub.f16x2 $0, $0, %tm;
+                sub.f16x2 $1, $1, %tm;
+                }""",
+                constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            return x.to(dt)
+
+    @triton.jit
     def _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt: tl.constexpr,
-                DOT_F32: tl.constexpr, EMU: tl.constexpr, ksc, vsc, ksc_new, vsc_new, INT8: tl.constexpr):
-        # one tile of the online softmax; position pos's K/V come from registers. An int8 cache: q . (k s_k) =
-        # (q . k) s_k per position, and p . (v s_v) = (p s_v) . v, so the scales cost one multiply per position
-        here = (offs == pos)[:, None]
-        kt1 = tl.where(here, k1[None, :], kt1)
-        kt2 = tl.where(here, k2[None, :], kt2)
-        vt = tl.where(here, v_new[None, :], vt)
-        if INT8:
-            ksc = tl.where(offs == pos, ksc_new, ksc)
-            vsc = tl.where(offs == pos, vsc_new, vsc)
+                DOT_F32: tl.constexpr, EMU: tl.constexpr, ksc, vsc, ksc_new, vsc_new, INT8: tl.constexpr,
+                APART: tl.constexpr = False):
+        # one tile of the online softmax. Position pos's K/V come from registers: put into the tile (APART
+        # False), or left out of every tile and attended by _attend_new (APART: the tiles go from the cache to
+        # the products untouched, which lets an int8 tile be widened in the products' register layout). An int8
+        # cache: q . (k s_k) = (q . k) s_k per position, and p . (v s_v) = (p s_v) . v, so the scales cost one
+        # multiply per position
+        if APART:
+            seen = offs < pos
+        else:
+            seen = offs <= pos
+            here = (offs == pos)[:, None]
+            kt1 = tl.where(here, k1[None, :], kt1)
+            kt2 = tl.where(here, k2[None, :], kt2)
+            vt = tl.where(here, v_new[None, :], vt)
+            if INT8:
+                ksc = tl.where(offs == pos, ksc_new, ksc)
+                vsc = tl.where(offs == pos, vsc_new, vsc)
         if DOT_F32:  # float32 operands (the dtype's values), exact products
             s = tl.dot(q1.to(tl.float32), tl.trans(kt1.to(tl.float32)), input_precision="ieee")
             s += tl.dot(q2.to(tl.float32), tl.trans(kt2.to(tl.float32)), input_precision="ieee")
@@ -135,7 +170,7 @@ def _kernels():
         s = s * scale  # [G_PAD, BLOCK_S], float32
         if INT8:
             s = s * ksc[None, :]
-        s = tl.where((offs <= pos)[None, :], s, float("-inf"))
+        s = tl.where(seen[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -148,6 +183,26 @@ def _kernels():
                                                 input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(pv.to(dt), vt)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _attend_new(q1, q2, k1, k2, v_new, m_i, l_i, acc, scale, dt: tl.constexpr, EMU: tl.constexpr, ksc_new,
+                    vsc_new, INT8: tl.constexpr):
+        # position pos itself (APART): its score per query head from registers (float32 products of dtype
+        # values, as the tiles' products), then one online-softmax step with its p rounded to the dtype
+        s = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], axis=1)
+             + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], axis=1)) * scale
+        if INT8:
+            s = s * ksc_new
+        m_new = tl.maximum(m_i, s)
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        l_i = l_i * alpha + p
+        pv = p
+        if INT8:
+            pv = p * vsc_new
+        pv = rnd(pv, dt, EMU).to(tl.float32)
+        acc = acc * alpha[:, None] + pv[:, None] * v_new.to(tl.float32)[None, :]
         return m_new, l_i, acc
 
     @triton.jit
@@ -191,7 +246,8 @@ def _kernels():
                          QK_NORM: tl.constexpr, DOT_F32: tl.constexpr, ONE_KERNEL: tl.constexpr,
                          EMU: tl.constexpr, ROT: tl.constexpr = 0, GATED: tl.constexpr = False,
                          ZC: tl.constexpr = False, ksc_ptr=None, vsc_ptr=None, stride_sh=0,
-                         INT8: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                         INT8: tl.constexpr = False, PREFETCH: tl.constexpr = False, APART: tl.constexpr = False,
+                         PERMUTE: tl.constexpr = False):
         kvh = tl.program_id(0)
         sp = tl.program_id(1)
         dt = qkv_ptr.dtype.element_ty
@@ -203,7 +259,7 @@ def _kernels():
         RT: tl.constexpr = HD if ROT == 0 else ROT  # the rotary part of each head
         QS: tl.constexpr = 2 * HD if GATED else HD  # q_proj's rows per head ([query | gate] when gated)
         kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks, stride_vh,
-                                                stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
+                                                stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt, PERMUTE)
         hs = tl.arange(0, HALF)
         i1, i2 = _half_idx(HALF, RT)
         gs = tl.arange(0, G_PAD)
@@ -271,26 +327,30 @@ def _kernels():
             for t in range(BLOCK_S, n_t, BLOCK_S):
                 noffs = lo + t + tl.arange(0, BLOCK_S)
                 nk1, nk2, nv, nks, nvs = _load_tile(kc_ptr, vc_ptr, kvh, noffs, pos, stride_kh, stride_ks, stride_vh,
-                                                    stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt)
+                                                    stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt, PERMUTE)
                 m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
                 kt1, kt2, vt, ksc_t, vsc_t, offs = nk1, nk2, nv, nks, nvs, noffs
             if lo <= pos:
                 m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
         else:
             if lo <= pos:
                 m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
             # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
             # compiler pipelines the tile loads (the launch's num_stages: STAGES)
             for t in range(BLOCK_S, n_t, BLOCK_S):
                 offs = lo + t + tl.arange(0, BLOCK_S)
                 kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks,
                                                         stride_vh, stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr,
-                                                        stride_sh, INT8, dt)
+                                                        stride_sh, INT8, dt, PERMUTE)
                 m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8)
+                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
+        if APART:
+            if (lo <= pos) & (pos < lo + CHUNK):  # the program whose part of the window holds pos
+                m_i, l_i, acc = _attend_new(q1, q2, k1, k2, v_new, m_i, l_i, acc, scale, dt, EMU, ksc_new, vsc_new,
+                                            INT8)
         # this program's partial
         pidx = kvh * SPLITS + sp
         tl.store(part_acc + (pidx * G_PAD + gs[:, None]) * HD + ds[None, :], acc, mask=gmask[:, None])
@@ -351,7 +411,8 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
                      combine: str = "last", splits: int | None = None, block_s: int | None = None,
                      num_warps: int | None = None, gated: bool = False, zc: bool = False,
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                     stages: int | None = None, prefetch: bool | None = None) -> torch.Tensor:
+                     stages: int | None = None, prefetch: bool | None = None,
+                     apart: bool | None = None, permute: bool | None = None) -> torch.Tensor:
     """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
     attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
     ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
@@ -361,7 +422,10 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     rotary (cos / sin narrower than the head: RoPE on its first cos.shape[-1] dimensions). An int8 cache comes
     with ``k_scale`` / ``v_scale`` [1, kv, S] float32 (engine.core.kvquant). ``stages``: tiles whose loads the
     loop keeps in flight (1: none; default STAGES); ``prefetch``: the next tile loaded into registers before this
-    tile's arithmetic (default PREFETCH; the same tiles in the same order, the same answer)."""
+    tile's arithmetic (default PREFETCH; the same tiles in the same order, the same answer); ``apart``: position
+    pos attended after the tiles from registers instead of inside its tile (default APART; the same scores, summed
+    in another order); ``permute``: an int8 cache in fp16 widened by a byte permute (default I8_PERMUTE; exact
+    either way)."""
     from engine.core import gemv
 
     attn_k, comb_k = _kernels()
@@ -396,6 +460,8 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     int8 = k_scale is not None
     stages = STAGES if stages is None else stages
     prefetch = PREFETCH if prefetch is None else prefetch
+    apart = APART if apart is None else apart
+    permute = I8_PERMUTE if permute is None else permute
     attn_k[(n_kv, n_split)](
         qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
         k_cache, v_cache, out, part_acc, part_ml, count, float(eps), 1.0 / math.sqrt(hd),
@@ -404,7 +470,8 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
         QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu,
         ROT=0 if cos.shape[-1] == hd else cos.shape[-1], GATED=gated, ZC=zc,
         ksc_ptr=k_scale if int8 else part_ml, vsc_ptr=v_scale if int8 else part_ml,
-        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, PREFETCH=prefetch, num_stages=stages,
+        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, PREFETCH=prefetch, APART=apart,
+        PERMUTE=bool(int8 and permute and qkv.dtype == torch.float16 and not _interpreting()), num_stages=stages,
         num_warps=num_warps)
     if not one:
         comb_k[(n_kv,)](part_acc, part_ml, out, qkv.reshape(-1), SPLITS=n_split, G=g, G_PAD=g_pad, HD=hd, EMU=emu,

@@ -153,6 +153,10 @@ def variants() -> list[tuple[str, object, dict, int]]:
           "BLOCK_S": attention.VOLTA_TILE // 256, "CHUNK": attention.VOLTA_TILE // 256}, 8),
         ("attention:int8 K/V", attn, {**attn_c, "INT8": True}, 8,
          {"kc_ptr": "*i8", "vc_ptr": "*i8", "ksc_ptr": "*fp32", "vsc_ptr": "*fp32"}),
+        ("attention:int8 K/V, own position apart, fp16 by byte permute", attn,
+         {**attn_c, "INT8": True, "APART": True, "PERMUTE": True}, 8,
+         {"kc_ptr": "*i8", "vc_ptr": "*i8", "ksc_ptr": "*fp32", "vsc_ptr": "*fp32"}),
+        ("attention:own position apart", attn, {**attn_c, "APART": True}, 8),
         ("attention:combine gated", comb, dict(SPLITS=8, G=6, G_PAD=16, HD=256, EMU=False, GATED=True), 4),
         ("gdn_decode:27b", gdn_fused._kernel(), dict(NK=16, NV=48, DK=128, DV=128, KSIZE=4, EMU=False), 8,
          {"state_ptr": "*fp32", "pos_ptr": "*i64"}),
@@ -181,6 +185,17 @@ def variants() -> list[tuple[str, object, dict, int]]:
     ]
 
 
+def with_defaults(fn, constexprs: dict) -> dict:
+    """The constexprs a launch gives a kernel: those named, and the defaults of the constexpr parameters not named
+    (a launch specialises them; left out of an ASTSource they would be compiled as runtime i32 arguments, and
+    every branch on them compiled in)."""
+    import inspect
+
+    out = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    out.update(constexprs)
+    return out
+
+
 def sass_arch(cubin: bytes) -> int | None:
     """The SM a cubin's machine code is for (its ELF header's e_flags, low byte, for the CUDA ELF ABI up to 7), or
     None when it is not a CUDA ELF."""
@@ -201,6 +216,7 @@ def compile_all(capability: tuple[int, int] = (7, 0)) -> dict:
     cc = capability[0] * 10 + capability[1]
     results = []
     for label, kern, constexprs, warps, *types in variants():
+        constexprs = with_defaults(kern, constexprs)
         src = ASTSource(fn=kern, signature=_signature(kern, constexprs, types[0] if types else None),
                         constexprs=constexprs)
         try:

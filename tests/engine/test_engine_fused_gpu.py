@@ -94,3 +94,52 @@ def test_long_window_attention_takes_its_pipelined_configuration_and_stays_as_cl
     assert torch.equal(new, call(block_s=bs, num_warps=warps, stages=stages))  # the default is the long one
     assert torch.equal(new, call())
     assert rel(new, old) <= max(1.5 * rel(other, old), 5e-3), (rel(new, old), rel(other, old))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", ["qwen3.5-27b", "qwen3-8b"])
+@pytest.mark.parametrize("at", [40, 8092])
+def test_int8_cache_attention_in_both_forms_is_the_dequantised_caches_attention(shape, dtype, at):
+    """An int8 cache of 8K positions, fp16 and bf16, widened by Triton and (fp16) by the byte permute: the step's
+    own position inside its tile and apart from the tiles give the attention over the dequantised
+    caches (the 16-bit kernel on caches holding the int8 values times their scales), and each form is
+    bit-identical on a second call. At position 40 the step's own K/V weigh about 1/41 of the answer: a form that
+    lost them would be off by more than the bound (the reference's own position is not quantised: about 0.4 %
+    per value)."""
+    from engine.bench.attention import SHAPES
+    from engine.core import attention, kvquant
+
+    sh = SHAPES[shape]
+    h, kv, hd, ctx = sh["n_heads"], sh["n_kv"], sh["hd"], 8192
+    g = torch.Generator(device="cuda").manual_seed(9)
+    qkv = torch.randn(h * hd * (2 if sh["gated"] else 1) + 2 * kv * hd, device="cuda", generator=g).to(dtype)
+    cos = torch.randn(1, sh["rot"], device="cuda", generator=g).to(dtype)
+    sin = torch.randn(1, sh["rot"], device="cuda", generator=g).to(dtype)
+    qn, kn = ((0.1 * torch.randn(hd, device="cuda", generator=g) + 1.0).to(dtype) for _ in range(2))
+    k = torch.randn(1, kv, ctx, hd, device="cuda", generator=g)
+    v = torch.randn(1, kv, ctx, hd, device="cuda", generator=g)
+    (kq, ks), (vq, vs) = kvquant.quantize(k), kvquant.quantize(v)
+    pos = torch.tensor([at], device="cuda")
+
+    def call(kc, vc, ksc=None, vsc=None, **kw):
+        return attention.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=h, n_kv=kv, hd=hd, eps=1e-6,
+                                          window=ctx, gated=sh["gated"], zc=sh["zc"], k_scale=ksc, v_scale=vsc,
+                                          **kw).float()
+
+    outs = {}
+    for apart, permute in ((False, False), (True, False), (False, True), (True, True)):
+        kc, vc, ksc, vsc = kq.clone(), vq.clone(), ks.clone(), vs.clone()
+        key = (apart, permute)
+        outs[key] = call(kc, vc, ksc, vsc, apart=apart, permute=permute)
+        assert torch.isfinite(outs[key]).all()
+        assert torch.equal(outs[key], call(kc, vc, ksc, vsc, apart=apart, permute=permute))
+        assert torch.equal(kc[:, :, :at], kq[:, :, :at]) and not torch.equal(kc[:, :, at], kq[:, :, at])
+    kd, vd = kvquant.dequantize(kq, ks, dtype), kvquant.dequantize(vq, vs, dtype)
+    ref = call(kd, vd)
+    for key, out in outs.items():
+        assert rel(out, ref) < 1e-2, (key, rel(out, ref))
+    assert rel(outs[True, False], outs[False, False]) < 5e-3
+    # the byte permute widens exactly (bf16 ignores it): the same answers as Triton's conversion
+    assert torch.equal(outs[False, True], outs[False, False]) and torch.equal(outs[True, True], outs[True, False])

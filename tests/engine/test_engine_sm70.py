@@ -58,3 +58,15 @@ def test_every_v100_kernel_compiles_to_sm70_sass_in_fp16():
     for k in out["kernels"]:
         assert k["error"] is None and k["sass_arch"] == 70 and k["ptx_target"] == "sm_70" and k["cubin_bytes"] > 0, k
         assert k["shared_bytes"] <= 96 * 1024, k  # what a V100 block can have
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_every_variant_compiles_the_specialisation_a_launch_gets():
+    # a constexpr left out of the compile would be a runtime i32: both sides of each branch on it compiled in,
+    # which is not the kernel a launch runs (the int8 attention's fp16 widening once broke the 16-bit one so)
+    from engine.core import sm70
+
+    for label, kern, cx, *_ in sm70.variants():
+        full = sm70.with_defaults(kern, cx)
+        assert {p.name for p in kern.params if p.is_constexpr} <= set(full), label
+        assert set(cx) <= set(full) and all(full[k] == v for k, v in cx.items()), label
