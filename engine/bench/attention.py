@@ -83,8 +83,8 @@ def main(argv: list[str]) -> int:
 
             ref = call(caches[0]).float()
             perms = [None] if args.permute is None else [bool(int(v)) for v in args.permute.split(",")]
-            grid = [None] + list(itertools.product(*(map(int, a.split(",")) for a in (
-                args.blocks, args.warps, args.programs, args.stages, args.prefetch, args.apart))), perms)
+            grid = [None] + list(itertools.product(*(list(map(int, a.split(","))) for a in (
+                args.blocks, args.warps, args.programs, args.stages, args.prefetch, args.apart)), perms))
             for cfg in grid:
                 if cfg is None:  # what the service runs at this shape and window: decode_attention's defaults
                     kw = {}
