@@ -57,10 +57,11 @@ LONG_CONFIG = {128: (64, 4, 3), 256: (32, 4, 3)}
 PREFETCH = False  # the register prefetch of the next tile (decode_attention's ``prefetch``): not yet measured faster
 # the step's own position attended apart from the cache tiles (decode_attention's ``apart``): the tiles then go from
 # memory to the products untouched, so an int8 tile is widened in the products' register layout instead of
-# through shared memory a second time (Triton 3.x, sm_90 and sm_80: see docs/engine-speed.md, 2026-12-03)
+# through shared memory a second time. Measured faster with 3 stages on an H200 (docs/engine-speed.md, 2026-12-03);
+# off until the whole suite has run with it on
 APART = False
 # int8 caches in fp16 on a GPU widened by a byte permute (attention._i8_to) instead of Triton's cvt per value:
-# compiled for sm_70 and sm_90 here; off until it has run on a GPU (tests/engine/test_engine_fused_gpu.py)
+# exact (tests/engine/test_engine_fused_gpu.py, passed on an H200) and faster there; off until the suite runs with it
 I8_PERMUTE = False
 VOLTA_TILE = 128 * 128  # positions per tile x head dim at most below compute capability 8.0 (engine.core.sm70)
 
