@@ -111,7 +111,10 @@ def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step(apart, 
     from engine.core import attention
     from tests.engine_helpers import small_config
 
-    monkeypatch.setattr(attention, "APART", apart)  # the step's own position inside its tile, or apart
+    # the step's own position inside its tile, or apart (the default when the loop is pipelined: the interpreter
+    # ignores num_stages, so STAGES 3 only selects the apart path here)
+    monkeypatch.setattr(attention, "APART", apart)
+    monkeypatch.setattr(attention, "STAGES", 3 if apart else 1)
 
     raw = small_config("qwen3-8b")
     raw.update(head_dim=64)

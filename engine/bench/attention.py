@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prefetch", default="0", help="0,1: without / with the register prefetch of the next tile "
                                                    "(with stages 1 only)")
     p.add_argument("--apart", default="0,1", help="0,1: the step's own position inside its tile / attended apart "
-                                                   "(engine.core.attention.APART)")
+                                                   "(engine.core.attention.APART: the default when pipelined)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
                    help="the model's dtype (16-bit caches are in it; float16 is the V100's)")
     p.add_argument("--permute", default=None, help="0,1: int8 caches in float16 widened by Triton / by the byte "
@@ -88,7 +88,8 @@ def main(argv: list[str]) -> int:
             for cfg in grid:
                 if cfg is None:  # what the service runs at this shape and window: decode_attention's defaults
                     kw = {}
-                    row = {"shape": shape, "kv": kvd, "context": ctx, "config": "default", "apart": attention.APART}
+                    row = {"shape": shape, "kv": kvd, "context": ctx, "config": "default",
+                           "apart": "pipelined" if attention.APART else False}
                 else:
                     bs, warps, progs, stages, ahead, apart, perm = cfg
                     if ahead and stages > 1:

@@ -46,23 +46,24 @@ HD256_CONFIG = (64, 4, 0)
 # tiles whose loads a program keeps in flight (the launch's num_stages): 1 = none. Triton's default (3) needs
 # 3 x 128 KB of shared memory at head dim 256 and 128-position tiles: more than an H200 has (227 KB).
 STAGES = 1
-# long windows (>= LONG_WINDOW positions) on cards with cp.async (compute capability >= 8.0), 16-bit caches: head dim
-# -> (positions per tile, warps, num_stages): Triton's pipeline three tiles deep on small tiles. H200, 2026-12-02
-# (python -m engine.bench.attention, tests/fixtures/engine/h200-attention-2026-12-02.json): 27B shape 172.8 / 309.4 us
-# at 128K / 256K (74 % / 83 % of read bandwidth) against 196.8 / 364.1 us for HD256_CONFIG; 8B shape 153.1 / 284.2 us
-# (82 % / 89 %) against 261.5 / 356.4 us for (BLOCK_S, NUM_WARPS). Shorter windows and int8 caches were not measured
-# with it and keep the configurations above.
+# long windows (>= LONG_WINDOW positions) on cards with cp.async (compute capability >= 8.0): head dim -> (positions
+# per tile, warps, num_stages): Triton's pipeline three tiles deep on small tiles. H200, 2026-12-02 (python -m
+# engine.bench.attention, tests/fixtures/engine/h200-attention-2026-12-02.json): 27B shape 172.8 / 309.4 us at 128K /
+# 256K (74 % / 83 % of read bandwidth) against 196.8 / 364.1 us for HD256_CONFIG; 8B shape 153.1 / 284.2 us (82 % /
+# 89 %) against 261.5 / 356.4 us for (BLOCK_S, NUM_WARPS). int8 caches, 2026-12-03 (h200-attention-2026-12-03-apart-*):
+# the same blocks with APART were the fastest of the sweep (27B 149.0 us at 128K against 230.6 us before).
 LONG_WINDOW = 65536
 LONG_CONFIG = {128: (64, 4, 3), 256: (32, 4, 3)}
 PREFETCH = False  # the register prefetch of the next tile (decode_attention's ``prefetch``): not yet measured faster
-# the step's own position attended apart from the cache tiles (decode_attention's ``apart``): the tiles then go from
-# memory to the products untouched, so an int8 tile is widened in the products' register layout instead of
-# through shared memory a second time. Measured faster with 3 stages on an H200 (docs/engine-speed.md, 2026-12-03);
-# off until the whole suite has run with it on
-APART = False
+# the step's own position attended apart from the cache tiles (decode_attention's ``apart``) whenever the loop is
+# pipelined (num_stages > 1): the tiles then go from memory to the products untouched, so an int8 tile is widened in
+# the products' register layout instead of through shared memory a second time. H200, 2026-12-03
+# (tests/fixtures/engine/h200-attention-2026-12-03-apart-*.json, docs/engine-speed.md): with 3 stages 27B bf16 172.2
+# -> 154.7 us at 128K, int8 214.5 -> 149.0 us; with 1 stage it loses (194.6 -> 224.8 us), so it is off there
+APART = True
 # int8 caches in fp16 on a GPU widened by a byte permute (attention._i8_to) instead of Triton's cvt per value:
-# exact (tests/engine/test_engine_fused_gpu.py, passed on an H200) and faster there; off until the suite runs with it
-I8_PERMUTE = False
+# exact (tests/engine/test_engine_fused_gpu.py, passed on an H200) and faster there (27B 163.2 -> 149.4 us at 128K)
+I8_PERMUTE = True
 VOLTA_TILE = 128 * 128  # positions per tile x head dim at most below compute capability 8.0 (engine.core.sm70)
 
 
@@ -406,6 +407,26 @@ def splits_for(window: int, n_kv: int, block_s: int = BLOCK_S) -> tuple[int, int
     return -(-window // chunk), chunk
 
 
+def launch_config(hd: int, window: int, capability: tuple[int, int] | None, *, block_s: int | None = None,
+                  num_warps: int | None = None, stages: int | None = None,
+                  apart: bool | None = None) -> tuple[int, int, int, int, bool]:
+    """(positions per tile, warps, programs per kv head or 0 for splits_for, num_stages, apart) that
+    decode_attention launches for head dim ``hd`` over ``window`` positions on a GPU of ``capability`` (None: not
+    a GPU, Triton's interpreter); arguments given win over the defaults. 16-bit and int8 caches take the same."""
+    from engine.core import gemv
+
+    cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (HD256_CONFIG if hd >= 256 else (BLOCK_S, NUM_WARPS, 0))
+    long = LONG_CONFIG.get(hd)
+    if (long is not None and gemv.ATTENTION_CONFIG is None and window >= LONG_WINDOW and block_s is None
+            and num_warps is None and stages is None and capability is not None and capability >= (8, 0)):
+        cfg_bs, cfg_warps, stages = long
+    if block_s is None and cfg_bs * hd > VOLTA_TILE and capability is not None and capability < (8, 0):
+        cfg_bs = VOLTA_TILE // hd  # a V100 block has 96 KB of shared memory: head dim 256 takes tiles of 64 (80 KB)
+    stages = STAGES if stages is None else stages
+    apart = (APART and stages > 1) if apart is None else apart
+    return block_s or cfg_bs, num_warps or cfg_warps, cfg_splits, stages, apart
+
+
 def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                      q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int,
@@ -424,22 +445,13 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     with ``k_scale`` / ``v_scale`` [1, kv, S] float32 (engine.core.kvquant). ``stages``: tiles whose loads the
     loop keeps in flight (1: none; default STAGES); ``prefetch``: the next tile loaded into registers before this
     tile's arithmetic (default PREFETCH; the same tiles in the same order, the same answer); ``apart``: position
-    pos attended after the tiles from registers instead of inside its tile (default APART; the same scores, summed
-    in another order); ``permute``: an int8 cache in fp16 widened by a byte permute (default I8_PERMUTE; exact
-    either way)."""
-    from engine.core import gemv
-
+    pos attended after the tiles from registers instead of inside its tile (default: APART when stages > 1; the
+    same scores, summed in another order); ``permute``: an int8 cache in fp16 widened by a byte permute (default
+    I8_PERMUTE; exact either way). The launch's defaults: launch_config."""
     attn_k, comb_k = _kernels()
-    cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (HD256_CONFIG if hd >= 256 else (BLOCK_S, NUM_WARPS, 0))
-    long = LONG_CONFIG.get(hd)
-    if (long is not None and gemv.ATTENTION_CONFIG is None and window >= LONG_WINDOW and k_scale is None
-            and block_s is None and num_warps is None and stages is None and qkv.device.type == "cuda"
-            and torch.cuda.get_device_capability(qkv.device) >= (8, 0)):
-        cfg_bs, cfg_warps, stages = long
-    if block_s is None and cfg_bs * hd > VOLTA_TILE and qkv.device.type == "cuda" and \
-            torch.cuda.get_device_capability(qkv.device) < (8, 0):
-        cfg_bs = VOLTA_TILE // hd  # a V100 block has 96 KB of shared memory: head dim 256 takes tiles of 64 (80 KB)
-    block_s, num_warps = block_s or cfg_bs, num_warps or cfg_warps
+    cap = torch.cuda.get_device_capability(qkv.device) if qkv.device.type == "cuda" else None
+    block_s, num_warps, cfg_splits, stages, apart = launch_config(
+        hd, window, cap, block_s=block_s, num_warps=num_warps, stages=stages, apart=apart)
     splits = splits or cfg_splits or None
     g = n_heads // n_kv
     g_pad = max(16, 1 << (g - 1).bit_length())
@@ -459,9 +471,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     qk = q_norm is not None
     emu = _interpreting() and qkv.dtype == torch.bfloat16
     int8 = k_scale is not None
-    stages = STAGES if stages is None else stages
     prefetch = PREFETCH if prefetch is None else prefetch
-    apart = APART if apart is None else apart
     permute = I8_PERMUTE if permute is None else permute
     attn_k[(n_kv, n_split)](
         qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
