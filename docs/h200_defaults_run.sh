@@ -9,9 +9,12 @@
 #   bash docs/h200_defaults_run.sh b   the GPU tests of the kernels the defaults change (fused, hybrid, int4, the
 #                                      captured graphs of decoding and of speculation), as JUnit XML; the int4
 #                                      step again (its JSON).
+#   bash docs/h200_defaults_run.sh c   where the time goes: the 27B step at 1K in int4 and in bf16 under
+#                                      torch.profiler (--profile), and Nsight Compute's counters of the int4
+#                                      GEMV on two matrices (docs/int4_ncu.py).
 set -u
-case "${1:-}" in a|b) PART=$1 ;; *) echo "usage: bash docs/h200_defaults_run.sh a|b" >&2; exit 2 ;; esac
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+case "${1:-}" in a|b|c) PART=$1 ;; *) echo "usage: bash docs/h200_defaults_run.sh a|b|c" >&2; exit 2 ;; esac
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 TOP=${OUT:-/tmp/out}
 OUT=$TOP/raw  # everything goes here; only the packed copy lies at the top
 mkdir -p "$OUT"
@@ -47,6 +50,49 @@ for n in ("attention-bf16", "attention-fp16"):
     if os.path.exists(f):
         for r in json.load(open(f))["rows"]:
             print(n, r.get("shape"), r.get("kv"), r.get("context"), r.get("config"), r.get("us"), r.get("kv_gbps"))
+PY
+  exit 0
+fi
+if [ "$PART" = c ]; then
+  timeout 100 python3 -m engine.bench.int4 --skip int4,prefill,fp16 --contexts 1024 --profile \
+    --out "$OUT/int4-step-profile.json" > "$OUT/int4-step-profile.stdout" 2>&1
+  echo "int4 profile exit $?"
+  timeout 100 python3 -m engine bench --config engine/data/qwen3.5-27b.config.json --contexts 1024 \
+    --prefill-tokens "" --skip-allreduce --profile --out "$OUT/bench-27b-profile.json" > /dev/null 2> "$OUT/bench-27b-profile.err"
+  echo "bf16 profile exit $?"
+  python3 - "$OUT" <<'PY'
+import json, os, sys
+for f, get in (("int4-step-profile.json", lambda d: d["step"]["contexts"]["1024"]),
+               ("bench-27b-profile.json", lambda d: d["decode"]["service_graph"]["1024"])):
+    p = os.path.join(sys.argv[1], f)
+    if os.path.exists(p):
+        r = get(json.load(open(p)))
+        pr = r["profile"]
+        print(f, r["ms"], "ms; kernels", pr["kernels_per_replay"], "busy", pr["busy_us"], "idle", pr["idle_us"])
+        for t in pr["top"][:14]:
+            print("  ", t["launches"], t["us"], t["kernel"][:70])
+PY
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "ncu: $NCU"
+  timeout 200 "$NCU" --clock-control none -k regex:int4 --launch-count 12 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+    --section LaunchStats --section SchedulerStats --csv --page details python3 docs/int4_ncu.py \
+    > "$OUT/int4-ncu.csv" 2> "$OUT/int4-ncu.err"
+  echo "ncu exit $?"; tail -3 "$OUT/int4-ncu.err"
+  python3 - "$OUT/int4-ncu.csv" <<'PY'
+import csv, sys
+want = ("DRAM Throughput", "Memory Throughput", "Duration", "Achieved Occupancy", "Registers Per Thread",
+        "Grid Size", "Block Size", "Issued Warp Per Scheduler", "No Eligible", "Eligible Warps Per Scheduler",
+        "Theoretical Occupancy", "L2 Hit Rate", "Mem Busy", "Max Bandwidth", "Warp Cycles Per Issued Instruction")
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14]
+if not rows:
+    sys.exit("no ncu rows")
+h = rows[0]
+ik, im, iu, iv = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Unit"), h.index("Metric Value")
+ii = h.index("ID")
+for r in rows[1:]:
+    if r[ii] in ("4", "5", "10", "11") and any(r[im].startswith(w) for w in want):
+        print(r[ii], r[ik][:18], r[im], r[iv], r[iu])
 PY
   exit 0
 fi

@@ -78,12 +78,42 @@ def state_bytes_per_step(model) -> int:
     return sum(2 * la.rec_state.numel() * 4 + la.conv_ring.numel() * la.conv_ring.element_size() for la in lin)
 
 
+def profile_graph(graph, replays: int = 10, top: int = 30) -> dict:
+    """Where one replay of ``graph`` spends its time, from torch.profiler over ``replays`` replays: kernels per
+    replay, the GPU's busy microseconds (the sum of kernel times), the idle microseconds between consecutive
+    kernels, and the ``top`` kernel names by time, each with its launches and microseconds per replay."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.events() if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start]
+    agg: dict[str, list] = {}
+    for e in ev:
+        a = agg.setdefault(e.name[:90], [0, 0.0])
+        a[0] += 1
+        a[1] += e.time_range.end - e.time_range.start
+    spans = sorted((e.time_range.start, e.time_range.end) for e in ev)
+    idle = sum(max(0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+    rows = sorted(agg.items(), key=lambda kv: -kv[1][1])
+    return {"replays": replays, "kernels_per_replay": round(len(ev) / replays, 1),
+            "busy_us": round(sum(v[1] for _, v in rows) / replays, 1), "idle_us": round(idle / replays, 1),
+            "top": [{"kernel": k, "launches": round(n / replays, 1), "us": round(t / replays, 1)}
+                    for k, (n, t) in rows[:top]]}
+
+
 def decode(model, contexts: list[int], kernels: str | None = None, read_gbps: float | None = None,
-           exchange: str | None = None) -> dict:
+           exchange: str | None = None, profile: bool = False) -> dict:
     """The service's own decode step, as the ranks replay it: engine.core.runner.Decoder captures one graph
     per window (the context rounded up to 256) and this times exactly those replays. ``kernels``: None = what
     the service chooses on this card (engine.core.decode_mode.kernel_choice); ``exchange``: the TP2 exchange mode
-    (engine.core.decode_mode.EXCHANGES; None = the service's)."""
+    (engine.core.decode_mode.EXCHANGES; None = the service's). ``profile``: each context's row also carries
+    profile_graph's breakdown of its replay (taken after the timing, so it does not disturb it)."""
     import torch
 
     from engine.core.runner import Decoder
@@ -107,6 +137,8 @@ def decode(model, contexts: list[int], kernels: str | None = None, read_gbps: fl
         if read_gbps:
             floor = (w + kv + st) / (read_gbps * 1e9) * 1e3
             row.update(floor_ms=round(floor, 4), of_floor=round(floor / ms, 4))
+        if profile:
+            row["profile"] = profile_graph(graph)
         out[str(ctx)] = row
         if dec.info.get("exchange"):
             out[str(ctx)]["exchange"] = dec.info["exchange"]
@@ -263,6 +295,9 @@ def main(argv: list[str]) -> int:
                         "into fused, tuned reductions (as gpt-fast runs); default: plain torch.compile")
     p.add_argument("--compile-contexts", default=None,
                    help="contexts for the compiled step (each window compiles anew; default: first and last)")
+    p.add_argument("--profile", action="store_true",
+                   help="also record where the service step's time goes per context (torch.profiler: the kernels "
+                        "by time, busy and idle microseconds)")
     p.add_argument("--skip-allreduce", action="store_true")
     p.add_argument("--allreduce-device", default=None, help="device for both allreduce ranks (default --device)")
     p.add_argument("--allreduce-iters", type=int, default=200)
@@ -312,7 +347,8 @@ def main(argv: list[str]) -> int:
     emit_json(doc, args.out)
     doc["state_bytes_per_step"] = state_bytes_per_step(model)
     with torch.inference_mode():
-        doc["decode"] = {"service_graph": decode(model, contexts, args.kernels, doc["read_bw_gbps"])}
+        doc["decode"] = {"service_graph": decode(model, contexts, args.kernels, doc["read_bw_gbps"],
+                                                 profile=args.profile)}
         doc["decode_kernels"] = doc["decode"]["service_graph"][str(contexts[0])]["kernels"]
         if args.also_eager:
             doc["decode"]["eager_graph"] = decode(model, contexts, "eager", doc["read_bw_gbps"])

@@ -301,7 +301,7 @@ def step(args, doc: dict) -> None:
         model.setup_cache(max(contexts) + 256)
     packed = sum(p.nbytes for p in model.packed())
     doc["step"] = {"config": args.config, "weight_bytes": model.weight_bytes(), "packed_bytes": packed,
-                   "contexts": dbench.decode(model, contexts, None, doc["read_bw_gbps"])}
+                   "contexts": dbench.decode(model, contexts, None, doc["read_bw_gbps"], profile=args.profile)}
     del model
     torch.cuda.empty_cache()
 
@@ -316,6 +316,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: int4, prefill, fp16, step")
     p.add_argument("--config", default="engine/data/qwen3.5-27b.config.json", help="step: the model shape")
     p.add_argument("--contexts", default="1024,131072", help="step: contexts to time (default: 1024,131072)")
+    p.add_argument("--profile", action="store_true",
+                   help="step: also record where each step's time goes (torch.profiler: kernels, busy and idle time)")
     p.add_argument("--configs", default=None, type=_configs,
                    help="int4: the block configurations to time, ';'-separated, each BN,BK,warps,split,stages,form "
                         "(default: CONFIGS)")

@@ -38,22 +38,22 @@ import torch
 
 from engine.core import gemv, quant
 
-# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages, form): the fastest of engine.bench.int4's CONFIGS
-# per matrix of the 27B shape at TP1 and TP2, group 128, bf16, words held in tiles of TILE_ROWS rows, measured on an
-# H200 on 2026-12-03 (tests/fixtures/engine/h200-int4-2026-12-03-tiles.json, judged by
-# tests/engine/test_engine_int4_tiles_recording.py). The wide norm matrices (gate/up, TP1 q/gate) now take
-# 64-row, 4-warp tiles: the tiled words let one program read 8 KB contiguous per tile.
+# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages, form): the fastest of a sweep per matrix of the 27B
+# shape at TP1 and TP2, group 128, bf16, words held in tiles of TILE_ROWS rows, measured on an H200 on 2026-12-04
+# (tests/fixtures/engine/h200-int4-2026-12-04-sweep.json, judged by tests/engine/test_engine_int4_sweep_recording.py).
+# Against the 2026-12-03 table, more warps a program and more slices of K: the one-warp programs held 140
+# registers a thread and left an SM 9 warps (Nsight Compute on TP1 down: 14 % occupancy, 41 % of DRAM bandwidth).
 BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
     ("norm", 34816, 5120): (64, 128, 4, 4, 2, 1),
-    ("silu", 5120, 17408): (32, 128, 1, 8, 2, 1),
-    ("norm", 12288, 5120): (64, 128, 4, 4, 2, 1),
-    ("norm", 1024, 5120): (32, 128, 1, 16, 2, 1),
-    ("plain", 5120, 6144): (32, 128, 1, 8, 2, 1),
-    ("norm", 17408, 5120): (64, 128, 4, 4, 2, 1),
-    ("silu", 5120, 8704): (32, 128, 1, 8, 2, 1),
-    ("norm", 6144, 5120): (32, 128, 1, 8, 2, 1),
-    ("norm", 512, 5120): (32, 128, 1, 16, 2, 1),
-    ("plain", 5120, 3072): (32, 128, 1, 8, 2, 1),
+    ("silu", 5120, 17408): (32, 128, 2, 8, 2, 1),
+    ("norm", 12288, 5120): (128, 128, 8, 4, 2, 1),
+    ("norm", 1024, 5120): (64, 128, 4, 32, 2, 1),
+    ("plain", 5120, 6144): (64, 128, 4, 8, 1, 1),
+    ("norm", 17408, 5120): (32, 128, 2, 8, 2, 1),
+    ("silu", 5120, 8704): (64, 128, 4, 16, 2, 1),
+    ("norm", 6144, 5120): (64, 128, 4, 8, 1, 1),
+    ("norm", 512, 5120): (64, 128, 4, 32, 2, 1),
+    ("plain", 5120, 3072): (64, 128, 4, 8, 1, 1),
 }
 FORM_PLANES, FORM_PAIRS = 0, 1  # blocks[5]: the loop's form for 16-bit activations (float32 ones: planes)
 DEFAULT_FORM = FORM_PAIRS
@@ -67,16 +67,12 @@ BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": 
 
 
 def _default_blocks(n: int, k: int) -> tuple[int, ...]:
-    """Blocks for a matrix the table does not list, by its height (a rule read off the 2026-12-03 tiles recording,
-    where it is the fastest on every matrix): 1024 rows or fewer, one-warp tiles of 32 rows and K in 16 slices
-    (enough programs for a short matrix); 12288 or more, four-warp tiles of 64 rows and K in 4 slices; between,
-    32-row tiles and 8 slices (never more slices than tiles of 128 inputs). Tiles of 128 inputs fetched one ahead,
-    the pairs form."""
-    if n <= 1024:
-        return 32, 128, 1, max(1, min(16, k // 128)), 2, FORM_PAIRS
-    if n >= 12288:
-        return 64, 128, 4, max(1, min(4, k // 128)), 2, FORM_PAIRS
-    return 32, 128, 1, max(1, min(8, k // 128)), 2, FORM_PAIRS
+    """Blocks for a matrix the table does not list, by its height (a rule read off the 2026-12-04 sweep, within 6 %
+    of the fastest on every matrix of it): four-warp programs of 64 rows; 1024 rows or fewer, K in 32 slices
+    (enough programs for a short matrix), else in 8 (never more slices than tiles of 128 inputs). Tiles of 128
+    inputs fetched one ahead, the pairs form."""
+    split = 32 if n <= 1024 else 8
+    return 64, 128, 4, max(1, min(split, k // 128)), 2, FORM_PAIRS
 
 
 def _load_blocks() -> None:
