@@ -62,6 +62,7 @@ DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithme
 TILE_ROWS = 32  # packed matrices on a GPU hold their words in tiles of this many rows (quant.PackedLinear.tiled); 0:
 # in rows
 TILE_DEVICES = ("cuda",)  # where loading tiles them (the CPU's products read rows)
+PDL_ENV = "V100PLAN_ENGINE_INT4_PDL"  # "0": launch the GEMV after the row kernel as any kernel (no overlap)
 BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split,
 # stages]}}
 
@@ -96,9 +97,25 @@ _load_blocks()
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
-    global _pair_sum, _woff
+    global _pair_sum, _woff, _pdl_wait, _pdl_trigger
     import triton
     import triton.language as tl
+
+    try:  # grid dependency control (programmatic dependent launch, sm_90+): Triton 3.3 and later
+        from triton.language.extra.cuda import gdc_launch_dependents as _gdc_trigger
+        from triton.language.extra.cuda import gdc_wait as _gdc_wait
+    except ImportError:  # only reached with PDL off (pdl_enabled), where the calls are compiled out
+        _gdc_trigger = _gdc_wait = None
+
+    @triton.jit
+    def _pdl_wait():
+        """Wait until the kernel before this one (the row kernel) has finished and its writes are visible."""
+        _gdc_wait()
+
+    @triton.jit
+    def _pdl_trigger():
+        """Let the next kernel (the GEMV) be launched now, while this one still runs."""
+        _gdc_trigger()
 
     gemv._prologue_kernel()
     rnd, _normed, _norm_stats, _xs_send = gemv.rnd, gemv._normed, gemv._norm_stats, gemv._xs_send
@@ -129,11 +146,13 @@ def _kernels():
     @triton.jit
     def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hw_ptr, K, eps, PROLOGUE: tl.constexpr,
                         HAS_PERM: tl.constexpr, SUB: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr,
-                        ZC: tl.constexpr = False, PAIRS: tl.constexpr = False):
+                        ZC: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
         """The GEMV's input row h for inputs [c SUB, (c + 1) SUB), c = this program, in plane order: hp[c SUB +
         j SUB / 8 + i] = h[c SUB + 8 i + j] x 16^-j' (j' = j for nibbles 0..4, j - 3 for 5..7: the place the
         GEMV leaves nibble j of word i in), float32; hw[c SUB / 8 + i] = the sum of word i's eight h (the zero
-        points' term)."""
+        points' term). PDL: the GEMV that reads h may be launched at once (it waits for this kernel itself)."""
+        if PDL:
+            _pdl_trigger()
         c = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
         SW: tl.constexpr = SUB // 8
@@ -329,7 +348,9 @@ def _kernels():
                          SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
                          EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1, PAIRS: tl.constexpr = False,
                          ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False, TB: tl.constexpr = 0,
-                         TW: tl.constexpr = 16):
+                         TW: tl.constexpr = 16, PDL: tl.constexpr = False):
+        # PDL: launched while the row kernel still runs (programmatic dependent launch): everything before
+        # _pdl_wait reads only what no kernel still running writes (the words, scales and zero points)
         pid = tl.program_id(0)
         pk = tl.program_id(1)  # this program's slice of K (split-K): words [pk KS, (pk + 1) KS) of each row
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -353,8 +374,17 @@ def _kernels():
             # int32, hw: one factor per tile
             hq_ptr = hp_ptr.to(tl.pointer_type(tl.int32))
             if STAGES == 2:
+                if PDL:  # the first tile's words are on their way while the row kernel finishes h
+                    if EVEN_K and EVEN_N:  # every slice holds a tile (launch): 16-byte loads, no mask
+                        w0 = tl.load(wp + _woff(kwbeg, TB, TW, SW), eviction_policy="evict_first")
+                    else:
+                        w0 = tl.load(wp + _woff(kwbeg, TB, TW, SW), mask=rmask[:, None] & (kwbeg < kwend), other=0,
+                                     eviction_policy="evict_first")
+                    _pdl_wait()
                 t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW,
                                 SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
+                if PDL:
+                    t = (w0,) + t[1:]
                 for kw in range(kwbeg, kwend, SW):
                     kn = kw + SW
                     if EVEN_K and EVEN_N:
@@ -364,6 +394,8 @@ def _kernels():
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
                     t = nxt
             elif STAGES > 2:
+                if PDL:
+                    _pdl_wait()
                 # Triton's software pipeliner: the tile loads of STAGES - 1 tiles ahead go to shared memory
                 # asynchronously (cp.async), so the bytes in flight per warp do not cost registers
                 for kw in tl.range(kwbeg, kwend, SW, num_stages=STAGES):
@@ -371,6 +403,8 @@ def _kernels():
                                     SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
             else:
+                if PDL:
+                    _pdl_wait()
                 for kw0 in range(kwbeg, kwend, BLOCK_K // 8):
                     for s in tl.static_range(NSUB):
                         t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kw0 + s * SW, kwend, rows, rmask, wcols,
@@ -380,6 +414,8 @@ def _kernels():
             # one tile ahead in registers: the next tile's loads are issued before this tile's arithmetic, so
             # the loop does not wait for memory once per tile (the compiler otherwise issues some loads late,
             # each a round trip); one sub-tile per tile (BLOCK_K <= GS)
+            if PDL:
+                _pdl_wait()
             t = _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW, SW,
                             GS, ZOFF, EVEN_K, TB, TW)
             for kw in range(kwbeg, kwend, SW):
@@ -388,6 +424,8 @@ def _kernels():
                 acc += _tile_sum(*t)
                 t = nxt
         else:
+            if PDL:
+                _pdl_wait()
             for kw0 in range(kwbeg, kwend, BLOCK_K // 8):
                 for s in tl.static_range(NSUB):
                     acc += _tile_sum(*_tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw0 + s * SW, kwend, rows, rmask,
@@ -445,6 +483,26 @@ def _kernels():
     return int4_gemv_kernel, dequant_kernel, int4_row_kernel
 
 
+@functools.cache
+def _triton_pdl() -> bool:
+    """Whether this Triton launches with programmatic dependent launch and has grid dependency control."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """The GEMV launched while its row kernel still runs (programmatic dependent launch): on compute capability
+    9.0 and later (Hopper's grid dependency control), with a Triton that has it, not under the interpreter, and
+    unless V100PLAN_ENGINE_INT4_PDL=0. The GEMV loads its first tile's words, then waits for the row kernel."""
+    if device.type != "cuda" or gemv.interpreting() or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0) and _triton_pdl()
+
+
 def held(w, device: torch.device):
     """A packed matrix as the GEMV on ``device`` reads it best: in tiles of TILE_ROWS rows on a GPU."""
     return quant.tiled(w, TILE_ROWS) if TILE_ROWS and torch.device(device).type in TILE_DEVICES else w
@@ -472,10 +530,10 @@ _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 
 def row_input(prologue: int, x: torch.Tensor, w, sub: int, delta: torch.Tensor | None = None,
               norm_weight: torch.Tensor | None = None, eps: float = 0.0, x_out: torch.Tensor | None = None,
-              zc: bool = False, pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              zc: bool = False, pairs: bool = False, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMV's input (int4_row_kernel): h in plane order per ``sub`` inputs, float32, and each word's sum of
     h; NORM writes x + delta into x_out. ``pairs``: h as fp16 pairs (two in each float32's bits, sub / 2 per
-    tile) and one factor per tile instead."""
+    tile) and one factor per tile instead. ``pdl``: the next kernel (a GEMV launched with PDL) may start at once."""
     k = w.in_features
     nchunks = -(-k // sub)
     hp = torch.empty(nchunks * sub // (2 if pairs else 1), dtype=torch.float32, device=x.device)
@@ -484,7 +542,7 @@ def row_input(prologue: int, x: torch.Tensor, w, sub: int, delta: torch.Tensor |
                               w.perm if w.perm is not None else w.qweight, x_out if x_out is not None else hp, hp, hw,
                               k, float(eps), PROLOGUE=prologue, HAS_PERM=w.perm is not None, SUB=sub,
                               EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
-                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, PAIRS=pairs, num_warps=4)
+                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, PAIRS=pairs, PDL=pdl, num_warps=4)
     return hp, hw
 
 
@@ -524,7 +582,9 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     if split > 1:
         part = torch.empty(split * n, dtype=torch.float32, device=out.device)
         counters = _counters(out.device, grid_n)
-    hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc, pairs)
+    pdl = pdl_enabled(out.device)
+    hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc, pairs,
+                       pdl)
     emu = gemv.interpreting() and x.dtype == torch.bfloat16
     peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, out)
     _kernels()[0][(grid_n, split)](
@@ -532,7 +592,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
         peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
         STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, TB=w.tile_rows,
-        TW=quant.TILE_WORDS, num_warps=warps)
+        TW=quant.TILE_WORDS, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
     return out
 
 

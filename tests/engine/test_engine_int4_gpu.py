@@ -162,3 +162,53 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
         gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, t, None, got, blocks=blocks)
         assert torch.equal(got, want), blocks
     assert torch.equal(gemv_int4.dequantise(t, torch.float32), w.dequantise_held(torch.float32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs compute capability 9.0")
+def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every_replay(monkeypatch):
+    """PDL (gemv_int4.pdl_enabled): the GEMV starts while the row kernel still writes h. A chain of two products
+    in one graph (norm + gate/up, then SiLU + down of its output), the input changed before every replay: each
+    replay's outputs equal, bit for bit, the same products launched one after another without PDL. A GEMV that
+    read h before the row kernel finished would give the previous replay's answer."""
+    from engine.core import gemv, gemv_int4
+
+    assert gemv_int4.pdl_enabled(torch.device("cuda"))
+    g = torch.Generator().manual_seed(5)
+    k, inter = 2048, 4096
+
+    def packed(n, kk):
+        return gemv_int4.held(quant.PackedLinear(
+            quant.pack(torch.randint(0, 16, (n, kk), generator=g)), quant.pack(torch.randint(0, 16, (kk // 128, n),
+                                                                                              generator=g)),
+            (0.001 + 0.002 * torch.rand(kk // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda"), "cuda")
+
+    w13, w2 = packed(2 * inter, k), packed(k, inter)
+    x, d = torch.randn(k, device="cuda").bfloat16(), torch.randn(k, device="cuda").bfloat16()
+    nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    gu, y, xo = (torch.empty(2 * inter, device="cuda", dtype=torch.bfloat16),
+                 torch.empty(k, device="cuda", dtype=torch.bfloat16), torch.empty(k, device="cuda", dtype=torch.bfloat16))
+
+    def chain():
+        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w13, None, gu, d, nw, 1e-6, xo)
+        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w2, None, y)
+
+    chain()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    inputs = [torch.randn(k, device="cuda").bfloat16() for _ in range(12)]
+    got = []
+    for v in inputs:
+        x.copy_(v)
+        graph.replay()
+        got.append((gu.clone(), y.clone()))
+    torch.cuda.synchronize()
+    monkeypatch.setenv(gemv_int4.PDL_ENV, "0")
+    assert not gemv_int4.pdl_enabled(torch.device("cuda"))
+    for v, (gu_pdl, y_pdl) in zip(inputs, got):
+        x.copy_(v)
+        chain()
+        torch.cuda.synchronize()
+        assert torch.equal(gu, gu_pdl) and torch.equal(y, y_pdl)
+    assert not torch.equal(got[0][1], got[1][1])  # the inputs differ, so do the answers: the check can fail
