@@ -12,8 +12,11 @@
 #   bash docs/h200_defaults_run.sh c   where the time goes: the 27B step at 1K in int4 and in bf16 under
 #                                      torch.profiler (--profile), and Nsight Compute's counters of the int4
 #                                      GEMV on two matrices (docs/int4_ncu.py).
+#   bash docs/h200_defaults_run.sh d   the int4 GEMV launched during its row kernel (PDL) against the serial
+#                                      launches in the same run: the table's configurations on every 27B matrix and
+#                                      the step at 1K / 128K with its profile, each way; then the GPU tests.
 set -u
-case "${1:-}" in a|b|c) PART=$1 ;; *) echo "usage: bash docs/h200_defaults_run.sh a|b|c" >&2; exit 2 ;; esac
+case "${1:-}" in a|b|c|d) PART=$1 ;; *) echo "usage: bash docs/h200_defaults_run.sh a|b|c|d" >&2; exit 2 ;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 TOP=${OUT:-/tmp/out}
 OUT=$TOP/raw  # everything goes here; only the packed copy lies at the top
@@ -51,6 +54,32 @@ for n in ("attention-bf16", "attention-fp16"):
         for r in json.load(open(f))["rows"]:
             print(n, r.get("shape"), r.get("kv"), r.get("context"), r.get("config"), r.get("us"), r.get("kv_gbps"))
 PY
+  exit 0
+fi
+if [ "$PART" = d ]; then
+  CFG="64,128,4,4,2,1;32,128,2,8,2,1;128,128,8,4,2,1;64,128,4,32,2,1;64,128,4,8,1,1;64,128,4,16,2,1;64,128,4,8,2,1"
+  for pdl in 1 0; do
+    V100PLAN_ENGINE_INT4_PDL=$pdl timeout 150 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 \
+      --configs "$CFG" --profile --out "$OUT/int4-pdl$pdl.json" > "$OUT/int4-pdl$pdl.stdout" 2>&1
+    echo "int4 pdl=$pdl exit $?"
+  done
+  python3 - "$OUT" <<'PY'
+import json, os, sys
+for pdl in (1, 0):
+    p = os.path.join(sys.argv[1], f"int4-pdl{pdl}.json")
+    if not os.path.exists(p):
+        continue
+    d = json.load(open(p))
+    print("pdl", pdl, "bytes-weighted", d["int4_summary"]["bytes_weighted_fraction"],
+          {f"{s}:{m}": r["best"]["us"] for s, v in d["int4"].items() for m, r in v.items()})
+    for c, r in d["step"]["contexts"].items():
+        pr = r["profile"]
+        print("  step", c, r["ms"], r["of_floor"], "busy", pr["busy_us"], "idle", pr["idle_us"],
+              [(t["kernel"][:16], t["us"]) for t in pr["top"][:3]])
+PY
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
+    tests/engine/test_engine_fused_gpu.py tests/engine/test_engine_hybrid_gpu.py tests/engine/test_engine_spec_graphs_gpu.py \
+    tests/engine/test_engine_graphs_gpu.py --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -8 | tee "$OUT/gpu-tests.txt"
   exit 0
 fi
 if [ "$PART" = c ]; then
