@@ -260,10 +260,21 @@ def fp16_vs_bf16(args, doc: dict) -> None:
             "silu_down_us": round(_us(lambda: [gemv.linear_silu(gu, w) for w in w2], count), 2),
             "attention_us": round(_us(lambda: attention.decode_attention(
                 qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6, window=window), 1), 2)}
+        if args.silu_blocks:  # SiLU + down under other blocks (BLOCK_N, BLOCK_K, warps), each dtype: the 27B
+            # shape's down (5120 x 17408) and the 8B dense one's (4096 x 12288, TP1; 4096 x 6144, TP2)
+            by = out[name]["silu_down_by_blocks"] = {}
+            for n_out, k_in in ((d, ff), (4096, 12288), (4096, 6144)):
+                ws = w2 if (n_out, k_in) == (d, ff) else [
+                    torch.empty(n_out, k_in, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
+                gx, o = torch.randn(2 * k_in, **e), torch.empty(n_out, **e)
+                by[f"{n_out}x{k_in}"] = {"x".join(map(str, b)): round(_us(lambda b=b, ws=ws, gx=gx, o=o: [
+                    gemv.launch_prologue(gemv.PROLOGUE_SILU, gx, w, None, o, blocks=b) for w in ws], count), 2)
+                    for b in args.silu_blocks}
+                ws = None
         wqkv = w13 = w2 = None
         torch.cuda.empty_cache()
     bf, fp = out["bfloat16"], out["float16"]
-    out["ratio_fp16_over_bf16"] = {k: round(fp[k] / bf[k], 4) for k in bf}
+    out["ratio_fp16_over_bf16"] = {k: round(fp[k] / bf[k], 4) for k in bf if k != "silu_down_by_blocks"}
     out["window"] = window
     doc["fp16_vs_bf16"] = out
 
@@ -316,6 +327,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: int4, prefill, fp16, step")
     p.add_argument("--config", default="engine/data/qwen3.5-27b.config.json", help="step: the model shape")
     p.add_argument("--contexts", default="1024,131072", help="step: contexts to time (default: 1024,131072)")
+    p.add_argument("--silu-blocks", default=None, type=lambda t: [tuple(int(v) for v in c.split(",")) for c in
+                                                                   t.split(";") if c.strip()],
+                   help="fp16: also time SiLU + down with these blocks, ';'-separated BLOCK_N,BLOCK_K,warps")
     p.add_argument("--profile", action="store_true",
                    help="step: also record where each step's time goes (torch.profiler: kernels, busy and idle time)")
     p.add_argument("--configs", default=None, type=_configs,

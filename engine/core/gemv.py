@@ -293,6 +293,19 @@ def _prologue_default(name: str, n: int) -> tuple[int, int, int]:
     return DEFAULT_BLOCKS
 
 
+# SiLU + down in fp16 (the V100's dtype): (8, 512, 4), the bf16 winner, ran 14-18 % slower in fp16 than in bf16 on
+# every down shape measured; (4, 512, 4) runs fp16 within 1-2 % of bf16's best (H200, 2026-12-04,
+# tests/fixtures/engine/h200-fp16-silu-blocks-2026-12-04.json, judged by tests/engine/test_engine_fp16_silu_recording.py)
+FP16_SILU_BLOCKS = (4, 512, 4)
+
+
+def prologue_blocks(name: str, n: int, k: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """The blocks launch_prologue takes for a prologue product of n x k in ``dtype`` when none are given."""
+    if name == "silu" and dtype == torch.float16:
+        return FP16_SILU_BLOCKS
+    return PROLOGUE_BLOCKS.get((name, n, k)) or _prologue_default(name, n)
+
+
 def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
                     delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                     x_out: torch.Tensor | None = None, blocks: tuple[int, int, int] | None = None,
@@ -306,7 +319,7 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
     if prologue == PROLOGUE_PLAIN:
         bn, bk, warps = blocks or BLOCKS.get((n, k), DEFAULT_BLOCKS)
     else:
-        bn, bk, warps = blocks or PROLOGUE_BLOCKS.get((name, n, k)) or _prologue_default(name, n)
+        bn, bk, warps = blocks or prologue_blocks(name, n, k, x.dtype)
     if interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
     if recv is not None and prologue != PROLOGUE_NORM:

@@ -143,3 +143,26 @@ def test_int8_cache_attention_in_both_forms_is_the_dequantised_caches_attention(
     assert rel(outs[True, False], outs[False, False]) < 5e-3
     # the byte permute widens exactly (bf16 ignores it): the same answers as Triton's conversion
     assert torch.equal(outs[False, True], outs[False, False]) and torch.equal(outs[True, True], outs[True, False])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(5120, 17408), (4096, 12288)])
+def test_silu_down_with_each_dtypes_blocks_is_the_eager_product(dtype, n, k):
+    """SiLU + down as the step runs it (gemv.linear_silu: fp16 takes gemv.FP16_SILU_BLOCKS, bf16 the table's)
+    against the eager product in float32 on the same rounded h, and the same answer on a second call."""
+    import torch.nn.functional as F
+
+    from engine.core import gemv
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    w = (0.02 * torch.randn(n, k, device="cuda", generator=g)).to(dtype)
+    gu = torch.randn(1, 1, 2 * k, device="cuda", generator=g).to(dtype)
+    gate, up = gu.chunk(2, dim=-1)
+    h = (F.silu(gate.float()).to(dtype).float() * up.float()).to(dtype).float()
+    got = gemv.linear_silu(gu, w)
+    assert got.dtype == dtype and got.shape == (1, 1, n)
+    ref = F.linear(h, w.float())
+    assert float((got.float() - ref).norm() / ref.norm()) < 5e-3
+    assert torch.equal(got, gemv.linear_silu(gu, w))
