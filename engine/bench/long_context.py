@@ -21,6 +21,63 @@ from engine import DATA_DIR
 from engine.bench.served import _request, end_serve, start_serve, stream_gaps, wait_healthy
 
 
+class MemorySampler:
+    """The cards' used memory (nvidia-smi's memory.used, MiB, summed over ``gpus``) every ``interval_s`` in a thread
+    while the run goes on; ``result()``: the peak, the sample count, the interval and the command, or the reason
+    there is none (no nvidia-smi, or it failed every time)."""
+
+    def __init__(self, gpus: list[int], interval_s: float = 3.0, command: list[str] | None = None):
+        import threading
+
+        self.gpus, self.interval_s = sorted(set(gpus)), interval_s
+        self.command = command or ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+        self.samples: list[int] = []
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _once(self) -> None:
+        import subprocess
+
+        try:
+            out = subprocess.run(self.command, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.failure = f"{type(e).__name__}: {e}"
+            return
+        used = {}
+        for line in out.stdout.splitlines():
+            parts = [v.strip() for v in line.split(",")]
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                used[int(parts[0])] = int(parts[1])
+        if out.returncode != 0 or not all(g in used for g in self.gpus):
+            self.failure = f"{' '.join(self.command[:1])} exited {out.returncode}: {out.stderr.strip()[:200]}"
+            return
+        self.samples.append(sum(used[g] for g in self.gpus))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._once()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def result(self) -> dict:
+        if not self.samples:
+            return {"max": None, "samples": 0, "reason": self.failure or "no sample was taken"}
+        return {"max": max(self.samples), "samples": len(self.samples), "interval_s": self.interval_s,
+                "gpus": self.gpus, "source": "nvidia-smi --query-gpu=memory.used, sampled during the same call"}
+
+
+def _gpu_indices(devices: str) -> list[int]:
+    return [int(d.split(":")[1]) if ":" in d else 0 for d in devices.split(",") if d.startswith("cuda")]
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.long_context", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(DATA_DIR / "qwen3.5-27b.config.json"))
@@ -57,6 +114,7 @@ def main(argv: list[str]) -> int:
             Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
 
     t0 = time.perf_counter()
+    sampler = MemorySampler(_gpu_indices(args.devices)).__enter__()
     proc, port, doc["serve_command"], log = start_serve(work, args.devices, args.dtype, args.max_context)
     try:
         doc["health_start"] = wait_healthy(port, proc, 600)
@@ -78,6 +136,8 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - a failed phase is a result; the log says why
         doc["error"] = f"{type(e).__name__}: {e}"
     finally:
+        sampler.__exit__()
+        doc["gpu_memory_used_mib"] = sampler.result()  # the peak while serving: weights, K/V, workspace
         end_serve(proc, log, work, doc, emit, remove=True)
     print(json.dumps(doc, indent=1))
     return 0 if doc.get("completed") else 3
