@@ -180,6 +180,23 @@ def _ctl(state_dir: str, *args: str, timeout_s: float = 30) -> subprocess.Comple
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+def _last_exit(state_dir: str) -> int | None:
+    """The program's last exit status from supervisord's own log in the state dir ("exited: engine (exit status
+    4; not expected)"), or None when it has not exited (or died of a signal). Its XML-RPC getProcessInfo reports
+    exitstatus 0 for a start that exited too quickly, whatever the code was, so the log is what says it."""
+    import re
+
+    try:
+        with open(os.path.join(state_dir, "logs", "supervisord.log"), errors="replace") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 16384))
+            tail = fh.read()
+    except OSError:
+        return None
+    tail = tail[tail.rfind("supervisord started with pid"):]  # this supervisord's lines, not an earlier run's
+    found = re.findall(rf"exited: {PROGRAM} \(exit status (\d+);", tail)
+    return int(found[-1]) if found else None
+
+
 def _pid_alive(pid: int | None, ticks: int | None = None) -> bool:
     """``pid`` runs (not a zombie) and, when its recorded start time ``ticks`` is given, is still that
     process (a PID reused by another process since has a later start time)."""
@@ -298,7 +315,11 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
         code, _ = _health(_read_json(os.path.join(state_dir, "service.json")))
         if code == 200:
             break
-        if _program_status(state_dir)["program_state"] in ("EXITED", "FATAL"):  # not restarted: say why now
+        state = _program_status(state_dir)["program_state"]
+        # not restarted: say why now. A serve that exits 2 or 4 within startsecs is, to supervisord, a start that
+        # failed (BACKOFF), retried with growing pauses until startretries run out (~70 s); no retry mends those
+        # exits, so a BACKOFF after one of them is final too
+        if state in ("EXITED", "FATAL") or (state == "BACKOFF" and _last_exit(state_dir) in FINAL_EXITS):
             stop(state_dir)
             raise SuperviseError("the service exited and is not restarted (" + _stderr_tail(state_dir) + "); "
                                  f"see {state_dir}/logs/serve.stderr.log")

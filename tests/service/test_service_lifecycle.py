@@ -199,3 +199,21 @@ def test_the_fork_server_reports_its_ranks_exit_and_takes_them_along(tmp_path):
         await forks.close()
 
     asyncio.run(scenario())
+
+
+def test_the_last_exit_is_read_from_this_supervisords_log_only(tmp_path):
+    from engine.service import supervise
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "supervisord.log"
+    assert supervise._last_exit(str(tmp_path)) is None  # no log yet
+    log.write_text("2026-12-04 01:00:00,000 INFO supervisord started with pid 10\n"
+                   "2026-12-04 01:00:01,000 WARN exited: engine (exit status 4; not expected)\n"
+                   "2026-12-04 01:05:00,000 INFO supervisord started with pid 20\n"
+                   "2026-12-04 01:05:01,000 INFO spawned: 'engine' with pid 21\n")
+    assert supervise._last_exit(str(tmp_path)) is None  # the 4 was an earlier supervisord's
+    with log.open("a") as fh:
+        fh.write("2026-12-04 01:05:02,000 WARN exited: engine (exit status 1; not expected)\n"
+                 "2026-12-04 01:05:04,000 WARN exited: engine (exit status 2; not expected)\n")
+    assert supervise._last_exit(str(tmp_path)) == 2
