@@ -1,5 +1,5 @@
 """The hybrid class (Qwen3.5: Gated DeltaNet linear-attention layers between gated full-attention layers)
-judged against transformers 5.24's Qwen3_5ForCausalLM on the same random weights, at TP1 and TP2."""
+judged against transformers' (5.24 and later; CI installs 5.25) Qwen3_5ForCausalLM on the same random weights, at TP1 and TP2."""
 
 from __future__ import annotations
 

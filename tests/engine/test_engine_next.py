@@ -1,5 +1,5 @@
 """Qwen3-Next (qwen3_next: the Gated DeltaNet / gated attention hybrid with sparse MoE MLPs) judged against
-transformers 5.24's Qwen3NextForCausalLM on the same random weights, at TP1 and TP2."""
+transformers' (5.24 and later; CI installs 5.25) Qwen3NextForCausalLM on the same random weights, at TP1 and TP2."""
 
 from __future__ import annotations
 
