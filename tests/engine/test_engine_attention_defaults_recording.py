@@ -11,10 +11,10 @@ and int8's long-window blocks as the engine's defaults (engine.core.attention.la
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ET
 
 import pytest
 
+from tests.engine_helpers import junit_suite
 from tests.paths import FIXTURES
 
 E = FIXTURES / "engine"
@@ -129,8 +129,7 @@ def test_the_int4_step_follows_from_its_bytes(ctx):
 
 
 def test_the_gpu_tests_passed_with_these_defaults():
-    suite = ET.parse(E / "h200-gpu-tests-defaults-2026-12-04.xml").getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    suite = junit_suite(E / "h200-gpu-tests-defaults-2026-12-04.xml")
     assert (int(suite.get("tests")), int(suite.get("failures")), int(suite.get("errors"))) == (44, 0, 0)
     cases = suite.findall("testcase")
     skipped = [c for c in cases if c.find("skipped") is not None]

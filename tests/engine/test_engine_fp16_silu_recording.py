@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.core import gemv
+from tests.engine_helpers import junit_suite
 from tests.paths import FIXTURES
 
 REC = json.loads((FIXTURES / "engine" / "h200-fp16-silu-blocks-2026-12-04.json").read_text())
@@ -47,10 +48,7 @@ def test_the_engine_s_fp16_blocks_put_fp16_within_5_percent_of_bf16(shape):
 
 
 def test_the_gpu_tests_with_the_fp16_blocks_passed_the_silu_product_among_them():
-    import xml.etree.ElementTree as ET
-
-    suite = ET.parse(FIXTURES / "engine" / "h200-gpu-tests-fp16-silu-2026-12-04.xml").getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    suite = junit_suite(FIXTURES / "engine" / "h200-gpu-tests-fp16-silu-2026-12-04.xml")
     assert (int(suite.get("failures")), int(suite.get("errors")), int(suite.get("skipped"))) == (0, 0, 0)
     silu = [c for c in suite.findall("testcase") if c.get("name").startswith("test_silu_down_with_each_dtypes")]
     assert len(silu) == 4 and all(c.find("failure") is None and c.find("skipped") is None for c in silu)

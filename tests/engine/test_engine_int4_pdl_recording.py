@@ -8,10 +8,10 @@ tests, the PDL replay test among them, passed with it."""
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ET
 
 import pytest
 
+from tests.engine_helpers import junit_suite
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "engine"
@@ -51,8 +51,7 @@ def test_the_step_loses_idle_time_but_gains_under_a_percent(ctx):
 
 
 def test_the_gpu_tests_with_pdl_on_passed_the_replay_test_among_them():
-    suite = ET.parse(FIX / "h200-gpu-tests-pdl-2026-12-04.xml").getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    suite = junit_suite(FIX / "h200-gpu-tests-pdl-2026-12-04.xml")
     assert (int(suite.get("tests")), int(suite.get("failures")), int(suite.get("errors"))) == (45, 0, 0)
     cases = {c.get("name"): c for c in suite.findall("testcase")}
     pdl = cases["test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every_replay"]
