@@ -125,6 +125,84 @@ def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
         assert 32 <= float(tile.abs().max()) < 64
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,tb", [(80, 0), (96, 32)])  # a partial row block in the row layout; words in tiles
+def test_the_subnormal_pairs_form_matches_dequantise_then_matmul_at_any_activation_scale(dtype, n, tb):
+    """FORM_SUBN (nibbles read as fp16 subnormals times h scaled by 2^(14 - e), the zero points once a word):
+    every prologue against dequantise-then-matmul for activations of order 1e-3, 1 and 3000, GPTQ's zero offset
+    1 and AWQ's 0, split-K or not, the next tile fetched ahead or not; and near the pairs form. On the interpreter
+    the form runs its float32 arithmetic on the same operands."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(21 + n)
+    k = 384
+    for zoff in (1, 0):
+        w = packed(n, k, 128, g, zero_offset=zoff)
+        wd = w.dequantise(torch.float32)
+        held = w.tiled(tb) if tb else w
+        for scale in (1e-3, 1.0, 3000.0):
+            x = (scale * torch.randn(k, generator=g)).to(dtype)
+            for blocks in ((32, 128, 4, 1, 2, 2), (32, 128, 4, 3, 2, 2), (64, 128, 4, 2, 1, 2)):
+                out = torch.full((n,), float("nan"), dtype=dtype)
+                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, held, None, out, blocks=blocks)
+                assert torch.isfinite(out).all() and rel(out, F.linear(x.float(), wd)) < 1e-2, (zoff, scale, blocks)
+                pairs = torch.empty(n, dtype=dtype)
+                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, held, None, pairs, blocks=(*blocks[:5], 1))
+                assert rel(out, pairs) < 1e-2
+        d = torch.randn(k, generator=g).to(dtype)
+        nw = (1.0 + 0.1 * torch.randn(k, generator=g)).to(dtype)
+        out, xo = torch.empty(n, dtype=dtype), torch.empty(k, dtype=dtype)
+        gemv_int4.launch(gemv.PROLOGUE_NORM, x, held, None, out, d, nw, EPS, xo, blocks=(32, 128, 4, 2, 2, 2))
+        assert torch.equal(xo, x + d) and rel(out, F.linear(rms_norm(x + d, nw, EPS).float(), wd)) < 1e-2
+        gu = torch.randn(2 * k, generator=g).to(dtype)
+        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, held, None, out, blocks=(32, 128, 4, 2, 2, 2))
+        gate, up = gu.chunk(2)
+        assert rel(out, F.linear((F.silu(gate) * up).float(), wd)) < 1e-2
+
+
+def test_the_subnormal_pairs_form_runs_as_the_pairs_form_where_a_tile_is_not_128_inputs():
+    """Groups of 32 or 64 inputs (tiles of fewer than 16 words) or float32 activations: FORM_SUBN falls back to
+    the pairs form (bf16) or the planes form (float32), bit for bit."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(23)
+    for group, dtype, fallback in ((32, torch.bfloat16, 1), (64, torch.float16, 1), (128, torch.float32, 0)):
+        w = packed(64, 256, group, g)
+        x = torch.randn(256, generator=g).to(dtype)
+        a, b = torch.empty(64, dtype=dtype), torch.empty(64, dtype=dtype)
+        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, a, blocks=(32, 128, 4, 2, 2, gemv_int4.FORM_SUBN))
+        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, b, blocks=(32, 128, 4, 2, 2, fallback))
+        assert torch.equal(a, b), (group, dtype)
+
+
+def test_the_subnormal_pairs_row_kernel_writes_five_planes_and_a_power_of_two_per_tile():
+    """int4_row_kernel's SUBN form, per tile of 128 inputs: planes p = 0..3 hold (h[8 i + p], h[8 i + p + 4])
+    times 2^(14 - e) (divided by 16 for odd p), e = floor(log2 max |h|), so the largest is in [2^14, 2^15);
+    plane 4 holds word i's two sums of four h times 2^(-10 - e); the tile's factor is 2^(10 + e)."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(24)
+    k, sub = 256, 128
+    w = packed(16, k, 128, g)
+    x = (torch.randn(k, generator=g) * torch.tensor([0.01, 500.0]).repeat_interleave(128)).to(torch.bfloat16)
+    hp, hf = gemv_int4.row_input(gemv.PROLOGUE_PLAIN, x, w, sub, pairs=True, subn=True)
+    bits = hp.view(torch.int32)
+    halves = torch.stack([(bits << 16) >> 16, bits >> 16], -1).to(torch.int16).view(torch.float16).float()
+    sw = sub // 8
+    assert halves.shape[0] == (k // sub) * 5 * sw
+    for c in range(k // sub):
+        h = x[c * sub:(c + 1) * sub].float().view(sw, 8)
+        e = torch.floor(torch.log2(h.abs().max()))
+        assert float(hf[c]) == float(2.0 ** (e + 10))
+        tile = halves[c * 5 * sw:(c + 1) * 5 * sw].view(5, sw, 2)  # [plane, word i, half]
+        for p in range(4):
+            want = torch.stack([h[:, p], h[:, p + 4]], -1) * 2.0 ** (14 - e) / (16.0 if p % 2 else 1.0)
+            assert torch.equal(tile[p], want), p  # bf16 times a power of two is exact in fp16
+        assert 2 ** 14 <= float(tile[0::2].abs().max()) < 2 ** 15
+        sums = torch.stack([h[:, :4].sum(1), h[:, 4:].sum(1)], -1) * 2.0 ** (-10 - e)
+        assert torch.equal(tile[4], sums.half().float())
+
+
 def test_prefill_dequantise_kernel_is_the_reference_dequantise():
     from engine.core import gemv_int4
 

@@ -50,10 +50,14 @@ CONFIGS = [
     (16, 128, 1, 8, 4, 1), (64, 128, 2, 8, 4, 1), (64, 128, 2, 4, 4, 1), (64, 128, 2, 2, 4, 1),
     (128, 128, 4, 8, 4, 1), (128, 128, 4, 4, 4, 1), (128, 128, 4, 2, 4, 1), (128, 128, 4, 1, 4, 1),
     (256, 128, 8, 2, 4, 1), (64, 128, 2, 8, 3, 1), (128, 128, 4, 4, 3, 1), (32, 128, 1, 16, 4, 1),
+    # the subnormal-pairs form (blocks[5] = 2): one row a thread (32 rows a warp), a tile fetched ahead
+    (128, 128, 4, 2, 2, 2), (128, 128, 4, 4, 2, 2), (128, 128, 4, 8, 2, 2), (128, 128, 4, 16, 2, 2),
+    (64, 128, 2, 4, 2, 2), (64, 128, 2, 8, 2, 2), (64, 128, 2, 16, 2, 2), (64, 128, 2, 32, 2, 2),
+    (256, 128, 8, 2, 2, 2), (256, 128, 8, 4, 2, 2), (32, 128, 1, 8, 2, 2), (32, 128, 1, 32, 2, 2),
 ]
 # (BLOCK_N, BLOCK_K, num_warps, split: programs along K, stages: 2 = the next tile's loads issued before this
 # tile's arithmetic, 1 = not, 3 / 4 = Triton's pipeline of that depth (pairs form), form: 0 = float32 planes,
-# 1 = fp16 pairs)
+# 1 = fp16 pairs, 2 = fp16 subnormal pairs)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 
@@ -167,11 +171,13 @@ def int4_gemv(args, doc: dict) -> None:
                 else:
                     us_p = us
                 sub = min(cfg[1], args.group)
-                pairs = len(cfg) > 5 and cfg[5] == gemv_int4.FORM_PAIRS and act in gemv_int4.PAIR_DTYPES
+                form = cfg[5] if len(cfg) > 5 else gemv_int4.DEFAULT_FORM
+                pairs = form in (gemv_int4.FORM_PAIRS, gemv_int4.FORM_SUBN) and act in gemv_int4.PAIR_DTYPES
+                subn = pairs and form == gemv_int4.FORM_SUBN and sub == 128 and k % 128 == 0
                 row_us = _us(lambda: [gemv_int4.row_input(gemv.PROLOGUE_NORM if pro == "norm" else gemv.PROLOGUE_SILU
                                                           if pro == "silu" else gemv.PROLOGUE_PLAIN,
                                                           gu if pro == "silu" else x, w, sub, d, nw, 1e-6, xo,
-                                                          pairs=pairs)
+                                                          pairs=pairs, subn=subn)
                                       for w in ws], count)
                 gbps = one.nbytes / (us * 1e-6) / 1e9
                 row["best"] = {"blocks": list(cfg), "tile_rows": tb, "us": round(us, 3), "gbps": round(gbps, 1),

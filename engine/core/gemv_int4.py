@@ -55,7 +55,9 @@ BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
     ("norm", 512, 5120): (64, 128, 4, 32, 2, 1),
     ("plain", 5120, 3072): (64, 128, 4, 8, 1, 1),
 }
-FORM_PLANES, FORM_PAIRS = 0, 1  # blocks[5]: the loop's form for 16-bit activations (float32 ones: planes)
+FORM_PLANES, FORM_PAIRS, FORM_SUBN = 0, 1, 2  # blocks[5]: the loop's form for 16-bit activations (float32 ones:
+# planes); FORM_SUBN (subnormal pairs) needs tiles of 128 inputs (groups of 128 or more, K a multiple of 128) and
+# otherwise runs as FORM_PAIRS
 DEFAULT_FORM = FORM_PAIRS
 PAIR_DTYPES = (torch.bfloat16, torch.float16)
 DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
@@ -97,7 +99,7 @@ _load_blocks()
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
-    global _pair_sum, _woff, _pdl_wait, _pdl_trigger
+    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _subn_chain, _subn_f32, _subn_loads, _subn_tile, _ld, _subn_words, _prefetch_l2
     import triton
     import triton.language as tl
 
@@ -146,7 +148,8 @@ def _kernels():
     @triton.jit
     def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hw_ptr, K, eps, PROLOGUE: tl.constexpr,
                         HAS_PERM: tl.constexpr, SUB: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr,
-                        ZC: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
+                        ZC: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False,
+                        SUBN: tl.constexpr = False):
         """The GEMV's input row h for inputs [c SUB, (c + 1) SUB), c = this program, in plane order: hp[c SUB +
         j SUB / 8 + i] = h[c SUB + 8 i + j] x 16^-j' (j' = j for nibbles 0..4, j - 3 for 5..7: the place the
         GEMV leaves nibble j of word i in), float32; hw[c SUB / 8 + i] = the sum of word i's eight h (the zero
@@ -159,7 +162,37 @@ def _kernels():
         rstd = 0.0
         if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
             rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, c, eps, dt, EMU, STATS_BLOCK)
-        if PAIRS:
+        if SUBN:
+            # the subnormal-pairs form (FORM_SUBN): per tile five planes of SW int32 words, each two fp16 (low,
+            # high). Planes p = 0..3: (h[8 i + p], h[8 i + p + 4]) times 2^(14 - e), divided by 16 for odd p (the
+            # GEMV's nibble of an odd plane stays 4 bits up: 16 q); the GEMV multiplies them by its nibbles read
+            # as fp16 subnormals (q 2^-24, exact), so the product is q h 2^(-10 - e). Plane 4: word i's two
+            # zero-point sums (h[8 i] + .. + h[8 i + 3], h[8 i + 4] + .. + h[8 i + 7]) times 2^(-10 - e), the
+            # same scale. e = floor(log2 max |h|) over the tile: |plane| < 2^15, no fp16 overflow anywhere in the
+            # GEMV's sums (|q|, |z| <= 16). hw[c] = 2^(10 + e), the tile's factor back.
+            dst2 = tl.arange(0, SUB // 2)
+            src2 = 8 * (dst2 % SW) + dst2 // SW
+            hl = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+            hh = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2 + 4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
+            m = tl.maximum(tl.max(tl.abs(hl), axis=0), tl.max(tl.abs(hh), axis=0))
+            e = tl.where(m > 0.0, tl.floor(tl.log2(m)), 0.0)
+            e = tl.minimum(tl.maximum(e, -100.0), 100.0)
+            up = tl.exp2(14.0 - e) * tl.where(((dst2 // SW) % 2) == 1, 0.0625, 1.0)
+            bl = (hl * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            bh = (hh * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16
+            base = hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2 + SW)
+            tl.store(base + dst2, bl | bh)
+            w4 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 4)[None, :]  # [SW, 4]: word i's low-half inputs
+            zl = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC),
+                        axis=1)
+            zh = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4 + 4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU,
+                             ZC), axis=1)
+            dn = tl.exp2(-10.0 - e)
+            zbl = (zl * dn).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            zbh = (zh * dn).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16
+            tl.store(base + SUB // 2 + tl.arange(0, SW), zbl | zbh)
+            tl.store(hw_ptr + c, tl.exp2(e + 10.0))
+        elif PAIRS:
             # pair plane p of word i: (h[8 i + p], h[8 i + p + 4]) as two fp16 in one int32 (low, high), times
             # 2^(5 - e), e = floor(log2 max |h|) over the tile: the largest |h| in [32, 64), so no product or
             # partial sum of the GEMV's fp16 arithmetic overflows (|q - z| <= 16); a 16-bit h is exact in fp16
@@ -342,13 +375,150 @@ def _kernels():
         return sc * _pair_word(words, h0, h1, h2, h3, zlo, zhi, ASM)
 
     @triton.jit
+    def _subn_chain(w, h0, h1, h2, h3, hz, zn, acc, ASM: tl.constexpr):
+        """acc + the word's eight (q - z) h as an fp16x2 sum (int32 bits; the interpreter: float32, both halves
+        summed). ``w & 0x000F000F`` read as two fp16 is (q 2^-24, q' 2^-24), subnormals and exact, for nibbles
+        (2m, 2m + 4) of ``w >> 8m``; ``& 0x00F000F0`` gives (16 q 2^-24, ..) for (2m + 1, 2m + 5), whose planes
+        of h come divided by 16 (int4_row_kernel, SUBN): one AND and one fp16x2 multiply-add per two nibbles,
+        no conversion and no zero-point subtraction per nibble. The zero points go in once per word: -z times the
+        word's two sums of h (plane 4). fp16 arithmetic keeps subnormal operands (PTX: unless .ftz)."""
+        if ASM:
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 %sa, %sb, %sc, %sd, %st, %sq;
+                and.b32 %sa, $1, 0x000F000F;
+                and.b32 %sb, $1, 0x00F000F0;
+                shr.u32 %st, $1, 8;
+                and.b32 %sc, %st, 0x000F000F;
+                and.b32 %sd, %st, 0x00F000F0;
+                fma.rn.f16x2 %sq, %sa, $2, $8;
+                fma.rn.f16x2 %sq, %sb, $3, %sq;
+                fma.rn.f16x2 %sq, %sc, $4, %sq;
+                fma.rn.f16x2 %sq, %sd, $5, %sq;
+                fma.rn.f16x2 $0, $7, $6, %sq;
+                }""",
+                constraints="=r,r,r,r,r,r,r,r,r", args=[w, h0, h1, h2, h3, hz, zn, acc], dtype=tl.int32,
+                is_pure=True, pack=1)
+        else:
+            t = w >> 8
+            a0, a1 = _f16x2(w & 0x000F000F)
+            b0, b1 = _f16x2(w & 0x00F000F0)
+            c0, c1 = _f16x2(t & 0x000F000F)
+            d0, d1 = _f16x2(t & 0x00F000F0)
+            g0, g1 = _f16x2(h0)
+            g2, g3 = _f16x2(h1)
+            g4, g5 = _f16x2(h2)
+            g6, g7 = _f16x2(h3)
+            z0, z1 = _f16x2(hz)
+            n0, _ = _f16x2(zn)
+            s = a0 * g0 + a1 * g1 + b0 * g2 + b1 * g3 + c0 * g4 + c1 * g5 + d0 * g6 + d1 * g7
+            return acc + s + n0 * (z0 + z1)
+
+    @triton.jit
+    def _subn_f32(acc, ASM: tl.constexpr):
+        """An fp16x2 sum (_subn_chain) as one float32: its halves widened and added."""
+        if ASM:
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .f16 %ul, %uh;
+                .reg .f32 %ua, %ub;
+                mov.b32 {%ul, %uh}, $1;
+                cvt.f32.f16 %ua, %ul;
+                cvt.f32.f16 %ub, %uh;
+                add.f32 $0, %ua, %ub;
+                }""",
+                constraints="=f,r", args=[acc], dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            return acc
+
+    @triton.jit
+    def _subn_words(wp, kw, kwend, rmask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, TB: tl.constexpr = 0,
+                    TW: tl.constexpr = 16):
+        """One tile's words in the subnormal-pairs form: four [BLOCK_N, 4] quarters (quarter j: words 4 j ..
+        4 j + 3 of each row), so that one thread may hold a row's whole tile: per row the scale and zero point
+        are read once a tile and the four quarters' sums chain in fp16 (_subn_tile)."""
+        tl.static_assert(EVEN_K, "the subnormal-pairs form takes whole tiles of 16 words (launch)")
+        wo = _woff(kw, TB, TW, 16)
+        if EVEN_N:
+            w0 = tl.load(wp + wo, eviction_policy="evict_first")
+            w1 = tl.load(wp + wo + 4, eviction_policy="evict_first")
+            w2 = tl.load(wp + wo + 8, eviction_policy="evict_first")
+            w3 = tl.load(wp + wo + 12, eviction_policy="evict_first")
+        else:
+            m2 = rmask[:, None] & ((rmask[:, None] * 0 + kw) < kwend)
+            w0 = tl.load(wp + wo, mask=m2, other=0, eviction_policy="evict_first")
+            w1 = tl.load(wp + wo + 4, mask=m2, other=0, eviction_policy="evict_first")
+            w2 = tl.load(wp + wo + 8, mask=m2, other=0, eviction_policy="evict_first")
+            w3 = tl.load(wp + wo + 12, mask=m2, other=0, eviction_policy="evict_first")
+        return w0, w1, w2, w3
+
+    @triton.jit
+    def _subn_loads(hq_ptr, hf_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wq, zshift, N,
+                    GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+        """The rest of what one tile reads in the subnormal-pairs form (its words: _subn_words): the group's
+        scale times the tile's factor and -z as two fp16, per row, and the tile's five planes of h per quarter."""
+        r2 = rows[:, None]
+        grp = (kw * 8) // GS
+        hb = hq_ptr + kw * 5 + wq[None, :]  # the tile's planes: 5 x 16 int32 (the tile starts at word kw)
+        if EVEN_K and EVEN_N:
+            f = tl.load(hf_ptr + kw // 16)
+            sc = tl.load(s_ptr + grp * N + r2).to(tl.float32) * f
+            zw = tl.load(qz_ptr + grp * (N // 8) + r2 // 8)
+            hm = wq[None, :] >= 0  # not used: no masks
+        else:
+            m2 = rmask[:, None] & ((r2 * 0 + kw) < kwend)
+            f = tl.load(hf_ptr + kw // 16 + r2 * 0, mask=m2, other=0.0)
+            sc = tl.load(s_ptr + grp * N + r2, mask=m2, other=0.0).to(tl.float32) * f
+            zw = tl.load(qz_ptr + grp * (N // 8) + r2 // 8, mask=m2, other=0)
+            hm = (wq[None, :] * 0 + kw) < kwend
+        z = ((zw >> zshift[:, None]) & 0xF) + ZOFF
+        zf = (z + 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + z as fp16, exact (no conversion)
+        zb = (1024.0 - zf).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        zn = zb | (zb << 16)  # -z as two fp16
+        m = not (EVEN_K and EVEN_N)
+        return (sc, zn,
+                _ld(hb, hm, m), _ld(hb + 16, hm, m), _ld(hb + 32, hm, m), _ld(hb + 48, hm, m), _ld(hb + 64, hm, m),
+                _ld(hb + 4, hm, m), _ld(hb + 20, hm, m), _ld(hb + 36, hm, m), _ld(hb + 52, hm, m), _ld(hb + 68, hm, m),
+                _ld(hb + 8, hm, m), _ld(hb + 24, hm, m), _ld(hb + 40, hm, m), _ld(hb + 56, hm, m), _ld(hb + 72, hm, m),
+                _ld(hb + 12, hm, m), _ld(hb + 28, hm, m), _ld(hb + 44, hm, m), _ld(hb + 60, hm, m),
+                _ld(hb + 76, hm, m))
+
+    @triton.jit
+    def _ld(ptr, mask, MASKED: tl.constexpr):
+        if MASKED:
+            return tl.load(ptr, mask=mask, other=0)
+        return tl.load(ptr)
+
+    @triton.jit
+    def _subn_tile(acc, t, ASM: tl.constexpr):
+        """acc [BLOCK_N, 4] float32 + the tile's sum per row and word position: the four quarters' words
+        (_subn_words, t[0..3]) chained in fp16 with the rest of the tile (_subn_loads, t[4..]), widened once,
+        times the row's scale."""
+        if ASM:
+            c = t[5] * 0
+        else:
+            c = t[4] * 0.0
+        c = _subn_chain(t[0], t[6], t[7], t[8], t[9], t[10], t[5], c, ASM)
+        c = _subn_chain(t[1], t[11], t[12], t[13], t[14], t[15], t[5], c, ASM)
+        c = _subn_chain(t[2], t[16], t[17], t[18], t[19], t[20], t[5], c, ASM)
+        c = _subn_chain(t[3], t[21], t[22], t[23], t[24], t[25], t[5], c, ASM)
+        return acc + t[4] * _subn_f32(c, ASM)
+
+    @triton.jit
+    def _prefetch_l2(ptr, mask):
+        """Ask L2 for the lines at ptr where mask (PTX prefetch: no register waits for it; GPU only, as PDL)."""
+        tl.inline_asm_elementwise(asm="{ .reg .pred %pp; setp.ne.b32 %pp, $2, 0; @%pp prefetch.global.L2 [$1]; "
+                                      "mov.u32 $0, 0; }", constraints="=r,l,r", args=[ptr, mask.to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
                          xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
                          SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
                          EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1, PAIRS: tl.constexpr = False,
                          ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False, TB: tl.constexpr = 0,
-                         TW: tl.constexpr = 16, PDL: tl.constexpr = False):
+                         TW: tl.constexpr = 16, PDL: tl.constexpr = False, SUBN: tl.constexpr = False):
         # PDL: launched while the row kernel still runs (programmatic dependent launch): everything before
         # _pdl_wait reads only what no kernel still running writes (the words, scales and zero points)
         pid = tl.program_id(0)
@@ -369,7 +539,39 @@ def _kernels():
         # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
         kwbeg = pk * KS
         kwend = tl.minimum(kwbeg + KS, KW)
-        if PAIRS:
+        if SUBN:
+            # the subnormal-pairs form (16-bit activations, tiles of 16 words): h in five planes of fp16 pairs a
+            # tile (int4_row_kernel, SUBN), a row's tile in four quarters of four words, whose sums chain in fp16
+            hq_ptr = hp_ptr.to(tl.pointer_type(tl.int32))
+            wq = tl.arange(0, 4)
+            if TB == 0:
+                wp4 = qw_ptr + rows[:, None].to(tl.int64) * KW + wq[None, :]
+            else:
+                wp4 = qw_ptr + rb[:, None] + wq[None, :]
+            acc4 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
+            if STAGES >= 2:
+                if PDL:  # the first tile's words on their way to L2 while the row kernel finishes h
+                    _prefetch_l2(wp4 + _woff(kwbeg, TB, TW, 16), rmask[:, None] & (wq[None, :] == 0) & (kwbeg < kwend))
+                    _pdl_wait()
+                t = _subn_words(wp4, kwbeg, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
+                    hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N)
+                for kw in range(kwbeg, kwend, 16):
+                    kn = kw + 16
+                    if EVEN_K and EVEN_N:
+                        kn = tl.multiple_of(tl.minimum(kn, kwend - 16), 16)  # the last tile again: no masks
+                    nxt = _subn_words(wp4, kn, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
+                        hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N)
+                    acc4 = _subn_tile(acc4, t, ASM)
+                    t = nxt
+            else:
+                if PDL:
+                    _pdl_wait()
+                for kw in range(kwbeg, kwend, 16):
+                    acc4 = _subn_tile(acc4, _subn_words(wp4, kw, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
+                        hq_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N),
+                                      ASM)
+            acc = acc4  # [BLOCK_N, 4]: summed over its word positions below, as the other forms' [BLOCK_N, SW]
+        elif PAIRS:
             # 16-bit activations: h in fp16 pairs, two nibbles per instruction (_pair_word); hp: the pairs as
             # int32, hw: one factor per tile
             hq_ptr = hp_ptr.to(tl.pointer_type(tl.int32))
@@ -530,19 +732,23 @@ _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 
 def row_input(prologue: int, x: torch.Tensor, w, sub: int, delta: torch.Tensor | None = None,
               norm_weight: torch.Tensor | None = None, eps: float = 0.0, x_out: torch.Tensor | None = None,
-              zc: bool = False, pairs: bool = False, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              zc: bool = False, pairs: bool = False, pdl: bool = False,
+              subn: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMV's input (int4_row_kernel): h in plane order per ``sub`` inputs, float32, and each word's sum of
     h; NORM writes x + delta into x_out. ``pairs``: h as fp16 pairs (two in each float32's bits, sub / 2 per
-    tile) and one factor per tile instead. ``pdl``: the next kernel (a GEMV launched with PDL) may start at once."""
+    tile) and one factor per tile instead. ``pdl``: the next kernel (a GEMV launched with PDL) may start at once.
+    ``subn``: the subnormal-pairs form (FORM_SUBN): five planes of sub / 8 pairs a tile, one factor a tile."""
     k = w.in_features
     nchunks = -(-k // sub)
-    hp = torch.empty(nchunks * sub // (2 if pairs else 1), dtype=torch.float32, device=x.device)
+    per = sub // 2 + sub // 8 if subn else sub // (2 if pairs else 1)  # subn: five planes of sub / 8 pairs
+    hp = torch.empty(nchunks * per, dtype=torch.float32, device=x.device)
     hw = torch.empty(nchunks * (1 if pairs else sub // 8), dtype=torch.float32, device=x.device)
     _kernels()[2][(nchunks,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
                               w.perm if w.perm is not None else w.qweight, x_out if x_out is not None else hp, hp, hw,
                               k, float(eps), PROLOGUE=prologue, HAS_PERM=w.perm is not None, SUB=sub,
                               EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
-                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, PAIRS=pairs, PDL=pdl, num_warps=4)
+                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, PAIRS=pairs and not subn, PDL=pdl,
+                              SUBN=subn, num_warps=4)
     return hp, hw
 
 
@@ -561,7 +767,8 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     bn, bk, warps = cfg[:3]
     split = cfg[3] if len(cfg) > 3 else 1
     stages = cfg[4] if len(cfg) > 4 else DEFAULT_STAGES
-    pairs = x.dtype in PAIR_DTYPES and (cfg[5] if len(cfg) > 5 else DEFAULT_FORM) == FORM_PAIRS
+    form = cfg[5] if len(cfg) > 5 else DEFAULT_FORM
+    pairs = x.dtype in PAIR_DTYPES and form in (FORM_PAIRS, FORM_SUBN)
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
     bk = min(bk, _pow2_at_least(k))
@@ -582,9 +789,10 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     if split > 1:
         part = torch.empty(split * n, dtype=torch.float32, device=out.device)
         counters = _counters(out.device, grid_n)
+    subn = pairs and form == FORM_SUBN and sub == 128 and bk == 128 and k % 128 == 0 and ks % 128 == 0
     pdl = pdl_enabled(out.device)
     hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc, pairs,
-                       pdl)
+                       pdl, subn)
     emu = gemv.interpreting() and x.dtype == torch.bfloat16
     peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, out)
     _kernels()[0][(grid_n, split)](
@@ -592,7 +800,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
         peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
         STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, TB=w.tile_rows,
-        TW=quant.TILE_WORDS, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+        TW=quant.TILE_WORDS, PDL=pdl, SUBN=subn, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
     return out
 
 

@@ -73,6 +73,47 @@ def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activatio
             assert rel(outs[(64, 128, 2, 4, 4, 1)], pairs) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [5120, 5100])  # 5100: a partial row block
+def test_the_subnormal_pairs_assembly_matches_dequantise_then_matmul_at_any_activation_scale(dtype, n):
+    """FORM_SUBN on the card (nibbles read as fp16 subnormals by HFMA2, the zero points once a word, four words'
+    sums chained in fp16): against dequantise-then-matmul and the pairs form, activations of order 1e-3, 1 and
+    3000, GPTQ (zero offset 1) and AWQ (0), split-K or not, prefetching or not, words in rows and in tiles, and
+    the norm and SiLU prologues."""
+    from engine.core import gemv, gemv_int4
+    from engine.core.model import rms_norm
+
+    g = torch.Generator().manual_seed(9)
+    k = 2048
+    for zoff in (1, 0):
+        w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
+                               quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
+                               (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, zoff,
+                               "t").to("cuda")
+        wd = w.dequantise(torch.float32)
+        t = gemv_int4.held(w, torch.device("cuda"))
+        for scale in (1e-3, 1.0, 3000.0):
+            x = (scale * torch.randn(k, device="cuda")).to(dtype)
+            want = F.linear(x.float(), wd)
+            pairs = torch.empty(n, device="cuda", dtype=dtype)
+            gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, t, None, pairs, blocks=(64, 128, 4, 4, 2, 1))
+            for held in (w, t):
+                for blocks in ((128, 128, 4, 1, 2, 2), (128, 128, 4, 4, 2, 2), (64, 128, 2, 8, 2, 2),
+                               (256, 128, 8, 4, 1, 2)):
+                    out = torch.full((n,), float("nan"), device="cuda", dtype=dtype)
+                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, held, None, out, blocks=blocks)
+                    assert torch.isfinite(out).all() and rel(out, want) < 1e-2, (zoff, scale, blocks)
+                    assert rel(out, pairs) < 1e-2, (zoff, scale, blocks)
+        x, d = torch.randn(k, device="cuda").to(dtype), torch.randn(k, device="cuda").to(dtype)
+        nw = (1.0 + 0.1 * torch.randn(k, device="cuda")).to(dtype)
+        out, xo = torch.empty(n, device="cuda", dtype=dtype), torch.empty(k, device="cuda", dtype=dtype)
+        gemv_int4.launch(gemv.PROLOGUE_NORM, x, t, None, out, d, nw, 1e-6, xo, blocks=(128, 128, 4, 4, 2, 2))
+        assert torch.equal(xo, x + d) and rel(out, F.linear(rms_norm(x + d, nw, 1e-6).float(), wd)) < 1e-2
+        gu = torch.randn(2 * k, device="cuda").to(dtype)
+        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, t, None, out, blocks=(128, 128, 4, 4, 2, 2))
+        assert rel(out, F.linear((F.silu(gu[:k].float()) * gu[k:].float()), wd)) < 1e-2
+
+
 def _served_tokens_are_transformers(hf, d, method: str, prompt: list[int]) -> None:
     """The checkpoint in ``d`` on the GPU (float32, the fused kernels, CUDA graphs) gives hf's 24 greedy tokens."""
     from engine.core import config as ecfg
@@ -99,7 +140,8 @@ def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group,
     _served_tokens_are_transformers(hf, tmp_path, method, [1, 17, 300, 42, 5, 99])
 
 
-def test_split_k_sums_are_the_same_on_every_graph_replay():
+@pytest.mark.parametrize("form", [1, 2])  # the pairs form (3-stage pipeline), the subnormal pairs (tile ahead)
+def test_split_k_sums_are_the_same_on_every_graph_replay(form):
     """Split-K: the last program of a row block adds the slices in slice order, so the result does not depend on
     which program finishes last; the arrival counters are left at zero for the next replay."""
     from engine.core import gemv, gemv_int4
@@ -113,11 +155,12 @@ def test_split_k_sums_are_the_same_on_every_graph_replay():
     ref = F.linear((F.silu(gu[:k].float()) * gu[k:].float()), w.dequantise(torch.float32))
     outs = []
     for split in (1, 4, 8):
+        blocks = (128, 128, 4, split, 3, 1) if form == 1 else (128, 128, 4, split, 2, 2)
         out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(128, 128, 4, split, 3))  # counters made
+        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=blocks)  # counters made
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(128, 128, 4, split, 3))
+            gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=blocks)
         first = None
         for _ in range(20):
             graph.replay()
@@ -166,7 +209,8 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="programmatic dependent launch needs compute capability 9.0")
-def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every_replay(monkeypatch):
+@pytest.mark.parametrize("form", [1, 2])  # the pairs form, the subnormal pairs (their first words prefetched)
+def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every_replay(monkeypatch, form):
     """PDL (gemv_int4.pdl_enabled): the GEMV starts while the row kernel still writes h. A chain of two products
     in one graph (norm + gate/up, then SiLU + down of its output), the input changed before every replay: each
     replay's outputs equal, bit for bit, the same products launched one after another without PDL. A GEMV that
@@ -190,8 +234,9 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
                  torch.empty(k, device="cuda", dtype=torch.bfloat16), torch.empty(k, device="cuda", dtype=torch.bfloat16))
 
     def chain():
-        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w13, None, gu, d, nw, 1e-6, xo)
-        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w2, None, y)
+        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w13, None, gu, d, nw, 1e-6, xo,
+                         blocks=(*gemv_int4._default_blocks(2 * inter, k)[:5], form))
+        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w2, None, y, blocks=(*gemv_int4._default_blocks(k, inter)[:5], form))
 
     chain()
     graph = torch.cuda.CUDAGraph()

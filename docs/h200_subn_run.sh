@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The device calls on a lent H200 of 2026-12-04 (afternoon): the int4 GEMV's subnormal-pairs form, and the 27B
+# shape at 256K with the bench's own memory sampler. Results in $OUT/raw, packed into $OUT/run-<part>.tgz (the
+# device returns only a few files per call).
+#   bash docs/h200_subn_run.sh e   the table's pairs-form configurations and the subnormal-pairs form's on every
+#                                  27B matrix (words in tiles of 32 rows), the fastest per matrix then timed with
+#                                  its prologue and in the 27B int4 step at 1K / 128K under torch.profiler; then the
+#                                  int4 GPU tests (JUnit XML).
+#   bash docs/h200_subn_run.sh f   the full 64-layer 27B shape served at 262,144 positions, two ranks on the card,
+#                                  through HTTP (engine.bench.long_context: TTFT, decode at the end, nvidia-smi
+#                                  memory); needs fastapi & co. (pip wheels in .whl, installed to /tmp/site).
+#   bash docs/h200_subn_run.sh g   with the subnormal-pairs form as the default: the int4 step and the GPU tests of
+#                                  the kernels it changes (int4, fused, hybrid, graphs).
+set -u
+case "${1:-}" in e|f|g) PART=$1 ;; *) echo "usage: bash docs/h200_subn_run.sh e|f|g" >&2; exit 2 ;; esac
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+TOP=${OUT:-/tmp/out}
+OUT=$TOP/raw
+mkdir -p "$OUT"
+pack() { tar czf "$TOP/run-$PART.tgz" -C "$OUT" .; }
+trap pack EXIT
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.csv" 2>&1
+
+summary() {
+  python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+if "int4_summary" in d:
+    print("bytes-weighted", d["int4_summary"]["bytes_weighted_fraction"], "read", d["read_bw_gbps"])
+    for s, v in d["int4"].items():
+        for m, r in v.items():
+            by = {}
+            for key, c in r["configs"].items():
+                if "us" in c:
+                    f = key.split("-")[0].split("x")[5]
+                    if f not in by or c["us"] < by[f][1]:
+                        by[f] = (key, c["us"])
+            b = r.get("best", {})
+            print(" ", s, m, "best", b.get("blocks"), b.get("us"), b.get("fraction"), "pro", b.get("prologue_us"),
+                  "row", b.get("row_kernel_us"), "by form", by)
+for c, r in d.get("step", {}).get("contexts", {}).items():
+    pr = r.get("profile") or {}
+    print("step", c, r["ms"], r["of_floor"], "busy", pr.get("busy_us"), "idle", pr.get("idle_us"),
+          [(t["kernel"][:18], t["us"]) for t in pr.get("top", [])[:4]])
+PY
+}
+
+if [ "$PART" = e ]; then
+  PAIRS="64,128,4,4,2,1;32,128,2,8,2,1;128,128,8,4,2,1;64,128,4,32,2,1;64,128,4,8,1,1;64,128,4,16,2,1;64,128,4,8,2,1"
+  SUBN="128,128,4,2,2,2;128,128,4,4,2,2;128,128,4,8,2,2;128,128,4,16,2,2;64,128,2,4,2,2;64,128,2,8,2,2"
+  SUBN="$SUBN;64,128,2,16,2,2;64,128,2,32,2,2;256,128,8,2,2,2;256,128,8,4,2,2;32,128,1,8,2,2;32,128,1,32,2,2"
+  timeout 330 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "$PAIRS;$SUBN" --profile \
+    --out "$OUT/int4-subn.json" > "$OUT/int4-subn.stdout" 2>&1
+  echo "int4 exit $?"; [ -f "$OUT/int4-subn.json" ] && summary "$OUT/int4-subn.json" || tail -20 "$OUT/int4-subn.stdout"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
+    --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
+  exit 0
+fi
+if [ "$PART" = f ]; then
+  mkdir -p /tmp/site && pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl > "$OUT/pip.txt" 2>&1
+  export PYTHONPATH=/tmp/site:$PWD
+  timeout 560 python3 -m engine.bench.long_context --max-context 262144 --tokens 32 --timeout-s 540 \
+    --out "$OUT/long-27b-256k.json" > "$OUT/long.stdout" 2> "$OUT/long.stderr"
+  echo "long exit $?"; tail -c 1500 "$OUT/long.stderr"
+  python3 - "$OUT/long-27b-256k.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except OSError as e:
+    sys.exit(f"no result: {e}")
+print({k: d.get(k) for k in ("start_s", "ttft_s", "completed", "last_position", "gpu_memory_used_mib")})
+print("health_end", json.dumps(d.get("health_end"))[:1500])
+PY
+  exit 0
+fi
+timeout 150 python3 -m engine.bench.int4 --skip int4,prefill,fp16 --profile --out "$OUT/int4-step.json" \
+  > "$OUT/int4-step.stdout" 2>&1
+echo "int4 step exit $?"; [ -f "$OUT/int4-step.json" ] && summary "$OUT/int4-step.json"
+timeout 380 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
+  tests/engine/test_engine_fused_gpu.py tests/engine/test_engine_hybrid_gpu.py tests/engine/test_engine_graphs_gpu.py \
+  tests/engine/test_engine_spec_graphs_gpu.py --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
