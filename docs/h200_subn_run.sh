@@ -3,9 +3,10 @@
 # shape at 256K with the bench's own memory sampler. Results in $OUT/raw, packed into $OUT/run-<part>.tgz (the
 # device returns only a few files per call).
 #   bash docs/h200_subn_run.sh e   the table's pairs-form configurations and the subnormal-pairs form's on every
-#                                  27B matrix (words in tiles of 32 rows), the fastest per matrix then timed with
-#                                  its prologue and in the 27B int4 step at 1K / 128K under torch.profiler; then the
-#                                  int4 GPU tests (JUnit XML).
+#                                  27B matrix, words in tiles of 32 rows and in the same tiles in quads (LAYOUTS), the
+#                                  fastest per matrix timed with its prologue; the 27B int4 step at 1K / 128K under
+#                                  torch.profiler with the engine's table and with quads and their fastest blocks;
+#                                  then the int4 GPU tests (JUnit XML).
 #   bash docs/h200_subn_run.sh f   the full 64-layer 27B shape served at 262,144 positions, two ranks on the card,
 #                                  through HTTP (engine.bench.long_context: TTFT, decode at the end, nvidia-smi
 #                                  memory); needs fastapi & co. (pip wheels in .whl, installed to /tmp/site).
@@ -49,10 +50,26 @@ if [ "$PART" = e ]; then
   PAIRS="64,128,4,4,2,1;32,128,2,8,2,1;128,128,8,4,2,1;64,128,4,32,2,1;64,128,4,8,1,1;64,128,4,16,2,1;64,128,4,8,2,1"
   SUBN="128,128,4,2,2,2;128,128,4,4,2,2;128,128,4,8,2,2;128,128,4,16,2,2;64,128,2,4,2,2;64,128,2,8,2,2"
   SUBN="$SUBN;64,128,2,16,2,2;64,128,2,32,2,2;256,128,8,2,2,2;256,128,8,4,2,2;32,128,1,8,2,2;32,128,1,32,2,2"
-  timeout 330 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "$PAIRS;$SUBN" --profile \
+  LAYOUTS=${LAYOUTS:-32,q32}
+  timeout 240 python3 -m engine.bench.int4 --skip prefill,fp16,step --layouts "$LAYOUTS" --configs "$PAIRS;$SUBN" \
     --out "$OUT/int4-subn.json" > "$OUT/int4-subn.stdout" 2>&1
   echo "int4 exit $?"; [ -f "$OUT/int4-subn.json" ] && summary "$OUT/int4-subn.json" || tail -20 "$OUT/int4-subn.stdout"
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
+  # the step twice: the engine's table (pairs, tiles) and, words in quads, each matrix's fastest on quads
+  python3 - "$OUT/int4-subn.json" "$OUT/quads-blocks.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+best = {f"{r['best']['prologue']}:{r['n']}x{r['k']}": r["best_by_layout"]["q32"]["blocks"]
+        for v in d["int4"].values() for r in v.values() if "q32" in r.get("best_by_layout", {})}
+json.dump({"best_blocks": best}, open(sys.argv[2], "w"))
+print("quads blocks", best)
+PY
+  timeout 90 python3 -m engine.bench.int4 --skip int4,prefill,fp16 --profile --out "$OUT/step-table.json" \
+    > "$OUT/step-table.stdout" 2>&1
+  echo "step table exit $?"; [ -f "$OUT/step-table.json" ] && summary "$OUT/step-table.json"
+  V100PLAN_ENGINE_INT4_QUADS=1 V100PLAN_ENGINE_INT4_BLOCKS="$OUT/quads-blocks.json" timeout 90 python3 -m engine.bench.int4 \
+    --skip int4,prefill,fp16 --profile --out "$OUT/step-quads.json" > "$OUT/step-quads.stdout" 2>&1
+  echo "step quads exit $?"; [ -f "$OUT/step-quads.json" ] && summary "$OUT/step-quads.json"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
     --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
   exit 0
 fi

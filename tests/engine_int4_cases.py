@@ -175,6 +175,29 @@ def test_the_subnormal_pairs_form_runs_as_the_pairs_form_where_a_tile_is_not_128
         assert torch.equal(a, b), (group, dtype)
 
 
+@pytest.mark.parametrize("group", [32, 128])
+def test_words_held_in_quads_give_the_row_layouts_outputs_in_every_form(group):
+    """PackedLinear.tiled(32, quads=True): each tile's words ordered [quad, row, 4]; row_words gives the row layout
+    back, and every loop form (planes, pairs, subnormal pairs; prefetching or not) and the prefill dequantise give
+    the row layout's answer bit for bit."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(25 + group)
+    w = packed(64, 256, group, g)
+    q = w.tiled(32, quads=True)
+    assert q.tile_rows == 32 and q.tile_quads and not torch.equal(q.qweight, w.qweight)
+    assert torch.equal(q.row_words(), w.qweight) and torch.equal(q.untiled().qweight, w.qweight)
+    assert q.to("cpu").tile_quads
+    x = torch.randn(256, generator=g).to(torch.bfloat16)
+    for blocks in ((32, 128, 4, 2, 2, 0), (32, 128, 4, 2, 1, 1), (32, 128, 4, 2, 2, 1), (32, 128, 4, 2, 2, 2),
+                   (64, 128, 4, 1, 1, 2)):
+        want, got = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.bfloat16)
+        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
+        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, q, None, got, blocks=blocks)
+        assert torch.equal(got, want), blocks
+    assert torch.equal(gemv_int4.dequantise(q, torch.float32, blocks=(16, 64)), w.dequantise_held(torch.float32))
+
+
 def test_the_subnormal_pairs_row_kernel_writes_five_planes_and_a_power_of_two_per_tile():
     """int4_row_kernel's SUBN form, per tile of 128 inputs: planes p = 0..3 hold (h[8 i + p], h[8 i + p + 4])
     times 2^(14 - e) (divided by 16 for odd p), e = floor(log2 max |h|), so the largest is in [2^14, 2^15);

@@ -72,12 +72,22 @@ def _configs(text: str) -> list[tuple[int, ...]]:
 
 
 def _layouts(text: str) -> list[int]:
-    try:
-        out = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--layouts: {text!r} is not comma-separated tile rows (0 = rows)") from None
-    if not out or any(v < 0 or v & (v - 1) for v in out):
-        raise argparse.ArgumentTypeError("--layouts: each is 0 (rows) or a power of two (tile rows)")
+    """--layouts: 0 (rows), TB (tiles of TB rows) or qTB (tiles of TB rows, words in quads), as 0, TB, -TB."""
+    out = []
+    for v in (v.strip() for v in text.split(",")):
+        if not v:
+            continue
+        quads = v.startswith("q")
+        try:
+            tb = int(v[1:] if quads else v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--layouts: {text!r} is not comma-separated tile rows (0 = rows, "
+                                             "qTB = tiles in quads)") from None
+        if tb < 0 or tb & (tb - 1) or (quads and not tb):
+            raise argparse.ArgumentTypeError("--layouts: each is 0 (rows), a power of two (tile rows) or q and one")
+        out.append(-tb if quads else tb)
+    if not out:
+        raise argparse.ArgumentTypeError("--layouts: none given")
     return out
 
 
@@ -123,15 +133,15 @@ def int4_gemv(args, doc: dict) -> None:
             best = None
             for tb, cfg0 in [(tb, c) for tb in args.layouts for c in (args.configs or CONFIGS)]:
                 cfg = (cfg0[0], min(cfg0[1], k), *cfg0[2:])
-                key = "x".join(map(str, cfg)) + (f"-t{tb}" if tb else "")
+                key = "x".join(map(str, cfg)) + (f"-q{-tb}" if tb < 0 else f"-t{tb}" if tb else "")
                 if key in row["configs"]:
                     continue
                 if tb and tb not in held:
-                    held[tb] = [w.tiled(tb) for w in rows_held]
+                    held[tb] = [w.tiled(abs(tb), quads=tb < 0) for w in rows_held]
                 ws = held[tb] if tb else rows_held
                 one = ws[0]
                 if tb and not one.tile_rows:
-                    row["configs"][key] = {"skipped": f"cannot be held in tiles of {tb} rows"}
+                    row["configs"][key] = {"skipped": f"cannot be held in tiles of {abs(tb)} rows"}
                     continue
                 try:
                     gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
@@ -147,7 +157,7 @@ def int4_gemv(args, doc: dict) -> None:
                 gbps = one.nbytes / (us * 1e-6) / 1e9
                 row["configs"][key] = {"us": round(us, 3), "gbps": round(gbps, 1), "fraction": round(gbps / read, 4),
                                        "rel_err": round(err, 6)}
-                lay = f"t{tb}" if tb else "rows"
+                lay = f"q{-tb}" if tb < 0 else f"t{tb}" if tb else "rows"
                 if best is None or us < best[1]:
                     best = (cfg, us, tb)
                 if lay not in row.setdefault("best_by_layout", {}) or us < row["best_by_layout"][lay]["us"]:
@@ -342,8 +352,8 @@ def main(argv: list[str]) -> int:
                    help="int4: the block configurations to time, ';'-separated, each BN,BK,warps,split,stages,form "
                         "(default: CONFIGS)")
     p.add_argument("--layouts", default="0,32", type=_layouts,
-                   help="int4: how the words are held, comma-separated: 0 = in rows, TB = in tiles of TB rows "
-                        "(quant.PackedLinear.tiled; default: 0,32)")
+                   help="int4: how the words are held, comma-separated: 0 = in rows, TB = in tiles of TB rows, "
+                        "qTB = the same tiles with their words in quads (quant.PackedLinear.tiled; default: 0,32)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     args.device = "cuda:0"

@@ -64,6 +64,9 @@ DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithme
 TILE_ROWS = 32  # packed matrices on a GPU hold their words in tiles of this many rows (quant.PackedLinear.tiled); 0:
 # in rows
 TILE_DEVICES = ("cuda",)  # where loading tiles them (the CPU's products read rows)
+QUADS_ENV = "V100PLAN_ENGINE_INT4_QUADS"  # "1": hold each tile's words in quads of four (PackedLinear.tiled)
+TILE_QUADS = os.environ.get(QUADS_ENV, "0") == "1"  # a warp of the subnormal-pairs form, one row a thread, then
+# reads one quarter of 32 rows' tiles as 512 contiguous bytes instead of 16 bytes every 64
 PDL_ENV = "V100PLAN_ENGINE_INT4_PDL"  # "0": launch the GEMV after the row kernel as any kernel (no overlap)
 BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split,
 # stages]}}
@@ -229,9 +232,13 @@ def _kernels():
     def _woff(kw, TB: tl.constexpr, TW: tl.constexpr, SW: tl.constexpr):
         """Where word kw of a row sits past the row's base pointer: kw in the row layout; in tiles of TB rows
         (quant.PackedLinear.tiled) the tile kw // TW of the row's block, TW (quant.TILE_WORDS) words a row in
-        it. A tile of SW <= TW words never crosses a held tile (SW divides TW, kw a multiple of SW)."""
+        it. A tile of SW <= TW words never crosses a held tile (SW divides TW, kw a multiple of SW). TB < 0: in
+        tiles of -TB rows whose words are held in quads (quant.PackedLinear.tiled(quads=True)): word kw's quad
+        of four sits (kw % TW) // 4 quads of -TB rows on (SW a multiple of 4)."""
         if TB == 0:
             return tl.multiple_of(kw, SW)
+        if TB < 0:
+            return tl.multiple_of((kw // TW) * (TW * -TB) + ((kw % TW) // 4) * (4 * -TB), 4)
         return tl.multiple_of((kw // TW) * (TW * TB) + kw % TW, SW)
 
     @triton.jit
@@ -439,17 +446,18 @@ def _kernels():
         are read once a tile and the four quarters' sums chain in fp16 (_subn_tile)."""
         tl.static_assert(EVEN_K, "the subnormal-pairs form takes whole tiles of 16 words (launch)")
         wo = _woff(kw, TB, TW, 16)
+        QS: tl.constexpr = 4 * -TB if TB < 0 else 4  # from one quarter of a row's tile to the next
         if EVEN_N:
             w0 = tl.load(wp + wo, eviction_policy="evict_first")
-            w1 = tl.load(wp + wo + 4, eviction_policy="evict_first")
-            w2 = tl.load(wp + wo + 8, eviction_policy="evict_first")
-            w3 = tl.load(wp + wo + 12, eviction_policy="evict_first")
+            w1 = tl.load(wp + wo + QS, eviction_policy="evict_first")
+            w2 = tl.load(wp + wo + 2 * QS, eviction_policy="evict_first")
+            w3 = tl.load(wp + wo + 3 * QS, eviction_policy="evict_first")
         else:
             m2 = rmask[:, None] & ((rmask[:, None] * 0 + kw) < kwend)
             w0 = tl.load(wp + wo, mask=m2, other=0, eviction_policy="evict_first")
-            w1 = tl.load(wp + wo + 4, mask=m2, other=0, eviction_policy="evict_first")
-            w2 = tl.load(wp + wo + 8, mask=m2, other=0, eviction_policy="evict_first")
-            w3 = tl.load(wp + wo + 12, mask=m2, other=0, eviction_policy="evict_first")
+            w1 = tl.load(wp + wo + QS, mask=m2, other=0, eviction_policy="evict_first")
+            w2 = tl.load(wp + wo + 2 * QS, mask=m2, other=0, eviction_policy="evict_first")
+            w3 = tl.load(wp + wo + 3 * QS, mask=m2, other=0, eviction_policy="evict_first")
         return w0, w1, w2, w3
 
     @triton.jit
@@ -532,6 +540,9 @@ def _kernels():
         zshift = (rows % 8) * 4
         if TB == 0:  # the words in rows
             wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
+        elif TB < 0:  # in tiles of -TB rows, each row's TW words in quads of four (PackedLinear.tiled(quads=True))
+            rb = (rows // -TB).to(tl.int64) * (-TB * KW) + (rows % -TB) * 4
+            wp = qw_ptr + rb[:, None] + ((wcols // 4) * (4 * -TB) + wcols % 4)[None, :]
         else:  # in tiles of TB rows x TW words (quant.PackedLinear.tiled)
             rb = (rows // TB).to(tl.int64) * (TB * KW) + (rows % TB) * TW
             wp = qw_ptr + rb[:, None] + wcols[None, :]
@@ -670,6 +681,9 @@ def _kernels():
         wi = cols // 8
         if TB == 0:
             at = rows[:, None].to(tl.int64) * (K // 8) + wi[None, :]
+        elif TB < 0:  # quads (PackedLinear.tiled(quads=True))
+            at = ((rows // -TB).to(tl.int64) * (-TB * (K // 8)) + (rows % -TB) * 4)[:, None] + (
+                (wi // TW) * (TW * -TB) + ((wi % TW) // 4) * (4 * -TB) + wi % 4)[None, :]
         else:
             at = ((rows // TB).to(tl.int64) * (TB * (K // 8)) + (rows % TB) * TW)[:, None] + (
                 (wi // TW) * (TW * TB) + wi % TW)[None, :]
@@ -706,8 +720,16 @@ def pdl_enabled(device: torch.device) -> bool:
 
 
 def held(w, device: torch.device):
-    """A packed matrix as the GEMV on ``device`` reads it best: in tiles of TILE_ROWS rows on a GPU."""
-    return quant.tiled(w, TILE_ROWS) if TILE_ROWS and torch.device(device).type in TILE_DEVICES else w
+    """A packed matrix as the GEMV on ``device`` reads it best: in tiles of TILE_ROWS rows on a GPU (words in
+    quads when TILE_QUADS)."""
+    if TILE_ROWS and torch.device(device).type in TILE_DEVICES:
+        return quant.tiled(w, TILE_ROWS, TILE_QUADS)
+    return w
+
+
+def _tb(w) -> int:
+    """The kernels' TB for a packed matrix: 0 in rows, the tile's rows, or minus them for words held in quads."""
+    return -w.tile_rows if w.tile_quads else w.tile_rows
 
 
 def _pow2_at_least(n: int) -> int:
@@ -799,7 +821,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
         w.qweight, w.qzeros, w.scales, hp, hw, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
         peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
-        STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, TB=w.tile_rows,
+        STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, TB=_tb(w),
         TW=quant.TILE_WORDS, PDL=pdl, SUBN=subn, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
     return out
 
@@ -848,5 +870,5 @@ def dequantise(w, dtype: torch.dtype, blocks: tuple[int, int] = (32, 128)) -> to
     gs = w.group_size if w.group_size < k else _pow2_at_least(k)
     _kernels()[1][(-(-n // blocks[0]), -(-k // blocks[1]))](w.qweight, w.qzeros, w.scales, out, n, k, GS=gs,
                                                            ZOFF=w.zero_offset, BLOCK_N=blocks[0], BLOCK_K=blocks[1],
-                                                           TB=w.tile_rows, TW=quant.TILE_WORDS)
+                                                           TB=_tb(w), TW=quant.TILE_WORDS)
     return out
