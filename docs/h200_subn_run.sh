@@ -10,10 +10,14 @@
 #   bash docs/h200_subn_run.sh f   the full 64-layer 27B shape served at 262,144 positions, two ranks on the card,
 #                                  through HTTP (engine.bench.long_context: TTFT, decode at the end, nvidia-smi
 #                                  memory); needs fastapi & co. (pip wheels in .whl, installed to /tmp/site).
+#   bash docs/h200_subn_run.sh h   a persistent grid (blocks[6]: programs a multiprocessor) for the table's
+#                                  configurations on every 27B matrix, against the ordinary grid in the same run;
+#                                  the int4 step at 1K / 128K with each matrix's fastest, under torch.profiler; the
+#                                  int4 GPU tests.
 #   bash docs/h200_subn_run.sh g   with the subnormal-pairs form as the default: the int4 step and the GPU tests of
 #                                  the kernels it changes (int4, fused, hybrid, graphs).
 set -u
-case "${1:-}" in e|f|g) PART=$1 ;; *) echo "usage: bash docs/h200_subn_run.sh e|f|g" >&2; exit 2 ;; esac
+case "${1:-}" in e|f|g|h) PART=$1 ;; *) echo "usage: bash docs/h200_subn_run.sh e|f|g|h" >&2; exit 2 ;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 TOP=${OUT:-/tmp/out}
 OUT=$TOP/raw
@@ -70,6 +74,30 @@ PY
     --skip int4,prefill,fp16 --profile --out "$OUT/step-quads.json" > "$OUT/step-quads.stdout" 2>&1
   echo "step quads exit $?"; [ -f "$OUT/step-quads.json" ] && summary "$OUT/step-quads.json"
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
+    --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
+  exit 0
+fi
+if [ "$PART" = h ]; then
+  CFG=""
+  for c in 64,128,4,4,2,1 32,128,2,8,2,1 128,128,8,4,2,1 64,128,4,32,2,1 64,128,4,8,1,1 64,128,4,16,2,1 64,128,4,8,2,1; do
+    for p in 0 4 8 12 16; do CFG="$CFG;$c,$p"; done
+  done
+  timeout 300 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "${CFG#;}" --profile \
+    --out "$OUT/int4-persist.json" > "$OUT/int4-persist.stdout" 2>&1
+  echo "int4 exit $?"; [ -f "$OUT/int4-persist.json" ] && summary "$OUT/int4-persist.json" || tail -20 "$OUT/int4-persist.stdout"
+  python3 - "$OUT/int4-persist.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for s, v in d["int4"].items():
+    for m, r in v.items():
+        by = {}
+        for key, c in r["configs"].items():
+            if "us" in c:
+                p = int(key.split("-")[0].split("x")[6])
+                by[p] = min(by.get(p, 1e9), c["us"])
+        print(" ", s, m, {p: by[p] for p in sorted(by)})
+PY
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
     --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
   exit 0
 fi

@@ -198,6 +198,30 @@ def test_words_held_in_quads_give_the_row_layouts_outputs_in_every_form(group):
     assert torch.equal(gemv_int4.dequantise(q, torch.float32, blocks=(16, 64)), w.dequantise_held(torch.float32))
 
 
+@pytest.mark.parametrize("form,stages", [(1, 2), (2, 2), (0, 1)])
+def test_a_persistent_grid_gives_the_one_program_an_item_answer_bit_for_bit(form, stages):
+    """blocks[6] = programs a multiprocessor (the interpreter counts 4): fewer programs than (row block, slice)
+    items, each looping over its items; the split-K sums and the counters they leave behind are the same, so two
+    calls in a row both equal the ordinary grid's answer."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(26 + form)
+    w = packed(96, 512, 128, g)  # 3 row blocks of 32 x 4 slices = 12 items
+    x = torch.randn(512, generator=g).to(torch.bfloat16)
+    want = torch.empty(96, dtype=torch.bfloat16)
+    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=(32, 128, 4, 4, stages, form))
+    for per_sm in (1, 2):  # 4 and 8 programs for 12 items
+        for _ in range(2):
+            got = torch.full((96,), float("nan"), dtype=torch.bfloat16)
+            gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, got, blocks=(32, 128, 4, 4, stages, form, per_sm))
+            assert torch.equal(got, want), per_sm
+    gu = torch.randn(1024, generator=g).to(torch.bfloat16)
+    a, b = torch.empty(96, dtype=torch.bfloat16), torch.empty(96, dtype=torch.bfloat16)
+    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, a, blocks=(32, 128, 4, 4, stages, form))
+    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, b, blocks=(32, 128, 4, 4, stages, form, 1))
+    assert torch.equal(a, b)
+
+
 def test_the_subnormal_pairs_row_kernel_writes_five_planes_and_a_power_of_two_per_tile():
     """int4_row_kernel's SUBN form, per tile of 128 inputs: planes p = 0..3 hold (h[8 i + p], h[8 i + p + 4])
     times 2^(14 - e) (divided by 16 for odd p), e = floor(log2 max |h|), so the largest is in [2^14, 2^15);

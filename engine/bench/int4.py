@@ -66,8 +66,9 @@ def _configs(text: str) -> list[tuple[int, ...]]:
         out = [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--configs: {text!r} is not ';'-separated BN,BK,warps,split,stages,form") from None
-    if not out or any(len(c) != 6 for c in out):
-        raise argparse.ArgumentTypeError("--configs: each configuration has six numbers (BN,BK,warps,split,stages,form)")
+    if not out or any(len(c) not in (6, 7) for c in out):
+        raise argparse.ArgumentTypeError("--configs: each configuration has six numbers (BN,BK,warps,split,stages,form)"
+                                         " and optionally a seventh (programs a multiprocessor: a persistent grid)")
     return out
 
 

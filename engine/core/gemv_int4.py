@@ -92,7 +92,7 @@ def _load_blocks() -> None:
         n, k = (int(v) for v in shape.split("x"))
         if len(val) > 3 and isinstance(val[3], bool):  # a table of the earlier loop forms: its blocks only
             val = val[:3]
-        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:6])
+        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:7])
 
 
 _load_blocks()
@@ -102,7 +102,7 @@ _load_blocks()
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
-    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _subn_chain, _subn_f32, _subn_loads, _subn_tile, _ld, _subn_words, _prefetch_l2
+    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _subn_chain, _subn_f32, _subn_loads, _subn_tile, _ld, _subn_words, _prefetch_l2, _int4_item
     import triton
     import triton.language as tl
 
@@ -520,17 +520,15 @@ def _kernels():
                                   dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
-    def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
-                         xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
-                         SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
-                         EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1, PAIRS: tl.constexpr = False,
-                         ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False, TB: tl.constexpr = 0,
-                         TW: tl.constexpr = 16, PDL: tl.constexpr = False, SUBN: tl.constexpr = False):
-        # PDL: launched while the row kernel still runs (programmatic dependent launch): everything before
-        # _pdl_wait reads only what no kernel still running writes (the words, scales and zero points)
-        pid = tl.program_id(0)
-        pk = tl.program_id(1)  # this program's slice of K (split-K): words [pk KS, (pk + 1) KS) of each row
+    def _int4_item(pid, pk, qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
+                   xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
+                   SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                   STAGES: tl.constexpr, PAIRS: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr,
+                   TB: tl.constexpr, TW: tl.constexpr, PDL: tl.constexpr, SUBN: tl.constexpr):
+        """One work item of the GEMV: row block pid (BLOCK_N rows), slice pk of K (split-K: words [pk KS, (pk + 1)
+        KS) of each row). PDL: launched while the row kernel still runs (programmatic dependent launch):
+        everything before _pdl_wait reads only what no kernel still running writes (words, scales, zero points)."""
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
         SUB: tl.constexpr = BLOCK_K if BLOCK_K < GS else GS  # inputs of one sub-tile: inside one group
@@ -670,6 +668,29 @@ def _kernels():
                 _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
     @triton.jit
+    def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
+                         xs_peer, xs_ser, xs_slot, xs_e, GRID_N, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
+                         SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
+                         EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1, PAIRS: tl.constexpr = False,
+                         ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False, TB: tl.constexpr = 0,
+                         TW: tl.constexpr = 16, PDL: tl.constexpr = False, SUBN: tl.constexpr = False,
+                         PERSIST: tl.constexpr = False):
+        """The GEMV (_int4_item per row block and slice of K). PERSIST: a grid of fewer programs than items (a
+        few per SM, launch), each taking items pid, pid + programs, ... in the order a grid of one program an item
+        would start them (row blocks fastest), so no wave of a few programs ends the kernel alone."""
+        if PERSIST:
+            for item in range(tl.program_id(0), GRID_N * SPLIT, tl.num_programs(0)):
+                _int4_item(item % GRID_N, item // GRID_N, qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr,
+                           part_ptr, count_ptr, N, K, KW, KS, xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS, BLOCK_N,
+                           BLOCK_K, GS, ZOFF, EMU, SEND, EPW, SPLIT, EVEN_K, STAGES, PAIRS, ASM, EVEN_N, TB, TW, PDL,
+                           SUBN)
+        else:
+            _int4_item(tl.program_id(0), tl.program_id(1), qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr,
+                       part_ptr, count_ptr, N, K, KW, KS, xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS, BLOCK_N, BLOCK_K,
+                       GS, ZOFF, EMU, SEND, EPW, SPLIT, EVEN_K, STAGES, PAIRS, ASM, EVEN_N, TB, TW, PDL, SUBN)
+
+    @triton.jit
     def dequant_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, GS: tl.constexpr, ZOFF: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TB: tl.constexpr = 0,
                        TW: tl.constexpr = 16):
@@ -732,6 +753,14 @@ def _tb(w) -> int:
     return -w.tile_rows if w.tile_quads else w.tile_rows
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of the device (the interpreter and the CPU: 4, so persistence is exercised there too)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -780,9 +809,11 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
            zc: bool = False) -> torch.Tensor:
     """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
     or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's.
-    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages[, form]]]): split = programs along K (split-K, default
-    1), stages = the depth of the loop's load pipeline (DEFAULT_STAGES), form = FORM_PAIRS (fp16 pairs, 16-bit
-    activations only) or FORM_PLANES (float32 planes; float32 activations always), DEFAULT_FORM."""
+    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages[, form[, per_sm]]]]): split = programs along K
+    (split-K, default 1), stages = the depth of the loop's load pipeline (DEFAULT_STAGES), form = FORM_PAIRS (fp16
+    pairs, 16-bit activations only), FORM_SUBN or FORM_PLANES (float32 planes; float32 activations always),
+    DEFAULT_FORM; per_sm > 0: a persistent grid of per_sm programs a multiprocessor, each looping over (row block,
+    slice) items, where that is fewer programs than items (0: one program an item)."""
     n, k = w.shape
     name = gemv.PROLOGUE_NAMES[prologue]
     cfg = tuple(blocks or BLOCKS.get((name, n, k), _default_blocks(n, k)))
@@ -790,6 +821,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     split = cfg[3] if len(cfg) > 3 else 1
     stages = cfg[4] if len(cfg) > 4 else DEFAULT_STAGES
     form = cfg[5] if len(cfg) > 5 else DEFAULT_FORM
+    per_sm = cfg[6] if len(cfg) > 6 else 0
     pairs = x.dtype in PAIR_DTYPES and form in (FORM_PAIRS, FORM_SUBN)
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
@@ -817,9 +849,11 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
                        pdl, subn)
     emu = gemv.interpreting() and x.dtype == torch.bfloat16
     peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, out)
-    _kernels()[0][(grid_n, split)](
+    programs = per_sm * _sm_count(out.device) if per_sm else 0
+    persist = 0 < programs < grid_n * split
+    _kernels()[0][(programs, 1) if persist else (grid_n, split)](
         w.qweight, w.qzeros, w.scales, hp, hw, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
-        peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
+        peer, ser, slot, e, grid_n, PERSIST=persist, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
         STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, TB=_tb(w),
         TW=quant.TILE_WORDS, PDL=pdl, SUBN=subn, num_warps=warps, **({"launch_pdl": True} if pdl else {}))

@@ -263,3 +263,33 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
         torch.cuda.synchronize()
         assert torch.equal(gu, gu_pdl) and torch.equal(y, y_pdl)
     assert not torch.equal(got[0][1], got[1][1])  # the inputs differ, so do the answers: the check can fail
+
+
+@pytest.mark.parametrize("form", [1, 2])
+def test_a_persistent_grid_gives_the_ordinary_grids_answer_on_every_replay(form):
+    """blocks[6] = programs a multiprocessor: a grid of fewer programs than (row block, slice) items, each
+    looping over items, gives the one-program-an-item answer bit for bit, in a graph replayed 10 times (the
+    split-K counters left at zero by every call)."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(10)
+    n, k = 34816, 5120  # the 27B gate/up: 544 row blocks of 64 x 4 slices, more items than 8 programs an SM
+    w = gemv_int4.held(quant.PackedLinear(
+        quant.pack(torch.randint(0, 16, (n, k), generator=g)), quant.pack(torch.randint(0, 16, (k // 128, n),
+                                                                                          generator=g)),
+        (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda"), "cuda")
+    x = torch.randn(k, device="cuda").bfloat16()
+    blocks = (64, 128, 4, 4, 2, form)
+    want = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
+    for per_sm in (4, 8):
+        out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
+        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=(*blocks, per_sm))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=(*blocks, per_sm))
+        for _ in range(10):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), per_sm
