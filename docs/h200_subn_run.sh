@@ -14,10 +14,13 @@
 #                                  configurations on every 27B matrix, against the ordinary grid in the same run;
 #                                  the int4 step at 1K / 128K with each matrix's fastest, under torch.profiler; the
 #                                  int4 GPU tests.
+#   bash docs/h200_subn_run.sh i   Nsight Compute's stall reasons, DRAM and L1/L2 traffic of the int4 GEMV: the
+#                                  table's gate/up and down at TP1, and the subnormal form on quads
+#                                  (docs/int4_ncu_stalls.py).
 #   bash docs/h200_subn_run.sh g   with the subnormal-pairs form as the default: the int4 step and the GPU tests of
 #                                  the kernels it changes (int4, fused, hybrid, graphs).
 set -u
-case "${1:-}" in e|f|g|h) PART=$1 ;; *) echo "usage: bash docs/h200_subn_run.sh e|f|g|h" >&2; exit 2 ;; esac
+case "${1:-}" in e|f|g|h|i) PART=$1 ;; *) echo "usage: bash docs/h200_subn_run.sh e|f|g|h|i" >&2; exit 2 ;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 TOP=${OUT:-/tmp/out}
 OUT=$TOP/raw
@@ -99,6 +102,43 @@ for s, v in d["int4"].items():
 PY
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
     --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
+  exit 0
+fi
+if [ "$PART" = i ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "ncu: $NCU"
+  M=""
+  for r in long_scoreboard lg_throttle wait math_pipe_throttle not_selected selected short_scoreboard barrier \
+           mio_throttle no_instruction dispatch_stall drain membar tex_throttle branch_resolving imc_miss; do
+    M="$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+  done
+  M="${M#,},dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,gpu__time_duration.sum"
+  M="$M,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"
+  M="$M,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,sm__warps_active.avg.pct_of_peak_sustained_active"
+  M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size"
+  M="$M,launch__occupancy_limit_registers,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct"
+  timeout 400 "$NCU" --clock-control none -k regex:int4_gemv --launch-skip 1 --launch-count 4 --metrics "$M" --csv \
+    python3 docs/int4_ncu_stalls.py gate_up:64,128,4,4,2,1 gate_up:64,128,2,8,2,2:q down:32,128,2,8,2,1 \
+    down:32,128,1,8,2,2:q > "$OUT/ncu-stalls.csv" 2> "$OUT/ncu-stalls.err"
+  echo "ncu exit $?"; tail -3 "$OUT/ncu-stalls.err"
+  python3 - "$OUT/ncu-stalls.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("no ncu rows")
+h = rows[0]
+ii, im, iv = h.index("ID"), h.index("Metric Name"), h.index("Metric Value")
+by = {}
+for r in rows[1:]:
+    by.setdefault(r[ii], {})[r[im]] = r[iv]
+for i, m in sorted(by.items(), key=lambda t: int(t[0])):
+    if int(i) % 3 != 0:
+        continue
+    stalls = sorted(((float(v.replace(",", "")), k.split("stalled_")[1].split("_per")[0]) for k, v in m.items()
+                     if "stalled" in k), reverse=True)[:6]
+    print(i, {k.split("__")[1][:40]: v for k, v in m.items() if "stalled" not in k})
+    print("   stalls", stalls)
+PY
   exit 0
 fi
 if [ "$PART" = f ]; then
