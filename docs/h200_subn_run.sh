@@ -17,10 +17,13 @@
 #   bash docs/h200_subn_run.sh i   Nsight Compute's stall reasons, DRAM and L1/L2 traffic of the int4 GEMV: the
 #                                  table's gate/up and down at TP1, and the subnormal form on quads
 #                                  (docs/int4_ncu_stalls.py).
+#   bash docs/h200_subn_run.sh j   the pairs form two tiles ahead in registers (stages 5, AHEAD2) against one tile
+#                                  ahead and no prefetch, the table's blocks on every 27B matrix; the int4 step with
+#                                  the fastest under torch.profiler; the int4 GPU tests.
 #   bash docs/h200_subn_run.sh g   with the subnormal-pairs form as the default: the int4 step and the GPU tests of
 #                                  the kernels it changes (int4, fused, hybrid, graphs).
 set -u
-case "${1:-}" in e|f|g|h|i) PART=$1 ;; *) echo "usage: bash docs/h200_subn_run.sh e|f|g|h|i" >&2; exit 2 ;; esac
+case "${1:-}" in e|f|g|h|i|j) PART=$1 ;; *) echo "usage: bash docs/h200_subn_run.sh e|f|g|h|i|j" >&2; exit 2 ;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 TOP=${OUT:-/tmp/out}
 OUT=$TOP/raw
@@ -99,6 +102,30 @@ for s, v in d["int4"].items():
                 p = int(key.split("-")[0].split("x")[6])
                 by[p] = min(by.get(p, 1e9), c["us"])
         print(" ", s, m, {p: by[p] for p in sorted(by)})
+PY
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
+    --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
+  exit 0
+fi
+if [ "$PART" = j ]; then
+  CFG=""
+  for c in 64,128,4,4 32,128,2,8 128,128,8,4 64,128,4,32 64,128,4,8 64,128,4,16 128,128,8,8 32,128,2,16; do
+    for st in 1 2 5; do CFG="$CFG;$c,$st,1"; done
+  done
+  timeout 300 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "${CFG#;}" --profile \
+    --out "$OUT/int4-ahead2.json" > "$OUT/int4-ahead2.stdout" 2>&1
+  echo "int4 exit $?"; [ -f "$OUT/int4-ahead2.json" ] && summary "$OUT/int4-ahead2.json" || tail -20 "$OUT/int4-ahead2.stdout"
+  python3 - "$OUT/int4-ahead2.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for s, v in d["int4"].items():
+    for m, r in v.items():
+        by = {}
+        for key, c in r["configs"].items():
+            if "us" in c:
+                st = int(key.split("-")[0].split("x")[4])
+                by[st] = min(by.get(st, 1e9), c["us"])
+        print(" ", s, m, {st: by[st] for st in sorted(by)})
 PY
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
     --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"

@@ -198,6 +198,22 @@ def test_words_held_in_quads_give_the_row_layouts_outputs_in_every_form(group):
     assert torch.equal(gemv_int4.dequantise(q, torch.float32, blocks=(16, 64)), w.dequantise_held(torch.float32))
 
 
+@pytest.mark.parametrize("n,k,split", [(96, 512, 1), (96, 512, 4), (80, 384, 2)])
+def test_two_tiles_ahead_gives_the_one_tile_ahead_answer_bit_for_bit(n, k, split):
+    """The pairs form's AHEAD2 loop (blocks[4] = 5: two tiles' loads in flight in registers): the same tiles
+    summed in the same order as one tile ahead, so the same bits; slices of one, two and four tiles."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(27 + n + split)
+    w = packed(n, k, 128, g)
+    x = torch.randn(k, generator=g).to(torch.bfloat16)
+    a, b = torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
+    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, a, blocks=(32, 128, 4, split, 2, 1))
+    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, b, blocks=(32, 128, 4, split, gemv_int4.AHEAD2, 1))
+    assert torch.equal(a, b)
+    assert rel(b, F.linear(x.float(), w.dequantise(torch.float32))) < 1e-2
+
+
 @pytest.mark.parametrize("form,stages", [(1, 2), (2, 2), (0, 1)])
 def test_a_persistent_grid_gives_the_one_program_an_item_answer_bit_for_bit(form, stages):
     """blocks[6] = programs a multiprocessor (the interpreter counts 4): fewer programs than (row block, slice)

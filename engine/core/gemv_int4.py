@@ -60,7 +60,9 @@ FORM_PLANES, FORM_PAIRS, FORM_SUBN = 0, 1, 2  # blocks[5]: the loop's form for 1
 # otherwise runs as FORM_PAIRS
 DEFAULT_FORM = FORM_PAIRS
 PAIR_DTYPES = (torch.bfloat16, torch.float16)
-DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
+DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not; 3, 4:
+# Triton's cp.async pipeline (pairs form); AHEAD2: two tiles ahead in registers (pairs form)
+AHEAD2 = 5
 TILE_ROWS = 32  # packed matrices on a GPU hold their words in tiles of this many rows (quant.PackedLinear.tiled); 0:
 # in rows
 TILE_DEVICES = ("cuda",)  # where loading tiles them (the CPU's products read rows)
@@ -604,6 +606,27 @@ def _kernels():
                                       N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
                     t = nxt
+            elif STAGES == 5:  # AHEAD2
+                # two tiles ahead in registers (AHEAD2): twice the bytes in flight a warp of one tile ahead, for
+                # a loop whose warps wait on their loads (Nsight Compute: long-scoreboard stalls)
+                if PDL:
+                    _pdl_wait()
+                t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW,
+                                SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
+                k1 = kwbeg + SW
+                if EVEN_K and EVEN_N:
+                    k1 = tl.multiple_of(tl.minimum(k1, kwend - SW), SW)
+                t1 = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, k1, kwend, rows, rmask, wcols, zshift, N, KW,
+                                 SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
+                for kw in range(kwbeg, kwend, SW):
+                    kn = kw + 2 * SW
+                    if EVEN_K and EVEN_N:
+                        kn = tl.multiple_of(tl.minimum(kn, kwend - SW), SW)  # the last tile again: no masks
+                    t2 = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wcols, zshift,
+                                     N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
+                    acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
+                    t = t1
+                    t1 = t2
             elif STAGES > 2:
                 if PDL:
                     _pdl_wait()

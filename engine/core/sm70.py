@@ -187,6 +187,8 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_gemv:fp16 subnormal pairs, words held in tiles, split-K (FORM_SUBN)", int4,
          {**q4, "PAIRS": True, "SUBN": True, "SPLIT": 4, "BLOCK_N": 128, "EVEN_N": True, "TB": 32, "TW": 16}, 4),
         ("int4_gemv:fp16 subnormal pairs, a partial row block", int4, {**q4, "PAIRS": True, "SUBN": True}, 1),
+        ("int4_gemv:fp16 pairs, two tiles ahead in registers (AHEAD2)", int4,
+         {**q4, "PAIRS": True, "SPLIT": 4, "BLOCK_N": 64, "STAGES": 5, "TB": 32, "TW": 16}, 4),
         ("int4_gemv:fp16 pairs, split-K, a persistent grid", int4,
          {**q4, "PAIRS": True, "SPLIT": 4, "BLOCK_N": 64, "PERSIST": True, "TB": 32, "TW": 16}, 4),
         ("int4_gemv:fp16 pairs, words held in tiles", int4, {**q4, "PAIRS": True, "SPLIT": 8, "TB": 32, "TW": 16}, 1),

@@ -293,3 +293,25 @@ def test_a_persistent_grid_gives_the_ordinary_grids_answer_on_every_replay(form)
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, want), per_sm
+
+
+def test_two_tiles_ahead_gives_the_one_tile_ahead_answer_on_the_gpu():
+    """AHEAD2 (blocks[4] = 5): the pairs form with two tiles' loads in flight in registers sums the same tiles in
+    the same order as one tile ahead: the same bits, with every prologue, split-K or not, PDL on where it is."""
+    from engine.core import gemv, gemv_int4
+
+    g = torch.Generator().manual_seed(12)
+    n, k = 12288, 5120
+    w = gemv_int4.held(quant.PackedLinear(
+        quant.pack(torch.randint(0, 16, (n, k), generator=g)), quant.pack(torch.randint(0, 16, (k // 128, n),
+                                                                                          generator=g)),
+        (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda"), "cuda")
+    x, d = torch.randn(k, device="cuda").bfloat16(), torch.randn(k, device="cuda").bfloat16()
+    nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    for bn, warps, split in ((64, 4, 4), (128, 8, 1), (32, 2, 8)):
+        a, b = torch.empty(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
+        xa, xb = torch.empty(k, device="cuda", dtype=torch.bfloat16), torch.empty(k, device="cuda", dtype=torch.bfloat16)
+        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, a, d, nw, 1e-6, xa, blocks=(bn, 128, warps, split, 2, 1))
+        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, b, d, nw, 1e-6, xb,
+                         blocks=(bn, 128, warps, split, gemv_int4.AHEAD2, 1))
+        assert torch.equal(a, b) and torch.equal(xa, xb), (bn, warps, split)
