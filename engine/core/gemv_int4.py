@@ -24,6 +24,13 @@ arithmetic (inline PTX, an fp16x2 partial per word, float32 across words), ~2.7 
 ~5.2 for the planes; the interpreter runs the same operands in float32 (``_pair_word``). ``stages`` 3 / 4 run that
 loop through Triton's cp.async pipeline. float32 activations always take the planes form.
 
+Options the bench sweeps, measured slower on an H200 on 2026-12-04 and so not the defaults (docs/engine-speed.md):
+FORM_SUBN (blocks[5] = 2: nibbles read as fp16 subnormals, zero points once a word, one thread a row's tile; 1.9
+SASS instructions a nibble against 3.2, 3-12 % slower: the loop waits on memory, not on issue), with the words held
+in quads (quant.PackedLinear.tiled(quads=True), TB < 0 inside the kernels), which that form needs; AHEAD2 (blocks[4]
+= 5: two tiles' loads in flight in registers, 96 registers a thread); a persistent grid (blocks[6] = programs a
+multiprocessor, each looping over (row block, slice) items).
+
 Prefill chunks do not come here: PackedLinear.linear dequantises the matrix for the chunk (``dequantise``, one
 Triton kernel) and multiplies with cuBLAS.
 """
