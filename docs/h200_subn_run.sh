@@ -32,6 +32,21 @@ pack() { tar czf "$TOP/run-$PART.tgz" -C "$OUT" .; }
 trap pack EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.csv" 2>&1
 
+by_field() {  # the fastest timing per value of one blocks field (configuration keys BNxBKxWxSxSTxFORM[xP]-LAYOUT)
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+d, field = json.load(open(sys.argv[1])), int(sys.argv[2])
+for s, v in d["int4"].items():
+    for m, r in v.items():
+        by = {}
+        for key, c in r["configs"].items():
+            if "us" in c:
+                f = int(key.split("-")[0].split("x")[field])
+                by[f] = min(by.get(f, 1e9), c["us"])
+        print(" ", s, m, {f: by[f] for f in sorted(by)})
+PY
+}
+
 summary() {
   python3 - "$1" <<'PY'
 import json, sys
@@ -91,18 +106,7 @@ if [ "$PART" = h ]; then
   timeout 300 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "${CFG#;}" --profile \
     --out "$OUT/int4-persist.json" > "$OUT/int4-persist.stdout" 2>&1
   echo "int4 exit $?"; [ -f "$OUT/int4-persist.json" ] && summary "$OUT/int4-persist.json" || tail -20 "$OUT/int4-persist.stdout"
-  python3 - "$OUT/int4-persist.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for s, v in d["int4"].items():
-    for m, r in v.items():
-        by = {}
-        for key, c in r["configs"].items():
-            if "us" in c:
-                p = int(key.split("-")[0].split("x")[6])
-                by[p] = min(by.get(p, 1e9), c["us"])
-        print(" ", s, m, {p: by[p] for p in sorted(by)})
-PY
+  by_field "$OUT/int4-persist.json" 6
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
     --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
   exit 0
@@ -115,18 +119,7 @@ if [ "$PART" = j ]; then
   timeout 300 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "${CFG#;}" --profile \
     --out "$OUT/int4-ahead2.json" > "$OUT/int4-ahead2.stdout" 2>&1
   echo "int4 exit $?"; [ -f "$OUT/int4-ahead2.json" ] && summary "$OUT/int4-ahead2.json" || tail -20 "$OUT/int4-ahead2.stdout"
-  python3 - "$OUT/int4-ahead2.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for s, v in d["int4"].items():
-    for m, r in v.items():
-        by = {}
-        for key, c in r["configs"].items():
-            if "us" in c:
-                st = int(key.split("-")[0].split("x")[4])
-                by[st] = min(by.get(st, 1e9), c["us"])
-        print(" ", s, m, {st: by[st] for st in sorted(by)})
-PY
+  by_field "$OUT/int4-ahead2.json" 4
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
     --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
   exit 0

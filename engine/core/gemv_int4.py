@@ -111,7 +111,8 @@ _load_blocks()
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
-    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _subn_chain, _subn_f32, _subn_loads, _subn_tile, _ld, _subn_words, _prefetch_l2, _int4_item
+    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _tile_exp, _fp16_pair, _int4_item, _ld, _prefetch_l2
+    global _subn_chain, _subn_f32, _subn_loads, _subn_tile, _subn_words
     import triton
     import triton.language as tl
 
@@ -158,6 +159,19 @@ def _kernels():
         return tl.where(cmask, h, 0.0)
 
     @triton.jit
+    def _tile_exp(hl, hh):
+        """e = floor(log2 max |h|) over a tile's two halves (0 for a tile of zeros), clipped to +-100."""
+        m = tl.maximum(tl.max(tl.abs(hl), axis=0), tl.max(tl.abs(hh), axis=0))
+        e = tl.where(m > 0.0, tl.floor(tl.log2(m)), 0.0)
+        return tl.minimum(tl.maximum(e, -100.0), 100.0)
+
+    @triton.jit
+    def _fp16_pair(lo, hi):
+        """Two float32 values as the fp16 halves of one int32 (low, high)."""
+        bl = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        return bl | (hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+    @triton.jit
     def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hw_ptr, K, eps, PROLOGUE: tl.constexpr,
                         HAS_PERM: tl.constexpr, SUB: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr,
                         ZC: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False,
@@ -174,53 +188,39 @@ def _kernels():
         rstd = 0.0
         if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
             rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, c, eps, dt, EMU, STATS_BLOCK)
-        if SUBN:
-            # the subnormal-pairs form (FORM_SUBN): per tile five planes of SW int32 words, each two fp16 (low,
-            # high). Planes p = 0..3: (h[8 i + p], h[8 i + p + 4]) times 2^(14 - e), divided by 16 for odd p (the
-            # GEMV's nibble of an odd plane stays 4 bits up: 16 q); the GEMV multiplies them by its nibbles read
-            # as fp16 subnormals (q 2^-24, exact), so the product is q h 2^(-10 - e). Plane 4: word i's two
-            # zero-point sums (h[8 i] + .. + h[8 i + 3], h[8 i + 4] + .. + h[8 i + 7]) times 2^(-10 - e), the
-            # same scale. e = floor(log2 max |h|) over the tile: |plane| < 2^15, no fp16 overflow anywhere in the
-            # GEMV's sums (|q|, |z| <= 16). hw[c] = 2^(10 + e), the tile's factor back.
+        if PAIRS or SUBN:
+            # pair plane p of word i: (h[8 i + p], h[8 i + p + 4]) as two fp16 in one int32 (low, high), scaled by
+            # a power of two from e = floor(log2 max |h|) over the tile; a 16-bit h is exact in fp16 (bf16's
+            # 8-bit mantissa fits in 11) far below the tile's largest
             dst2 = tl.arange(0, SUB // 2)
             src2 = 8 * (dst2 % SW) + dst2 // SW
             hl = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
             hh = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2 + 4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
-            m = tl.maximum(tl.max(tl.abs(hl), axis=0), tl.max(tl.abs(hh), axis=0))
-            e = tl.where(m > 0.0, tl.floor(tl.log2(m)), 0.0)
-            e = tl.minimum(tl.maximum(e, -100.0), 100.0)
-            up = tl.exp2(14.0 - e) * tl.where(((dst2 // SW) % 2) == 1, 0.0625, 1.0)
-            bl = (hl * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            bh = (hh * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16
-            base = hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2 + SW)
-            tl.store(base + dst2, bl | bh)
-            w4 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 4)[None, :]  # [SW, 4]: word i's low-half inputs
-            zl = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC),
-                        axis=1)
-            zh = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4 + 4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU,
-                             ZC), axis=1)
-            dn = tl.exp2(-10.0 - e)
-            zbl = (zl * dn).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            zbh = (zh * dn).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16
-            tl.store(base + SUB // 2 + tl.arange(0, SW), zbl | zbh)
-            tl.store(hw_ptr + c, tl.exp2(e + 10.0))
-        elif PAIRS:
-            # pair plane p of word i: (h[8 i + p], h[8 i + p + 4]) as two fp16 in one int32 (low, high), times
-            # 2^(5 - e), e = floor(log2 max |h|) over the tile: the largest |h| in [32, 64), so no product or
-            # partial sum of the GEMV's fp16 arithmetic overflows (|q - z| <= 16); a 16-bit h is exact in fp16
-            # (bf16's 8-bit mantissa fits in 11) down to 2^-19 of the tile's largest. hw[c] = 2^(e - 5).
-            dst2 = tl.arange(0, SUB // 2)
-            src2 = 8 * (dst2 % SW) + dst2 // SW
-            hl = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
-            hh = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2 + 4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
-            m = tl.maximum(tl.max(tl.abs(hl), axis=0), tl.max(tl.abs(hh), axis=0))
-            e = tl.where(m > 0.0, tl.floor(tl.log2(m)), 0.0)
-            e = tl.minimum(tl.maximum(e, -100.0), 100.0)
-            up = tl.exp2(5.0 - e)
-            bl = (hl * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            bh = (hh * up).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16
-            tl.store(hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2) + dst2, bl | bh)
-            tl.store(hw_ptr + c, tl.exp2(e - 5.0))
+            e = _tile_exp(hl, hh)
+            if SUBN:
+                # the subnormal-pairs form (FORM_SUBN): per tile five planes of SW pairs. Planes p = 0..3: times
+                # 2^(14 - e), divided by 16 for odd p (the GEMV's nibble of an odd plane stays 4 bits up: 16 q);
+                # the GEMV multiplies them by its nibbles read as fp16 subnormals (q 2^-24, exact), so the
+                # product is q h 2^(-10 - e). Plane 4: word i's two zero-point sums (h[8 i] + .. + h[8 i + 3],
+                # h[8 i + 4] + .. + h[8 i + 7]) times 2^(-10 - e), the same scale. |plane| < 2^15: no fp16
+                # overflow anywhere in the GEMV's sums (|q|, |z| <= 16). hw[c] = 2^(10 + e), the factor back.
+                up = tl.exp2(14.0 - e) * tl.where(((dst2 // SW) % 2) == 1, 0.0625, 1.0)
+                base = hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2 + SW)
+                tl.store(base + dst2, _fp16_pair(hl * up, hh * up))
+                w4 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 4)[None, :]  # [SW, 4]: word i's low-half inputs
+                zl = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU,
+                                 ZC), axis=1)
+                zh = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4 + 4, K, rstd, dt, PROLOGUE, HAS_PERM,
+                                 EMU, ZC), axis=1)
+                dn = tl.exp2(-10.0 - e)
+                tl.store(base + SUB // 2 + tl.arange(0, SW), _fp16_pair(zl * dn, zh * dn))
+                tl.store(hw_ptr + c, tl.exp2(e + 10.0))
+            else:
+                # the pairs form: times 2^(5 - e), the largest |h| in [32, 64), so no product or partial sum of
+                # the GEMV's fp16 arithmetic overflows (|q - z| <= 16). hw[c] = 2^(e - 5).
+                up = tl.exp2(5.0 - e)
+                tl.store(hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2) + dst2, _fp16_pair(hl * up, hh * up))
+                tl.store(hw_ptr + c, tl.exp2(e - 5.0))
         else:
             dst = tl.arange(0, SUB)
             j = dst // SW

@@ -18,6 +18,14 @@ def rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def _packed(n: int, k: int, g, zoff: int = 1) -> quant.PackedLinear:
+    """A random [n, k] matrix packed in groups of 128 on the GPU, in the row layout."""
+    return quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
+                              quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
+                              (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, zoff,
+                              "t").to("cuda")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [32, 128, -1])
 def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
@@ -54,10 +62,7 @@ def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activatio
     g = torch.Generator().manual_seed(7)
     n, k = 5120, 2048
     for zoff in (1, 0):
-        w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
-                               quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
-                               (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, zoff,
-                               "t").to("cuda")
+        w = _packed(n, k, g, zoff)
         wd = w.dequantise(torch.float32)
         for scale in (1.0, 3000.0):
             x = (scale * torch.randn(k, device="cuda")).to(dtype)
@@ -86,10 +91,7 @@ def test_the_subnormal_pairs_assembly_matches_dequantise_then_matmul_at_any_acti
     g = torch.Generator().manual_seed(9)
     k = 2048
     for zoff in (1, 0):
-        w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
-                               quant.pack(torch.randint(0, 16, (k // 128, n), generator=g)),
-                               (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, zoff,
-                               "t").to("cuda")
+        w = _packed(n, k, g, zoff)
         wd = w.dequantise(torch.float32)
         t = gemv_int4.held(w, torch.device("cuda"))
         tq = w.tiled(32, quads=True)
@@ -274,10 +276,7 @@ def test_a_persistent_grid_gives_the_ordinary_grids_answer_on_every_replay(form)
 
     g = torch.Generator().manual_seed(10)
     n, k = 34816, 5120  # the 27B gate/up: 544 row blocks of 64 x 4 slices, more items than 8 programs an SM
-    w = gemv_int4.held(quant.PackedLinear(
-        quant.pack(torch.randint(0, 16, (n, k), generator=g)), quant.pack(torch.randint(0, 16, (k // 128, n),
-                                                                                          generator=g)),
-        (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda"), "cuda")
+    w = gemv_int4.held(_packed(n, k, g), "cuda")
     x = torch.randn(k, device="cuda").bfloat16()
     blocks = (64, 128, 4, 4, 2, form)
     want = torch.empty(n, device="cuda", dtype=torch.bfloat16)
@@ -302,10 +301,7 @@ def test_two_tiles_ahead_gives_the_one_tile_ahead_answer_on_the_gpu():
 
     g = torch.Generator().manual_seed(12)
     n, k = 12288, 5120
-    w = gemv_int4.held(quant.PackedLinear(
-        quant.pack(torch.randint(0, 16, (n, k), generator=g)), quant.pack(torch.randint(0, 16, (k // 128, n),
-                                                                                          generator=g)),
-        (0.001 + 0.002 * torch.rand(k // 128, n, generator=g)).half(), None, 128, 1, "t").to("cuda"), "cuda")
+    w = gemv_int4.held(_packed(n, k, g), "cuda")
     x, d = torch.randn(k, device="cuda").bfloat16(), torch.randn(k, device="cuda").bfloat16()
     nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
     for bn, warps, split in ((64, 4, 4), (128, 8, 1), (32, 2, 8)):
