@@ -47,6 +47,16 @@ for s, v in d["int4"].items():
 PY
 }
 
+sweep_gpu() {  # sweep --configs CFG (NAME: the output), its summary, the fastest per blocks FIELD; the int4 GPU tests
+  local name=$1 field=$2 cfg=$3
+  timeout 300 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "$cfg" --profile \
+    --out "$OUT/$name.json" > "$OUT/$name.stdout" 2>&1
+  echo "int4 exit $?"; [ -f "$OUT/$name.json" ] && summary "$OUT/$name.json" || tail -20 "$OUT/$name.stdout"
+  [ -f "$OUT/$name.json" ] && by_field "$OUT/$name.json" "$field"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
+    --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
+}
+
 summary() {
   python3 - "$1" <<'PY'
 import json, sys
@@ -103,12 +113,7 @@ if [ "$PART" = h ]; then
   for c in 64,128,4,4,2,1 32,128,2,8,2,1 128,128,8,4,2,1 64,128,4,32,2,1 64,128,4,8,1,1 64,128,4,16,2,1 64,128,4,8,2,1; do
     for p in 0 4 8 12 16; do CFG="$CFG;$c,$p"; done
   done
-  timeout 300 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "${CFG#;}" --profile \
-    --out "$OUT/int4-persist.json" > "$OUT/int4-persist.stdout" 2>&1
-  echo "int4 exit $?"; [ -f "$OUT/int4-persist.json" ] && summary "$OUT/int4-persist.json" || tail -20 "$OUT/int4-persist.stdout"
-  by_field "$OUT/int4-persist.json" 6
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
-    --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
+  sweep_gpu int4-persist 6 "${CFG#;}"
   exit 0
 fi
 if [ "$PART" = j ]; then
@@ -116,12 +121,7 @@ if [ "$PART" = j ]; then
   for c in 64,128,4,4 32,128,2,8 128,128,8,4 64,128,4,32 64,128,4,8 64,128,4,16 128,128,8,8 32,128,2,16; do
     for st in 1 2 5; do CFG="$CFG;$c,$st,1"; done
   done
-  timeout 300 python3 -m engine.bench.int4 --skip prefill,fp16 --layouts 32 --configs "${CFG#;}" --profile \
-    --out "$OUT/int4-ahead2.json" > "$OUT/int4-ahead2.stdout" 2>&1
-  echo "int4 exit $?"; [ -f "$OUT/int4-ahead2.json" ] && summary "$OUT/int4-ahead2.json" || tail -20 "$OUT/int4-ahead2.stdout"
-  by_field "$OUT/int4-ahead2.json" 4
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_int4_gpu.py \
-    --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -12 | tee "$OUT/gpu-tests.txt"
+  sweep_gpu int4-ahead2 4 "${CFG#;}"
   exit 0
 fi
 if [ "$PART" = i ]; then

@@ -111,7 +111,7 @@ _load_blocks()
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
-    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _tile_exp, _fp16_pair, _int4_item, _ld, _prefetch_l2
+    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _ahead, _tile_exp, _fp16_pair, _int4_item, _ld, _prefetch_l2
     global _subn_chain, _subn_f32, _subn_loads, _subn_tile, _subn_words
     import triton
     import triton.language as tl
@@ -157,6 +157,14 @@ def _kernels():
         else:
             h = tl.load(x_ptr + idx, mask=cmask, other=0.0).to(tl.float32)
         return tl.where(cmask, h, 0.0)
+
+    @triton.jit
+    def _ahead(kn, kwend, SW: tl.constexpr, UNMASKED: tl.constexpr):
+        """The word a prefetch of a tile ahead loads: kn, or, where the loads carry no masks (UNMASKED), the
+        slice's last tile again once kn passes it (loaded, never summed)."""
+        if UNMASKED:
+            return tl.multiple_of(tl.minimum(kn, kwend - SW), SW)
+        return kn
 
     @triton.jit
     def _tile_exp(hl, hh):
@@ -574,9 +582,7 @@ def _kernels():
                 t = _subn_words(wp4, kwbeg, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
                     hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N)
                 for kw in range(kwbeg, kwend, 16):
-                    kn = kw + 16
-                    if EVEN_K and EVEN_N:
-                        kn = tl.multiple_of(tl.minimum(kn, kwend - 16), 16)  # the last tile again: no masks
+                    kn = _ahead(kw + 16, kwend, 16, EVEN_K and EVEN_N)
                     nxt = _subn_words(wp4, kn, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
                         hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N)
                     acc4 = _subn_tile(acc4, t, ASM)
@@ -606,9 +612,7 @@ def _kernels():
                 if PDL:
                     t = (w0,) + t[1:]
                 for kw in range(kwbeg, kwend, SW):
-                    kn = kw + SW
-                    if EVEN_K and EVEN_N:
-                        kn = tl.multiple_of(tl.minimum(kn, kwend - SW), SW)  # the last tile again: no masks
+                    kn = _ahead(kw + SW, kwend, SW, EVEN_K and EVEN_N)
                     nxt = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wcols, zshift,
                                       N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
@@ -620,15 +624,11 @@ def _kernels():
                     _pdl_wait()
                 t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW,
                                 SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
-                k1 = kwbeg + SW
-                if EVEN_K and EVEN_N:
-                    k1 = tl.multiple_of(tl.minimum(k1, kwend - SW), SW)
+                k1 = _ahead(kwbeg + SW, kwend, SW, EVEN_K and EVEN_N)
                 t1 = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, k1, kwend, rows, rmask, wcols, zshift, N, KW,
                                  SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                 for kw in range(kwbeg, kwend, SW):
-                    kn = kw + 2 * SW
-                    if EVEN_K and EVEN_N:
-                        kn = tl.multiple_of(tl.minimum(kn, kwend - SW), SW)  # the last tile again: no masks
+                    kn = _ahead(kw + 2 * SW, kwend, SW, EVEN_K and EVEN_N)
                     t2 = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wcols, zshift,
                                      N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
