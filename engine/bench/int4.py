@@ -110,6 +110,28 @@ def _us(fn, count: int) -> float:
     return graph_us(fn, count)
 
 
+def fixed_and_stream(points: list[tuple[int, float]], read_gbps: float) -> dict:
+    """A least-squares line through (bytes, us) of the matrices' fastest products: us = fixed + bytes / stream.
+    ``fixed_us`` is what a product costs whatever its size (the row kernel, the first loads' latency, split-K's
+    last program, the gap to the next kernel), ``stream_fraction`` the rate of the bytes past it against the card's
+    read bandwidth, ``max_rel_residual`` how far the worst matrix lies off the line, and ``cap_fraction`` the
+    bytes-weighted fraction these matrices would reach at the fitted stream rate with no fixed cost."""
+    n = len(points)
+    if n < 2 or len({b for b, _ in points}) < 2:
+        raise ValueError("the fit needs at least two matrices of different sizes")
+    mb = sum(b for b, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    slope = sum((b - mb) * (t - mt) for b, t in points) / sum((b - mb) ** 2 for b, _ in points)  # us per byte
+    fixed = mt - slope * mb
+    stream_gbps = 1e-3 / slope if slope > 0 else float("inf")
+    resid = max(abs(fixed + slope * b - t) / t for b, t in points)
+    total_b = sum(b for b, _ in points)
+    return {"matrices": n, "fixed_us": round(fixed, 3), "stream_gbps": round(stream_gbps, 1),
+            "stream_fraction": round(stream_gbps / read_gbps, 4), "max_rel_residual": round(resid, 4),
+            "fixed_share": round(n * fixed / sum(t for _, t in points), 4),
+            "cap_fraction": round(total_b / (total_b * slope * 1e-6) / 1e9 / read_gbps, 4)}
+
+
 def int4_gemv(args, doc: dict) -> None:
     import torch
     import torch.nn.functional as F
@@ -207,6 +229,9 @@ def int4_gemv(args, doc: dict) -> None:
     doc["int4_summary"] = {"min_fraction": min(fr) if fr else None,
                            "bytes_weighted_fraction": round(tot_b / (tot_us * 1e-6) / 1e9 / read, 4) if fr else None,
                            "target_fraction": 0.75, "by_layout": {}}
+    best_rows = [r for s in doc["int4"].values() for r in s.values() if "best" in r]
+    if len(best_rows) >= 3:
+        doc["int4_summary"]["fit"] = fixed_and_stream([(r["bytes"], r["best"]["us"]) for r in best_rows], read)
     rows_ = [r for s in doc["int4"].values() for r in s.values()]
     for lay in sorted({lay for r in rows_ for lay in r.get("best_by_layout", {})}):
         have = [r for r in rows_ if lay in r.get("best_by_layout", {})]
