@@ -52,18 +52,29 @@ def engine_id(spec: str) -> str:
     return spec
 
 
-# The engine a plan uses when none is named: the first of these calibrated on the card's generation (the V100
-# engine only where it was measured: Volta), else the bundled engine, which runs on any card.
-DEFAULT_ENGINES = ("ninfer-v100-tp", "v100plan", "vllm", "llamacpp", "gpt-fast")
+def engine_docs() -> dict[str, dict[str, Any]]:
+    """Every catalogue engine document by id (what the planner reads a profile's stand_in_engine from)."""
+    return {i: get("engine", i) for i in ids("engine")}
 
 
-def default_engine(architecture: str) -> str:
-    """The engine id for a card generation (DEFAULT_ENGINES): never the V100 engine off Volta."""
-    for eid in DEFAULT_ENGINES:
-        doc = get("engine", eid)
-        if architecture in (doc.get("by_generation") or {}) or architecture in (doc.get("calibrated_generations") or ()):
-            return eid
-    return "v100plan"
+def model_id(spec: str) -> str:
+    """A catalogue model id, resolving the names users give a model (a profile's 'aliases': qwen3.5-27b, ...)."""
+    if spec in ids("model"):
+        return spec
+    for doc in all_of("model"):
+        if spec.lower() in (a.lower() for a in doc.get("aliases") or ()):
+            return doc["id"]
+    return spec
+
+
+# The engine a plan uses when none is named: the bundled one, the engine every user can launch
+# (`python -m engine serve`, `v100plan deploy`). An engine that is not bundled is planned only when asked for.
+BUNDLED_ENGINE = "v100plan"
+
+
+def default_engine(architecture: str) -> str:  # noqa: ARG001 - one answer for every card generation, on purpose
+    """The engine id a plan uses without --engine: the bundled engine on every card generation."""
+    return BUNDLED_ENGINE
 
 
 def read_config(spec: str) -> tuple[dict[str, Any], str]:
@@ -91,89 +102,3 @@ def read_config(spec: str) -> tuple[dict[str, Any], str]:
 
 def looks_like_path(spec: str) -> bool:
     return "/" in spec or spec.endswith(".json") or Path(spec).exists()
-
-
-def model_document(spec: str, weights: str | None = None, kv_cache_dtype: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    """A validated model_profile document for ``spec`` (catalogue id, config.json or model directory),
-    in weight format ``weights`` and KV type ``kv_cache_dtype`` when given; plus notes for the plan.
-
-    A catalogue id keeps its own format unless ``weights`` is given. A file that is itself a
-    model_profile document is read as one."""
-    from v100plan.planner import from_config
-
-    notes: list[str] = []
-    if spec in ids("model"):
-        doc = get("model", spec)
-        if weights:
-            doc, notes = from_config.reformat_doc(doc, weights, all_of("model"))
-    elif looks_like_path(spec):
-        cfg, src = read_config(spec)
-        if cfg.get("kind") == "model_profile":
-            doc = documents.validate(cfg, "model_profile", source=src)
-            if weights:
-                doc, notes = from_config.reformat_doc(doc, weights, [])
-        else:
-            doc = from_config.model_doc(cfg, src, weights, kv_cache_dtype)
-    else:
-        raise UnknownId("model", spec, ids("model"))
-    if kv_cache_dtype and doc["kv_cache"]["dtype"] != kv_cache_dtype:
-        doc = from_config.with_kv_dtype(doc, kv_cache_dtype)
-    return documents.validate(doc, "model_profile", source=spec), notes
-
-
-def load_model(spec: str, weights: str | None, kv_cache_dtype: str | None, engine: Any = None,
-               draft_model: str | None = None, draft_tokens: int | None = None) -> tuple[Any, tuple[Any, ...]]:
-    """(Model, the same family's other catalogue formats) for the planner.
-
-    A model read from config.json takes the engine's default KV type when --kv-cache-dtype is not given;
-    a catalogue model keeps its own. A separate draft model sets the draft head's bytes (read once per draft
-    step). The notes of a re-expressed format travel in the model's assumptions."""
-    from dataclasses import replace
-
-    from v100plan.planner import model_from_doc
-    from v100plan.planner.formats import kv_dtype
-
-    kv = kv_cache_dtype
-    if kv is None and spec not in ids("model") and engine is not None and kv_dtype(engine.kv_cache_dtype or ""):
-        kv = engine.kv_cache_dtype
-    doc, notes = model_document(spec, weights, kv)
-    m = model_from_doc(doc)
-    if notes:
-        m = replace(m, assumptions=tuple(dict.fromkeys(m.assumptions + tuple(notes))))
-    if draft_model:
-        ddoc, _ = model_document(draft_model, weights, kv)
-        d = model_from_doc(ddoc)
-        m = replace(m, draft_kind="model", draft_read_gb=d.decode_read_gb, draft_layers=d.layers, max_draft_tokens=max(draft_tokens or 0, 1),
-                    weights_total_gb=m.weights_total_gb + d.weights_total_gb,
-                    weights_replicated_gb=m.weights_replicated_gb + d.weights_total_gb,
-                    assumptions=m.assumptions + (f"draft model {d.id}: {d.decode_read_gb:.2f} GB read per draft step, "
-                                                 f"{d.weights_total_gb:.2f} GB held whole on every card",))
-    elif draft_tokens and m.max_draft_tokens:
-        m = replace(m, max_draft_tokens=max(m.max_draft_tokens, draft_tokens))
-    alternatives: tuple[Any, ...] = ()
-    if spec in ids("model"):
-        alternatives = tuple(model_from_doc(d) for d in all_of("model") if d.get("family") == m.family)
-    return m, alternatives
-
-
-def with_nodes(hardware: Any, nodes: int) -> Any:
-    """The hardware with ``nodes`` boxes (1: unchanged)."""
-    from dataclasses import replace
-
-    return hardware if nodes == 1 else replace(hardware, nodes=nodes)
-
-
-def with_engine_advice(hardware: Any, engine: Any) -> Any:
-    """A note naming catalogue engines calibrated on this card's generation when ``engine`` is not."""
-    from dataclasses import replace
-
-    gen = hardware.card.architecture
-    have = engine.calibrated_generations()
-    if not gen or not have or gen in have:
-        return hardware
-    from v100plan.planner import engine_from_doc
-
-    better = [d["id"] for d in all_of("engine") if d["id"] != engine.id and gen in engine_from_doc(d).calibrated_generations()]
-    note = (f"engine {engine.id} is calibrated on {', '.join(have)} cards, not {gen}"
-            + (f"; calibrated on {gen}: {', '.join(better)}" if better else "; no catalogue engine is calibrated on " + gen))
-    return replace(hardware, notes=hardware.notes + (note,))

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from profiles.document import SCHEMA_VERSIONS, stamp
-from v100plan import catalogue, documents
+from v100plan import catalogue, documents, plan_inputs
 from v100plan.errors import BadInput, DocumentError, UnknownId
-from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
+from v100plan.planner import Target, hardware_from_doc, plan
 from v100plan.planner.calibration import stand_in_line
 from v100plan.planner.from_probe import hardware_from_probe
 from v100plan.profile_checks import catalogue_problems
@@ -21,8 +21,10 @@ from v100plan.units import parse_tokens
 
 DEFAULT_HARDWARE = "v100-pg500-216"
 DEFAULT_GPUS = 2
-DEFAULT_MODEL = "qwen3.8-27b-nvfp4"
-DEFAULT_ENGINE = "ninfer-v100-tp"
+DEFAULT_MODEL = "qwen3.5-27b"   # the catalogue's 4-bit groupwise-int 27B hybrid (an alias of qwen3.8-27b-groupwise-int)
+DEFAULT_ENGINE = catalogue.BUNDLED_ENGINE
+WORKLOADS = ("prose", "code")
+DEFAULT_WORKLOAD = "prose"
 DEFAULT_CONTEXT = "200K"
 
 
@@ -75,7 +77,7 @@ def load_engine(spec: str):
     """A catalogue engine id (or an older id it lists as an alias), or a path to an EngineProfile JSON file."""
     spec = catalogue.engine_id(spec)
     if spec in catalogue.ids("engine"):
-        return engine_from_doc(catalogue.get("engine", spec))
+        return plan_inputs.engine(spec)
     path = Path(spec)
     if not (path.exists() or spec.endswith(".json") or "/" in spec):
         raise UnknownId("engine", spec, catalogue.ids("engine"))
@@ -85,7 +87,7 @@ def load_engine(spec: str):
         raise DocumentError(str(path), f"expected an engine_profile document, found kind {doc.get('kind')!r}"
                             if isinstance(doc, dict) else "expected a JSON object",
                             hint="`v100plan bench tp2 --profile-out F` or `v100plan bench engine` writes one")
-    return engine_from_doc(documents.validate(doc, kind, source=str(path)))
+    return plan_inputs.engine(documents.validate(doc, kind, source=str(path)))
 
 
 def _validate_probe(doc: dict[str, Any], source: str) -> None:
@@ -104,26 +106,28 @@ def _validate_probe(doc: dict[str, Any], source: str) -> None:
 
 def plan_document(hardware: str | dict, gpus: int | None, model: str, engine: str | None, context: str, acceptance: float | None,
                   concurrency: int, objective: str, weights: str | None = None, kv_cache_dtype: str | None = None,
-                  draft_tokens: int | None = None, draft_model: str | None = None, nodes: int = 1) -> dict[str, Any]:
+                  draft_tokens: int | None = None, draft_model: str | None = None, nodes: int = 1,
+                  workload: str = DEFAULT_WORKLOAD) -> dict[str, Any]:
     """One Plan document (kind "plan") for the CLI's inputs."""
     tokens = parse_tokens(context)
     _choice("--objective", objective, OBJECTIVES)
+    _choice("--workload", workload, WORKLOADS)
     _check_acceptance(acceptance)
     _positive("--gpus", gpus)
     _positive("--concurrency", concurrency)
     _positive("--nodes", nodes)
     if draft_tokens is not None and draft_tokens < 0:
         raise BadInput(f"--draft-tokens must be 0 or more, got {draft_tokens}", hint="e.g. --draft-tokens 3")
-    hw = catalogue.with_nodes(load_hardware(hardware, gpus), nodes)
+    hw = plan_inputs.with_nodes(load_hardware(hardware, gpus), nodes)
     engine = engine or catalogue.default_engine(hw.card.architecture)
     e = load_engine(engine)
-    m, alternatives = catalogue.load_model(model, weights, kv_cache_dtype, e, draft_model, draft_tokens)
-    hw = catalogue.with_engine_advice(hw, e)
+    m, alternatives = plan_inputs.load_model(model, weights, kv_cache_dtype, e, draft_model, draft_tokens)
+    hw = plan_inputs.with_engine_advice(hw, e)
     target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective,
-                    draft_tokens=draft_tokens)
+                    draft_tokens=draft_tokens, workload=workload)
     result = plan(hw, m, e, target, alternatives=alternatives)
     inputs = {"hardware": hardware if isinstance(hardware, str) else "the probe report", "gpus": hw.gpus, "model": model, "engine": engine, "context_tokens": tokens,
-              "acceptance": acceptance, "concurrency": concurrency, "objective": objective}
+              "acceptance": acceptance, "concurrency": concurrency, "objective": objective, "workload": workload}
     inputs.update({k: v for k, v in (("weights", weights), ("kv_cache_dtype", kv_cache_dtype), ("draft_tokens", draft_tokens),
                                      ("draft_model", draft_model), ("nodes", nodes if nodes != 1 else None)) if v is not None})
     doc = {**stamp("plan", inputs), **result.to_dict()}
@@ -145,15 +149,17 @@ def parse_hw_spec(spec: str) -> tuple[str, int]:
     raise UnknownId("hardware", spec, catalogue.ids("hardware"))
 
 
-def compare_document(specs: list[str], model: str, engine: str, context: str, acceptance: float | None,
-                     objective: str, weights: str | None = None, kv_cache_dtype: str | None = None) -> dict[str, Any]:
+def compare_document(specs: list[str], model: str, engine: str | None, context: str, acceptance: float | None,
+                     objective: str, weights: str | None = None, kv_cache_dtype: str | None = None,
+                     workload: str = DEFAULT_WORKLOAD) -> dict[str, Any]:
     if not specs:
         raise BadInput("name at least one hardware to compare", hint="e.g. v100plan compare v100-pg500-216x2 rtx4090-48g")
     tokens = parse_tokens(context)
     rows = []
     for spec in specs:
         hw_id, n = parse_hw_spec(spec)
-        doc = plan_document(hw_id, n, model, engine, context, acceptance, 1, objective, weights, kv_cache_dtype)
+        doc = plan_document(hw_id, n, model, engine, context, acceptance, 1, objective, weights, kv_cache_dtype,
+                            workload=workload)
         best = next((s for s in doc["strategies"] if s["name"] == doc["recommended"]), None)
         hw = load_hardware(hw_id, n)
         price = hw.card.price_per_card
@@ -172,8 +178,8 @@ def compare_document(specs: list[str], model: str, engine: str, context: str, ac
             "speeds_calibrated": doc["speeds"]["calibrated"] if (best and doc.get("speeds")) else None,
             "speeds_stand_in": stand_in_line(doc["speeds"]) if (best and doc.get("speeds")) else None,
         })
-    inputs = {"hardware": specs, "model": model, "engine": engine, "context_tokens": tokens, "acceptance": acceptance,
-              "objective": objective}
+    inputs = {"hardware": specs, "model": model, "engine": engine or DEFAULT_ENGINE, "context_tokens": tokens,
+              "acceptance": acceptance, "objective": objective, "workload": workload}
     doc = {**stamp("comparison", inputs), "inputs": inputs, "rows": rows}
     return documents.validate(doc, "comparison", source="compare")
 

@@ -42,7 +42,8 @@ def test_golden_rendering(cli, name):
 def test_plan_with_no_arguments_is_the_bundled_default(cli):
     r = cli("plan")
     assert r.exit_code == 0, r.stderr
-    assert "qwen3.8-27b-nvfp4 on 2 x v100-pg500-216" in r.stdout and "Why tp2" in r.stdout
+    assert "qwen3.8-27b-groupwise-int on 2 x v100-pg500-216" in r.stdout and "engine v100plan" in r.stdout
+    assert "Why tp2" in r.stdout and "python -m engine serve" in r.stdout
 
 
 def test_plan_json_is_one_valid_plan_document(cli):
@@ -58,9 +59,12 @@ def test_plan_json_is_one_valid_plan_document(cli):
                     "memory_per_gpu_gb", "allreduce_path", "reason"):
             assert key in s
     assert doc["recommended"] == "tp2"
-    assert doc["launch"] == {"engine": "ninfer-v100-tp", "strategy": "tp2", "tp": 2, "replicas": 1, "gpus": 2,
-                             "allreduce": "host_mailbox", "max_context": 190464, "dtype": "float16", "concurrency": 1,
-                             "draft_tokens": 3}
+    launch = {k: v for k, v in doc["launch"].items() if k != "commands"}
+    assert launch == {"engine": "v100plan", "strategy": "tp2", "tp": 2, "replicas": 1, "gpus": 2,
+                      "allreduce": "host_mailbox", "max_context": 190464, "dtype": "float16", "concurrency": 1,
+                      "kv_cache_dtype": "int8", "speculative": "mtp", "draft_tokens": 3, "acceptance": 0.49,
+                      "workload": "prose", "bundled": True}
+    assert doc["launch"]["commands"][0]["argv"][:4] == ["python", "-m", "engine", "serve"]
 
 
 def test_plan_out_writes_the_same_document(cli, tmp_path):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.planner.test_planner_facts import K, plan_ids
-from v100plan import catalogue
+from v100plan import catalogue, plan_inputs
 from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_from_doc, plan
 from v100plan.planner.allreduce import latency_us_at, size_key_bytes
 from v100plan.planner.decode import tokens_per_round
@@ -45,7 +45,7 @@ def test_every_catalogue_pair_gets_an_answer(hardware, model):
     m = model_from_doc(catalogue.get("model", model))
     family = tuple(model_from_doc(d) for d in catalogue.all_of("model") if d["family"] == m.family)
     hw = hardware_from_doc(catalogue.get("hardware", hardware), 2)
-    p = plan(hw, m, engine_from_doc(catalogue.get("engine", "ninfer-v100-tp")), Target(32 * K, 2), alternatives=family)
+    p = plan(hw, m, plan_inputs.engine("ninfer-v100-tp"), Target(32 * K, 2), alternatives=family)
     assert len(p.strategies) == 4 and [s.name for s in p.strategies] == ["single", "replicas", "layer_split", "tp2"]
     for s in p.strategies:
         assert s.reason
@@ -77,7 +77,7 @@ def test_nearest_fit_named_when_nothing_fits():
     models = tuple(model_from_doc(d) for d in catalogue.all_of("model"))
     hw = hardware_from_doc(catalogue.get("hardware", "v100-pcie-16gb"), 1)
     m = model_from_doc(catalogue.get("model", "qwen3.8-27b-nvfp4"))
-    e = engine_from_doc(catalogue.get("engine", "ninfer-v100-tp"))
+    e = plan_inputs.engine("ninfer-v100-tp")
     p = plan(hw, m, e, Target(200 * K, 1), alternatives=models)
     assert not any(s.fits for s in p.strategies)
     nf = p.nearest_fit
@@ -89,7 +89,7 @@ def test_nearest_fit_named_when_nothing_fits():
 def test_nearest_fit_falls_back_to_a_shorter_context():
     hw = hardware_from_doc(catalogue.get("hardware", "v100-pcie-16gb"), 2)
     m = model_from_doc(catalogue.get("model", "qwen3.8-27b-nvfp4"))
-    e = engine_from_doc(catalogue.get("engine", "ninfer-v100-tp"))
+    e = plan_inputs.engine("ninfer-v100-tp")
     p = plan(hw, m, e, Target(256 * K, 2))
     assert not any(s.fits for s in p.strategies)
     nf = p.nearest_fit
@@ -180,7 +180,7 @@ def test_probe_report_nccl_without_the_arch_is_never_chosen():
               "host": {**report["host"], "nccl_version": "2.31", "nccl_archs": ["sm_80", "sm_90"]}}
     hw = hardware_from_probe(report, catalogue.all_of("hardware"), "probe.json")
     m = model_from_doc(catalogue.get("model", "qwen3.8-27b-nvfp4"))
-    e = engine_from_doc(catalogue.get("engine", "ninfer-v100-tp"))
+    e = plan_inputs.engine("ninfer-v100-tp")
     p = plan(hw, m, e, Target(8 * K, 2))
     assert p.strategy("tp2").allreduce_path == "host_mailbox"
     assert any("nccl" in n and "sm_80" in n for n in p.notes)

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.paths import REPO
-from v100plan.planner import accuracy
+from v100plan import plan_accuracy as accuracy
 
 # Held-out points the planner misses by more than the goal's 15 %, each with the reason (reported, not hidden;
 # docs/planner-accuracy.md, "What the misses say").

@@ -11,8 +11,9 @@ import copy
 import pytest
 
 from tests.paths import REPO
-from v100plan import catalogue, documents
-from v100plan.planner import Target, accuracy, engine_from_doc, hardware_from_doc, plan
+from v100plan import catalogue, documents, plan_inputs
+from v100plan import plan_accuracy as accuracy
+from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
 from v100plan.planner.allreduce import path_problem, wide_allreduce
 
 LLAMA2_7B = str(REPO / "profiles/published/configs/llama-2-7b.config.json")
@@ -26,7 +27,7 @@ def _doc(kind, id_):
 
 def _plan(hw_doc, gpus, model_path, engine_doc=None, weights="bf16"):
     engine = engine_from_doc(engine_doc or _doc("engine", "gpt-fast"))
-    model, alts = catalogue.load_model(model_path, weights, None, engine)
+    model, alts = plan_inputs.load_model(model_path, weights, None, engine)
     return plan(hardware_from_doc(hw_doc, gpus), model, engine, Target(128, gpus), alternatives=alts)
 
 

@@ -10,7 +10,7 @@ import copy
 import pytest
 
 from tests.paths import REPO
-from v100plan import catalogue, documents
+from v100plan import catalogue, documents, plan_inputs
 from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
 from v100plan.planner.allreduce import wide_allreduce
 
@@ -27,7 +27,7 @@ def _nccl_gptfast():
 
 def _plan(hw_doc, gpus, model_path, engine_doc=None, weights="bf16"):
     engine = engine_from_doc(engine_doc or _nccl_gptfast())
-    model, alts = catalogue.load_model(model_path, weights, None, engine)
+    model, alts = plan_inputs.load_model(model_path, weights, None, engine)
     return plan(hardware_from_doc(hw_doc, gpus), model, engine, Target(128, gpus), alternatives=alts), model
 
 
@@ -144,9 +144,9 @@ def test_with_no_figure_at_all_the_plan_says_allreduces_are_not_priced():
 
 def test_an_engine_that_keeps_the_output_head_whole_reads_it_whole_on_every_rank():
     """gpt-fast's tp.py shards attention and MLP only: at tp8 each rank reads the whole head, not 1/8."""
-    gptfast = engine_from_doc(catalogue.get("engine", "gpt-fast"))
+    gptfast = plan_inputs.engine("gpt-fast")
     assert gptfast.tp_output_head == "replicated" and "tp.py" in gptfast.tp_output_head_source
-    model, alts = catalogue.load_model(LLAMA2_7B, "bf16", None, gptfast)
+    model, alts = plan_inputs.load_model(LLAMA2_7B, "bf16", None, gptfast)
     assert model.head_gb == pytest.approx(32000 * 4096 * 2 / 1e9, rel=1e-3)
     hw = hardware_from_doc(_a100(), 8)
     whole = plan(hw, model, gptfast, Target(128, 8), alternatives=alts)

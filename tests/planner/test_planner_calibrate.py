@@ -15,7 +15,7 @@ import pytest
 
 from tests.independent_server import independent_server  # noqa: F401 - the session fixture
 from tests.test_service_support import demo_model, service_fixture
-from v100plan import catalogue, documents
+from v100plan import catalogue, documents, plan_inputs
 from v100plan.calibrate.endpoint import Measurement, Point
 from v100plan.calibrate.endpoint_profile import engine_profile, side_by_side
 from v100plan.errors import BadInput
@@ -47,7 +47,7 @@ def _synthetic(fw: float, fk: float, bw: float, model, contexts=(100, 1100, 3100
 
 
 def test_the_fit_gives_back_the_fractions_a_straight_line_was_made_of():
-    model, _ = catalogue.load_model("engine/data/llama-3.1-8b.config.json", "bf16", None)
+    model, _ = plan_inputs.load_model("engine/data/llama-3.1-8b.config.json", "bf16", None)
     hw = hardware_from_doc(catalogue.get("hardware", "h100-sxm"), 1)
     m = _synthetic(0.8, 0.5, hw.card.read_bw.value, model)
     doc = documents.validate(engine_profile(m, model, hw, "t"), "engine_profile")
@@ -66,7 +66,7 @@ def test_the_fit_gives_back_the_fractions_a_straight_line_was_made_of():
 
 
 def test_a_server_faster_than_the_card_allows_is_refused():
-    model, _ = catalogue.load_model("engine/data/llama-3.1-8b.config.json", "bf16", None)
+    model, _ = plan_inputs.load_model("engine/data/llama-3.1-8b.config.json", "bf16", None)
     hw = hardware_from_doc(catalogue.get("hardware", "tesla-p40"), 1)
     with pytest.raises(BadInput, match="faster than tesla-p40"):
         engine_profile(_synthetic(0.8, 0.5, 3350.0, model), model, hw, "t")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.paths import REPO
-from v100plan import catalogue, documents
+from v100plan import catalogue, documents, plan_inputs
 from v100plan.planner import Target, engine_from_doc, hardware_from_doc, model_from_doc, plan
 from v100plan.planner.calibration import COMPUTE_CAPABILITY, nearest_generation, resolve
 
@@ -18,13 +18,13 @@ LLAMA8 = "llama3.1-8b-fp16"
 
 
 def _plan(hw: str, engine: str | dict, gpus: int = 1, model: str = LLAMA8, context: int = 4 * K):
-    e = engine_from_doc(engine if isinstance(engine, dict) else catalogue.get("engine", engine))
+    e = engine_from_doc(engine if isinstance(engine, dict) else catalogue.get("engine", engine), catalogue.engine_docs())
     return plan(hardware_from_doc(catalogue.get("hardware", hw), gpus), model_from_doc(catalogue.get("model", model)), e,
                 Target(context_tokens=context, gpus=gpus))
 
 
 def _engine(eid: str):
-    return engine_from_doc(catalogue.get("engine", eid))
+    return plan_inputs.engine(eid)
 
 
 @pytest.mark.parametrize("hw", ["rtx4090-24g", "h100-sxm", "h200", "l40s"])
@@ -92,7 +92,7 @@ def test_nearest_generation_is_by_compute_capability_and_a_tie_goes_to_the_newer
     doc = copy.deepcopy(catalogue.get("engine", "gpt-fast"))
     doc["by_generation"]["volta"] = copy.deepcopy(doc["by_generation"]["ampere"])
     doc["by_generation"]["volta"]["weight_bw_fraction"]["value"] = 0.5
-    e = engine_from_doc(doc)
+    e = engine_from_doc(doc, catalogue.engine_docs())
     assert COMPUTE_CAPABILITY["turing"] - COMPUTE_CAPABILITY["volta"] == COMPUTE_CAPABILITY["ampere"] - COMPUTE_CAPABILITY["turing"]
     assert nearest_generation(e, "turing", "fp16", "float") == "ampere"      # 7.5: 7.0 and 8.0 tie, the newer wins
     assert nearest_generation(e, "hopper", "fp16", "float") == "ampere"
@@ -111,10 +111,10 @@ def test_an_engine_with_nothing_to_stand_in_gives_the_ceiling_only():
 def test_a_stand_in_cycle_ends():
     doc = copy.deepcopy(catalogue.get("engine", "sglang"))
     doc["stand_in_engine"]["id"] = "sglang"
-    assert engine_from_doc(doc).stand_in_engine is None
+    assert engine_from_doc(doc, catalogue.engine_docs()).stand_in_engine is None
     vllm = copy.deepcopy(catalogue.get("engine", "vllm"))
     vllm["stand_in_engine"] = {"id": "sglang", "source": "test"}
-    e = engine_from_doc(vllm)
+    e = engine_from_doc(vllm, catalogue.engine_docs())
     assert e.stand_in_engine.id == "sglang" and e.stand_in_engine.stand_in_engine is None
 
 
@@ -182,7 +182,7 @@ def test_compare_marks_stand_in_speeds(cli):
 
 def test_the_stand_in_points_are_held_out_and_not_in_any_profile():
     """The published vLLM/SGLang figures off Volta judge the chain; no engine profile was set from them."""
-    from v100plan.planner import accuracy
+    from v100plan import plan_accuracy as accuracy
 
     pts = {p["id"]: p for p in accuracy.load_points()["points"]}
     for pid in ("vllm-h100-l31-8b-bf16", "sglang-h100-l2-7b-fp16", "gptfast-4090-l2-7b-bf16"):
@@ -195,7 +195,7 @@ def test_the_stand_in_points_are_held_out_and_not_in_any_profile():
 def test_bench_planner_reports_the_stand_in_points_apart():
     """The held-out points a stand-in predicted are summed up on their own: the chain is judged, not averaged away."""
 
-    from v100plan.planner import accuracy
+    from v100plan import plan_accuracy as accuracy
 
     rows = accuracy.evaluate(REPO)
     st = accuracy.summary(rows)["held_out_stand_in"]

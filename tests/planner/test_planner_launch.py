@@ -16,6 +16,8 @@ import os
 
 import pytest
 
+from v100plan import plan_inputs
+
 LLAMA70 = "profiles/published/configs/llama-3-70b.config.json"
 TWO_BOXES = ["plan", "--hardware", "v100-sxm2-32gb", "--gpus", "8", "--nodes", "2", "--model", LLAMA70,
              "--weights", "fp32", "--context", "8K"]
@@ -182,15 +184,15 @@ def test_replicas_get_one_command_per_card_on_its_own_gpu_and_port(cli, engine, 
 
 def test_layer_split_on_vllm_is_its_pipeline_parallel(cli):
     from v100plan import catalogue
-    from v100plan.planner import Target, engine_from_doc, hardware_from_doc
+    from v100plan.planner import Target, hardware_from_doc
     from v100plan.planner.launch import launch_commands
     from v100plan.planner.strategies import layout
 
-    m, _ = catalogue.load_model(LLAMA8, "fp16", None)
+    m, _ = plan_inputs.load_model(LLAMA8, "fp16", None)
     lay = layout("layer_split", m, 2)
     argv = launch_commands("vllm", m, lay, 1, Target(context_tokens=8192, gpus=2), "float16")[0]["argv"]
     assert _flags(argv)["--pipeline-parallel-size"] == "2" and _flags(argv)["--tensor-parallel-size"] == "1"
-    assert engine_from_doc(catalogue.get("engine", "vllm")) and hardware_from_doc(catalogue.get("hardware", "h100-sxm"), 2)
+    assert plan_inputs.engine("vllm") and hardware_from_doc(catalogue.get("hardware", "h100-sxm"), 2)
 
 
 @pytest.mark.parametrize("model, weights, hardware, dtype", [
@@ -206,15 +208,17 @@ def test_launch_dtype_is_the_weights_own(cli, model, weights, hardware, dtype):
     assert _flags(doc["launch"]["commands"][0]["argv"])["--dtype"] == dtype
 
 
-@pytest.mark.parametrize("hardware, engine", [("h200", "v100plan"), ("v100-sxm2-32gb", "ninfer-v100-tp")])
-def test_default_engine_is_one_calibrated_for_the_card(cli, hardware, engine):
+@pytest.mark.parametrize("hardware", ["h200", "v100-sxm2-32gb", "rtx3090", "tesla-p40"])
+def test_the_default_engine_is_the_bundled_one_the_user_can_launch(cli, hardware):
+    """Issue 43: an engine that is not bundled is never the default recommendation; the bundled one has its line."""
     doc = cli.json("plan", "--hardware", hardware, "--gpus", "2", "--context", "8K")
-    assert doc["launch"]["engine"] == engine
+    assert doc["launch"]["engine"] == "v100plan" and doc["launch"]["bundled"] is True
+    assert doc["launch"]["commands"][0]["argv"][:4] == ["python", "-m", "engine", "serve"]
 
 
 def test_bench_planner_json_is_a_document():
     from v100plan import documents
-    from v100plan.planner import accuracy
+    from v100plan import plan_accuracy as accuracy
 
     doc = accuracy.document(accuracy.evaluate(accuracy.PUBLISHED.parent.parent.parent), accuracy.PUBLISHED, None)
     documents.validate(doc, "planner_accuracy")

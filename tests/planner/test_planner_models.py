@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from v100plan import catalogue, documents
+from v100plan import catalogue, documents, plan_inputs
 from v100plan.planner import model_from_doc
 from v100plan.planner.decode import tokens_per_round
 from v100plan.planner.formats import GIB, KV_DTYPES, WEIGHT_FORMATS
@@ -109,25 +109,26 @@ def test_unknown_weight_format_is_bad_input(cli):
 
 def test_kv_cache_dtype_changes_bytes_and_max_context():
     base = catalogue.get("model", "qwen3.8-27b-groupwise-int")
-    m8, _ = catalogue.load_model("qwen3.8-27b-groupwise-int", None, None)
-    m4, _ = catalogue.load_model("qwen3.8-27b-groupwise-int", None, "q4_0")
+    m8, _ = plan_inputs.load_model("qwen3.8-27b-groupwise-int", None, None)
+    m4, _ = plan_inputs.load_model("qwen3.8-27b-groupwise-int", None, "q4_0")
     assert m8.kv_bytes_per_element == base["kv_cache"]["bytes_per_element"] == 1
     assert m4.kv_bytes_per_element == KV_DTYPES["q4_0"].bytes_per_element == 18 / 32
     assert m8.kv_shape_bytes_per_token - m4.kv_shape_bytes_per_token == pytest.approx(16 * 4 * 256 * 2 * (1 - 18 / 32))
 
 
 def test_kv_cache_dtype_on_the_cli_extends_the_4090_context(cli):
-    args = ["plan", "--hardware", "rtx4090-24g", "--gpus", "1", "--model", "qwen3.8-27b-groupwise-int", "--context", "150K"]
+    args = ["plan", "--hardware", "rtx4090-24g", "--gpus", "1", "--model", "qwen3.8-27b-groupwise-int", "--context", "150K",
+            "--engine", "llamacpp"]
     a = cli.json(*args)
     b = cli.json(*args, "--kv-cache-dtype", "q4_0")
     assert b["strategies"][0]["max_context"] > a["strategies"][0]["max_context"] * 1.3
 
 
 def test_weights_reexpress_a_catalogue_model_and_say_so():
-    m, _ = catalogue.load_model("qwen3.8-27b-nvfp4", "groupwise-int" if False else "q4_k_m", None)
+    m, _ = plan_inputs.load_model("qwen3.8-27b-nvfp4", "groupwise-int" if False else "q4_k_m", None)
     assert m.format == "q4_k_m"
     assert any("scaled by" in a for a in m.assumptions)
-    own, _ = catalogue.load_model("qwen3.8-27b-nvfp4", None, None)
+    own, _ = plan_inputs.load_model("qwen3.8-27b-nvfp4", None, None)
     assert m.weights_total_gb < own.weights_total_gb
 
 

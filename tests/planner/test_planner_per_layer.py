@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.paths import REPO
-from v100plan import catalogue, documents
-from v100plan.planner import Target, accuracy, engine_from_doc, hardware_from_doc, plan
+from v100plan import catalogue, documents, plan_inputs
+from v100plan import plan_accuracy as accuracy
+from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
 
 CONFIGS = REPO / "profiles/published/configs"
 
@@ -22,7 +23,7 @@ def _gptfast(doc=None):
 
 
 def _model(name, weights, engine):
-    return catalogue.load_model(str(CONFIGS / f"{name}.config.json"), weights, None, engine)[0]
+    return plan_inputs.load_model(str(CONFIGS / f"{name}.config.json"), weights, None, engine)[0]
 
 
 def _plan(name, weights, gpus=8, engine=None, nodes=1, context=128):
@@ -71,7 +72,7 @@ def test_pipeline_stages_still_pay_every_layer():
 
 def test_an_engine_without_it_keeps_its_constant_overhead():
     """llama.cpp's Ampere overhead is one figure per round, whatever the model's layer count."""
-    engine = engine_from_doc(catalogue.get("engine", "llamacpp"))
+    engine = plan_inputs.engine("llamacpp")
     assert engine.per_layer_overhead("ampere").value is None
     constant = engine.by_generation["ampere"]["round_overhead_ms"].value
     for name in ("llama-3-8b", "llama-3-70b"):
@@ -153,7 +154,7 @@ def test_gptfast_70b_tensor_parallel_rows_fall_inside_the_allreduce_range():
 def test_the_catalogue_gives_a_separate_draft_model_its_own_layer_count():
     """A draft model loaded through the catalogue carries its layers, so its steps pay its own per-layer overhead."""
     engine = _gptfast()
-    m = catalogue.load_model(str(CONFIGS / "llama-2-70b.config.json"), "int8", None, engine,
+    m = plan_inputs.load_model(str(CONFIGS / "llama-2-70b.config.json"), "int8", None, engine,
                              str(CONFIGS / "llama-2-7b.config.json"), 4)[0]
     assert m.draft_kind == "model" and m.draft_layers == 32 and m.layers == 80
     hw = hardware_from_doc(catalogue.get("hardware", "a100-80gb"), 8, 1)
@@ -168,7 +169,7 @@ def _points(engine: str):
 def test_exllamav2_fraction_and_cost_per_layer_solve_its_two_calibration_points():
     """Ada: the README's 7B at 4.0 bits (32 layers) and 70B at 2.5 bits (80 layers) are two equations in the weight
     fraction f and the cost per layer y; the profile holds their solution, and every other EXL2 row is held out."""
-    e = engine_from_doc(catalogue.get("engine", "exllamav2"))
+    e = plan_inputs.engine("exllamav2")
     pts = _points("exllamav2")
     assert {i for i, p in pts.items() if p["role"] == "calibration"} == {"exl2-4090-l2-7b-4.0", "exl2-4090-l2-70b-2.5"}
     rows = []
@@ -197,7 +198,7 @@ def test_exl2_bits_are_a_format_with_a_6_bit_head():
 
 
 def test_vllm_on_ampere_is_its_one_point_with_gpt_fasts_cost_per_layer():
-    e = engine_from_doc(catalogue.get("engine", "vllm"))
+    e = plan_inputs.engine("vllm")
     amp = e.by_generation["ampere"]
     per_layer = amp["round_overhead_per_layer_ms"]
     assert per_layer.value == _gptfast().by_generation["ampere"]["round_overhead_per_layer_ms"].value

@@ -18,8 +18,8 @@ from typing import Annotated, Optional
 import typer
 
 from v100plan import documents, output
+from v100plan import plan_accuracy as accuracy
 from v100plan.options import JsonOpt
-from v100plan.planner import accuracy
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DataOpt = Annotated[Optional[Path], typer.Option("--data", help="Published figures JSON (default: profiles/published/decode-batch1.json).")]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from v100plan import catalogue, output
+from v100plan import output, plan_inputs
 from v100plan.accept.http import Client
 from v100plan.api_key import read_api_key
 from v100plan.calibrate import endpoint_profile
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         if repeats < 1:
             raise BadInput(f"--repeats must be at least 1, got {repeats}", hint="e.g. --repeats 3")
         sizes = _sizes(prompt_tokens)
-        m, _ = catalogue.load_model(model, weights, None)
+        m, _ = plan_inputs.load_model(model, weights, None)
         hw = load_hardware(hardware, 1)
         client = Client(endpoint, read_api_key(api_key_file) if api_key_file else None)
         try:

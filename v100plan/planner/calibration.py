@@ -28,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from v100plan.planner.inputs import Engine, Sourced
+from v100plan.planner import kernel_model
+from v100plan.planner.inputs import Card, Engine, Sourced
 
 # Compute capability of each card generation (NVIDIA CUDA C++ Programming Guide, "Compute Capabilities":
 # Volta 7.0, Turing 7.5, Ampere 8.0 (A100; 8.6 for the GeForce/RTX parts), Ada 8.9, Hopper 9.0, Blackwell 10.0).
@@ -104,10 +105,22 @@ def nearest_generation(engine: Engine, generation: str, fmt: str, family: str) -
     return min(usable, key=lambda g: (abs(COMPUTE_CAPABILITY[g] - here), -COMPUTE_CAPABILITY[g]))
 
 
-def resolve(engine: Engine, fmt: str, family: str, generation: str, tp: int, _seen: tuple[str, ...] = ()) -> Speeds:
+def resolve(engine: Engine, fmt: str, family: str, generation: str, tp: int, _seen: tuple[str, ...] = (),
+            card: Card | None = None, kv_dtype: str = "") -> Speeds:
     """The whole chain (module docstring): the first step that gives a weight fraction, KV fraction and
     round overhead. Where none does, the engine's own (incomplete) figures come back: the plan gives the
-    ceiling only, and says so."""
+    ceiling only, and says so. An engine with a model of its own kernels (kernel_model.py) uses it on a
+    generation it has no recording on, before any stand-in."""
+    if (card is not None and generation not in engine.by_generation and generation not in engine.generic_generations
+            and kernel_model.applies(engine, card)):
+        ref_gen = engine.kernel_model["reference"]["generation"]
+        ref = own(engine, fmt, family, ref_gen, tp)
+        if ref.complete:
+            fw, fk, oh, note = kernel_model.speeds(engine, card, ref.weight, ref.kv, ref.overhead, family, kv_dtype)
+            stand_in = {"kind": "kernel_model", "engine": engine.id, "generation": ref_gen, "format": _format_used(engine, ref_gen, fmt, family),
+                        "why": f"{engine.id} has no recording on {generation} cards: a model of its own kernels "
+                               f"(its {ref_gen} fractions, capped by {card.id}'s ALU throughput; overhead by SM clock)"}
+            return Speeds(fw, fk, oh, ref.per_layer, engine, (note,) + ref.notes, stand_in, ())
     mine = own(engine, fmt, family, generation, tp)
     if mine.complete:
         return mine
@@ -125,7 +138,7 @@ def resolve(engine: Engine, fmt: str, family: str, generation: str, tp: int, _se
                       (note,) + there.notes, stand_in, ())
     sib = engine.stand_in_engine
     if sib is not None and sib.id not in _seen + (engine.id,):
-        theirs = resolve(sib, fmt, family, generation, tp, _seen + (engine.id,))
+        theirs = resolve(sib, fmt, family, generation, tp, _seen + (engine.id,), card=card, kv_dtype=kv_dtype)
         if theirs.complete:
             inner = theirs.stand_in or {}
             stand_in = {"kind": "sibling_engine", "engine": sib.id,
@@ -166,6 +179,7 @@ _KIND_WORDS = {
     "generation": "the engine's figures calibrated on another generation",
     "nearest_generation": "the engine's nearest calibrated generation",
     "sibling_engine": "a sibling engine of the same kind",
+    "kernel_model": "a model of the engine's own kernels, uncalibrated on this generation",
 }
 
 

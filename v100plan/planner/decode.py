@@ -102,3 +102,20 @@ def decode_round(weights_gb: float, kv_gb: float, bw_gbps: float, weight_fractio
         ceiling_ms=read_ms(weights_gb + kv_gb, bw_gbps),
         tokens_per_round=tpr, draft_ms=draft_ms,
     )
+
+
+def compute_scaled_fraction(fraction: float, bw_ratio: float, compute_ratio: float) -> float:
+    """A read fraction calibrated on one card, carried to another card of the same generation.
+
+    A read at fraction f takes bytes / (B_ref x f) on the calibration card: bytes / B_ref at full bandwidth plus
+    bytes / B_ref x (1 / f - 1) lost to instruction issue and latency, which scale with the card's compute
+    (SMs x SM clock), not its memory. On a card with bandwidth B = bw_ratio x B_ref and compute_ratio x the
+    calibration card's compute, the same read takes bytes / B + bytes / B_ref x (1 / f - 1) / compute_ratio, i.e.
+
+        f' = 1 / (1 + bw_ratio x (1 / f - 1) / compute_ratio)
+
+    f' = f on the calibration card itself. Why: the field measured its two V100 pairs within 3 % of each other
+    at 186K (docs/field-figures.md) although one has 20 % more bandwidth and the other 23 % more compute."""
+    if fraction <= 0 or bw_ratio <= 0 or compute_ratio <= 0:
+        return fraction
+    return 1.0 / (1.0 + bw_ratio * (1.0 / fraction - 1.0) / compute_ratio)

@@ -52,6 +52,12 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
                  "overhead = (16 + 4) / g)"),
     WeightFormat("int4-gptq", _G128_BPW, False, "int",
                  f"{_G128} (quantize_config.json bits 4, group_size 128; overhead = (16 + 4) / g)"),
+    WeightFormat("groupwise-int", _G128_BPW, False, "int",
+                 f"groupwise integer 4-bit, as the field report's 'groupwise-int' file: {_G128} (a catalogue profile "
+                 "keeps its own file's bytes)"),
+    WeightFormat("int4-autoround", _G128_BPW, False, "int",
+                 f"{_G128} (AutoRound, intel/auto-round: bits 4, group_size 128 by default, exported in the GPTQ "
+                 "packing: qweight, 16-bit scales, 4-bit qzeros)"),
     WeightFormat("int4-g32", 5.0, False, "int",
                  "4-bit weights, group 32 with a bf16 scale and a bf16 zero per group: 4 + (16 + 16) / 32 = 5 bits "
                  "(pytorch-labs/gpt-fast quantize.py --mode int4 --groupsize 32, scales_and_zeros in bfloat16)"),
@@ -69,7 +75,8 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
 )}
 
 # Formats of catalogue models that are not in the table above keep their own profile's bytes.
-ALIASES = {"f16": "fp16", "f32": "fp32", "awq": "int4-awq", "gptq": "int4-gptq"}
+ALIASES = {"f16": "fp16", "f32": "fp32", "awq": "int4-awq", "gptq": "int4-gptq", "autoround": "int4-autoround",
+           "auto-round": "int4-autoround"}
 
 
 @dataclass(frozen=True)
@@ -77,12 +84,19 @@ class KvDtype:
     name: str
     bytes_per_element: float
     source: str
+    scale_bytes_per_vector: float = 0.0   # a scale per position and KV head (head_dim values), where the type has one
+
+    def bytes_for(self, head_dim: int) -> float:
+        """Bytes per K or V element for vectors of ``head_dim`` values: the element plus its share of the scale."""
+        return self.bytes_per_element + (self.scale_bytes_per_vector / head_dim if head_dim else 0.0)
 
 
 KV_DTYPES: dict[str, KvDtype] = {k.name: k for k in (
     KvDtype("fp16", 2.0, "IEEE 754 binary16: 2 bytes"),
     KvDtype("bf16", 2.0, "bfloat16: 2 bytes"),
     KvDtype("fp8", 1.0, "FP8 E4M3/E5M2: 1 byte (vLLM --kv-cache-dtype fp8)"),
+    KvDtype("int8", 1.0, "int8 values with one float32 scale per position and KV head: 1 + 4 / head_dim bytes "
+            "(the bundled engine's --kv-cache-dtype int8, engine/core/kvquant.py; the field engine's --kv-dtype int8)", 4.0),
     KvDtype("q8_0", 34 / 32, "GGML q8_0 block: 32 int8 values + one fp16 scale = 34 bytes per 32 (llama.cpp -ctk/-ctv q8_0)"),
     KvDtype("q4_0", 18 / 32, "GGML q4_0 block: 32 4-bit values + one fp16 scale = 18 bytes per 32 (llama.cpp -ctk/-ctv q4_0)"),
 )}

@@ -30,15 +30,25 @@ from v100plan.planner.inputs import linear_state_bytes
 DEFAULT_CONFIG_FORMAT = "bf16"
 # The checkpoint's own dtype (config.json torch_dtype, `dtype` in transformers 5) names the file's format.
 _CONFIG_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-_QUANT_METHODS = {"gptq": "int4-gptq", "awq": "int4-awq"}
+_QUANT_METHODS = {"gptq": "int4-gptq", "awq": "int4-awq", "auto-round": "int4-autoround", "intel/auto-round": "int4-autoround"}
+# What a checkpoint's config carries at the top level and its multimodal wrapper keeps outside text_config.
+_OUTER_KEYS = ("quantization_config", "torch_dtype", "dtype")
 
 
 def config_format(cfg: dict[str, Any]) -> tuple[str, str]:
-    """(weight format, why) a config.json says its files are in: a 4-bit GPTQ/AWQ quantization_config, else the
-    torch_dtype; bf16 when it says neither."""
+    """(weight format, why) a config.json says its files are in: a 4-bit GPTQ/AWQ/AutoRound quantization_config
+    (``bits``, AutoAWQ's older ``w_bit``), else the torch_dtype; bf16 when it says neither. A quantization_config
+    of another method or width is refused (exit 2) rather than planned as 16-bit."""
     q = cfg.get("quantization_config")
-    if isinstance(q, dict) and q.get("quant_method") in _QUANT_METHODS and q.get("bits") == 4:
-        return _QUANT_METHODS[q["quant_method"]], f"quantization_config {q['quant_method']} 4-bit"
+    if isinstance(q, dict):
+        method = str(q.get("quant_method") or "").lower()
+        bits = q.get("bits", q.get("w_bit"))
+        if method in _QUANT_METHODS and bits == 4:
+            return _QUANT_METHODS[method], f"quantization_config {method} 4-bit"
+        if method in ("fp8", "fbgemm_fp8", "compressed-tensors") and _fp8(q):
+            return "fp8", f"quantization_config {method} (8-bit float weights)"
+        raise BadInput(f"config.json's quantization_config is {method or 'unnamed'} at {bits} bits, which the planner does "
+                       "not read as a weight format", hint="give the weights' format with --weights (`v100plan plan --help` lists them)")
     dt = cfg.get("torch_dtype") or cfg.get("dtype")
     if dt in _CONFIG_DTYPES:
         return _CONFIG_DTYPES[dt], f"torch_dtype {dt}"
@@ -46,13 +56,25 @@ def config_format(cfg: dict[str, Any]) -> tuple[str, str]:
 DEFAULT_KV = "fp16"
 
 
+def _fp8(q: dict[str, Any]) -> bool:
+    """An fp8 quantization_config: fp8 by method, or compressed-tensors whose weights are 8-bit floats."""
+    if str(q.get("quant_method")).lower() in ("fp8", "fbgemm_fp8"):
+        return True
+    groups = q.get("config_groups") or {}
+    ws = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+    return bool(ws) and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in ws)
+
+
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Multimodal configs nest the language model under text_config."""
+    """Multimodal configs (Qwen3.5 / 3.6 as downloaded: ``Qwen3_5ForConditionalGeneration``) nest the language model
+    under text_config and keep quantization_config and the dtype at the top level; either level is read, the inner
+    one first."""
     inner = cfg.get("text_config")
     if isinstance(inner, dict):
         merged = {**inner}
-        merged.setdefault("model_type", cfg.get("model_type"))
-        merged.setdefault("_name_or_path", cfg.get("_name_or_path"))
+        for key in ("model_type", "_name_or_path") + _OUTER_KEYS:
+            if key in cfg and merged.get(key) is None:
+                merged[key] = cfg[key]
         return merged
     return cfg
 
@@ -238,7 +260,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
                                 "split_gb": "linear layers, experts and the output head (column/row/vocab parallel)",
                                 "replicated_gb": "token embedding (and norms), whole on every rank",
                                 "decode_read_gb": "every dense linear layer and the output head; experts added per round"}},
-        "kv_cache": {"dtype": kvd.name, "bytes_per_element": kvd.bytes_per_element, "overhead_bytes_per_token": 0,
+        "kv_cache": {"dtype": kvd.name, "bytes_per_element": round(kvd.bytes_for(c["head_dim"]), 6), "overhead_bytes_per_token": 0,
                      "sources": {"bytes_per_element": kvd.source, "overhead_bytes_per_token": "none modelled: the shape only"}},
         "state_bytes_per_sequence": c["state_bytes"],
         **({"linear_attention": {**c["linear_shape"], "sources": {k: src for k in c["linear_shape"]}}} if c["linear_shape"] else {}),
@@ -310,6 +332,7 @@ def with_kv_dtype(doc: dict[str, Any], kv_name: str) -> dict[str, Any]:
     if kvd is None:
         raise BadInput(f"unknown KV cache dtype {kv_name!r}", hint=f"one of: {', '.join(KV_DTYPES)}")
     new = json.loads(json.dumps(doc))
-    new["kv_cache"]["dtype"], new["kv_cache"]["bytes_per_element"] = kvd.name, kvd.bytes_per_element
+    new["kv_cache"]["dtype"] = kvd.name
+    new["kv_cache"]["bytes_per_element"] = round(kvd.bytes_for(int(doc["attention"]["head_dim"])), 6)
     new["kv_cache"].setdefault("sources", {})["bytes_per_element"] = f"--kv-cache-dtype {kvd.name}: {kvd.source}"
     return new

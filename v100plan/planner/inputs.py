@@ -6,6 +6,7 @@ A value the profile does not have is None and the matching ``*_why`` says why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,9 @@ class Card:
     tensor_tflops: Sourced           # dense fp16 (Volta) or bf16 tensor peak, the prefill ceiling
     price_per_card: tuple[float, str] | None  # (amount, currency)
     architecture: str = ""           # card generation: volta, turing, ampere, ada, hopper (engine efficiencies key on it)
+    sm_count: int = 0                # streaming multiprocessors (0: not known)
+    sm_clock_mhz: float = 0.0        # maximum SM clock (0: not known)
+    power_limit_w: float = 0.0       # the board's default power limit (0: not known)
 
     @property
     def memory_gb(self) -> float:
@@ -191,6 +195,7 @@ class Engine:
     by_generation: dict[str, dict[str, Any]] = field(default_factory=dict)
     acceptance_definition: str = "per_token"   # "per_token": (1 - a^(k+1)) / (1 - a); "accepted_share": 1 + k x A
     acceptance_source: str = ""
+    acceptance_by_workload: dict[str, float] = field(default_factory=dict)  # the field's share of drafts accepted
     kv_cache_dtype: str | None = None          # the engine's default KV-cache element type
     launch_kind: str = ""                      # "vllm" | "sglang" | "llamacpp" | "v100plan" | "" (no launch commands)
     max_tp: int = 2                            # largest tensor-parallel degree the engine runs
@@ -212,6 +217,16 @@ class Engine:
     # (the profile's 'stand_in_engine'; the chain in calibration.py), and why it is a fair stand-in.
     stand_in_engine: Engine | None = None
     stand_in_engine_source: str = ""
+    # The card the one-card fractions were calibrated on ({"generation", "sm_count", "sm_clock_mhz", "read_bw_gbps",
+    # "source"}): on another card of that generation the part of a read beyond 100 % bandwidth scales with the
+    # card's compute (decode.compute_scaled_fraction). Empty: fractions carry over unchanged.
+    calibration_card: dict[str, Any] = field(default_factory=dict)
+    # The engine's own kernels as arithmetic, for generations it has no recording on (kernel_model.py). Empty: none.
+    kernel_model: dict[str, Any] = field(default_factory=dict)
+    strategies: tuple[str, ...] = ()          # the strategies the engine runs (empty: every one)
+    formats: tuple[str, ...] = ()             # the weight formats the engine loads (empty: any)
+    bundled: bool = False                      # shipped with v100plan (`python -m engine serve`, `v100plan deploy`)
+    where: str = ""                            # where an engine that is not bundled is got
 
     def generation_entry(self, generation: str) -> dict[str, Any] | None:
         return self.by_generation.get(generation)
@@ -312,10 +327,11 @@ class Engine:
 class Target:
     context_tokens: int
     gpus: int
-    acceptance: float | None = None  # None: the engine profile's default
+    acceptance: float | None = None  # None: the model's figure for the workload, else the engine profile's default
     concurrency: int = 1
     objective: str = "latency"       # "latency" | "throughput"
     draft_tokens: int | None = None  # None: the engine's default (capped by the model's draft layer)
+    workload: str = "prose"          # which of the model's acceptance figures speculation is planned with
 
 
 def _latency_tables(raw: dict[str, Any] | None) -> dict[str, dict[str, float]]:
@@ -354,6 +370,8 @@ def card_from_doc(doc: dict[str, Any]) -> Card:
         native_bf16=bool(doc.get("native_bf16")), memory_gib=float(doc["memory_gib"]), read_bw=bw, tensor_tflops=tensor,
         price_per_card=(float(price["amount"]), price["currency"]) if price else None,
         architecture=str(doc.get("architecture", "")).lower(),
+        sm_count=int(doc.get("sm_count") or 0), sm_clock_mhz=float(doc.get("sm_clock_max_mhz") or 0.0),
+        power_limit_w=float(doc.get("power_limit_w") or 0.0),
     )
 
 
@@ -437,24 +455,29 @@ def _attention_fraction(eff: dict[str, Any], missing: str) -> Sourced:
     return Sourced(matrix.value, "prefill_compute_fraction stands in (no attention-kernel figure): " + matrix.source)
 
 
-def _stand_in_engine(doc: dict[str, Any], seen: tuple[str, ...]) -> tuple[Engine | None, str]:
-    """The catalogue engine the profile names as its stand-in (``stand_in_engine``), read once (no cycles)."""
+def _stand_in_engine(doc: dict[str, Any], others: Mapping[str, dict[str, Any]],
+                     seen: tuple[str, ...]) -> tuple[Engine | None, str]:
+    """The engine the profile names as its stand-in (``stand_in_engine``), from the engine documents handed in
+    (``others``: id -> document), read once (no cycles). None where none is named or it is a cycle."""
     entry = doc.get("stand_in_engine")
     if not entry or entry["id"] in seen:
         return None, ""
-    from v100plan import catalogue
     from v100plan.errors import DocumentError
 
-    if entry["id"] not in catalogue.ids("engine"):
-        raise DocumentError(f"engine profile {doc['id']}", f"stand_in_engine {entry['id']!r} is not a catalogue engine",
-                            json_path="$.stand_in_engine.id",
-                            hint=f"name one of {', '.join(catalogue.ids('engine'))}, or remove stand_in_engine")
-    return engine_from_doc(catalogue.get("engine", entry["id"]), seen + (doc["id"],)), entry.get("source", "")
+    if entry["id"] not in others:
+        raise DocumentError(f"engine profile {doc['id']}", f"stand_in_engine {entry['id']!r} is not among the engine "
+                            "profiles given", json_path="$.stand_in_engine.id",
+                            hint=f"name one of {', '.join(sorted(others)) or 'the catalogue engines'}, or remove stand_in_engine")
+    return engine_from_doc(others[entry["id"]], others, seen + (doc["id"],)), entry.get("source", "")
 
 
-def engine_from_doc(doc: dict[str, Any], _seen: tuple[str, ...] = ()) -> Engine:
+def engine_from_doc(doc: dict[str, Any], others: Mapping[str, dict[str, Any]] | None = None,
+                    _seen: tuple[str, ...] = ()) -> Engine:
+    """The Engine for a validated engine_profile document. Its ``stand_in_engine`` (if any) is read from ``others``
+    (engine id -> document, e.g. the catalogue's); without them the profile has no stand-in."""
     eff = doc.get("efficiency", {})
-    stand_in, stand_in_source = _stand_in_engine(doc, _seen + (doc["id"],))
+    stand_in, stand_in_source = (_stand_in_engine(doc, others, _seen + (doc["id"],)) if others is not None
+                                 else (None, ""))
     spec = doc.get("speculative") or {}
     missing = f"not in engine profile {doc['id']}"
     return Engine(
@@ -476,6 +499,7 @@ def engine_from_doc(doc: dict[str, Any], _seen: tuple[str, ...] = ()) -> Engine:
         by_generation={gen: _generation(entry) for gen, entry in (doc.get("by_generation") or {}).items()},
         acceptance_definition=spec.get("acceptance_definition", "per_token"),
         acceptance_source=spec.get("acceptance_definition_source", ""),
+        acceptance_by_workload={k: float(v) for k, v in (spec.get("acceptance_by_workload") or {}).items() if k != "source"},
         kv_cache_dtype=doc.get("kv_cache_dtype"), launch_kind=doc.get("launch_kind", ""),
         max_tp=int(doc.get("max_tp", 2)), multi_node=bool(doc.get("multi_node", False)),
         aliases=tuple(doc.get("aliases") or ()), generic_generations=tuple(doc.get("calibrated_generations") or ()),
@@ -485,6 +509,11 @@ def engine_from_doc(doc: dict[str, Any], _seen: tuple[str, ...] = ()) -> Engine:
         allreduce_path_source=(doc.get("allreduce_path") or {}).get("source", "default: NCCL"),
         round_overhead_per_layer_ms=_sourced(eff.get("round_overhead_per_layer_ms"), missing),
         stand_in_engine=stand_in, stand_in_engine_source=stand_in_source,
+        calibration_card=dict(doc.get("calibration_card") or {}), kernel_model=dict(doc.get("kernel_model") or {}),
+        strategies=tuple((doc.get("strategies") or {}).get("value") or ()),
+        formats=tuple((doc.get("formats") or {}).get("supported") or ()),
+        bundled=bool((doc.get("distribution") or {}).get("bundled", False)),
+        where=str((doc.get("distribution") or {}).get("where", "")),
     )
 
 

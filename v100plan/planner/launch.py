@@ -12,6 +12,9 @@ first node's address. Flags as the engines document them:
   --dist-init-addr HEAD_IP:50000` on every node i (--tp counts every GPU of every node).
 - llama.cpp: `llama-server -m MODEL.gguf -ngl 99 -c CTX --split-mode layer`, and `-fa on -ctk T -ctv T`
   for a quantized KV cache.
+- the bundled engine: `python -m engine serve --model MODEL --device cuda:0,cuda:1 --max-context CTX --dtype D`
+  (+ `--kv-cache-dtype int8`, `--speculative mtp --draft-tokens K` where the plan has them); its two ranks on one
+  card (`--device cuda:0,cuda:0`) for single, one service per card for replicas; it does not split layers.
 - TensorRT-LLM: `trtllm-serve MODEL --tp_size N --pp_size M --max_seq_len CTX` (its OpenAI-compatible server; the
   dtype is the checkpoint's).
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_BASE_PORT = {"vllm": 8000, "sglang": 30000, "llamacpp": 8080, "tensorrt-llm": 8000}   # each engine's own default port
+_BASE_PORT = {"vllm": 8000, "sglang": 30000, "llamacpp": 8080, "tensorrt-llm": 8000, "v100plan": 8000}   # each engine's own default port
 _VLLM_KV = {"fp8": "fp8"}            # vLLM's --kv-cache-dtype takes auto or fp8 variants
 _LLAMACPP_KV = {"q8_0": "q8_0", "q4_0": "q4_0", "fp16": "f16", "bf16": "bf16"}
 
@@ -40,9 +43,12 @@ def launch_dtype(fmt: str, native_bf16: bool) -> str:
     return "bfloat16"
 
 
-def launch_commands(kind: str, model: Any, lay: Any, nodes: int, target: Any, dtype: str) -> list[dict[str, Any]]:
+def launch_commands(kind: str, model: Any, lay: Any, nodes: int, target: Any, dtype: str,
+                    draft_tokens: int = 0) -> list[dict[str, Any]]:
     """[{"node": "all" | "head" | "node i" | "replica i", "argv": [...], "env": {...}?}] for ``kind``; [] when the
     engine has none. A replicas layout gives one instance per card (module docstring)."""
+    if kind == "v100plan":
+        return _bundled(model, lay, target, dtype, draft_tokens)
     one = _instance(kind, model, lay, nodes, target, dtype)
     if lay.name != "replicas" or not one:
         return one
@@ -88,3 +94,21 @@ def _instance(kind: str, model: Any, lay: Any, nodes: int, target: Any, dtype: s
             argv += ["-fa", "on", "-ctk", kv, "-ctv", kv]
         return [{"node": "all", "argv": argv}]
     return []
+
+
+def _bundled(model: Any, lay: Any, target: Any, dtype: str, k: int) -> list[dict[str, Any]]:
+    """The bundled engine's serve line(s) (module docstring); [] for a layout it does not run."""
+    if lay.name not in ("single", "replicas", "tp2"):
+        return []
+    base = ["python", "-m", "engine", "serve", "--model", "MODEL", "--max-context", str(target.context_tokens),
+            "--dtype", dtype]
+    if getattr(model, "kv_dtype", "") == "int8":
+        base += ["--kv-cache-dtype", "int8"]
+    if k and getattr(model, "draft_kind", "") == "mtp":
+        base += ["--speculative", "mtp", "--draft-tokens", str(k)]
+    if lay.name == "tp2":
+        return [{"node": "all", "argv": base + ["--device", "cuda:0,cuda:1"]}]
+    if lay.name == "single":
+        return [{"node": "all", "argv": base + ["--device", "cuda:0,cuda:0"]}]
+    return [{"node": f"replica {i}", "argv": base + ["--device", f"cuda:{i},cuda:{i}", "--port", str(_BASE_PORT["v100plan"] + i)]}
+            for i in range(lay.streams)]

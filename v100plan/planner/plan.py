@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
-from v100plan.planner import calibration, nearest
+from v100plan.planner import calibration, card_scaling, nearest
 from v100plan.planner.decode import Round, decode_round, read_ms, round_overhead_ms, tokens_per_round
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
@@ -60,6 +60,11 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         problems.append(f"needs {lay.gpus_needed} GPUs, {target.gpus * hw.nodes} given")
     if lay.tp > engine.max_tp:
         problems.append(f"engine {engine.id} runs tensor parallel up to {engine.max_tp}")
+    if engine.formats and model.format not in engine.formats:
+        problems.append(f"engine {engine.id} does not load {model.format} weights (it loads {', '.join(engine.formats)}): "
+                        "pass --weights, or --engine for one that does")
+    if engine.strategies and name not in engine.strategies:
+        problems.append(f"engine {engine.id} does not run {name} (it runs {', '.join(engine.strategies)})")
     if lay.pp > 1 and not engine.multi_node:
         problems.append(f"engine {engine.id} does not run across nodes (vllm and sglang do)")
     if lay.tp >= 2 and target.gpus >= 2 and choice is None:
@@ -88,8 +93,11 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     if name == "layer_split":
         reason += "; cards take turns, no faster than one card"
     fmt = weight_format(model.format)
-    speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", card.architecture, lay.tp)
+    speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", card.architecture, lay.tp, card=card,
+                                 kv_dtype=model.kv_dtype)
     fw, fk, oh = speeds.weight, speeds.kv, speeds.overhead
+    scale = card_scaling.to_card(speeds.engine, card, fw, fk)
+    fw, fk = scale.weight, scale.kv
     # The K/V a round reads grows with the context; a recurrent (GDN) state is a fixed-size block read whole, every
     # round, by the layer's own kernels like a weight matrix: it is read at the weight fraction, not the attention one.
     kv_read_gb = C * model.kv_bytes_per_token * target.context_tokens * lay.kv_read_share / 1e9
@@ -122,7 +130,7 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         net = hw.network
         hop_us = (net.latency_us + model.allreduce_bytes_per_token * verified_tokens * C / (net.bw_gbps * 1e3)) if net else 0.0
     per_layer = speeds.per_layer.value
-    overhead_ms = round_overhead_ms(oh.value, per_layer, model.layers)
+    overhead_ms = round_overhead_ms(oh.value, per_layer, model.layers) * scale.overhead_factor
     draft_ms = _draft_ms(model, engine, card.read_bw.value, fw.value, oh.value, per_layer, verified_tokens - 1)
     verify_ms = _verify_compute_ms(model, engine, hw, verified_tokens * C, lay.tp)
     rnd: Round = decode_round(
@@ -214,7 +222,7 @@ def _recommend(results: list[StrategyResult], objective: str) -> str | None:
 
 
 def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: Target,
-         choice: ar.PathChoice | None, acceptance: float, k: int) -> list[str]:
+         choice: ar.PathChoice | None, acceptance: float, k: int, definition: str) -> list[str]:
     """The arithmetic of one strategy, line by line, for a person to check."""
     d, m = r.breakdown.get("decode"), r.breakdown["memory"]
     ctx = format_tokens(target.context_tokens)
@@ -236,7 +244,7 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
             lines.append(f"hand-overs between cards {d['hops_ms']:.3f} ms")
         if d.get("draft_ms"):
             lines.append(f"{k} draft step(s) ({model.draft_kind}) {d['draft_ms']:.2f} ms")
-        formula = (f"(1 - {acceptance:g}^{k + 1}) / (1 - {acceptance:g})" if engine.acceptance_definition == "per_token" and k
+        formula = (f"(1 - {acceptance:g}^{k + 1}) / (1 - {acceptance:g})" if definition == "per_token" and k
                    else f"1 + {k} x {acceptance:g}")
         lines += [
             f"round {r.round_ms:.2f} ms; tokens per round {formula} = {d['tokens_per_round']:g}; "
@@ -269,6 +277,24 @@ def _overhead_line(d: dict, engine: Engine) -> str:
             f"(engine {who}, per layer: every rank and every stage runs all of them{stretch})")
 
 
+def _acceptance(model: Model, engine: Engine, target: Target, k: int) -> tuple[float, str, str]:
+    """(acceptance, its definition, where it comes from): --acceptance (as the engine defines it), else the model's
+    figure for the workload (the field's share of drafts accepted: 1 + k x A), else the engine's default."""
+    if target.acceptance is not None:
+        return target.acceptance, engine.acceptance_definition, "--acceptance"
+    if not k:
+        return 0.0, engine.acceptance_definition, "no drafts"
+    if target.workload in model.acceptance:
+        return (model.acceptance[target.workload], "accepted_share",
+                f"workload {target.workload}: {model.id}'s figure, a share of drafts accepted")
+    why = (f"{model.id} has no {target.workload} figure" if model.acceptance else f"{model.id} has no acceptance figures")
+    if target.workload in engine.acceptance_by_workload:
+        return (engine.acceptance_by_workload[target.workload], "accepted_share",
+                f"workload {target.workload}: engine {engine.id}'s figure for the 27B hybrid's MTP layer, a share of drafts "
+                f"accepted ({why})")
+    return engine.default_acceptance, engine.acceptance_definition, f"engine {engine.id}'s default: {why}"
+
+
 def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alternatives: tuple[Model, ...] = ()) -> Plan:
     """Plan ``model`` on ``hardware`` with ``engine`` for ``target``; ``alternatives`` (other formats of the
     model) are only used to name the nearest configuration that fits when nothing does."""
@@ -290,13 +316,13 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         k = min(engine.draft_tokens, model.max_draft_tokens)
         if engine.draft_tokens and not model.max_draft_tokens:
             notes.append(f"{model.id} has no draft layer: no speculative decoding (1 token per round)")
-    if target.acceptance is not None:
-        acceptance = target.acceptance
-    else:
-        acceptance = engine.default_acceptance if k else 0.0
-    tpr = tokens_per_round(k, acceptance, engine.acceptance_definition)
+    acceptance, definition, acceptance_source = _acceptance(model, engine, target, k)
+    if k:
+        notes.append(f"acceptance {acceptance:g} per draft token ({acceptance_source})")
+    tpr = tokens_per_round(k, acceptance, definition)
     fmt = weight_format(model.format)
-    speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", hardware.card.architecture, 1)
+    speeds = calibration.resolve(engine, model.format, fmt.family if fmt else "", hardware.card.architecture, 1,
+                                 card=hardware.card, kv_dtype=model.kv_dtype)
     speeds_record = speeds.record(engine.id, hardware.card.architecture, model.format)
     if (k and model.draft_kind == "model" and not model.draft_layers
             and speeds.per_layer.value is not None):
@@ -304,6 +330,8 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
                      f"so each draft step is priced at {model.id}'s {model.layers} layers (an upper bound)")
     # A draft head without a byte count (the catalogue 27B's MTP layer) is inside the engine's calibrated reads.
     notes += speeds.notes
+    if note := card_scaling.to_card(speeds.engine, hardware.card, speeds.weight, speeds.kv).note:
+        notes.append(note)
     if engine.runtime_reserve_gb.value is None:
         reserve = 0.0
         notes.append(f"runtime reserve unknown for engine {engine.id}: memory per GPU excludes it")
@@ -369,34 +397,40 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
             launch_for = max(fitting, key=lambda r: r.decode_ceiling_tok_s).name
             notes.append(f"launch commands for {launch_for}, the fitting strategy with the highest ceiling "
                          f"(engine {engine.id} has no speeds to rank by)")
+    def _launch(name: str) -> dict:
+        r = next(x for x in results if x.name == name)
+        lay = layout(name, model, target.gpus, (k + 1) * target.concurrency)
+        out = {"engine": engine.id, "strategy": name, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
+               "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": dtype,
+               "kv_cache_dtype": model.kv_dtype or None, "concurrency": target.concurrency,
+               "speculative": (model.draft_kind or "off") if k else "off", "draft_tokens": k,
+               "acceptance": acceptance, "workload": target.workload, "bundled": engine.bundled}
+        if not engine.bundled:
+            out["where"] = engine.where or "not bundled: see the engine's profile"
+        cmds = launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, dtype, k)
+        if cmds:
+            out["commands"] = cmds
+        return out
+
+    results = [replace(r, launch=_launch(r.name)) if r.fits else r for r in results]
     if launch_for and not rec:
-        r = next(x for x in results if x.name == launch_for)
-        lay = layout(launch_for, model, target.gpus, (k + 1) * target.concurrency)
-        launch = {"engine": engine.id, "strategy": launch_for, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
-                  "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": dtype,
-                  "concurrency": target.concurrency, "draft_tokens": k,
-                  "commands": launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, dtype)}
+        launch = _launch(launch_for)
     if rec:
         r = next(x for x in results if x.name == rec)
-        why = _why(r, hardware, model, engine, target, choice, acceptance, k)
+        why = _why(r, hardware, model, engine, target, choice, acceptance, k, definition)
         if line := calibration.stand_in_line(speeds_record):
             why = [line] + why
-        lay = layout(rec, model, target.gpus, (k + 1) * target.concurrency)
-        launch = {
-            "engine": engine.id, "strategy": rec, "tp": lay.tp, "replicas": lay.streams, "gpus": r.gpus_used,
-            "allreduce": r.allreduce_path, "max_context": target.context_tokens, "dtype": dtype,
-            "concurrency": target.concurrency, "draft_tokens": k,
-        }
-        cmds = launch_commands(engine.launch_kind, model, lay, hardware.nodes, target, dtype)
-        if cmds:
-            launch["commands"] = cmds
+        launch = _launch(rec)
+    if launch and not engine.bundled:
+        notes.append(f"engine {engine.id} is external: not bundled with v100plan; get it from {launch['where']}"
+                     + ("" if launch.get("commands") else " (no launch line: run it as its own documentation says)"))
     if launch and launch.get("commands"):
         notes += [f"launch ({c['node']}): " + " ".join([f"{k}={v}" for k, v in (c.get("env") or {}).items()] + c["argv"])
                   for c in launch["commands"]]
     inputs = {
         "hardware": hardware.origin, "card": hardware.card.id, "gpus": target.gpus, "model": model.id, "engine": engine.id,
         "context_tokens": target.context_tokens, "acceptance": acceptance, "draft_tokens": k,
-        "concurrency": target.concurrency, "objective": target.objective,
+        "concurrency": target.concurrency, "objective": target.objective, "workload": target.workload,
     }
     return Plan(inputs=inputs, strategies=tuple(results), recommended=rec, why=tuple(why), notes=tuple(notes), launch=launch,
                 speeds=speeds_record)

@@ -22,6 +22,8 @@ class StrategyResult:
     allreduce_path: str
     reason: str
     breakdown: dict[str, Any] = field(default_factory=dict)  # the arithmetic behind the numbers
+    # How to start this strategy (plan._launch: engine settings and argv lines; None: it does not fit).
+    launch: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -86,14 +86,14 @@ def at_range_end(hw_doc: dict[str, Any], end: str) -> dict[str, Any]:
 def predict(point: dict[str, Any], repo_root: Path, range_end: str | None = None) -> Row:
     """Plan one published configuration with the catalogue and read back the named strategy
     (with ranged allreduce figures at ``range_end`` when given: at_range_end)."""
-    from v100plan import catalogue
-    from v100plan.planner import Target, engine_from_doc, hardware_from_doc, plan
+    from v100plan import catalogue, plan_inputs
+    from v100plan.planner import Target, hardware_from_doc, plan
 
     model = point["model"]
     if model not in catalogue.ids("model"):
         model = str(repo_root / model)
-    engine = engine_from_doc(catalogue.get("engine", catalogue.engine_id(point["engine"])))
-    m, alts = catalogue.load_model(model, point.get("weights"), point.get("kv_cache_dtype"), engine)
+    engine = plan_inputs.engine(point["engine"])
+    m, alts = plan_inputs.load_model(model, point.get("weights"), point.get("kv_cache_dtype"), engine)
     hw_doc = catalogue.get("hardware", point["hardware"])
     hw = hardware_from_doc(at_range_end(hw_doc, range_end) if range_end else hw_doc, point["gpus"])
     target = Target(context_tokens=int(point["context_tokens"]), gpus=hw.gpus, acceptance=point.get("acceptance"),
