@@ -42,6 +42,7 @@ SCHEMA_VERSIONS: dict[str, str] = {
     "probe_bench": "1.0",
     "tp2_bench": "1.0",
     "planner_accuracy": "1.0",
+    "prediction_intervals": "1.0",
     # the remote commands' --json documents (deploy, rollback, stop, remove, status, fleet probe)
     "deploy_outcome": "1.0",
     "rollback_outcome": "1.0",

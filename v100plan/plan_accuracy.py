@@ -49,6 +49,15 @@ class Row:
     # The plan's line saying which calibration stood in (calibration.stand_in_line); None: calibrated for this
     # engine, card generation and format.
     speeds_stand_in: str | None = None
+    stand_in: dict[str, Any] | None = None          # the plan's speeds.stand_in record (its kind is the rung)
+    interval: list[float] | None = None             # the strategy's decode_tok_s_interval (with a bands document)
+
+    @property
+    def covered(self) -> bool | None:
+        """Whether the published figure lies inside the predicted p10-p90 interval (None: no interval)."""
+        if self.interval is None:
+            return None
+        return self.interval[0] <= self.published_tok_s <= self.interval[1]
 
     @property
     def error(self) -> float | None:
@@ -83,7 +92,7 @@ def at_range_end(hw_doc: dict[str, Any], end: str) -> dict[str, Any]:
     return doc
 
 
-def predict(point: dict[str, Any], repo_root: Path, range_end: str | None = None) -> Row:
+def predict(point: dict[str, Any], repo_root: Path, range_end: str | None = None, bands: dict[str, Any] | None = None) -> Row:
     """Plan one published configuration with the catalogue and read back the named strategy
     (with ranged allreduce figures at ``range_end`` when given: at_range_end)."""
     from v100plan import catalogue, plan_inputs
@@ -98,7 +107,7 @@ def predict(point: dict[str, Any], repo_root: Path, range_end: str | None = None
     hw = hardware_from_doc(at_range_end(hw_doc, range_end) if range_end else hw_doc, point["gpus"])
     target = Target(context_tokens=int(point["context_tokens"]), gpus=hw.gpus, acceptance=point.get("acceptance"),
                     draft_tokens=point.get("draft_tokens"))
-    p = plan(hw, m, engine, target, alternatives=alts)
+    p = plan(hw, m, engine, target, alternatives=alts, bands=bands)
     s = p.strategy(point["strategy"])
     from v100plan.planner.calibration import stand_in_line
 
@@ -107,11 +116,13 @@ def predict(point: dict[str, Any], repo_root: Path, range_end: str | None = None
                context_tokens=int(point["context_tokens"]), published_tok_s=float(point["decode_tok_s"]),
                predicted_tok_s=s.decode_tok_s if s.fits else None, ceiling_tok_s=s.decode_ceiling_tok_s,
                source=point["source"], figure=point["figure"], notes=tuple(p.notes) + ((s.reason,) if not s.fits else ()),
-               speeds_stand_in=stand_in_line(p.speeds) if p.speeds else None)
+               speeds_stand_in=stand_in_line(p.speeds) if p.speeds else None,
+               stand_in=(p.speeds or {}).get("stand_in"), interval=s.decode_tok_s_interval if s.fits else None)
 
 
-def evaluate(repo_root: Path, path: Path = PUBLISHED, range_end: str | None = None) -> list[Row]:
-    return [predict(pt, repo_root, range_end) for pt in load_points(path)["points"]]
+def evaluate(repo_root: Path, path: Path = PUBLISHED, range_end: str | None = None,
+             bands: dict[str, Any] | None = None) -> list[Row]:
+    return [predict(pt, repo_root, range_end, bands) for pt in load_points(path)["points"]]
 
 
 def summary(rows: list[Row]) -> dict[str, Any]:
@@ -129,9 +140,20 @@ def summary(rows: list[Row]) -> dict[str, Any]:
         "held_out_median_abs_error": statistics.median(errs) if errs else None,
         "held_out_worst_abs_error": max(errs) if errs else None,
         "calibration_median_abs_error": statistics.median([abs(r.error) for r in rows if r.role == "calibration" and r.error is not None] or [0.0]),
+        "coverage": coverage(rows),
         "over_ceiling": [r.id for r in rows if r.under_ceiling is False],
         "no_ceiling": [r.id for r in rows if r.under_ceiling is None],
     }
+
+
+def coverage(rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """By role: points with an interval, how many published figures fell inside it, and the share."""
+    out = {}
+    for role in ("calibration", "held_out"):
+        judged = [r for r in rows if r.role == role and r.covered is not None]
+        inside = sum(1 for r in judged if r.covered)
+        out[role] = {"points": len(judged), "inside": inside, "share": inside / len(judged) if judged else None}
+    return out
 
 
 def goal_met(s: dict[str, Any]) -> bool:
@@ -145,9 +167,9 @@ def document(rows: list[Row], data: Path, range_end: str | None) -> dict[str, An
 
     s = summary(rows)
     fields = ("id", "role", "engine", "hardware", "gpus", "strategy", "model", "weights", "context_tokens",
-              "published_tok_s", "predicted_tok_s", "ceiling_tok_s", "error", "source", "figure", "speeds_stand_in")
+              "published_tok_s", "predicted_tok_s", "ceiling_tok_s", "error", "source", "figure", "speeds_stand_in", "interval")
     return {"kind": "planner_accuracy", "schema_version": SCHEMA_VERSIONS["planner_accuracy"],
             "provenance": provenance({"data": str(data), "allreduce_range": range_end or "used"}),
             "summary": {**s, "goal": {"median_abs_error": GOAL_MEDIAN, "worst_abs_error": GOAL_WORST},
                         "goal_met": goal_met(s), "allreduce_range": range_end or "used"},
-            "rows": [{f: getattr(r, f) for f in fields} for r in rows]}
+            "rows": [{**{f: getattr(r, f) for f in fields}, "inside_interval": r.covered} for r in rows]}

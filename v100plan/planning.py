@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from profiles.document import SCHEMA_VERSIONS, stamp
-from v100plan import catalogue, documents, plan_inputs
+from v100plan import catalogue, documents, interval_fit, plan_inputs
 from v100plan.errors import BadInput, DocumentError, UnknownId
 from v100plan.planner import Target, hardware_from_doc, plan
 from v100plan.planner.calibration import stand_in_line
 from v100plan.planner.from_probe import hardware_from_probe
+from v100plan.planner.uncertainty import overlap
 from v100plan.profile_checks import catalogue_problems
 from v100plan.units import parse_tokens
 
@@ -125,7 +126,7 @@ def plan_document(hardware: str | dict, gpus: int | None, model: str, engine: st
     hw = plan_inputs.with_engine_advice(hw, e)
     target = Target(context_tokens=tokens, gpus=hw.gpus, acceptance=acceptance, concurrency=concurrency, objective=objective,
                     draft_tokens=draft_tokens, workload=workload)
-    result = plan(hw, m, e, target, alternatives=alternatives)
+    result = plan(hw, m, e, target, alternatives=alternatives, bands=interval_fit.load())
     inputs = {"hardware": hardware if isinstance(hardware, str) else "the probe report", "gpus": hw.gpus, "model": model, "engine": engine, "context_tokens": tokens,
               "acceptance": acceptance, "concurrency": concurrency, "objective": objective, "workload": workload}
     inputs.update({k: v for k, v in (("weights", weights), ("kv_cache_dtype", kv_cache_dtype), ("draft_tokens", draft_tokens),
@@ -168,6 +169,7 @@ def compare_document(specs: list[str], model: str, engine: str | None, context: 
             "hardware": hw_id, "gpus": n, "best_strategy": doc["recommended"],
             "decode_tok_s": best["decode_tok_s"] if best else None,
             "decode_ceiling_tok_s": best["decode_ceiling_tok_s"] if best else None,
+            "decode_tok_s_interval": best.get("decode_tok_s_interval") if best else None,
             "aggregate_tok_s": best["aggregate_tok_s"] if best else None,
             "prefill_s": best["prefill_s"] if best else None,
             "max_context": max((s["max_context"] for s in doc["strategies"] if s["fits"]), default=0),
@@ -178,6 +180,10 @@ def compare_document(specs: list[str], model: str, engine: str | None, context: 
             "speeds_calibrated": doc["speeds"]["calibrated"] if (best and doc.get("speeds")) else None,
             "speeds_stand_in": stand_in_line(doc["speeds"]) if (best and doc.get("speeds")) else None,
         })
+    fastest = max((r for r in rows if r["decode_tok_s"] is not None), key=lambda r: r["decode_tok_s"], default=None)
+    for r in rows:
+        r["overlaps_best"] = (overlap(r["decode_tok_s_interval"], fastest["decode_tok_s_interval"])
+                              if fastest is not None and r is not fastest else None)
     inputs = {"hardware": specs, "model": model, "engine": engine or DEFAULT_ENGINE, "context_tokens": tokens,
               "acceptance": acceptance, "objective": objective, "workload": workload}
     doc = {**stamp("comparison", inputs), "inputs": inputs, "rows": rows}

@@ -175,7 +175,7 @@ def test_compare_marks_stand_in_speeds(cli):
     text = cli(*args).stdout
     lines = text.splitlines()
     v100 = next(line for line in lines if "v100-pg500" in line or line.startswith("│ 2 x"))
-    ada = next(line for line in lines if "rtx4090-48g" in line and line.startswith("│"))
+    ada = next(line for line in lines if line.startswith("│ 1 x") and f"{rows['rtx4090-48g']['decode_tok_s']:.1f}" in line)
     assert "~" not in v100 and f"~{rows['rtx4090-48g']['decode_tok_s']:.1f}" in ada
     assert any(line.startswith("~ 1 x rtx4090-48g: speeds NOT calibrated for vllm on ada") for line in lines)
 

@@ -12,12 +12,13 @@ table to that choice.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from v100plan import documents, output
+from v100plan import documents, interval_fit, output
 from v100plan import plan_accuracy as accuracy
 from v100plan.options import JsonOpt
 
@@ -32,13 +33,24 @@ def _pct(v: float | None) -> str | None:
     return None if v is None else f"{v:+.1%}"
 
 
+FitOpt = Annotated[bool, typer.Option(
+    "--fit-intervals", help="Refit the prediction intervals (profiles/published/intervals.json) on the training points "
+    "(decode-batch1.json and interval-training.json; never the held-out set) before planning.")]
+
+
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("planner")
-    def bench_planner(data: DataOpt = None, allreduce_range: RangeOpt = None, json_out: JsonOpt = False) -> None:
-        """The planner against published decode figures: held-out median and worst error, and the ceiling check."""
+    def bench_planner(data: DataOpt = None, allreduce_range: RangeOpt = None, fit_intervals: FitOpt = False,
+                      json_out: JsonOpt = False) -> None:
+        """The planner against published decode figures: held-out median and worst error, interval coverage, and the
+        ceiling check."""
         if allreduce_range is not None and allreduce_range not in accuracy.RANGE_ENDS:
             raise typer.BadParameter(f"use one of {', '.join(accuracy.RANGE_ENDS)}", param_hint="--allreduce-range")
-        rows = accuracy.evaluate(REPO, data or accuracy.PUBLISHED, allreduce_range)
+        if fit_intervals:
+            fitted = documents.validate(interval_fit.fit(accuracy.evaluate(REPO), REPO), "prediction_intervals")
+            interval_fit.INTERVALS.write_text(json.dumps(fitted, indent=2) + "\n")
+            output.render(f"prediction intervals refitted: {interval_fit.INTERVALS}", to_stderr=True)
+        rows = accuracy.evaluate(REPO, data or accuracy.PUBLISHED, allreduce_range, interval_fit.load())
         doc = documents.validate(accuracy.document(rows, data or accuracy.PUBLISHED, allreduce_range), "planner_accuracy")
         s, goal_met = doc["summary"], doc["summary"]["goal_met"]
         if json_out:
@@ -47,10 +59,12 @@ def register(bench_app: typer.Typer) -> None:
             table = output.table(
                 "planner vs published batch-1 decode (profiles/published/decode-batch1.json)",
                 ["point", "role", "engine", "card x n", "strategy", ("published", "right"), ("predicted", "right"),
-                 ("ceiling", "right"), ("error", "right")],
+                 ("p10-p90", "right"), ("ceiling", "right"), ("error", "right"), "inside"],
                 [[r.id, r.role, r.engine, f"{r.hardware} x {r.gpus}", r.strategy, f"{r.published_tok_s:.1f}",
                   None if r.predicted_tok_s is None else f"{r.predicted_tok_s:.1f}",
-                  None if r.ceiling_tok_s is None else f"{r.ceiling_tok_s:.0f}", _pct(r.error)] for r in rows],
+                  None if r.interval is None else f"{r.interval[0]:.1f}-{r.interval[1]:.1f}",
+                  None if r.ceiling_tok_s is None else f"{r.ceiling_tok_s:.0f}", _pct(r.error),
+                  {True: "yes", False: "NO", None: "—"}[r.covered]] for r in rows],
                 caption="error = predicted / published - 1; calibration points set an engine's efficiencies, held-out points never did"
                         + (f"; ranged allreduce figures at their {allreduce_range} end" if allreduce_range else ""),
             )
@@ -59,6 +73,10 @@ def register(bench_app: typer.Typer) -> None:
             output.render(f"held out: {s['held_out_predicted']} of {s['held_out']} points planned; median |error| "
                           f"{_pct(med)}, worst {_pct(worst)}; goal (median <= {accuracy.GOAL_MEDIAN:.0%}, worst <= {accuracy.GOAL_WORST:.0%}) "
                           f"{'met' if goal_met else 'NOT met'}", to_stderr=False)
+            cov = s["coverage"]
+            output.render("inside the p10-p90 interval: " + "; ".join(
+                f"{role} {c['inside']} of {c['points']} ({c['share']:.0%})" for role, c in cov.items() if c["points"]),
+                to_stderr=False)
             st = s["held_out_stand_in"]
             if st["points"]:
                 output.render(f"of which predicted by a stand-in calibration (no calibration of their own for that engine, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
-from v100plan.planner import calibration, card_scaling, nearest
+from v100plan.planner import calibration, card_scaling, nearest, uncertainty
 from v100plan.planner.decode import Round, decode_round, read_ms, round_overhead_ms, tokens_per_round
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
@@ -295,17 +295,40 @@ def _acceptance(model: Model, engine: Engine, target: Target, k: int) -> tuple[f
     return engine.default_acceptance, engine.acceptance_definition, f"engine {engine.id}'s default: {why}"
 
 
-def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alternatives: tuple[Model, ...] = ()) -> Plan:
+def plan(hardware: Hardware, model: Model, engine: Engine, target: Target, alternatives: tuple[Model, ...] = (),
+         bands: dict | None = None) -> Plan:
     """Plan ``model`` on ``hardware`` with ``engine`` for ``target``; ``alternatives`` (other formats of the
-    model) are only used to name the nearest configuration that fits when nothing does."""
-    result = plan_strategies(hardware, model, engine, target)
+    model) are only used to name the nearest configuration that fits when nothing does; ``bands`` (the
+    prediction_intervals document) gives every prediction its p10-p90 interval (uncertainty.py)."""
+    result = plan_strategies(hardware, model, engine, target, bands)
     if not any(r.fits for r in result.strategies):
         result = replace(result, nearest_fit=nearest.nearest_fit(hardware, model, engine, target, alternatives,
                                                                  plan_strategies))
     return result
 
 
-def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Target) -> Plan:
+def _with_intervals(r: StrategyResult, bands: dict | None, rung: str, unmodelled: bool) -> StrategyResult:
+    """The strategy with its p10-p90 intervals and time to first token (uncertainty.py)."""
+    if not r.fits or r.decode_tok_s is None:
+        return r
+    db = uncertainty.band(bands, "decode", rung, unmodelled)
+    pb = uncertainty.band(bands, "prefill", rung, unmodelled)
+    ttft = round(r.prefill_s + r.round_ms / 1e3, 2) if r.prefill_s is not None and r.round_ms is not None else None
+    scale = (r.aggregate_tok_s / r.decode_tok_s) if r.aggregate_tok_s and r.decode_tok_s else 1.0
+    dec = uncertainty.interval(r.decode_tok_s, db, r.decode_ceiling_tok_s)
+    return replace(r, decode_tok_s_interval=dec,
+                   aggregate_tok_s_interval=[round(v * scale, 2) for v in dec] if dec else None,
+                   prefill_s_interval=uncertainty.time_interval(r.prefill_s, pb), ttft_s=ttft,
+                   ttft_s_interval=uncertainty.time_interval(ttft, pb),
+                   interval_source="; ".join(b.source for b in (db, pb) if b) or None)
+
+
+def unmodelled_structures(model: Model) -> list[str]:
+    """What the model declares that the planner does not price (its 'unmodelled: X' assumptions)."""
+    return [a.removeprefix("unmodelled: ") for a in model.assumptions if a.startswith("unmodelled: ")]
+
+
+def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Target, bands: dict | None = None) -> Plan:
     """Every strategy, the recommended one and its arithmetic (no search for a nearest fit)."""
     notes = list(hardware.notes) + [f"model: {a}" for a in model.assumptions]
     if target.draft_tokens is not None:
@@ -413,6 +436,11 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         return out
 
     results = [replace(r, launch=_launch(r.name)) if r.fits else r for r in results]
+    unmodelled = unmodelled_structures(model)
+    results = [_with_intervals(r, bands, uncertainty.rung(speeds.stand_in if speeds.complete else None), bool(unmodelled))
+               for r in results]
+    if unmodelled and bands:
+        notes.append(f"unmodelled: {', '.join(unmodelled)}: the intervals are widened for it (the planner does not price it)")
     if launch_for and not rec:
         launch = _launch(launch_for)
     if rec:

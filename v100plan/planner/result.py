@@ -24,6 +24,13 @@ class StrategyResult:
     breakdown: dict[str, Any] = field(default_factory=dict)  # the arithmetic behind the numbers
     # How to start this strategy (plan._launch: engine settings and argv lines; None: it does not fit).
     launch: dict[str, Any] | None = None
+    # p10-p90 of what a measurement may give (uncertainty.py), where a bands document was handed to the planner.
+    decode_tok_s_interval: list[float] | None = None
+    aggregate_tok_s_interval: list[float] | None = None
+    prefill_s_interval: list[float] | None = None
+    ttft_s: float | None = None                       # time to first token: prefill + one decode round
+    ttft_s_interval: list[float] | None = None
+    interval_source: str | None = None
 
 
 @dataclass(frozen=True)
