@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from v100plan.errors import DocumentError
+from v100plan.planner import config_fields
 
 # Rope types whose context is max_position_embeddings itself, and those that extend an original length.
 _ROPE_AS_IS = ("default", "linear", "llama3", "mrope")
@@ -39,7 +40,11 @@ def _int(v: Any) -> int | None:
 
 
 def refuse_unmodelled(cfg: dict[str, Any], source: str) -> None:
-    """Raise DocumentError (exit 2) naming the first field the config declares that the planner does not model."""
+    """Raise DocumentError (exit 2) naming the first field the config declares that the planner does not model
+    (config_fields.REFUSED and the structures below)."""
+    for field in sorted(cfg):
+        if (what := config_fields.refused(field)) and cfg[field] not in (None, 0, False, [], {}):
+            raise _refuse(source, field, what)
     mpe = _int(cfg.get("max_position_embeddings")) or 0
     window = _int(cfg.get("sliding_window"))
     if window and cfg.get("use_sliding_window") is not False and window < max(mpe, rope_context(cfg, source)[0] or 0):

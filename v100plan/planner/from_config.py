@@ -23,7 +23,7 @@ from typing import Any
 
 from profiles.document import SCHEMA_VERSIONS
 from v100plan.errors import BadInput, DocumentError
-from v100plan.planner import config_features
+from v100plan.planner import config_features, config_fields
 from v100plan.planner.formats import KV_DTYPES, WEIGHT_FORMATS, KvDtype, WeightFormat, kv_dtype, weight_format
 from v100plan.planner.inputs import linear_state_bytes
 
@@ -204,6 +204,12 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
         raise BadInput(f"unknown KV cache dtype {kv_name!r}", hint=f"one of: {', '.join(KV_DTYPES)}")
     c = shape_counts(cfg, source)
     assumptions = list(c["assumptions"])
+    outer = {k: v for k, v in cfg_in.items() if k != "text_config"} if cfg is not cfg_in else None
+    assumptions += [f"unmodelled: config.json field {f!r} (not in the planner's known fields: "
+                    "v100plan/planner/config_fields.py)" for f in config_fields.unknown(cfg, outer)]
+    if isinstance(cfg_in.get("vision_config"), dict):
+        assumptions.append("vision_config: the vision tower's weights are not counted (it runs on images only, not per "
+                           "decoded token)")
     if not fmt_name:
         assumptions.append(f"no --weights given: {fmt.name}, as the checkpoint's config says ({why})")
     linear_dense = c["attn"] + c["lin"] + c["dense_mlp"] + c["shared"] + c["router"]
