@@ -110,8 +110,7 @@ def _qwen3(**extra) -> dict:
 
 @pytest.mark.parametrize("extra, field", [
     ({"rope_scaling": {"rope_type": "su-scaled", "factor": 2.0}}, "rope_scaling.rope_type"),
-    ({"sliding_window": 4096, "use_sliding_window": True}, "sliding_window"),
-    ({"layer_types": ["sliding_attention", "full_attention"] * 18}, "layer_types"),
+    ({"layer_types": ["chunked_attention", "full_attention"] * 18}, "layer_types"),
     ({"attention_chunk_size": 8192}, "attention_chunk_size"),
     ({"num_experts": 64, "num_experts_per_tok": 4, "moe_intermediate_size": 768, "decoder_sparse_step": 2}, "decoder_sparse_step"),
     ({"n_routed_experts": 64, "num_experts_per_tok": 6, "moe_layer_freq": 2}, "moe_layer_freq"),
@@ -123,11 +122,32 @@ def test_what_the_planner_does_not_model_is_refused_by_name(cli, tmp_path, extra
     assert field in r.stderr and "Traceback" not in r.stderr
 
 
-def test_mistral_v01_sliding_window_is_refused(cli, tmp_path):
+def test_mistral_v01_is_planned_with_its_window_capping_the_kv(cli, tmp_path):
+    """Mistral 7B v0.1: a 4,096-token window on every layer. Under the window it is plain attention; beyond it the
+    cache stops growing. Published check (Mistral 7B paper, Jiang et al. 2023, section 2): "for a sequence length of
+    32k tokens, this reduces the cache memory usage by 8x"."""
     from transformers import MistralConfig
 
-    r = cli("plan", "--model", _write(tmp_path, MistralConfig(sliding_window=4096)), "--hardware", "h200", "--gpus", "1")
-    assert r.exit_code == 2 and "sliding_window" in r.stderr
+    path = _write(tmp_path, MistralConfig(sliding_window=4096, max_position_embeddings=32768))
+    doc = _doc(path, "fp16")
+    assert doc["attention"]["sliding_window"] == 4096 and doc["attention"]["sliding_layers"] == 32
+    m = model_from_doc(doc)
+    assert m.kv_bytes_at(32768) * 8 == pytest.approx(m.kv_bytes_per_token * 32768)      # the paper's 8x
+    assert m.kv_bytes_at(2048) == pytest.approx(m.kv_bytes_per_token * 2048)            # under the window: as before
+    p = cli.json("plan", "--model", path, "--hardware", "rtx4090-24g", "--gpus", "1", "--context", "32K",
+                 "--weights", "fp16", "--engine", "llamacpp")
+    s = p["strategies"][0]
+    assert s["fits"] and s["max_context"] == 32768                                      # capped K/V: the native limit
+    assert s["breakdown"]["decode"]["kv_read_gb"] == pytest.approx(m.kv_bytes_at(32768) / 1e9, abs=1e-3)
+    assert any("sliding window 4,096 tokens on 32 of 32" in n for n in p["notes"])
+
+
+def test_mixed_sliding_and_full_layers_cap_only_the_sliding_ones(tmp_path):
+    cfg = _qwen3(sliding_window=1024, layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 12)
+    m = model_from_doc(_doc(_raw(tmp_path, cfg)))
+    assert m.window_layers == 24 and m.attention_layers == 36
+    per_layer = m.kv_shape_bytes_per_token / 36
+    assert m.kv_bytes_at(8192) == pytest.approx(per_layer * (12 * 8192 + 24 * 1024))
 
 
 def test_a_window_no_shorter_than_the_context_or_switched_off_is_read(tmp_path):

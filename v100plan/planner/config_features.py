@@ -13,7 +13,9 @@ Read (each one a formula the planner uses):
   routed + shared experts          n_routed_experts / num_experts, n_shared_experts x moe_intermediate_size, the
                                    first first_k_dense_replace layers dense (intermediate_size)
 
-Refused (a plan would be silently wrong): sliding-window or chunked attention, MoE on every k-th layer only,
+  sliding_window                   K/V of a window layer capped at the window (sliding_layers below)
+
+Refused (a plan would be silently wrong): chunked attention, MoE on every k-th layer only,
 unknown rope types, DeepSeek's sparse-attention indexer, cross-attention layers. Each refusal names its field.
 """
 
@@ -45,17 +47,12 @@ def refuse_unmodelled(cfg: dict[str, Any], source: str) -> None:
     for field in sorted(cfg):
         if (what := config_fields.refused(field)) and cfg[field] not in (None, 0, False, [], {}):
             raise _refuse(source, field, what)
-    mpe = _int(cfg.get("max_position_embeddings")) or 0
-    window = _int(cfg.get("sliding_window"))
-    if window and cfg.get("use_sliding_window") is not False and window < max(mpe, rope_context(cfg, source)[0] or 0):
-        raise _refuse(source, "sliding_window", f"attention over the last {window} tokens only (K/V capped per layer)")
     types = cfg.get("layer_types")
     if isinstance(types, list):
-        odd = sorted({t for t in types if t in ("sliding_attention", "chunked_attention")})
+        odd = sorted({t for t in types if t in ("chunked_attention",)})
         if odd:
-            raise _refuse(source, "layer_types", f"{', '.join(odd)} layers (K/V capped per layer)")
+            raise _refuse(source, "layer_types", f"{', '.join(odd)} layers (K/V capped per chunk)")
     for field, what in (("attention_chunk_size", "chunked attention"),
-                        ("sliding_window_pattern", "interleaved sliding-window layers"),
                         ("index_topk", "a sparse-attention indexer (top-k K/V positions per token)"),
                         ("cross_attention_layers", "cross-attention layers")):
         if cfg.get(field):
@@ -136,3 +133,27 @@ def moe(cfg: dict[str, Any], L: int, H: int, I: int) -> dict[str, Any] | None:  
     return {"experts": experts, "active": active, "dense_layers": dense_layers, "moe_layers": moe_layers,
             "expert_params": moe_layers * experts * 3 * H * im, "active_expert_params": moe_layers * active * 3 * H * im,
             "router": moe_layers * H * experts, "shared": moe_layers * (3 * H * si + (H if qwen_si else 0))}
+
+
+def sliding_layers(cfg: dict[str, Any], attention_layers: int, context: int | None) -> tuple[int, int, str | None]:
+    """(window tokens, how many attention layers slide, why) from the config; (0, 0, None) without a window that
+    is shorter than the context. Which layers slide: layer_types' sliding_attention entries; else every
+    sliding_window_pattern-th layer is global (Gemma 2/3); else Qwen2's layers from max_window_layers on; else
+    every layer (Mistral 7B v0.1)."""
+    window = _int(cfg.get("sliding_window"))
+    types = cfg.get("layer_types")
+    named = isinstance(types, list) and "sliding_attention" in types       # layer_types wins over use_sliding_window
+    if not window or (cfg.get("use_sliding_window") is False and not named) or window >= (context or 0):
+        return 0, 0, None
+    pattern = _int(cfg.get("sliding_window_pattern")) or _int(cfg.get("_sliding_window_pattern"))
+    if isinstance(types, list) and "sliding_attention" in types:
+        n, why = sum(1 for t in types if t == "sliding_attention"), "layer_types"
+    elif isinstance(types, list) and types:
+        return 0, 0, None                                   # layer_types names no sliding layer: the window is unused
+    elif pattern:
+        n, why = attention_layers - attention_layers // pattern, f"sliding_window_pattern {pattern}: every {pattern}-th layer global"
+    elif _int(cfg.get("max_window_layers")) is not None and cfg.get("use_sliding_window"):
+        n, why = max(0, attention_layers - int(cfg["max_window_layers"])), "layers from max_window_layers on"
+    else:
+        n, why = attention_layers, "every layer (no layer_types or pattern)"
+    return window, min(n, attention_layers), f"sliding window {window:,} tokens on {n} of {attention_layers} attention layers ({why}): their K/V is capped at the window"

@@ -173,6 +173,9 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     head = 0 if tied else V * H
     native, rope_notes = config_features.rope_context(cfg, source)
     assumptions += rope_notes
+    window, window_layers, window_note = config_features.sliding_layers(cfg, full, native)
+    if window_note:
+        assumptions.append(window_note)
     mtp = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
     if mtp:
         assumptions.append(f"{mtp} MTP draft layer(s) in config.json: sized as one average layer plus the output head; "
@@ -184,6 +187,7 @@ def shape_counts(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         "active_expert_params": active_expert_params, "embed": embed, "head": head, "tied": tied,
         "state_bytes": state_bytes, "mtp": mtp, "assumptions": assumptions,
         "native_context": native, "kv_latent_dim": latent["latent"] if latent else 0, "linear_shape": linear_shape,
+        "window": window, "window_layers": window_layers,
     }
 
 
@@ -254,6 +258,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
                    "sources": {"total": src, "full_attention": src, "linear_attention": src}},
         "attention": {"q_heads": c["q"], "kv_heads": c["kv"], "head_dim": c["head_dim"],
                       **({"kv_latent_dim": c["kv_latent_dim"]} if c["kv_latent_dim"] else {}),
+                      **({"sliding_window": c["window"], "sliding_layers": c["window_layers"]} if c["window"] else {}),
                       "sources": {"q_heads": src, "kv_heads": src, "head_dim": src,
                                   **({"kv_latent_dim": f"{src}: kv_lora_rank + qk_rope_head_dim (MLA)"}
                                      if c["kv_latent_dim"] else {})}},

@@ -150,6 +150,8 @@ class Model:
     head_gb: float = 0.0              # the output head as read per token (part of weights_split_gb); 0: not known
     draft_layers: int = 0             # a separate draft model's layers (its per-layer overhead); 0: not known
     kv_latent_dim: int = 0            # MLA: values cached per token and layer (K and V from one latent); 0: not MLA
+    window_tokens: int = 0            # sliding-window layers attend to (and cache) this many positions; 0: none
+    window_layers: int = 0            # how many of the attention layers are sliding-window layers
 
     @property
     def layers(self) -> int:
@@ -166,8 +168,20 @@ class Model:
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """The shape plus the model profile's named, sourced overhead per token."""
+        """The shape plus the model profile's named, sourced overhead per token (every layer caching every position)."""
         return self.kv_shape_bytes_per_token + self.kv_overhead_bytes_per_token
+
+    def kv_bytes_at(self, context_tokens: float) -> float:
+        """One sequence's K/V bytes at ``context_tokens``: full-attention layers hold every position, sliding-window
+        layers at most ``window_tokens`` (Mistral 7B: a 4,096 window over 32K positions is an 8x smaller cache):
+
+          per layer and token x (full layers x T + window layers x min(T, W)) + overhead x T"""
+        if not self.window_tokens or not self.window_layers:
+            return self.kv_bytes_per_token * context_tokens
+        per_layer = self.kv_shape_bytes_per_token / self.attention_layers
+        full = self.attention_layers - self.window_layers
+        return (per_layer * (full * context_tokens + self.window_layers * min(context_tokens, self.window_tokens))
+                + self.kv_overhead_bytes_per_token * context_tokens)
 
 
 @dataclass(frozen=True)
@@ -441,6 +455,7 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         draft_read_gb=draft.get("read_gb_per_step"), assumptions=tuple(doc.get("assumptions") or ()),
         kv_dtype=str(kv.get("dtype", "")), head_gb=float(w.get("head_gb") or 0.0),
         kv_latent_dim=int(att.get("kv_latent_dim") or 0),
+        window_tokens=int(att.get("sliding_window") or 0), window_layers=int(att.get("sliding_layers") or 0),
     )
 
 

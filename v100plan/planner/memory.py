@@ -32,7 +32,7 @@ def kv_gb(model: Model, context_tokens: int, share: float, concurrency: int) -> 
     kv_bytes_per_token = attention layers x KV heads x head_dim x 2 x bytes + the profile's
     overhead (27B: 16 x 4 x 256 x 2 x 1 = 32 KiB + 12,805 B = 7.0 GB at 150K, docs/field-figures.md).
     """
-    per_seq = model.kv_bytes_per_token * context_tokens + model.state_bytes_per_sequence
+    per_seq = model.kv_bytes_at(context_tokens) + model.state_bytes_per_sequence
     return concurrency * per_seq * share / 1e9
 
 
@@ -48,4 +48,14 @@ def max_context(model: Model, lay: Layout, concurrency: int, reserve_gb: float, 
     if free_bytes <= 0:
         return 0
     per_token = concurrency * model.kv_bytes_per_token * lay.kv_share
+    if model.window_tokens and model.window_layers:
+        # Past the window only the full-attention layers (and the overhead) grow: solve the two pieces.
+        scale = concurrency * lay.kv_share
+        at_window = scale * model.kv_bytes_at(model.window_tokens)
+        if free_bytes <= at_window:
+            return min(model.native_context, math.floor(free_bytes / per_token))
+        growth = scale * (model.kv_bytes_at(model.window_tokens + 1) - model.kv_bytes_at(model.window_tokens))
+        if growth <= 0:
+            return model.native_context
+        return min(model.native_context, model.window_tokens + math.floor((free_bytes - at_window) / growth))
     return min(model.native_context, math.floor(free_bytes / per_token))

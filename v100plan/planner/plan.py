@@ -100,7 +100,7 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     fw, fk = scale.weight, scale.kv
     # The K/V a round reads grows with the context; a recurrent (GDN) state is a fixed-size block read whole, every
     # round, by the layer's own kernels like a weight matrix: it is read at the weight fraction, not the attention one.
-    kv_read_gb = C * model.kv_bytes_per_token * target.context_tokens * lay.kv_read_share / 1e9
+    kv_read_gb = C * model.kv_bytes_at(target.context_tokens) * lay.kv_read_share / 1e9
     state_read_gb = C * model.state_bytes_per_sequence * lay.kv_read_share / 1e9
     weights_gb = lay.weights_read_gb + state_read_gb
     ceiling_ms = read_ms(weights_gb + kv_read_gb, card.read_bw.value)
