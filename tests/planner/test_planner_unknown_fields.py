@@ -68,3 +68,26 @@ def test_the_known_fields_cover_the_configs_the_catalogue_and_engine_ship():
     for path in list((REPO / "profiles/published/configs").glob("*.json")) + list((REPO / "engine/data").glob("*.config.json")):
         assert config_fields.unknown(json.loads(path.read_text())) == [], path.name
     assert config_fields.refused("hc_anything") and config_fields.refused("rms_norm_eps") is None
+
+
+NEW_CARDS = {"rtx3090-ti": (84, 1008.0, "ampere"), "rtx3080": (68, 760.0, "ampere"), "rtx-a6000": (84, 768.0, "ampere"),
+             "rtx5060-ti-16g": (36, 448.0, "blackwell"), "rtx5080": (84, 960.0, "blackwell"),
+             "rtx5090": (170, 1792.0, "blackwell"), "v100s-pcie-32gb": (80, 1134.0, "volta")}
+
+
+@pytest.mark.parametrize("card", sorted(NEW_CARDS))
+def test_each_new_card_is_catalogued_from_its_datasheet_and_planned(cli, card):
+    """Issue 45: the cards the planner could not express. Every figure cites its datasheet or whitepaper; a figure
+    not taken from one (consumer Blackwell's dense tensor rate) is null with its reason, so prefill is not guessed."""
+    from v100plan import catalogue
+
+    doc = catalogue.get("hardware", card)
+    sms, bw, arch = NEW_CARDS[card]
+    assert (doc["sm_count"], doc["mem_bw_nominal_gbps"], doc["architecture"]) == (sms, bw, arch)
+    assert doc["mem_bw_nominal_gbps"] == pytest.approx(doc["mem_clock_max_mhz"] * 2 * doc["bus_width_bits"] / 8 / 1e3, rel=1e-3)
+    p = cli.json("plan", "--hardware", card, "--gpus", "1", "--model", "llama3.1-8b-fp16", "--weights", "q4_k_m",
+                 "--context", "4K", "--engine", "llamacpp")
+    s = p["strategies"][0]
+    assert s["fits"] and s["decode_tok_s"] < s["decode_ceiling_tok_s"] and s["decode_tok_s_interval"]
+    if doc["fp16_tensor_tflops"] is None:
+        assert "datasheet" in doc["unavailable"]["fp16_tensor_tflops"]
