@@ -19,6 +19,11 @@ import time
 import urllib.error
 import urllib.request
 
+try:  # imported as a module (tests); sent to a host, trusted.py's source comes before this file's
+    from v100plan.remote.trusted import Untrusted, check_private, private_dir
+except ImportError:
+    pass
+
 
 def _out(doc):
     sys.stdout.write(json.dumps(doc) + "\n")
@@ -48,8 +53,11 @@ def _write_json(path, doc):
 
 
 def state(a):
-    """What is already on the host: bundle, venv, the deployment's releases. Read-only."""
+    """What is already on the host: bundle, venv, the deployment's releases. Read-only. A root (or a
+    folder above it) another user could have made or could change is refused (Untrusted)."""
     root = os.path.expanduser(a["root"])
+    if os.path.lexists(root):
+        check_private(root, "remote root")
     out = {"root": root, "python": sys.version.split()[0], "rsync": shutil.which("rsync") is not None,
            "home": os.path.expanduser("~")}
     if a.get("bundle"):
@@ -103,7 +111,7 @@ def _site_now(d):
 
 def mkdirs(a):
     for p in a["paths"]:
-        os.makedirs(os.path.expanduser(p), mode=0o700, exist_ok=True)
+        private_dir(p)
     _out({"ok": True})
 
 
@@ -392,8 +400,14 @@ def unlink(a):
 
 
 def verified(a):
-    """Mark a model directory as checked (its files matched the local SHA-256s)."""
-    open(os.path.join(os.path.expanduser(a["dir"]), ".v100plan-verified"), "w").close()
+    """Mark a model directory as checked (its files matched the local SHA-256s); its files are made 0600 and
+    its folders 0700, as the shards were made (whatever the upload's umask gave them)."""
+    d = os.path.expanduser(a["dir"])
+    for base, dirs, files in os.walk(d):
+        os.chmod(base, 0o700)
+        for f in files:
+            os.chmod(os.path.join(base, f), 0o600)
+    os.close(os.open(os.path.join(d, ".v100plan-verified"), os.O_WRONLY | os.O_CREAT, 0o600))
     _out({"ok": True})
 
 
@@ -969,4 +983,8 @@ ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha
                                    remove_deployment)}
 
 if __name__ == "__main__":
-    ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))
+    try:
+        ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))
+    except Untrusted as e:  # said as it is: a folder of another user's, never used
+        _out({"untrusted": str(e)})
+        sys.exit(3)
