@@ -52,13 +52,14 @@ def first(tmp_path_factory, server, port, demo_model, bundle_snapshot, local_hom
 
 @pytest.fixture(scope="module")
 def bad_tokenizer_model(tmp_path_factory, demo_model):
-    """The demo model with a tokenizer.json that is not JSON: it splits (the file is copied), and the
-    proxy dies while it starts, every time supervisord restarts it."""
+    """The demo model with a tokenizer.json that is JSON but no tokenizer (a non-JSON one is refused before
+    the upload): it splits (the file is copied), and the proxy dies while it starts, every time supervisord
+    restarts it."""
     import shutil
 
     d = tmp_path_factory.mktemp("models") / "bad-tokenizer"
     shutil.copytree(demo_model, d)
-    (d / "tokenizer.json").write_text("{ this is not a tokenizer")
+    (d / "tokenizer.json").write_text('{"this is": "not a tokenizer"}')
     return d
 
 
@@ -223,7 +224,8 @@ def _kill(pid: int) -> None:
 @needs_crontab
 def test_after_a_reboot_the_crontab_entry_brings_the_service_back(cli, env, first, server, port):
     st = cli.json("status", server.host_spec, "--deployment", DEP)
-    assert st["after_reboot"] == "cron @reboot"
+    cron_runs = subprocess.run(["pgrep", "-x", "cron|crond|cronie"], capture_output=True).returncode == 0
+    assert st["after_reboot"] == ("cron @reboot" if cron_runs else None)  # a crontab line alone brings nothing back
     run = first["dir"] / "run"
     entry = next(ln for ln in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout.splitlines()
                  if ln.endswith(f"# v100plan-boot {run}"))
@@ -231,7 +233,8 @@ def test_after_a_reboot_the_crontab_entry_brings_the_service_back(cli, env, firs
     # everything the deployment runs dies at once, by its recorded PIDs
     slot = live_slot(first["dir"])
     svc = json.loads((slot / "service.json").read_text())
-    pids = [json.loads((run / "front.json").read_text())["pid"], int((slot / "supervisord.pid").read_text()),
+    front = json.loads((run / "front.json").read_text())
+    pids = [front["keeper_pid"], front["pid"], int((slot / "supervisord.pid").read_text()),
             svc["proxy_pid"], *svc["rank_pids"]]
     for pid in pids:
         _kill(pid)

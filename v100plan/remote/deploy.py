@@ -35,7 +35,16 @@ from v100plan.remote import split as split_mod
 from v100plan.remote import venv as venv_mod
 from v100plan.remote.connect import Remote
 from v100plan.remote.host import agent, prepare, site_sentence
-from v100plan.remote.manage import follow_logs, logs, remove, rollback, status, stop  # noqa: F401 - one entry point
+from v100plan.remote.manage import (  # noqa: F401 - one entry point
+    follow_logs,
+    key_rotate,
+    key_show,
+    logs,
+    remove,
+    rollback,
+    status,
+    stop,
+)
 from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, held_lock: one entry point
     DeployBusy,
     Outcome,
@@ -123,8 +132,10 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
         if healthy(remote, rs, paths, st, rid, settings.port, dry_run=True):
             acts.append(f"nothing: release {rid} is current and healthy (0 bytes to upload, no restart)")
             return
+        out.changed = True
         acts.append(f"start release {rid} again: it is current but its service is down")
         return
+    out.changed = True  # a dry run: what the deploy would change
     acts.append(f"reuse bundle {b.id}" if st["bundle_tar"] else
                 f"upload the bundle ({b.size / 1e3:.0f} kB) to {paths.root}/bundles/{b.id}.tar.gz")
     if not rs.site_packages:
@@ -272,7 +283,8 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         say(f"release {rid} is current: starting it afresh" if fresh else
             f"release {rid} is current but not serving: starting it")
         ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
-                              mode=mode, old_settings=old_settings, record=out.extra)
+                              mode=mode, old_settings=old_settings, record=out.extra, drain_timeout_s=target.drain_timeout_s,
+                              keep=target.keep_releases)
         out.restarted = True
         if not ok:
             raise ChecksFailed(f"{remote.label}: release {rid} did not come back: {why}",
@@ -305,7 +317,8 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         + "; waiting for /health")
     out.restarted = True
     ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
-                          mode=mode, old_settings=old_settings, record=out.extra)
+                          mode=mode, old_settings=old_settings, record=out.extra, drain_timeout_s=target.drain_timeout_s,
+                              keep=target.keep_releases)
     if ok:
         say(f"release {rid} is current" + (f" (previous {current} kept, stopped)" if current else ""))
         return
@@ -315,9 +328,9 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         out.rolled_back = mode == "stop-start"
         kept = ("was started again" if mode == "stop-start" else "kept serving throughout")
         raise ChecksFailed(f"{remote.label}: release {rid} failed its checks; release {current} {kept}: {why}",
-                           hint=f"`v100plan logs {remote.label}` shows the failed start")
+                           hint=f"`v100plan logs {remote.label} --release {rid}` shows the failed start")
     raise ChecksFailed(f"{remote.label}: release {rid} failed its checks (no previous release to fall back to): "
-                       f"{why}", hint=f"`v100plan logs {remote.label}` shows the failed start")
+                       f"{why}", hint=f"`v100plan logs {remote.label} --release {rid}` shows the failed start")
 
 
 def _site_report(out: Outcome, rs, from_site: list[dict] | None, say: Say | None,
