@@ -140,3 +140,20 @@ def test_shards_are_0600_in_0700_folders_here_and_on_the_host(env, server, demo_
     up = Path(paths.model_partial(digest))
     assert modes(up) == {("dir", 0o700), ("file", 0o600)}
     shutil.rmtree(up)
+
+
+def test_the_rules_for_folders_above_and_links_on_the_way(tmp_path, shared_tmp, other_user):
+    from v100plan.remote import trusted
+
+    mine = trusted.private_dir(shared_tmp / "mine" / "cache")  # a sticky, world-writable folder above: fine
+    assert stat.S_IMODE(os.stat(shared_tmp / "mine").st_mode) == 0o700 and os.path.isdir(mine)
+    link = shared_tmp / "their-link"  # another user's link to my own folder: they can point it elsewhere
+    link.symlink_to(shared_tmp / "mine")
+    os.lchown(link, other_user[1], other_user[2])
+    with pytest.raises(trusted.Untrusted, match=f"{link}, above it, is owned by {other_user[0]}"):
+        trusted.check_private(link / "cache")
+    open_dir = tmp_path / "open"  # a folder above that others can write to, and not sticky
+    (open_dir / "inner").mkdir(parents=True)
+    open_dir.chmod(0o777)
+    with pytest.raises(trusted.Untrusted, match="writable by other users .mode 777. and not sticky"):
+        trusted.check_private(open_dir / "inner")

@@ -209,10 +209,13 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
         say(f"removing {len(damaged)} damaged file(s) on the host to send them anew: {', '.join(damaged)}")
         agent(remote, target.remote, "unlink", {"dir": mdir, "files": damaged})
     total = sum(files[f]["bytes"] for f in todo)
-    _check_room(remote, target, mdir, total)
+    # a file a broken upload left shorter is resumed where it stopped: only the rest goes over
+    there = sum(min(held.get("bytes", {}).get(f, 0), files[f]["bytes"]) for f in todo if f not in damaged)
+    _check_room(remote, target, mdir, total - there)
     use_rsync = bool(todo) and has_rsync and remote.rsync_command() is not None
-    say(f"uploading {len(todo)} shard file(s), {total / 1e6:.1f} MB "
-        f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
+    say(f"uploading {len(todo)} shard file(s), {(total - there) / 1e6:.1f} MB "
+        + (f"to send ({there / 1e6:.1f} MB of {total / 1e6:.1f} MB already there, resumed) " if there else "")
+        + f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
     if use_rsync:
         remote.rsync(model_dir, mdir, todo)
     else:
