@@ -49,40 +49,6 @@ def _switch_mode(text: str) -> str:
     return text
 
 
-def _uploaded(out) -> str:  # noqa: ANN001 - a deploy Outcome
-    """All bytes sent, and of them the bundle's (engine, probes, profiles) and the model's shards."""
-    parts = out.extra.get("uploaded")
-    if not parts:
-        return str(out.uploaded_bytes)
-    return f"{out.uploaded_bytes} (bundle {parts['bundle_bytes']}, model {parts['model_bytes']})"
-
-
-def _deploy_rows(out) -> list[tuple[str, object]]:  # noqa: ANN001 - a deploy Outcome
-    rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
-            ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
-            ("uploaded bytes", _uploaded(out)), ("wall s", f"{out.wall_s:.1f}")]
-    sp = out.extra.get("split")
-    if sp:
-        rows.insert(4, ("split", f"{sp['tp']} shards, {' + '.join(f'{b / 1e6:.1f}' for b in sp['bytes_per_rank'])}"
-                                 f" MB" + (" (cached here)" if sp["cached"] else f" (split now, {sp['seconds']} s)")))
-    site = out.extra.get("site_packages")
-    if site is not None:
-        taken = ", ".join(f"{p['name']} {p['version']}" for p in site.get("from_site") or []) or "nothing"
-        rows.append(("from the host's site", f"{taken} ({site['python']})"))
-    sw = out.extra.get("switch")
-    if out.reason == "nothing changed":  # no release starts: no switch to describe
-        rows.append(("switch", "none: the current release serves on"))
-    elif sw:
-        rows.append(("switch", f"{sw['mode']}: {sw['why']}"))
-    if "after_reboot" in out.extra:
-        rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
-    if out.dry_run:
-        rows.append(("actions", len(out.actions)))
-    elif out.reason:
-        rows.append(("note", out.reason))
-    return rows
-
-
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     @remote_options(command_timeout=900.0)
@@ -178,7 +144,7 @@ def register(app: typer.Typer) -> None:
             emit_fleet("deploy", inventory, results, ("release", "previous", "changed", "reason"), json_out, quiet)
             return
         out = one(targets[0], tell)
-        emit(out.to_dict(), _deploy_rows(out), "Dry run (nothing changed on the host)" if dry_run else "Deploy",
+        emit(out.to_dict(), dp.deploy_rows(out), "Dry run (nothing changed on the host)" if dry_run else "Deploy",
              json_out, quiet)
 
     @app.command("rollback")

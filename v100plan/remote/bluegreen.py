@@ -161,7 +161,7 @@ def bring_up(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any
                                       "release_dir": rdir, "flags": serve_flags(paths, rid, settings, sdir, port)})
     if record is not None:
         record["after_reboot"] = boot.get("boot")
-        record["after_reboot_detail"] = boot.get("unit") or boot.get("entry") or boot.get("why")
+        record["after_reboot_detail"] = boot.get("unit") or (boot.get("entry") if boot.get("boot") else boot.get("why"))
     say(f"after a reboot: the {boot['boot']} {boot.get('unit') or 'line'} runs {boot['script']}"
         + (f" ({boot['why_not_unit']})" if boot.get("why_not_unit") else "") if boot.get("boot") else
         f"after a reboot: nothing brings the service back ({boot.get('why')})")

@@ -383,3 +383,40 @@ def _check_stack(remote: Remote, paths: Paths, rid: str, site: dict[str, Any] | 
     problem = torch_gap(parse_json(r.stdout), remote.label, site)
     if problem is not None:
         raise problem
+
+
+# -- the deploy's table ------------------------------------------------------------------------------
+
+def _uploaded(out: Outcome) -> str:
+    """All bytes sent, and of them the bundle's (engine, probes, profiles) and the model's shards."""
+    parts = out.extra.get("uploaded")
+    if not parts:
+        return str(out.uploaded_bytes)
+    return f"{out.uploaded_bytes} (bundle {parts['bundle_bytes']}, model {parts['model_bytes']})"
+
+
+def deploy_rows(out: Outcome) -> list[tuple[str, object]]:
+    """The deploy command's table: what was deployed, split, uploaded and switched."""
+    rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
+            ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
+            ("uploaded bytes", _uploaded(out)), ("wall s", f"{out.wall_s:.1f}")]
+    sp = out.extra.get("split")
+    if sp:
+        rows.insert(4, ("split", f"{sp['tp']} shards, {' + '.join(f'{b / 1e6:.1f}' for b in sp['bytes_per_rank'])}"
+                                 f" MB" + (" (cached here)" if sp["cached"] else f" (split now, {sp['seconds']} s)")))
+    site = out.extra.get("site_packages")
+    if site is not None:
+        taken = ", ".join(f"{p['name']} {p['version']}" for p in site.get("from_site") or []) or "nothing"
+        rows.append(("from the host's site", f"{taken} ({site['python']})"))
+    sw = out.extra.get("switch")
+    if out.reason == "nothing changed":  # no release starts: no switch to describe
+        rows.append(("switch", "none: the current release serves on"))
+    elif sw:
+        rows.append(("switch", f"{sw['mode']}: {sw['why']}"))
+    if "after_reboot" in out.extra:
+        rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
+    if out.dry_run:
+        rows.append(("actions", len(out.actions)))
+    elif out.reason:
+        rows.append(("note", out.reason))
+    return rows
