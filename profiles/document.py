@@ -50,6 +50,9 @@ SCHEMA_VERSIONS: dict[str, str] = {
     "remove_outcome": "1.0",
     "deployment_status": "1.0",
     "fleet_probe": "1.0",
+    "fleet_outcome": "1.0",        # deploy, rollback, status or stop over --inventory
+    "api_key": "1.0",              # `v100plan key show --json`
+    "key_rotate_outcome": "1.0",   # `v100plan key rotate --json`
 }
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent

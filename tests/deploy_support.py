@@ -24,7 +24,9 @@ import pytest
 from tests import sshd as sshd_mod
 
 __all__ = ["server", "port", "demo_model", "local_home", "env", "bundle_snapshot", "tree", "HealthPoller",
-           "live_slot", "module_env"]
+           "live_slot", "module_env", "other_user", "shared_tmp"]
+
+OTHER_USER = "v100plan-other"  # the second local user of the trust tests (made with useradd when root)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +34,37 @@ def server(tmp_path_factory):
     s = sshd_mod.make_sshd(tmp_path_factory.mktemp("sshd-deploy")).start()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    """(name, uid, gid) of a second, unprivileged local user: made with useradd (no home, no login) when the
+    tests run as root, else the test is skipped, saying why."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add a second local user with useradd (the tests run unprivileged)")
+    try:
+        pw = pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        if shutil.which("useradd") is None:
+            pytest.skip("useradd is missing: no second local user can be made")
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                       check=True, capture_output=True, timeout=60)
+        pw = pwd.getpwnam(OTHER_USER)
+    return pw.pw_name, pw.pw_uid, pw.pw_gid
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder every local user may write into, as /tmp is (mode 1777), directly under /tmp so another
+    user can reach it (pytest's own temp folders are 0700); removed afterwards."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="v100plan-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,12 @@ class Sshd:
         return p
 
     def start(self) -> Sshd:
+        cfg = self.write_config()
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                                     stderr=open(self.dir / "sshd.log", "ab"))
+        return self._wait_ready()
+
+    def write_config(self) -> Path:
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # the privilege-separation directory
         cfg = self.dir / "sshd_config"
@@ -90,15 +96,18 @@ MaxSessions 64
 LogLevel ERROR
 Subsystem sftp internal-sftp
 """ + self.extra_config)
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.dir / "sshd.log", "ab"))
+        return cfg
+
+    def _wait_ready(self, connect=None) -> Sshd:  # noqa: ANN001 - (host, port) -> socket
+        """Until the server sends its SSH banner (``connect`` reaches it where 127.0.0.1 does not)."""
+        connect = connect or (lambda: socket.create_connection(("127.0.0.1", self.port), timeout=0.5))
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited with {self.proc.returncode}: "
                                    f"{(self.dir / 'sshd.log').read_text()[-2000:]}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                with connect() as s:
                     if s.recv(4).startswith(b"SSH-"):
                         return self
             except OSError:
@@ -167,3 +176,60 @@ def remote_env(monkeypatch, sshd: Sshd, root: Path, known_hosts: Path | None = N
     monkeypatch.setenv("V100PLAN_SSH_IDENTITY", str(sshd.user_key))
     monkeypatch.setenv("V100PLAN_REMOTE_ROOT", str(root))
     monkeypatch.setenv("V100PLAN_REMOTE_PYTHON", remote_python())
+
+
+RELAY = """import os, socket, sys, threading
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+def up():
+    while True:
+        d = os.read(0, 65536)
+        if not d:
+            s.shutdown(socket.SHUT_WR)
+            return
+        s.sendall(d)
+threading.Thread(target=up, daemon=True).start()
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    os.write(1, d)
+"""
+
+
+def start_apart(s: Sshd, root_at: Path, own_root: Path) -> str:
+    """Start ``s`` as a host of its own on this machine (root only): sshd in new network and mount namespaces,
+    where 127.0.0.1 is its own (a service on a port does not meet another host's), ``own_root`` is mounted at
+    ``root_at`` (that path is its own folder) and /dev/shm is private. It has no network beyond its loopback
+    (no package index): what it needs from one must be there already. Returns the ssh ProxyCommand that
+    reaches it (a relay run in its network namespace)."""
+    cfg = s.write_config()
+    script = (f"ip link set lo up && mount --make-rprivate / && mount --bind {own_root} {root_at} && "
+              f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec {SSHD} -D -e -f {cfg}")
+    s.proc = subprocess.Popen(["unshare", "--net", "--mount", "sh", "-c", script], stdout=subprocess.DEVNULL,
+                              stderr=open(s.dir / "sshd.log", "ab"))
+    relay = s.dir / "relay.py"
+    relay.write_text(RELAY)
+    proxy = f"nsenter --net=/proc/{s.proc.pid}/ns/net {sys.executable} {relay} {s.port}"
+
+    def connect():  # the banner through the relay, as a socket-like object for _wait_ready
+        r = subprocess.run(proxy.split(), input=b"", capture_output=True, timeout=10)
+        if not r.stdout:
+            raise OSError("no banner yet")
+        return _Banner(r.stdout)
+
+    s._wait_ready(connect)
+    return proxy
+
+
+class _Banner:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def recv(self, n: int) -> bytes:
+        return self.data[:n]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass

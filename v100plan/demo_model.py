@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from v100plan.errors import EnvironmentProblem
@@ -13,11 +11,17 @@ from v100plan.errors import EnvironmentProblem
 
 def demo_model_dir(arch: str = "llama") -> Path:
     """The demo model of ``arch`` (llama: v100plan-demo; qwen3_5: v100plan-demo-hybrid), made here once
-    (byte-identical everywhere); $V100PLAN_HOME or a per-user temp dir."""
-    base = Path(os.environ.get("V100PLAN_HOME") or Path(tempfile.gettempdir()) / f"v100plan-{os.getuid()}")
-    d = base / ("demo-model" if arch == "llama" else f"demo-model-{arch}")
+    (byte-identical everywhere) in the local v100plan home, which must be the user's own (split.home:
+    a folder another user made is refused, never trusted)."""
+    from v100plan.remote import split, trusted
+
+    d = split.home() / ("demo-model" if arch == "llama" else f"demo-model-{arch}")
+    if d.exists():
+        try:
+            trusted.check_private(d, "demo model folder")
+        except trusted.Untrusted as e:
+            raise EnvironmentProblem(str(e), hint=f"remove it (rm -r {d}) if you did not make it") from None
     if not (d / "config.json").is_file():
-        d.parent.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([sys.executable, "-m", "engine", "make-demo-model", str(d), "--arch", arch],
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:

@@ -68,7 +68,7 @@ def test_dry_run_on_a_fresh_host_changes_nothing(first):
     r = first["dry"]
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["dry_run"] is True and doc["changed"] is False
+    assert doc["dry_run"] is True and doc["changed"] is True  # what the deploy would do: it changes the host
     acts = "\n".join(doc["actions"])
     assert "locally into 2 tensor-parallel shards" in acts and "13.1 MB of weights" in acts
     assert "upload the shards (shard.json, rank0/, rank1/)" in acts and "start release" in acts and "switch" in acts

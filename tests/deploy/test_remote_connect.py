@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -88,6 +89,30 @@ def test_changed_host_key_is_refused_even_with_accept_new(cli, env, tmp_path, tm
             assert "CHANGED" in sshd_mod.flat(r.stderr) and "refusing to connect" in sshd_mod.flat(r.stderr)
             assert "ssh-keygen -R" in sshd_mod.flat(r.stderr)
         assert known.read_text() == before
+    finally:
+        s.stop()
+
+
+def test_a_changed_key_behind_an_alias_names_what_ssh_keygen_needs(cli, env, tmp_path, monkeypatch):
+    """An ~/.ssh/config alias with a HostName and Port: known_hosts records the key as `[127.0.0.1]:PORT`, and
+    the hint names that (`ssh-keygen -R box` would find nothing)."""
+    s = sshd_mod.make_sshd(tmp_path / "aliased").start()
+    try:
+        known = s.write_known_hosts(tmp_path / "known_hosts")
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True, mode=0o700)
+        (home / ".ssh" / "config").write_text(f"Host box\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n")
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("V100PLAN_KNOWN_HOSTS", str(known))
+        monkeypatch.setenv("V100PLAN_SSH_IDENTITY", str(s.user_key))
+        s.regenerate_host_key()
+        r = _probe(cli, "--host", "box")
+        assert r.exit_code == 4, r.stderr
+        err = sshd_mod.flat(r.stderr)
+        assert f"ssh-keygen -R '[127.0.0.1]:{s.port}' -f {known}" in err, err
+        removed = subprocess.run([sshd_mod.SSH_KEYGEN, "-R", f"[127.0.0.1]:{s.port}", "-f", str(known)],
+                                 capture_output=True, text=True, timeout=30)
+        assert removed.returncode == 0 and "found" in removed.stdout + removed.stderr  # the hint works as given
     finally:
         s.stop()
 

@@ -266,7 +266,7 @@ def test_a_host_without_room_for_the_shards_is_told_before_the_upload(env, cli, 
     a disk-full error half-way through the transfer."""
     small = tmp_path / "small-root"
     small.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m,mode=0700", "tmpfs", str(small)],
                                            capture_output=True).returncode != 0:
         pytest.skip("needs root and a mountable tmpfs for a small filesystem")
     try:

@@ -68,3 +68,19 @@ def test_a_model_that_does_not_divide_is_refused(tmp_path):
     assert "could not be split into 2 tensor-parallel shards" in caught.value.message
     assert "num_attention_heads = 3 is not divisible by 2" in caught.value.message
     assert [p.name for p in (split.home() / "shards").iterdir()] == []  # nothing half-made left in the cache
+
+
+def test_a_cache_whose_copies_differ_from_the_source_is_split_again(demo_dir):
+    """The record beside the cache is not the judge: a rank's config that is not the source's (the record
+    recomputed to match it) is not reused; an extra file in a rank's folder neither."""
+    source = rel.model_files(demo_dir)
+    first = split.split(demo_dir, source)
+    cfg = first.dir / "rank0" / "config.json"
+    cfg.write_text(cfg.read_text().replace("{", '{"planted": 1, ', 1))
+    (first.dir / split.RECORD).write_text(json.dumps(rel.hash_files(first.dir)))
+    assert split.cached(source) is None
+    again = split.split(demo_dir, source)
+    assert not again.cached and again.files == first.files
+    (again.dir / "rank1" / "extra.py").write_text("print('planted')\n")
+    (again.dir / split.RECORD).write_text(json.dumps(rel.hash_files(again.dir)))
+    assert split.cached(source) is None

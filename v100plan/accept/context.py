@@ -217,8 +217,10 @@ class Context:
         t = self.client.get("/control/targets", timeout_s=10)
         self.fault_control = t.status == 200 and isinstance(t.body, dict) and "actions" in t.body
         if self.is_engine and not self.fault_control:
-            notes.append("the engine's fault control does not answer (start it with --enable-fault-injection "
-                         "and reach it from loopback): fault scenarios are waived")
+            from v100plan.accept.faults import FAULT_CONTROL_HOW
+
+            notes.append(f"the engine's fault control does not answer ({FAULT_CONTROL_HOW}, and reach it from "
+                         "loopback): fault scenarios are waived")
         if self.target.model_dir is not None and self.refs.half_precision:
             notes.append(f"served in {self.refs.half_precision}: answers are checked against the service's own "
                          "quiet answer, not a TP1 run (TP2's split sums round differently from one card's), so an "

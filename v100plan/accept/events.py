@@ -28,7 +28,8 @@ class Mark:
 
 MISSING = ("no event source: the service log is not readable here (give --state-dir DIR of the engine, "
            "whose DIR/service.log it writes by default) and GET /control/events does not answer "
-           "(serve --enable-fault-injection, with the API key)")
+           "(`v100plan deploy --enable-fault-injection`, or `serve --enable-fault-injection` by hand; with the API "
+           "key)")
 
 
 class Events:

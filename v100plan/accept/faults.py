@@ -25,6 +25,9 @@ FAULT_TOKENS = 200      # the in-flight request's least length: still running wh
 FAULT_STREAM_S = 1.0    # ... and at least this long at the service's measured pace (a fast card's 200
                         # tokens end within ~50 ms, before an injection through the busy proxy lands)
 
+# How to switch the fault control on, as the waivers say it: a deployment gets it from deploy's flag.
+FAULT_CONTROL_HOW = "deploy it with `v100plan deploy --enable-fault-injection` (or start `serve --enable-fault-injection` by hand)"
+
 
 def size_fault_request(ctx: Context) -> str:
     """Measure the service's pace on one short stream and size the fault scenarios' in-flight request
@@ -49,7 +52,7 @@ def _needs_control(ctx: Context) -> str | None:
         return f"fault injection needs the bundled engine's control interface; this server is " \
                f"{ctx.server or 'another make'} (faults are only run against v100plan's engine)"
     if not ctx.fault_control:
-        return "the engine's fault control does not answer (serve --enable-fault-injection, reached from loopback)"
+        return ("the engine's fault control does not answer: " + FAULT_CONTROL_HOW + ", and reach it from loopback")
     return None
 
 

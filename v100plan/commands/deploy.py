@@ -15,13 +15,19 @@ import typer
 
 from v100plan import documents
 from v100plan.commands.remote_options import (
-    HostArg,
+    DrainTimeoutOpt,
+    FleetHostArg,
     IndexUrlOpt,
+    InventoryOpt,
+    KeepReleasesOpt,
     RemoteArgs,
     TorchOpt,
     emit,
+    emit_fleet,
     remote_options,
     say,
+    switch_target,
+    targets_of,
 )
 from v100plan.demo_model import demo_model_dir
 from v100plan.errors import BadInput
@@ -43,19 +49,12 @@ def _switch_mode(text: str) -> str:
     return text
 
 
-def _uploaded(out) -> str:  # noqa: ANN001 - a deploy Outcome
-    """All bytes sent, and of them the bundle's (engine, probes, profiles) and the model's shards."""
-    parts = out.extra.get("uploaded")
-    if not parts:
-        return str(out.uploaded_bytes)
-    return f"{out.uploaded_bytes} (bundle {parts['bundle_bytes']}, model {parts['model_bytes']})"
-
-
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     @remote_options(command_timeout=900.0)
     def deploy_cmd(
-        host: HostArg,
+        host: FleetHostArg = None,
+        inventory: InventoryOpt = None,
         plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan JSON whose launch settings to use "
                                                      "(without it: probe the host and choose).")] = None,
         model: Annotated[Optional[Path], typer.Option("--model", help="Model directory (Hugging Face layout).")] = None,
@@ -71,18 +70,21 @@ def register(app: typer.Typer) -> None:
         index_url: IndexUrlOpt = None,
         torch_spec: TorchOpt = None,
         switch: SwitchOpt = "auto",
+        drain_timeout: DrainTimeoutOpt = 300.0,
+        keep_releases: KeepReleasesOpt = 5,
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
-        """Push the engine and a model (split here into its two tensor-parallel shards) to HOST, start it
-        under its supervisor, health-check, switch.
+        """Push the engine and a model (split here into its two tensor-parallel shards) to HOST (or every host
+        of --inventory, in parallel), start it under its supervisor, health-check, switch.
 
         `current` moves to the new release only after /health and a smoke completion pass;
         otherwise the previous release is started again (exit 1, with the reason).
         """
         from v100plan.remote import deploy as dp
         from v100plan.remote import release as rel
+        from v100plan.remote import split as split_mod
         from v100plan.remote.probe import NotPrepared, probe_host
 
         if (model is None) == (not demo_model):
@@ -92,65 +94,64 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--port {port} is out of range", hint="a port is 1-65535")
         if health_timeout <= 0:
             raise BadInput("--health-timeout must be positive", hint="e.g. --health-timeout 300")
+        if max_context is not None and max_context < 2:
+            raise BadInput(f"--max-context {max_context}: a request needs at least one prompt and one generated "
+                           "token", hint="e.g. --max-context 4096 (default: the plan's, else the model's)")
         switch_mode = _switch_mode(switch)
-        target = remote.target(host, index_url, torch_spec)
+        targets = [switch_target(t, drain_timeout, keep_releases)
+                   for t in targets_of(remote, host, inventory, index_url, torch_spec)]
         interrupt_on_sigterm()  # a TERM cleans up as Ctrl-C does: the old release serving, or the new one switched
         tell = say(quiet)
         model_dir = demo_model_dir() if demo_model else model
         if not Path(model_dir).is_dir():
             raise BadInput(f"--model {str(model_dir)!r} is not a directory", hint="give the model's directory")
-        probe_sent: list[int] = []  # the bundle, when the probe that chooses the settings sent it
-        if plan is not None:
-            doc = documents.load(plan, "plan")
-            settings, chose = rel.settings_from_plan(doc, str(plan), port, fault_injection)
-            if max_context:
-                settings = rel.EngineSettings(**{**settings.__dict__, "max_context": max_context})
-                chose += f"; --max-context {max_context} given"
-        else:
-            tell(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
-            try:
-                report = probe_host(target.spec, target.ssh, target.remote, ["--quick"], read_only=dry_run,
-                                    sent=probe_sent)
-            except NotPrepared:  # a dry run must not upload the probes or build their venv
-                report = None
-            if report is None:
-                settings = rel.EngineSettings(port=port, fault_injection=fault_injection, max_context=max_context,
-                                              allreduce="gloo", chosen_by="defaults (dry run)")
-                chose = ("CPU settings for this dry run: probing the host would upload the probes and build "
-                         "their venv there; a real deploy probes first and may choose GPUs")
+        rel.check_json_files(Path(model_dir))  # a broken tokenizer.json fails here, not after the upload
+        doc = documents.load(plan, "plan") if plan is not None else None
+        if inventory is not None and not dry_run:  # split once here, before the hosts' threads reuse it
+            split_mod.split(model_dir, rel.model_files(model_dir))
+
+        def one(target, tell) -> dp.Outcome:  # noqa: ANN001 - a Target, a Say
+            probe_sent: list[int] = []  # the bundle, when the probe that chooses the settings sent it
+            if doc is not None:
+                settings, chose = rel.settings_from_plan(doc, str(plan), port, fault_injection)
+                if max_context:
+                    settings = rel.EngineSettings(**{**settings.__dict__, "max_context": max_context})
+                    chose += f"; --max-context {max_context} given"
             else:
-                settings, chose = rel.settings_from_probe(report, target.spec.label, port, fault_injection,
-                                                          max_context)
-        tell(f"chose: {chose}")
-        out = dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout, say=tell,
-                        chose=chose, switch_mode=switch_mode, probe_sent=sum(probe_sent))
-        doc = out.to_dict()
-        rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
-                ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
-                ("uploaded bytes", _uploaded(out)), ("wall s", f"{out.wall_s:.1f}")]
-        sp = out.extra.get("split")
-        if sp:
-            rows.insert(4, ("split", f"{sp['tp']} shards, {' + '.join(f'{b / 1e6:.1f}' for b in sp['bytes_per_rank'])}"
-                                     f" MB" + (" (cached here)" if sp["cached"] else f" (split now, {sp['seconds']} s)")))
-        site = out.extra.get("site_packages")
-        if site is not None:
-            taken = ", ".join(f"{p['name']} {p['version']}" for p in site.get("from_site") or []) or "nothing"
-            rows.append(("from the host's site", f"{taken} ({site['python']})"))
-        sw = out.extra.get("switch")
-        if sw:
-            rows.append(("switch", f"{sw['mode']}: {sw['why']}"))
-        if "after_reboot" in out.extra:
-            rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
-        if dry_run:
-            rows.append(("actions", len(out.actions)))
-        elif out.reason:
-            rows.append(("note", out.reason))
-        emit(doc, rows, "Dry run (nothing changed on the host)" if dry_run else "Deploy", json_out, quiet)
+                tell(f"probing {target.spec.label} to choose the engine settings (no --plan given)")
+                try:
+                    report = probe_host(target.spec, target.ssh, target.remote, ["--quick"], read_only=dry_run,
+                                        sent=probe_sent)
+                except NotPrepared:  # a dry run must not upload the probes or build their venv
+                    report = None
+                if report is None:
+                    settings = rel.EngineSettings(port=port, fault_injection=fault_injection,
+                                                  max_context=max_context, allreduce="gloo",
+                                                  chosen_by="defaults (dry run)")
+                    chose = ("CPU settings for this dry run: probing the host would upload the probes and build "
+                             "their venv there; a real deploy probes first and may choose GPUs")
+                else:
+                    settings, chose = rel.settings_from_probe(report, target.spec.label, port, fault_injection,
+                                                              max_context)
+            tell(f"chose: {chose}")
+            return dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout,
+                             say=tell, chose=chose, switch_mode=switch_mode, probe_sent=sum(probe_sent))
+
+        if inventory is not None:
+            from v100plan.remote import fleet
+
+            results = fleet.run(targets, lambda t, s: one(t, s).to_dict(), tell)
+            emit_fleet("deploy", inventory, results, ("release", "previous", "changed", "reason"), json_out, quiet)
+            return
+        out = one(targets[0], tell)
+        emit(out.to_dict(), dp.deploy_rows(out), "Dry run (nothing changed on the host)" if dry_run else "Deploy",
+             json_out, quiet)
 
     @app.command("rollback")
     @remote_options(command_timeout=900.0)
     def rollback_cmd(
-        host: HostArg,
+        host: FleetHostArg = None,
+        inventory: InventoryOpt = None,
         health_timeout: Annotated[float, typer.Option(
             "--health-timeout", metavar="S",
             help="Seconds the previous release may take to pass /health and a smoke request.")] = 180.0,
@@ -158,16 +159,30 @@ def register(app: typer.Typer) -> None:
             "--to", metavar="RELEASE", help="The release to go back to (an id, or its unique start; "
                                            "`v100plan status` lists them). Default: the one before.")] = None,
         switch: SwitchOpt = "auto",
+        drain_timeout: DrainTimeoutOpt = 300.0,
+        keep_releases: KeepReleasesOpt = 5,
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
-        """Switch HOST back to the release that was current before this one (health-checked); again and
-        it goes one further back."""
+        """Switch HOST (or every host of --inventory) back to the release that was current before this one
+        (health-checked); again and it goes one further back."""
         from v100plan.remote import deploy as dp
 
         interrupt_on_sigterm()
-        out = dp.rollback(remote.target(host), health_timeout, say(quiet), to=to, switch_mode=_switch_mode(switch))
+        mode = _switch_mode(switch)
+        targets = [switch_target(t, drain_timeout, keep_releases) for t in targets_of(remote, host, inventory)]
+
+        def one(target, tell):  # noqa: ANN001, ANN202
+            return dp.rollback(target, health_timeout, tell, to=to, switch_mode=mode)
+
+        if inventory is not None:
+            from v100plan.remote import fleet
+
+            results = fleet.run(targets, lambda t, s: one(t, s).to_dict(), say(quiet))
+            emit_fleet("rollback", inventory, results, ("release", "previous"), json_out, quiet)
+            return
+        out = one(targets[0], say(quiet))
         emit(out.to_dict(), [("host", out.host), ("release", out.release), ("was", out.previous),
                               ("switch", f"{out.extra['switch']['mode']}: {out.extra['switch']['why']}"),
                               ("wall s", f"{out.wall_s:.1f}")], "Rollback", json_out, quiet)
@@ -178,6 +193,8 @@ def register(app: typer.Typer) -> None:
         doc = dp.status(target)
         rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
                                           "allreduce", "generation", "uptime_s", "port", "releases")]
+        if doc.get("down"):
+            rows.insert(3, ("not running", ", ".join(f"{k} (pid {doc['processes'][k]['pid']})" for k in doc["down"])))
         rows.append(("after a reboot", doc.get("after_reboot") or "nothing brings it back"))
         if doc.get("lock_holder"):
             rows.append(("lock held by", doc["lock_holder"]))
@@ -193,20 +210,34 @@ def register(app: typer.Typer) -> None:
         return out.to_dict(), [("host", out.host), ("release", out.release),
                                ("stopped", out.extra.get("stopped") or out.reason)]
 
-    _one_call(app, "status", "Release, health, ranks, allreduce path and uptime of the service on HOST.", status)
-    _one_call(app, "stop", "Stop the service on HOST (the supervisor's recorded PIDs; the release stays current).",
-              stop)
+    _one_call(app, "status", "Release, health, ranks, allreduce path and uptime of the service on HOST (or every "
+              "host of --inventory); exit 1 when it is degraded (one of its processes, the front included, is not "
+              "running).", status, ("state", "release", "down"))
+    _one_call(app, "stop", "Stop the service on HOST or every host of --inventory (the supervisor's recorded PIDs; "
+              "the release stays current).", stop, ("release", "stopped"))
 
-def _one_call(app: typer.Typer, name: str, help_text: str, call) -> None:  # noqa: ANN001
-    """A command that makes one call on HOST's deployment and shows its result as a table (or --json)."""
+
+def _one_call(app: typer.Typer, name: str, help_text: str, call, fields: tuple[str, ...]) -> None:  # noqa: ANN001
+    """A command that makes one call on the deployment of HOST (or of every host of --inventory, in parallel)
+    and shows its result as a table (or --json)."""
 
     @app.command(name, help=help_text)
     @remote_options()
     def command(
-        host: HostArg,
+        host: FleetHostArg = None,
+        inventory: InventoryOpt = None,
         remote: RemoteArgs = None,
         json_out: JsonOpt = False,
         quiet: QuietOpt = False,
     ) -> None:
-        doc, rows = call(remote.target(host), quiet)
+        targets = targets_of(remote, host, inventory)
+        if inventory is not None:
+            from v100plan.remote import fleet
+
+            results = fleet.run(targets, lambda t, s: call(t, True)[0], say(quiet))
+            emit_fleet(name, inventory, results, fields, json_out, quiet)
+            return
+        doc, rows = call(targets[0], quiet)
         emit(doc, rows, name.capitalize(), json_out, quiet)
+        if doc.get("state") == "degraded":
+            raise typer.Exit(1)

@@ -46,6 +46,13 @@ IndexUrlOpt = Annotated[Optional[str], typer.Option(
     "--index-url", help="Extra package index for the host's venv (a CUDA 12.x torch for a V100).")]
 TorchOpt = Annotated[Optional[str], typer.Option(
     "--torch", help="torch requirement for the host (default: the version installed here).")]
+DrainTimeoutOpt = Annotated[float, typer.Option(
+    "--drain-timeout", metavar="S",
+    help="After a switch, seconds the old release may take to finish the answers it is giving (it is stopped "
+         "as soon as it has none; what is left then ends with 503). Default 300: a 4,096-token answer at "
+         "14 tok/s (docs/deploy.md, \"Draining\").")]
+KeepReleasesOpt = Annotated[int, typer.Option(
+    "--keep-releases", metavar="N", help="Releases kept on the host for rollback, the current one among them.")]
 DEPLOYMENT_HELP = "Name of the deployment on the host (several can live side by side)."
 
 
@@ -104,6 +111,19 @@ class RemoteArgs:
                       rel.deployment_name(self.deployment or "engine"))
 
 
+def switch_target(target, drain_timeout: float, keep_releases: int):  # noqa: ANN001, ANN201 - a Target
+    """``target`` with a switch's --drain-timeout and --keep-releases, checked."""
+    from dataclasses import replace
+
+    if drain_timeout < 0:
+        raise BadInput(f"--drain-timeout must be 0 or more seconds, got {drain_timeout:g}",
+                       hint="e.g. --drain-timeout 600 (0: stop the old release at once)")
+    if keep_releases < 1:
+        raise BadInput(f"--keep-releases must be 1 or more, got {keep_releases}",
+                       hint="e.g. --keep-releases 3 (2 or more keeps one to roll back to)")
+    return replace(target, drain_timeout_s=drain_timeout, keep_releases=keep_releases)
+
+
 def option_group(param: str, options: dict[str, tuple[Any, Any]],
                  make: Callable[[dict[str, Any]], Any]) -> Callable[[Callable], Callable]:
     """Declare ``options`` ({name: (Annotated type, default)}) once for many commands: the decorated
@@ -148,6 +168,48 @@ def remote_options(*, command_timeout: float = 120.0, deployment: str | None = "
 
 
 HostArg = Annotated[str, typer.Argument(metavar="HOST", help="user@host[:port] (or a Host from ~/.ssh/config)")]
+FleetHostArg = Annotated[Optional[str], typer.Argument(
+    metavar="[HOST]", help="user@host[:port] (or a Host from ~/.ssh/config); or give --inventory")]
+InventoryOpt = Annotated[Optional[str], typer.Option(
+    "--inventory", metavar="FILE", help="Every host of FILE (one user@host[:port] a line, as `probe --inventory`), "
+                                        "in parallel: one row per host; a failed host never stops the others; "
+                                        "the exit code is the worst host's.")]
+
+
+def targets_of(remote: RemoteArgs, host: str | None, inventory: str | None, index_url: str | None = None,
+               torch: str | None = None) -> list:
+    """The targets HOST or --inventory name (exactly one of the two)."""
+    from dataclasses import replace
+
+    from v100plan.remote.hosts import read_inventory
+
+    if (host is None) == (inventory is None):
+        raise BadInput("give exactly one of HOST and --inventory FILE",
+                       hint="e.g. v100plan status ubuntu@gpu-box, or --inventory hosts.txt")
+    if host is not None:
+        return [remote.target(host, index_url, torch)]
+    specs = read_inventory(inventory)
+    first = remote.target(specs[0].label, index_url, torch)
+    return [replace(first, spec=s) for s in specs]
+
+
+def emit_fleet(action: str, inventory: str, results: list, fields: tuple[str, ...], json_out: bool,
+               quiet: bool) -> None:
+    """The fleet's table (or document), the failed hosts named on stderr, and the worst host's exit code."""
+    from v100plan.remote import fleet
+
+    doc = fleet.fleet_document(action, inventory, results)
+    if json_out:
+        output.emit_json(doc)
+    elif not quiet:
+        output.render(output.table(f"{action.capitalize()} ({len(results)} hosts)", ["host", "result", *fields],
+                                   fleet.rows(results, fields)))
+    failed = [r for r in results if r.exit_code]
+    if failed:
+        output.error(f"{len(failed)} of {len(results)} host(s) failed: "
+                     + "; ".join(f"{r.host} ({r.error or 'exit %d' % r.exit_code})" for r in failed),
+                     failed[0].hint)
+        raise typer.Exit(doc["exit_code"])
 
 
 def say(quiet: bool):  # noqa: ANN202

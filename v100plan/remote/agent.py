@@ -19,6 +19,11 @@ import time
 import urllib.error
 import urllib.request
 
+try:  # imported as a module (tests); sent to a host, trusted.py's source comes before this file's
+    from v100plan.remote.trusted import Untrusted, check_private, private_dir
+except ImportError:
+    pass
+
 
 def _out(doc):
     sys.stdout.write(json.dumps(doc) + "\n")
@@ -48,8 +53,11 @@ def _write_json(path, doc):
 
 
 def state(a):
-    """What is already on the host: bundle, venv, the deployment's releases. Read-only."""
+    """What is already on the host: bundle, venv, the deployment's releases. Read-only. A root (or a
+    folder above it) another user could have made or could change is refused (Untrusted)."""
     root = os.path.expanduser(a["root"])
+    if os.path.lexists(root):
+        check_private(root, "remote root")
     out = {"root": root, "python": sys.version.split()[0], "rsync": shutil.which("rsync") is not None,
            "home": os.path.expanduser("~")}
     if a.get("bundle"):
@@ -74,6 +82,9 @@ def state(a):
         # earlier v100plan started in run/ itself (before the front and slots)
         out["live"] = _read_json(os.path.join(run, "upstream.json"), None)
         out["front"] = _front_now(run)
+        out["front_processes"] = _front_record(run)
+        if out["live"] and out["live"].get("slot"):
+            out["ranks_alive"] = _ranks_alive(os.path.join(run, out["live"]["slot"]))
         out["legacy"] = _alive(_read_int(os.path.join(run, "supervisord.pid")))
         out["slots"] = {s: _alive(_read_int(os.path.join(run, s, "supervisord.pid"))) for s in ("a", "b")}
         out["lock"] = _lock_holder(os.path.join(d, "deploy.lock"))
@@ -103,7 +114,7 @@ def _site_now(d):
 
 def mkdirs(a):
     for p in a["paths"]:
-        os.makedirs(os.path.expanduser(p), mode=0o700, exist_ok=True)
+        private_dir(p)
     _out({"ok": True})
 
 
@@ -392,8 +403,14 @@ def unlink(a):
 
 
 def verified(a):
-    """Mark a model directory as checked (its files matched the local SHA-256s)."""
-    open(os.path.join(os.path.expanduser(a["dir"]), ".v100plan-verified"), "w").close()
+    """Mark a model directory as checked (its files matched the local SHA-256s); its files are made 0600 and
+    its folders 0700, as the shards were made (whatever the upload's umask gave them)."""
+    d = os.path.expanduser(a["dir"])
+    for base, dirs, files in os.walk(d):
+        os.chmod(base, 0o700)
+        for f in files:
+            os.chmod(os.path.join(base, f), 0o600)
+    os.close(os.open(os.path.join(d, ".v100plan-verified"), os.O_WRONLY | os.O_CREAT, 0o600))
     _out({"ok": True})
 
 
@@ -454,7 +471,27 @@ def remove_deployment(a):
     if not os.path.isdir(os.path.join(d, "releases")) or os.path.basename(d) in ("models", "venvs", "bundles"):
         raise SystemExit("refusing to remove %s: not a deployment directory" % d)
     shutil.rmtree(d)
-    _out({"removed": d, "models_removed": _gc_models(root)})
+    _out({"removed": d, "models_removed": _gc_models(root), "venvs_removed": _gc_venvs(root) if a.get("venvs") else []})
+
+
+def _gc_venvs(root):
+    """Remove the venvs no release of any deployment under ``root`` links (`remove --venvs`; a probe builds
+    its venv again when it needs one)."""
+    venvs = os.path.join(root, "venvs")
+    used = set()
+    for dep in os.listdir(root) if os.path.isdir(root) else []:
+        rel_dir = os.path.join(root, dep, "releases")
+        for r in os.listdir(rel_dir) if dep != "venvs" and os.path.isdir(rel_dir) else []:
+            link = os.path.join(rel_dir, r, "venv")
+            if os.path.islink(link):
+                used.add(os.path.realpath(link))
+    removed = []
+    for name in sorted(os.listdir(venvs)) if os.path.isdir(venvs) else []:
+        p = os.path.join(venvs, name)
+        if not name.startswith(".") and os.path.isdir(p) and os.path.realpath(p) not in used:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def keygen(a):
@@ -462,6 +499,16 @@ def keygen(a):
     import secrets
 
     path = os.path.expanduser(a["path"])
+    if a.get("replace"):  # a rotation: the new key renamed over the old one (never a half-written file)
+        tmp = "%s.tmp-%d" % (path, os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, (secrets.token_urlsafe(32) + "\n").encode())
+        os.close(fd)
+        if os.path.isfile(path):  # the old key, for the drain of the processes that still hold it
+            os.replace(path, path + ".previous")
+        os.replace(tmp, path)
+        _out({"created": True, "replaced": True})
+        return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -507,6 +554,47 @@ def smoke(a):
         _out({"ok": False, "reason": "the service did not answer the smoke request: %s" % e})
 
 
+def _in_flight(port, key):
+    """Requests the service on ``port`` runs or queues now (its /metrics), or None when it does not answer."""
+    req = urllib.request.Request("http://127.0.0.1:%d/metrics" % port, headers={"Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            text = resp.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    n = 0
+    for line in text.splitlines():
+        if line.startswith(("v100plan_requests_running ", "v100plan_queue_depth ")):
+            n += int(float(line.split()[1]))
+    return n
+
+
+def drain(a):
+    """After a switch: wait until the old release on ``port`` runs and queues nothing (twice in a row, half a
+    second apart, so the last answer's bytes have left), up to ``timeout`` seconds. Read-only."""
+    keys = []
+    for path in (a["key_file"], a["key_file"] + ".previous"):  # after a key rotation the old one holds the old
+        try:
+            with open(os.path.expanduser(path)) as fh:
+                keys.append(fh.read().strip())
+        except OSError:
+            pass
+    t0 = time.monotonic()
+    idle = 0
+    left = None
+    while True:
+        answers = [n for n in (_in_flight(a["port"], k) for k in keys) if n is not None]
+        left = answers[0] if answers else None
+        idle = idle + 1 if not left else 0
+        if idle >= 2:
+            _out({"drained": True, "waited_s": round(time.monotonic() - t0, 1), "left": 0})
+            return
+        if time.monotonic() - t0 >= a["timeout"]:
+            _out({"drained": False, "waited_s": round(time.monotonic() - t0, 1), "left": left})
+            return
+        time.sleep(0.5 if not left else 0.2)
+
+
 def health(a):
     """GET /health on the local service, patiently (a loaded host answers slowly). Read-only."""
     url = "http://127.0.0.1:%d/health" % a["port"]
@@ -531,11 +619,37 @@ def health(a):
     _out(last)
 
 
+def _release_logs(run, release):
+    """Where release ``release`` last ran (the slot that names it in release.txt, or that slot's logs.prev
+    after a later start there) and its log names there, else (None, None)."""
+    for slot in ("a", "b"):
+        here = os.path.join(run, slot)
+        for d, prefix in ((here, "logs/"), (os.path.join(here, "logs.prev"), "")):
+            try:
+                with open(os.path.join(d, "release.txt")) as fh:
+                    if fh.read().strip() == release:
+                        return d, prefix
+            except OSError:
+                continue
+    return None, None
+
+
 def logs(a):
-    """The last ``lines`` lines of each service log. Read-only."""
+    """The last ``lines`` lines of each service log (``release``: of the slot where that release last ran,
+    a failed start included). Read-only."""
     run = os.path.expanduser(a["run"])
     out = {}
     files = list(a["files"])
+    if a.get("release"):
+        found, prefix = _release_logs(run, a["release"])
+        if found is None:
+            _out({"logs": {}, "found": None})
+            return
+        run = found
+        files = [f if not f.startswith("logs/") else prefix + f[5:] for f in files]
+        if not prefix:  # logs.prev holds the files flat: the rank logs too
+            files += sorted(n for n in os.listdir(found) if re.match(r"^rank\d+\.g\d+\.log$", n))
+            a = dict(a, rank_logs=False)
     if a.get("rank_logs"):  # each rank's log of the latest generation (the watchdog's restarts make new ones)
         latest = {}
         names = os.listdir(os.path.join(run, "logs")) if os.path.isdir(os.path.join(run, "logs")) else []
@@ -553,7 +667,7 @@ def logs(a):
                 out[rel] = fh.read().decode(errors="replace").splitlines()[-a.get("lines", 50):]
         except OSError:
             out[rel] = None
-    _out({"logs": out})
+    _out({"logs": out, "found": run})
 
 
 def rotate_logs(a):
@@ -566,7 +680,8 @@ def rotate_logs(a):
     logs_dir = os.path.join(run, "logs")
     names = sorted(os.listdir(logs_dir)) if os.path.isdir(logs_dir) else []
     moved = []
-    for src in [os.path.join(run, "service.log")] + [os.path.join(logs_dir, n) for n in names]:
+    for src in [os.path.join(run, "service.log"), os.path.join(run, "release.txt")] + [
+            os.path.join(logs_dir, n) for n in names]:
         if os.path.isfile(src):
             os.replace(src, os.path.join(prev, os.path.basename(src)))
             moved.append(os.path.basename(src))
@@ -606,12 +721,42 @@ def _read_int(path):
         return None
 
 
-def _front_now(run):
-    """The front recorded in run/front.json, if that very process still runs."""
+def _front_now(run, wait=0.0):
+    """The front recorded in run/front.json, if that very process still runs (``supervised``: its keeper
+    too). While its keeper runs, a front that died is waited for up to ``wait`` seconds (it restarts)."""
+    deadline = time.monotonic() + wait
+    while True:
+        doc = _read_json(os.path.join(run, "front.json"), None)
+        if doc and _alive(doc.get("pid"), doc.get("start_ticks")):
+            doc["supervised"] = _alive(doc.get("keeper_pid"), doc.get("keeper_ticks"))
+            return doc
+        if not doc or time.monotonic() >= deadline or not _alive(doc.get("keeper_pid"), doc.get("keeper_ticks")):
+            return None
+        time.sleep(0.1)
+
+
+def _ranks_alive(slot):
+    """{PID: whether that very rank runs} for the ranks the slot's service.json records, each by its recorded
+    start time where there is one (a PID another process took since is not alive)."""
+    svc = _read_json(os.path.join(slot, "service.json"), {})
+    times = svc.get("start_times")
+    out = {}
+    for pid in svc.get("rank_pids") or []:
+        ticks = times.get(str(pid)) if isinstance(times, dict) else None
+        out[str(pid)] = _alive(pid, ticks) if ticks is not None or not isinstance(times, dict) else False
+    return out
+
+
+def _front_record(run):
+    """Each process of the front as it is now: the front (the port's listener) and its keeper, each with its
+    PID and whether that very process runs. Read-only."""
     doc = _read_json(os.path.join(run, "front.json"), None)
-    if not doc or not _alive(doc.get("pid"), doc.get("start_ticks")):
+    if not doc:
         return None
-    return doc
+    return {"port": doc.get("port"),
+            "front": {"pid": doc.get("pid"), "alive": _alive(doc.get("pid"), doc.get("start_ticks"))},
+            "keeper": {"pid": doc.get("keeper_pid"),
+                       "alive": _alive(doc.get("keeper_pid"), doc.get("keeper_ticks"))}}
 
 
 def _lock_holder(path):
@@ -654,10 +799,13 @@ def front(a):
     ``replaced``. A port that cannot be bound is the front's own message (Address already in use)."""
     run = os.path.expanduser(a["run"])
     os.makedirs(run, mode=0o700, exist_ok=True)
-    now = _front_now(run)
-    if now and now.get("port") == a["port"]:
+    now = _front_now(run, wait=5.0)
+    if now and now.get("port") == a["port"] and now.get("supervised"):
         _out({"running": True, "started": False, "front": now})
         return
+    if now and now.get("port") == a["port"]:  # its keeper is gone: started again, supervised (a short gap)
+        _stop_front(now)
+        now = None
     src = os.path.join(run, "front.py")
     tmp = "%s.tmp-%d" % (src, os.getpid())
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
@@ -669,7 +817,7 @@ def front(a):
     deadline = time.monotonic() + a.get("wait", 10)
     while time.monotonic() < deadline:
         doc = _read_json(os.path.join(run, "front.json"), {})
-        if doc.get("pid") == proc.pid:
+        if doc.get("keeper_pid") == proc.pid and _alive(doc.get("pid"), doc.get("start_ticks")):
             _out({"running": True, "started": True, "front": doc, "replaced": now})
             return
         if proc.poll() is not None:
@@ -686,16 +834,24 @@ def front_stop(a):
     """Stop the front ``front`` (a front.json record), or the one recorded in ``run``: only while its PID is
     still the process that started at the recorded time."""
     doc = a.get("front") or _read_json(os.path.join(os.path.expanduser(a["run"]), "front.json"), None)
-    if not doc or not _alive(doc.get("pid"), doc.get("start_ticks")):
-        _out({"stopped": None})
-        return
-    os.kill(doc["pid"], 15)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(doc["pid"], doc["start_ticks"]):
-        time.sleep(0.05)
-    if _alive(doc["pid"], doc["start_ticks"]):
-        os.kill(doc["pid"], 9)
-    _out({"stopped": doc["pid"]})
+    _out({"stopped": _stop_front(doc) if doc else None})
+
+
+def _stop_front(doc):
+    """Stop a front's keeper (first: it would start the front again), then the front; each only while it is
+    the process recorded. The front's PID when it ran, else None."""
+    ran = doc.get("pid") if _alive(doc.get("pid"), doc.get("start_ticks")) else None
+    for pid_key, ticks_key in (("keeper_pid", "keeper_ticks"), ("pid", "start_ticks")):
+        pid, ticks = doc.get(pid_key), doc.get(ticks_key)
+        if not _alive(pid, ticks):
+            continue
+        os.kill(pid, 15)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(pid, ticks):
+            time.sleep(0.05)
+        if _alive(pid, ticks):
+            os.kill(pid, 9)
+    return ran
 
 
 def route(a):
@@ -717,6 +873,11 @@ def slot_prepare(a):
         _out({"busy": pid})
         return
     rotate_logs({"run": slot, "quiet": True})
+    if a.get("release"):  # which release this slot's logs are of (`v100plan logs --release`)
+        tmp = os.path.join(slot, "release.txt.tmp")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            fh.write(a["release"] + "\n")
+        os.replace(os.path.join(slot, "release.txt.tmp"), os.path.join(slot, "release.txt"))
     _out({"busy": None})
 
 
@@ -782,6 +943,22 @@ def await_health(a):
 
 UNIT = "systemd user unit"
 CRON = "cron @reboot"
+
+
+CRON_DAEMONS = ("cron", "crond", "cronie", "fcron", "dcron")
+
+
+def _cron_runs():
+    """True when a cron daemon runs on this host (a crontab line alone brings nothing back)."""
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/comm" % pid) as fh:
+                    if fh.read().strip() in CRON_DAEMONS:
+                        return True
+            except OSError:
+                continue
+    return False
 
 
 def _cron_mark(run):
@@ -873,7 +1050,7 @@ def _boot_now(run):
     if _unit_enabled(run):
         return UNIT
     lines = _crontab()
-    return CRON if lines and any(ln.endswith(_cron_mark(run)) for ln in lines) else None
+    return CRON if lines and any(ln.endswith(_cron_mark(run)) for ln in lines) and _cron_runs() else None
 
 
 def _sh(word):
@@ -946,6 +1123,11 @@ def boot(a):
     entry = "@reboot %s %s" % (_sh(script), mark)
     if entry not in lines:
         _set_crontab([ln for ln in lines if not ln.endswith(mark)] + [entry])
+    if not _cron_runs():  # the line is there for when cron runs; until then nothing brings it back
+        _out({"boot": None, "script": script, "entry": entry,
+              "why": "%s, and no cron daemon runs here (%s): the crontab line %r waits for one; start cron, or run "
+                     "%s at boot yourself" % (why_not, "/".join(CRON_DAEMONS), entry, script)})
+        return
     _out({"boot": CRON, "script": script, "entry": entry, "why_not_unit": why_not})
 
 
@@ -965,8 +1147,12 @@ def _set_crontab(lines):
 
 ACTIONS = {f.__name__: f for f in (state, mkdirs, extract, venv, site_check, sha256, unlink, verified, lock, switch, discard,
                                    keygen, smoke, health, logs, rotate_logs, free_port, front, front_stop, route,
-                                   slot_prepare, await_health, boot, free_bytes,
+                                   slot_prepare, await_health, boot, free_bytes, drain,
                                    remove_deployment)}
 
 if __name__ == "__main__":
-    ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))
+    try:
+        ACTIONS[sys.argv[1]](json.loads(sys.argv[2]))
+    except Untrusted as e:  # said as it is: a folder of another user's, never used
+        _out({"untrusted": str(e)})
+        sys.exit(3)

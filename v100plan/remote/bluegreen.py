@@ -10,7 +10,9 @@ two slots (run/a, run/b), each on a port of its own. Bringing a release up:
 3. /health is awaited while its processes are watched (a proxy that exits ends the wait at
    once), then one smoke completion;
 4. only then: upstream.json is replaced (the switch: new connections go to the new release),
-   `current` is switched, and the old release is stopped (its proxy drains what it holds).
+   `current` is switched; the old release drains: it answers what it holds (its running and
+   queued requests, by its /metrics) until they are done, up to ``--drain-timeout`` (default
+   DRAIN_TIMEOUT_S), and is stopped only then (new requests it gets are refused from the stop on).
 
 A failure at 2-3 stops the new release; the old one never stopped serving. ``stop-start``
 (GPU hosts whose cards cannot hold the new release beside the old one, as v100plan/remote/room.py
@@ -30,7 +32,16 @@ from v100plan.errors import ChecksFailed
 from v100plan.remote import release as rel
 from v100plan.remote.connect import Remote
 from v100plan.remote.host import RemoteSettings, agent
-from v100plan.remote.supervisor import Paths, Say, serve_flags, start_service, stop_service, switch
+from v100plan.remote.supervisor import (
+    DRAIN_TIMEOUT_S,
+    KEEP_RELEASES,
+    Paths,
+    Say,
+    serve_flags,
+    start_service,
+    stop_service,
+    switch,
+)
 
 FRONT_SOURCE = (Path(__file__).resolve().parent / "front.py").read_text()
 SLOTS = ("a", "b")
@@ -64,10 +75,31 @@ def ensure_front(remote: Remote, rs: RemoteSettings, paths: Paths, port: int) ->
     return doc
 
 
+def _drain(remote: Remote, rs: RemoteSettings, paths: Paths, old_rid: str, old_port: int | None,
+           timeout_s: float, say: Say, record: dict[str, Any] | None) -> None:
+    """Wait (on the host) until the old release has answered what it holds, up to ``timeout_s``; a Ctrl-C
+    ends the wait (the stop that follows gives what is left its own 10 s)."""
+    if not old_port or timeout_s <= 0:
+        return
+    try:
+        doc = agent(remote, rs, "drain", {"port": old_port, "key_file": paths.key, "timeout": timeout_s},
+                    timeout_s=timeout_s + 60)
+    except KeyboardInterrupt:
+        say(f"interrupted: stopping release {old_rid} without waiting for its answers")
+        return
+    if record is not None:
+        record["drain"] = {"release": old_rid, **doc}
+    if doc.get("waited_s", 0) >= 1 or not doc.get("drained"):
+        say(f"release {old_rid} answered what it held in {doc.get('waited_s')} s" if doc.get("drained") else
+            f"release {old_rid} still held {doc.get('left')} request(s) after --drain-timeout {timeout_s:g} s: "
+            "they end with 503")
+
+
 def bring_up(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any], rid: str,
              settings: rel.EngineSettings, health_timeout_s: float, say: Say, why: str, *,
              mode: str = "blue-green", old_settings: rel.EngineSettings | None = None,
-             record: dict[str, Any] | None = None) -> tuple[bool, str | None]:
+             record: dict[str, Any] | None = None, drain_timeout_s: float = DRAIN_TIMEOUT_S,
+             keep: int = KEEP_RELEASES) -> tuple[bool, str | None]:
     """Put ``rid`` into service (the module's steps). (True, None) once it serves and `current` names it;
     (False, why) when it failed its checks, with the release serving before still serving (restarted, in
     stop-start mode). ``old_settings``: the serving release's, to start it again after a failed stop-start.
@@ -88,10 +120,10 @@ def bring_up(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any
     slot = next(s for s in SLOTS if s != old_slot)
     sdir = paths.slot(slot)
     try:
-        busy = agent(remote, rs, "slot_prepare", {"slot": sdir}).get("busy")
+        busy = agent(remote, rs, "slot_prepare", {"slot": sdir, "release": rid}).get("busy")
         if busy:  # what an interrupted deploy left there: never the serving release (that is the other slot)
             stop_service(remote, paths, rid, sdir)
-            agent(remote, rs, "slot_prepare", {"slot": sdir})
+            agent(remote, rs, "slot_prepare", {"slot": sdir, "release": rid})
         port = agent(remote, rs, "free_port", {})["port"]
         ok, reason = start_service(remote, rs, paths, rid, settings, health_timeout_s, sdir, port)
     except KeyboardInterrupt:
@@ -113,19 +145,23 @@ def bring_up(remote: Remote, rs: RemoteSettings, paths: Paths, st: dict[str, Any
         return False, reason
     with shielded():
         agent(remote, rs, "route", {"run": paths.run, "port": port, "release": rid, "slot": slot})
-        switch(remote, rs, paths, rid, why, from_release=old_rid if why == "rollback" else None)
-        if old_rid and old_dir and mode != "stop-start":
+        switch(remote, rs, paths, rid, why, from_release=old_rid if why.startswith("rollback") else None, keep=keep)
+    draining = old_rid and old_dir and mode != "stop-start"
+    if draining:
+        _drain(remote, rs, paths, old_rid, live.get("port"), drain_timeout_s, say, record)
+    with shielded():
+        if draining:
             stop_service(remote, paths, old_rid, old_dir)
         if front.get("replaced") or (old_front and old_front.get("port") != settings.port):
             agent(remote, rs, "front_stop", {"run": paths.run, "front": front.get("replaced") or old_front})
-    if why not in ("deploy", "rollback"):
+    if why not in ("deploy", "rollback", "rollback --to", "key rotation"):
         return True, None  # qualify's own deployment is stopped when it ends: nothing to bring back
     rdir = paths.release(rid)
     boot = agent(remote, rs, "boot", {"run": paths.run, "port": settings.port, "release": rid, "slot": sdir,
                                       "release_dir": rdir, "flags": serve_flags(paths, rid, settings, sdir, port)})
     if record is not None:
         record["after_reboot"] = boot.get("boot")
-        record["after_reboot_detail"] = boot.get("unit") or boot.get("entry") or boot.get("why")
+        record["after_reboot_detail"] = boot.get("unit") or (boot.get("entry") if boot.get("boot") else boot.get("why"))
     say(f"after a reboot: the {boot['boot']} {boot.get('unit') or 'line'} runs {boot['script']}"
         + (f" ({boot['why_not_unit']})" if boot.get("why_not_unit") else "") if boot.get("boot") else
         f"after a reboot: nothing brings the service back ({boot.get('why')})")

@@ -167,7 +167,7 @@ class Remote:
                 f"host key for {where} CHANGED: known_hosts ({known}) has {_fingerprint(e.expected_key)}, "
                 f"the host offered {_fingerprint(e.key)}; refusing to connect (this can be an attack)",
                 hint=f"if the host was really reinstalled, remove its old line with "
-                     f"`ssh-keygen -R {shlex.quote(self._known_name())} -f {shlex.quote(known)}` "
+                     f"`ssh-keygen -R {shlex.quote(self._known_name(conn))} -f {shlex.quote(known)}` "
                      f"and run again with --accept-new-host-key") from None
         except paramiko.AuthenticationException as e:
             raise Unreachable(f"{where}: SSH authentication failed ({e})",
@@ -196,9 +196,16 @@ class Remote:
         self._conn = conn
         return conn
 
-    def _known_name(self) -> str:
-        port = self.spec.port or 22
-        return self.spec.host if port == 22 else f"[{self.spec.host}]:{port}"
+    def _known_name(self, conn) -> str:  # noqa: ANN001 - a fabric Connection
+        """The name the host's key is recorded under in known_hosts, as `ssh-keygen -R` needs it: the host and
+        port the connection resolved (an ~/.ssh/config alias's HostName and Port: ``[127.0.0.1]:42622``),
+        else the name as given."""
+        def name(host: str, port: int | None) -> str:
+            return host if (port or 22) == 22 else f"[{host}]:{port}"
+
+        names = [name(conn.host, conn.port), name(self.spec.host, self.spec.port)]
+        keys = conn.client.get_host_keys()
+        return next((n for n in names if keys.lookup(n) is not None), names[0])
 
     def close(self) -> None:
         if self._sftp is not None:
@@ -348,6 +355,7 @@ class Remote:
             done = 0
         sent = 0
         with open(local, "rb") as src, sftp.open(part, "ab" if done else "wb") as dst:
+            dst.chmod(0o600)  # the user's only from its first byte (the shards are 0600 here)
             dst.set_pipelined(True)
             src.seek(done)
             while True:

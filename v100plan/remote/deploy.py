@@ -35,7 +35,16 @@ from v100plan.remote import split as split_mod
 from v100plan.remote import venv as venv_mod
 from v100plan.remote.connect import Remote
 from v100plan.remote.host import agent, prepare, site_sentence
-from v100plan.remote.manage import follow_logs, logs, remove, rollback, status, stop  # noqa: F401 - one entry point
+from v100plan.remote.manage import (  # noqa: F401 - one entry point
+    follow_logs,
+    key_rotate,
+    key_show,
+    logs,
+    remove,
+    rollback,
+    status,
+    stop,
+)
 from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, held_lock: one entry point
     DeployBusy,
     Outcome,
@@ -123,8 +132,10 @@ def _plan_actions(remote, rs, paths, st, b, vid, reqs, model_dir, source, sp, di
         if healthy(remote, rs, paths, st, rid, settings.port, dry_run=True):
             acts.append(f"nothing: release {rid} is current and healthy (0 bytes to upload, no restart)")
             return
+        out.changed = True
         acts.append(f"start release {rid} again: it is current but its service is down")
         return
+    out.changed = True  # a dry run: what the deploy would change
     acts.append(f"reuse bundle {b.id}" if st["bundle_tar"] else
                 f"upload the bundle ({b.size / 1e3:.0f} kB) to {paths.root}/bundles/{b.id}.tar.gz")
     if not rs.site_packages:
@@ -198,10 +209,13 @@ def _upload_model(remote: Remote, target: Target, paths: Paths, model_dir: Path,
         say(f"removing {len(damaged)} damaged file(s) on the host to send them anew: {', '.join(damaged)}")
         agent(remote, target.remote, "unlink", {"dir": mdir, "files": damaged})
     total = sum(files[f]["bytes"] for f in todo)
-    _check_room(remote, target, mdir, total)
+    # a file a broken upload left shorter is resumed where it stopped: only the rest goes over
+    there = sum(min(held.get("bytes", {}).get(f, 0), files[f]["bytes"]) for f in todo if f not in damaged)
+    _check_room(remote, target, mdir, total - there)
     use_rsync = bool(todo) and has_rsync and remote.rsync_command() is not None
-    say(f"uploading {len(todo)} shard file(s), {total / 1e6:.1f} MB "
-        f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
+    say(f"uploading {len(todo)} shard file(s), {(total - there) / 1e6:.1f} MB "
+        + (f"to send ({there / 1e6:.1f} MB of {total / 1e6:.1f} MB already there, resumed) " if there else "")
+        + f"({'rsync over ssh' if use_rsync else 'SFTP'}, resumable)")
     if use_rsync:
         remote.rsync(model_dir, mdir, todo)
     else:
@@ -272,7 +286,8 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         say(f"release {rid} is current: starting it afresh" if fresh else
             f"release {rid} is current but not serving: starting it")
         ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
-                              mode=mode, old_settings=old_settings, record=out.extra)
+                              mode=mode, old_settings=old_settings, record=out.extra, drain_timeout_s=target.drain_timeout_s,
+                              keep=target.keep_releases)
         out.restarted = True
         if not ok:
             raise ChecksFailed(f"{remote.label}: release {rid} did not come back: {why}",
@@ -305,7 +320,8 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         + "; waiting for /health")
     out.restarted = True
     ok, why = bg.bring_up(remote, target.remote, paths, st, rid, settings, health_timeout_s, say, purpose,
-                          mode=mode, old_settings=old_settings, record=out.extra)
+                          mode=mode, old_settings=old_settings, record=out.extra, drain_timeout_s=target.drain_timeout_s,
+                              keep=target.keep_releases)
     if ok:
         say(f"release {rid} is current" + (f" (previous {current} kept, stopped)" if current else ""))
         return
@@ -315,9 +331,9 @@ def _deploy_locked(remote, target, paths, st, b, reqs, model_dir, files, man, ri
         out.rolled_back = mode == "stop-start"
         kept = ("was started again" if mode == "stop-start" else "kept serving throughout")
         raise ChecksFailed(f"{remote.label}: release {rid} failed its checks; release {current} {kept}: {why}",
-                           hint=f"`v100plan logs {remote.label}` shows the failed start")
+                           hint=f"`v100plan logs {remote.label} --release {rid}` shows the failed start")
     raise ChecksFailed(f"{remote.label}: release {rid} failed its checks (no previous release to fall back to): "
-                       f"{why}", hint=f"`v100plan logs {remote.label}` shows the failed start")
+                       f"{why}", hint=f"`v100plan logs {remote.label} --release {rid}` shows the failed start")
 
 
 def _site_report(out: Outcome, rs, from_site: list[dict] | None, say: Say | None,
@@ -367,3 +383,40 @@ def _check_stack(remote: Remote, paths: Paths, rid: str, site: dict[str, Any] | 
     problem = torch_gap(parse_json(r.stdout), remote.label, site)
     if problem is not None:
         raise problem
+
+
+# -- the deploy's table ------------------------------------------------------------------------------
+
+def _uploaded(out: Outcome) -> str:
+    """All bytes sent, and of them the bundle's (engine, probes, profiles) and the model's shards."""
+    parts = out.extra.get("uploaded")
+    if not parts:
+        return str(out.uploaded_bytes)
+    return f"{out.uploaded_bytes} (bundle {parts['bundle_bytes']}, model {parts['model_bytes']})"
+
+
+def deploy_rows(out: Outcome) -> list[tuple[str, object]]:
+    """The deploy command's table: what was deployed, split, uploaded and switched."""
+    rows = [("host", out.host), ("deployment", out.deployment), ("release", out.release),
+            ("previous", out.previous), ("changed", out.changed), ("restarted", out.restarted),
+            ("uploaded bytes", _uploaded(out)), ("wall s", f"{out.wall_s:.1f}")]
+    sp = out.extra.get("split")
+    if sp:
+        rows.insert(4, ("split", f"{sp['tp']} shards, {' + '.join(f'{b / 1e6:.1f}' for b in sp['bytes_per_rank'])}"
+                                 f" MB" + (" (cached here)" if sp["cached"] else f" (split now, {sp['seconds']} s)")))
+    site = out.extra.get("site_packages")
+    if site is not None:
+        taken = ", ".join(f"{p['name']} {p['version']}" for p in site.get("from_site") or []) or "nothing"
+        rows.append(("from the host's site", f"{taken} ({site['python']})"))
+    sw = out.extra.get("switch")
+    if out.reason == "nothing changed":  # no release starts: no switch to describe
+        rows.append(("switch", "none: the current release serves on"))
+    elif sw:
+        rows.append(("switch", f"{sw['mode']}: {sw['why']}"))
+    if "after_reboot" in out.extra:
+        rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
+    if out.dry_run:
+        rows.append(("actions", len(out.actions)))
+    elif out.reason:
+        rows.append(("note", out.reason))
+    return rows

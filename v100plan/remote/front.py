@@ -8,10 +8,13 @@ already open stay with the release they reached; the deploy stops that release a
 proxy drains them first).
 
 Stdlib only: it runs with the host's Python, outside every release's venv, and outlives them.
-The parent binds the socket once and forks the forwarder, again whenever it dies (connections
-wait in the listen queue meanwhile). Once bound, the parent records itself in DIR/front.json
-(PID and its start time, /proc/PID/stat field 22, so only this process is ever signalled);
-a port it cannot bind is printed (``Address already in use``) and it exits 3.
+It is supervised as the proxy and ranks are: ``front.py --port P --run DIR`` is the front's keeper,
+which starts the front (``--serve``) and starts it again, within half a second, whenever it dies
+(a SIGKILL too); SIGTERM to the keeper stops both. The front binds the socket once and forks the
+forwarder, again whenever it dies (connections wait in the listen queue meanwhile). Once bound,
+the front records itself and its keeper in DIR/front.json (PIDs and start times, /proc/PID/stat
+field 22, so only these processes are ever signalled). A port the first front cannot bind is
+printed (``Address already in use``) and both exit 3.
 """
 
 import argparse
@@ -113,7 +116,40 @@ def _die_with(parent):
         os._exit(1)
 
 
+def keep(argv):
+    """The keeper: run the front (this file with --serve) and start it again whenever it ends; SIGTERM or
+    SIGINT stop the front, then the keeper. A first front that exits 3 (port taken) ends the keeper with 3."""
+    child = {"proc": None, "stopping": False}
+
+    def stop(signum, frame):
+        child["stopping"] = True
+        if child["proc"] is not None and child["proc"].poll() is None:
+            child["proc"].terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    import subprocess
+
+    first = True
+    while not child["stopping"]:
+        child["proc"] = subprocess.Popen([sys.executable, "-B", os.path.abspath(__file__), "--serve", *argv])
+        code = child["proc"].wait()
+        if child["stopping"]:
+            break
+        if first and code == 3:
+            return 3
+        first = False
+        print("front: the front (pid %d) ended (status %d); starting it again" % (child["proc"].pid, code),
+              file=sys.stderr, flush=True)
+        time.sleep(0.3)
+    return 0
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--serve" not in argv:
+        return keep(argv)
+    argv.remove("--serve")
     p = argparse.ArgumentParser(prog="front.py", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--run", required=True)
@@ -138,8 +174,9 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    keeper = os.getppid()
     doc = {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()), "port": args.port,
-           "started_unix": round(time.time(), 3)}
+           "keeper_pid": keeper, "keeper_ticks": start_ticks(keeper), "started_unix": round(time.time(), 3)}
     tmp = os.path.join(args.run, "front.json.tmp-%d" % os.getpid())
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         json.dump(doc, fh)

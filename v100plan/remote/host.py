@@ -22,7 +22,8 @@ from v100plan.remote import venv as venv_mod
 from v100plan.remote.connect import Remote
 from v100plan.remote.errors import RemoteFailed
 
-AGENT_SOURCE = (Path(__file__).resolve().parent / "agent.py").read_text()
+# The agent as sent: the trusted-folder rules first (one helper on both sides), then the agent itself.
+AGENT_SOURCE = "\n".join((Path(__file__).resolve().parent / name).read_text() for name in ("trusted.py", "agent.py"))
 DEFAULT_ROOT = "~/.v100plan"
 VENV_TIMEOUT_S = 1800.0  # a torch wheel over a slow link
 
@@ -65,6 +66,10 @@ def agent(remote: Remote, settings: RemoteSettings, action: str, args: dict, *,
         doc = json.loads(lines[-1]) if lines else None
     except json.JSONDecodeError:
         doc = None
+    if doc is not None and doc.get("untrusted"):
+        raise RemoteFailed(f"{remote.label}: {doc['untrusted']}",
+                           hint="if you did not make it, another user of the host may have: look there (ls -la), "
+                                "remove it, or name a folder of your own with --remote-root")
     if doc is None or (check and r.exit_code != 0):
         detail = (r.stderr.strip() or r.stdout.strip())[-800:]
         if r.exit_code == 127 or "not found" in detail and not lines:
@@ -103,6 +108,7 @@ def prepare(remote: Remote, settings: RemoteSettings, requirements: list[str],
         sftp = remote.sftp()
         part = tar + ".part"
         with sftp.open(part, "wb") as fh:
+            fh.chmod(0o600)
             fh.set_pipelined(True)
             fh.write(b.data)
         sftp.posix_rename(part, tar)

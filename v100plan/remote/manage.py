@@ -16,11 +16,13 @@ from v100plan.remote.supervisor import Outcome, Say, Target, session
 
 def rollback_candidates(st: dict[str, Any]) -> list[str]:
     """Releases a rollback can go to, the most recent first: those that were current before (and are still
-    on the host), less the ones that rollbacks in a row have left, so rollback after rollback walks back."""
+    on the host), less the ones that plain rollbacks in a row have left, so rollback after rollback walks
+    back. A `rollback --to` is a jump, not a step: the walk starts again after it (its release and the one
+    it left are candidates again)."""
     hist = st.get("history", [])
     left = set()
     for h in reversed(hist):
-        if h.get("why") != "rollback":
+        if h.get("why") != "rollback":  # a deploy, or a `rollback --to` ("rollback --to")
             break
         if h.get("from"):
             left.add(h["from"])
@@ -78,8 +80,9 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
             say(f"starting release {prev}" + (f" beside release {current}, which keeps serving until it passes"
                                               if mode == "blue-green" else "") + "; waiting for /health")
             ok, why = bg.bring_up(remote, target.remote, paths, st, prev, settings, health_timeout_s, say,
-                                  "rollback", mode=mode, old_settings=sv.settings_of(st.get("current_manifest")),
-                                  record=out.extra)
+                                  "rollback" if to is None else "rollback --to", mode=mode, old_settings=sv.settings_of(st.get("current_manifest")),
+                                  record=out.extra, drain_timeout_s=target.drain_timeout_s,
+                              keep=target.keep_releases)
             out.restarted = True
             if not ok:
                 raise ChecksFailed(f"{remote.label}: release {prev} failed its checks ({why}); release {current} "
@@ -89,13 +92,61 @@ def rollback(target: Target, health_timeout_s: float = 180.0, say: Say = lambda 
         return out
 
 
+def key_show(target: Target) -> dict[str, Any]:
+    """The deployment's API key, read from its file on the host (0600 there)."""
+    with session(target) as (remote, st, paths):
+        if not st.get("api_key"):
+            raise BadInput(f"{remote.label}: deployment {target.deployment!r} has no API key yet",
+                           hint=f"`v100plan deploy {remote.label}` makes one")
+        return {**sv.document("api_key", {"host": target.spec.label, "deployment": target.deployment}),
+                "host": target.spec.label, "deployment": target.deployment, "key_file": paths.key,
+                "key": remote.read_text(paths.key).strip()}
+
+
+def key_rotate(target: Target, health_timeout_s: float = 180.0, say: Say = lambda s: None) -> Outcome:
+    """A new API key on the host, in force at once: the service reads its key when it starts, so the current
+    release is started afresh beside itself with the new key and takes over as a deploy does (blue/green, no
+    failed request; the old processes drain their answers, then stop, and with them the old key). Nothing is
+    uploaded; the front keeps its port."""
+    out = Outcome(host=target.spec.label, deployment=target.deployment, action="key_rotate")
+    with session(target, out) as (remote, st, paths):
+        current = st.get("current")
+        if not current or not st.get("api_key"):
+            raise BadInput(f"{remote.label}: deployment {target.deployment!r} has no current release and key",
+                           hint=f"`v100plan deploy {remote.label}` first")
+        out.release = out.previous = current
+        with sv.held_lock(remote, target.remote, paths.lock, "key rotation"):
+            agent(remote, target.remote, "keygen", {"path": paths.key, "replace": True})
+            say(f"new API key written to {paths.key} (0600); starting release {current} afresh with it")
+            if not (st.get("live") or {}).get("release"):
+                out.reason = "the service was not running: the new key is used when it starts"
+                return out
+            settings = sv.settings_of(st.get("current_manifest"))
+            ok, why = bg.bring_up(remote, target.remote, paths, st, current, settings, health_timeout_s, say,
+                                  "key rotation", record=out.extra, drain_timeout_s=target.drain_timeout_s,
+                                  keep=target.keep_releases)
+            out.restarted = True
+            if not ok:
+                raise ChecksFailed(f"{remote.label}: release {current} did not start with the new key ({why}); the "
+                                   "old processes serve on with the old key", hint="run `v100plan key rotate` again")
+            agent(remote, target.remote, "unlink", {"dir": paths.dir, "files": ["api_key.previous"]})
+            out.changed = True
+        return out
+
+
 def status(target: Target) -> dict[str, Any]:
     with session(target, site="1") as (remote, st, paths):
         current = st.get("current")
         doc: dict[str, Any] = {**sv.document("deployment_status", {"host": target.spec.label,
                                                                    "deployment": target.deployment}),
                                "host": target.spec.label, "deployment": target.deployment, "root": paths.dir,
-                               "release": current, "releases": st.get("releases", []),
+                               "release": current,
+                               # releases that were current (rollback can go there); a release that never was
+                               # (its start cut short) is listed apart
+                               "releases": [r for r in st.get("releases", []) if r == current or
+                                            any(h.get("release") == r for h in st.get("history", []))],
+                               "never_current": [r for r in st.get("releases", []) if r != current and not
+                                                 any(h.get("release") == r for h in st.get("history", []))],
                                "history": st.get("history", [])}
         if not st.get("exists"):
             there = st.get("deployments") or []
@@ -118,11 +169,15 @@ def status(target: Target) -> dict[str, Any]:
         if sup.get("proxy_pid"):
             r = remote.run(["ps", "-o", "etimes=", "-p", str(int(sup["proxy_pid"]))], check=False, what="ps")
             uptime = int(r.stdout.strip()) if r.stdout.strip().isdigit() else None
+        procs = _processes({**sup, "ranks_alive": st.get("ranks_alive")}, st.get("front_processes"))
+        down = sorted(k for k, p in procs.items() if not p["alive"])
+        state = "healthy" if sup.get("health_status") == 200 else ("running" if sup.get("running") else "stopped")
+        if down and any(p["alive"] for p in procs.values()):
+            state = "degraded"  # some of its processes run, one that should does not: said, and exit 1
         doc.update({
-            "state": "healthy" if sup.get("health_status") == 200 else ("running" if sup.get("running")
-                                                                         else "stopped"),
+            "state": state, "processes": procs, "down": down,
             "health_status": sup.get("health_status"), "health": health,
-            "ranks": sup.get("rank_pids") or health.get("rank_pids") or [],
+            "ranks": [p["pid"] for k, p in procs.items() if k.startswith("rank") and p["alive"]],
             "allreduce": health.get("allreduce"), "generation": sup.get("generation"),
             "uptime_s": uptime, "supervisord_pid": sup.get("supervisord_pid"), "proxy_pid": sup.get("proxy_pid"),
             "engine": man.get("engine"), "port": (man.get("engine") or {}).get("port"),
@@ -137,14 +192,40 @@ def status(target: Target) -> dict[str, Any]:
         return doc
 
 
+def _processes(sup: dict[str, Any], front: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Every process the deployment runs, each with its PID and whether that very process runs now: the
+    front and its keeper (front.json), the serving slot's supervisord, proxy and ranks (service.json,
+    each rank by its recorded start time: a PID reused since is not counted alive)."""
+    out: dict[str, dict[str, Any]] = {}
+    if front:
+        out["front"], out["front_keeper"] = front["front"], front["keeper"]
+    if sup.get("running"):
+        out["supervisord"] = {"pid": sup.get("supervisord_pid"), "alive": True}
+        out["proxy"] = {"pid": sup.get("proxy_pid"), "alive": bool(sup.get("proxy_pid"))}
+    alive = sup.get("ranks_alive") or {}
+    for i, pid in enumerate(sup.get("rank_pids") or []):
+        out[f"rank{i}"] = {"pid": pid, "alive": bool(alive.get(str(pid)))}
+    return out
+
+
 # the proxy's stderr, its structured log (serve --log-file; its stdout stays empty then), the supervisor's;
 # `logs` adds each rank's latest log and the front's
 LOG_FILES = ("logs/serve.stderr.log", "service.log", "logs/supervisord.log")
 
 
-def logs(target: Target, lines: int = 50) -> dict[str, Any]:
-    """The serving release's logs (its slot's), and the front's."""
+def logs(target: Target, lines: int = 50, release: str | None = None) -> dict[str, Any]:
+    """The serving release's logs (its slot's), and the front's; ``release``: the logs of where that release
+    last ran (a failed start too; an id or its unique start, among the releases the slots name)."""
     with session(target) as (remote, st, paths):
+        if release is not None:
+            doc = agent(remote, target.remote, "logs", {"run": paths.run, "files": list(LOG_FILES), "lines": lines,
+                                                        "rank_logs": True, "release": release})
+            if doc.get("found") is None:
+                raise BadInput(f"{remote.label}: no logs of release {release!r} in {paths.run} (each slot keeps the "
+                               "logs of its last two starts)", hint=f"`v100plan status {remote.label}` lists the "
+                                                                   "releases; give the full id")
+            doc["release"] = release
+            return doc
         doc = agent(remote, target.remote, "logs", {"run": paths.live_slot(st) or paths.run,
                                                     "files": list(LOG_FILES), "lines": lines, "rank_logs": True})
         doc["logs"].update(agent(remote, target.remote, "logs", {"run": paths.run, "files": ["front.log"],
@@ -170,10 +251,11 @@ def stop(target: Target, say: Say = lambda s: None, purpose: str | None = None) 
     return _stop(target, say, purpose, remove=False)
 
 
-def remove(target: Target, say: Say = lambda s: None) -> Outcome:
+def remove(target: Target, say: Say = lambda s: None, venvs: bool = False) -> Outcome:
     """Stop the deployment's service, then delete its directory on the host (releases, logs, key, history)
-    and the model store entries no other deployment's release links."""
-    return _stop(target, say, None, remove=True)
+    and the model store entries no other deployment's release links; ``venvs``: the venvs too that no other
+    deployment's release uses."""
+    return _stop(target, say, None, remove="venvs" if venvs else True)
 
 
 def _stop(target: Target, say: Say, purpose: str | None, remove: bool) -> Outcome:
@@ -210,9 +292,11 @@ def _stop(target: Target, say: Say, purpose: str | None, remove: bool) -> Outcom
             if front:
                 stopped["front"] = front
             if remove and not left:
-                gone = agent(remote, target.remote, "remove_deployment", {"dep": paths.dir})
+                gone = agent(remote, target.remote, "remove_deployment", {"dep": paths.dir,
+                                                                          "venvs": remove == "venvs"})
                 out.extra["removed"] = gone["removed"]
                 out.extra["models_removed"] = gone["models_removed"]
+                out.extra["venvs_removed"] = gone.get("venvs_removed", [])
         out.extra["stopped"] = stopped
         out.extra["had_to_kill"] = killed
         if left:

@@ -110,12 +110,31 @@ def settings_from_probe(report: dict[str, Any], host: str, port: int, fault_inje
                           fault_injection=fault_injection, chosen_by=f"probe of {host}"), why
 
 
-def model_files(model_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """{relative path: {sha256, bytes}} of every file in the model directory."""
-    d = Path(model_dir)
+JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+              "special_tokens_map.json")
+
+
+def check_json_files(d: Path) -> None:
+    """The model's JSON files (config, tokenizer) parse: one that does not is bad input now (exit 2), not a
+    release that dies on the host after the upload."""
     if not (d / "config.json").is_file():
         raise BadInput(f"--model {str(d)!r}: no config.json there (expected a Hugging Face model directory)",
                        hint="give the model's directory, or --demo-model for the small generated one")
+    for name in JSON_FILES:
+        try:
+            json.loads((d / name).read_bytes())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            why = f"{e.msg}, line {e.lineno}" if isinstance(e, json.JSONDecodeError) else str(e)
+            raise BadInput(f"--model {str(d)!r}: {name} is not JSON ({why}); the service could not load it",
+                           hint=f"replace {d / name} with the model's own file") from None
+
+
+def model_files(model_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {sha256, bytes}} of every file in the model directory (its JSON files checked)."""
+    d = Path(model_dir)
+    check_json_files(d)
     return hash_files(d)
 
 

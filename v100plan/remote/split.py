@@ -5,6 +5,10 @@ loadable model directory with config and tokenizer copied) and checks that the s
 bit-exactly. The split is cached under the local v100plan home, keyed by the SHA-256 of the
 model's files, so a redeploy of the same model splits nothing; the same model always splits into
 the same bytes, so the release id stays the same too.
+
+The home is the user's own (v100plan/remote/trusted.py): $V100PLAN_HOME, else
+$XDG_CACHE_HOME/v100plan, else ~/.cache/v100plan, made 0700 and refused, with its owner named,
+when another user could have put something there. The shards are written 0600 in 0700 folders.
 """
 
 from __future__ import annotations
@@ -20,16 +24,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from v100plan.errors import BadInput
+from v100plan.errors import BadInput, EnvironmentProblem
 from v100plan.remote import release as rel
+from v100plan.remote import trusted
 
 TP = 2  # the bundled engine serves two tensor-parallel ranks
 RECORD = ".v100plan-sha256.json"  # in the cached split: its files' SHA-256 as written (hidden: not uploaded)
 
 
 def home() -> Path:
-    """The local v100plan home: V100PLAN_HOME, else a directory of this user's under the temp dir."""
-    return Path(os.environ.get("V100PLAN_HOME") or Path(tempfile.gettempdir()) / f"v100plan-{os.getuid()}")
+    """The local v100plan home (made 0700 if absent): $V100PLAN_HOME, else $XDG_CACHE_HOME/v100plan, else
+    ~/.cache/v100plan; never a shared temp folder. EnvironmentProblem when it is not the user's own."""
+    given = os.environ.get("V100PLAN_HOME")
+    d = given or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "v100plan")
+    try:
+        return Path(trusted.private_dir(d, "v100plan home"))
+    except trusted.Untrusted as e:
+        raise EnvironmentProblem(
+            f"{e}", hint=f"if you did not make it, another user may have: look (`ls -la {d}`), remove it, "
+                         "or set V100PLAN_HOME to a folder of your own") from None
+    except OSError as e:
+        raise EnvironmentProblem(f"the v100plan home {d} cannot be made: {e.strerror or e}",
+                                 hint="set V100PLAN_HOME to a folder of your own") from None
 
 
 def cache_dir(source_digest: str, tp: int = TP) -> Path:
@@ -62,12 +78,29 @@ def cached(source_files: dict[str, dict[str, Any]], tp: int = TP) -> Split | Non
     d = cache_dir(digest, tp)
     if not (d / "shard.json").is_file():
         return None
+    try:
+        trusted.check_private(d, "cached split")
+    except trusted.Untrusted as e:
+        raise EnvironmentProblem(str(e), hint=f"remove it (rm -r {d}) if you did not make it; the next deploy "
+                                              "splits the model again") from None
     found = _described(d, digest, tp, cached=True, seconds=0.0)
     try:
         recorded = json.loads((d / RECORD).read_text())
     except (OSError, ValueError):
         return None
-    return found if recorded == found.files else None
+    return found if recorded == found.files and _copies_match(found.files, source_files, tp) else None
+
+
+def _copies_match(files: dict[str, dict[str, Any]], source_files: dict[str, dict[str, Any]], tp: int) -> bool:
+    """Each rank's copies of the source's own files (config, tokenizer) are byte for byte the source's, by
+    SHA-256 against the model given now, and each rank holds exactly the files the split writes."""
+    for r in range(tp):
+        names = {k.split("/", 1)[1] for k in files if k.startswith(f"rank{r}/")}
+        if names - {"model.safetensors", *source_files} or "model.safetensors" not in names:
+            return False
+        if any(files[f"rank{r}/{n}"]["sha256"] != source_files[n]["sha256"] for n in names - {"model.safetensors"}):
+            return False
+    return True
 
 
 def split(model_dir: str | Path, source_files: dict[str, dict[str, Any]], tp: int = TP) -> Split:
@@ -77,7 +110,7 @@ def split(model_dir: str | Path, source_files: dict[str, dict[str, Any]], tp: in
         return hit
     digest = rel.model_digest(source_files)
     d = cache_dir(digest, tp)
-    d.parent.mkdir(parents=True, exist_ok=True)
+    trusted.private_dir(d.parent)
     if d.exists():  # a split whose files changed since (or one that never finished): made again
         shutil.rmtree(d)
     tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=d.parent))
@@ -95,9 +128,9 @@ def split(model_dir: str | Path, source_files: dict[str, dict[str, Any]], tp: in
         # same model's shards differ: the manifest names it by its files' digest instead.
         man["source"] = f"model files sha256 digest {digest}"
         (out / "shard.json").write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
-        for p in out.rglob("*"):  # the upload keeps no local permission quirks (save_file writes 0600)
-            p.chmod(0o755 if p.is_dir() else 0o644)
         (out / RECORD).write_text(json.dumps(rel.hash_files(out), indent=1, sort_keys=True) + "\n")
+        for p in [out, *out.rglob("*")]:  # the user's only, whatever the umask (the host keeps these modes)
+            p.chmod(0o700 if p.is_dir() else 0o600)
         try:
             os.rename(out, d)
         except OSError:  # another deploy split the same model meanwhile: theirs is the same bytes

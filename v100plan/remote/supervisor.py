@@ -20,6 +20,10 @@ from v100plan.remote.host import AGENT_SOURCE, RemoteSettings, agent
 from v100plan.remote.hosts import HostSpec
 
 KEEP_RELEASES = 5
+# How long a switch lets the old release finish what it is answering (docs/deploy.md, "Draining"): a
+# 4,096-token answer at 14 tok/s, half the slowest two-V100 figure of the 27B model in docs/field-figures.md
+# (27.3 tok/s at 186K context).
+DRAIN_TIMEOUT_S = 300.0
 Say = Callable[[str], None]
 
 
@@ -33,6 +37,8 @@ class Target:
     ssh: SshOptions
     remote: RemoteSettings
     deployment: str = "engine"
+    drain_timeout_s: float = DRAIN_TIMEOUT_S  # a switch: how long the old release may finish its answers
+    keep_releases: int = KEEP_RELEASES        # releases kept on the host (the current one among them)
 
 
 @dataclass(frozen=True)
@@ -150,10 +156,10 @@ def held_lock(remote: Remote, settings: RemoteSettings, path: str, what: str) ->
 
 
 def switch(remote: Remote, rs: RemoteSettings, paths: Paths, release: str, why: str,
-           from_release: str | None = None) -> dict[str, Any]:
-    """Make ``release`` current (atomically, on the host) and drop releases beyond the last KEEP_RELEASES.
+           from_release: str | None = None, keep: int = KEEP_RELEASES) -> dict[str, Any]:
+    """Make ``release`` current (atomically, on the host) and drop releases beyond the last ``keep``.
     ``from_release``: the release a rollback leaves (recorded, so the next rollback walks further back)."""
-    return agent(remote, rs, "switch", {"dep": paths.dir, "release": release, "why": why, "keep": KEEP_RELEASES,
+    return agent(remote, rs, "switch", {"dep": paths.dir, "release": release, "why": why, "keep": keep,
                                         "from": from_release})
 
 
