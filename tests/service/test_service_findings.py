@@ -168,14 +168,15 @@ def test_a_state_dir_others_can_write_or_own_or_link_into_is_refused(tmp_path):
 
 
 def test_supervise_stop_signals_a_pid_only_when_it_is_provably_ours(tmp_path):
-    from engine.service.state_dir import start_time
+    from engine.service.state_dir import ID_ENV, service_id, start_time
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    stranger = subprocess.Popen(["sleep", "60"])
-    mine = subprocess.Popen(["sleep", "60"])
+    stranger = subprocess.Popen(["sleep", "60"], env={**os.environ, ID_ENV: service_id(str(state))})
+    mine = subprocess.Popen(["sleep", "60"], env={**os.environ, ID_ENV: service_id(str(state))})
     try:
-        # service.json names both; only `mine` has the start time recorded when it was ours
+        # service.json names both, each carrying the state dir's secret (tests/service/test_service_identity.py
+        # has those that do not); only `mine` has the start time recorded when it was ours
         doc = {"proxy_pid": None, "rank_pids": [stranger.pid, mine.pid],
                "start_times": {str(stranger.pid): 12345, str(mine.pid): start_time(mine.pid)}}
         (state / "service.json").write_text(json.dumps(doc))
