@@ -41,20 +41,27 @@ from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from engine.service.proxy_service import QueueFull, Service, Unavailable
 from engine.service.proxy_text import ModelText, TextAssembler
+from engine.service.proxy_text_pool import ClientBusy, TextFailed, TextPool
 from engine.service.serve_config import service_limits
 
 # OpenAI's documented default for /v1/completions; chat defaults to the rest of the context.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 
-def create_app(service: Service, text: ModelText) -> FastAPI:
+def create_app(service: Service, text: ModelText, pool: TextPool | None = None) -> FastAPI:
     cfg = service.cfg
+    pool = pool or TextPool(cfg.model_dir, cfg.served_model_name, cfg.text_workers, cfg.text_jobs_per_client)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.start()
-        yield
-        await service.stop()
+        warm = asyncio.get_running_loop().create_task(pool.start())  # while the ranks start
+        try:
+            yield
+        finally:
+            warm.cancel()
+            pool.close()
+            await service.stop()
 
     app = FastAPI(title="v100plan engine", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json", default_response_class=SafeJSONResponse)
@@ -104,6 +111,18 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         _check_model(model_id, text)
         return _model_card(text, _context_limit())
 
+    async def _tokens(request: Request, work, what) -> list[int]:
+        """The prompt's token ids from the text workers (engine/service/proxy_text_pool.py): one client's
+        share of them at a time (per address, and whether it showed the key)."""
+        client = (request.client.host if request.client else "", cfg.api_key is not None
+                  and has_api_key(request, cfg.api_key))
+        try:
+            return await work(client, what)
+        except ClientBusy as exc:
+            raise ApiError(429, str(exc), headers={"Retry-After": "1"}) from None
+        except TextFailed as exc:
+            raise ApiError(400, str(exc), exc.field) from None
+
     def _context_limit() -> int | None:
         return (service.pair.max_context if service.pair else None) or cfg.max_context
 
@@ -114,7 +133,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         prompt = body.single_prompt()
         if isinstance(prompt, str):
             _check_text(prompt, "prompt")
-            prompt_ids = _encode(text, prompt)
+            prompt_ids = await _tokens(request, pool.encode, prompt)
         else:
             bad = [t for t in prompt if not 0 <= t < text.vocab_size]
             if bad or not prompt:
@@ -134,11 +153,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
                                     f"model's text decoder only (a multimodal checkpoint's vision weights are not "
                                     f"loaded); send text parts", f"messages.{i}.content")
             _check_text(m.text(), f"messages.{i}.content")
-        try:
-            prompt_text = text.render_chat([(m.role, m.text()) for m in body.messages])
-        except ValueError as exc:
-            raise ApiError(400, f"cannot build a chat prompt for this model: {exc}", "messages") from None
-        prompt_ids = _encode(text, prompt_text, "messages")
+        prompt_ids = await _tokens(request, pool.chat, [(m.role, m.text()) for m in body.messages])
         return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat")
 
     async def _serve(request: Request, body, prompt_ids: list[int], max_tokens: int | None, kind: str):
@@ -309,13 +324,6 @@ def _check_text(value: str, field: str) -> None:
     except UnicodeEncodeError as exc:
         raise ApiError(400, f"{field}: contains a lone UTF-16 surrogate (U+{ord(value[exc.start]):04X}) "
                             f"at character {exc.start}; send valid Unicode text", field) from None
-
-
-def _encode(text: ModelText, prompt: str, field: str = "prompt") -> list[int]:
-    try:
-        return text.encode_prompt(prompt)
-    except ValueError as exc:
-        raise ApiError(400, f"{field}: {exc}", field) from None
 
 
 async def _wait_disconnect(request: Request) -> None:
