@@ -264,6 +264,15 @@ def raw_request(svc, data: bytes, timeout: float = 10.0) -> socket.socket:
     return s
 
 
+def keyed_idle(svc, key: str) -> socket.socket:
+    """A kept-alive connection that showed the API key (one request answered), idle now."""
+    s = raw_request(svc, f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode())
+    data = b""
+    while not (b"\r\n\r\n" in data and data.rstrip().endswith(b"}")):
+        data += s.recv(65536)
+    return s
+
+
 def read_all(s: socket.socket) -> bytes:
     out = b""
     try:

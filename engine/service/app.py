@@ -3,7 +3,7 @@
 /v1/completions and /v1/chat/completions (SSE streaming and not), /v1/models,
 /health (200 only while both ranks are up with a passed self-test; its details need
 the API key when one is set), /metrics (Prometheus text; the key when one is set),
-/openapi.json (the request schemas, as vLLM serves them), and /control/* when fault
+/openapi.json (the request schemas, as vLLM serves them; the key when one is set), and /control/* when fault
 injection is enabled (control.py).
 
 Every input ends in a JSON answer: 4xx naming the field for anything a client can get
@@ -63,8 +63,9 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
             pool.close()
             await service.stop()
 
+    # No /docs or /redoc; /openapi.json is a route of ours below, so that it needs the key when one is set.
     app = FastAPI(title="v100plan engine", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json", default_response_class=SafeJSONResponse)
+                  openapi_url=None, default_response_class=SafeJSONResponse)
     app.add_middleware(EdgeMiddleware, body_limit_bytes=cfg.body_limit_bytes, log=service.log,
                        metrics=service.metrics)
     app.add_exception_handler(ApiError, lambda request, exc: error_response(exc))
@@ -94,6 +95,11 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 "decode": service.decode.health() if pair else None,
                 "speculation": service.decode.speculation(cfg.draft_tokens)}
         return SafeJSONResponse(body, status_code=200 if up else 503)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request):
+        check_api_key(request, cfg.api_key)
+        return SafeJSONResponse(app.openapi())
 
     @app.get("/metrics")
     async def metrics(request: Request):

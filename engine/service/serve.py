@@ -253,7 +253,7 @@ def _serve(cfg, log, lock, forks) -> int:
              max_restarts=cfg.max_restarts, max_connections=max_connections,
              fault_injection=cfg.enable_fault_injection, api_key=cfg.api_key is not None)
     protocol = guarded_h11_protocol(max_connections, cfg.header_timeout_s, cfg.body_timeout_s,
-                                    metrics=service.metrics, log=log)
+                                    metrics=service.metrics, log=log, api_key=cfg.api_key)
     server = _DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                             access_log=False, lifespan="on", timeout_graceful_shutdown=5,
                                             http=protocol, timeout_keep_alive=cfg.keep_alive_timeout_s,
