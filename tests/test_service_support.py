@@ -133,7 +133,7 @@ class ServiceProcess:
     """`python -m engine serve` as a child of the test, with helpers to talk to it."""
 
     def __init__(self, *extra: str, model: str | None = None, api_key: str | None = None,
-                 stall_timeout_s: float = 5.0, allreduce_timeout_s: float = 3.0):
+                 stall_timeout_s: float = 5.0, allreduce_timeout_s: float = 3.0, stderr=subprocess.STDOUT):
         self.port = free_port()
         self.state_dir = short_dir("state")
         if api_key is None and "--enable-fault-injection" in extra:
@@ -151,7 +151,7 @@ class ServiceProcess:
             cmd += ["--api-key-file", key_file]
         self.cmd = cmd
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=stderr,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = httpx.Client(base_url=self.url, timeout=60,
@@ -261,6 +261,15 @@ def raw_request(svc, data: bytes, timeout: float = 10.0) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", svc.port), timeout=timeout)
     if data:
         s.sendall(data)
+    return s
+
+
+def keyed_idle(svc, key: str) -> socket.socket:
+    """A kept-alive connection that showed the API key (one request answered), idle now."""
+    s = raw_request(svc, f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode())
+    data = b""
+    while not (b"\r\n\r\n" in data and data.rstrip().endswith(b"}")):
+        data += s.recv(65536)
     return s
 
 

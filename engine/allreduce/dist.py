@@ -23,6 +23,15 @@ def init_control(rendezvous_dir: str, generation: int, rank: int, world: int, ti
     return store
 
 
+def close_control() -> None:
+    """End the gloo group once the ranks chose a path that does not use it (a host or device mailbox):
+    gloo's TCP listener on the loopback interface takes any local user's connection (gloo has no
+    authentication), so it is open only while the ranks meet and choose. Both ranks pass the barrier
+    first, so neither closes a connection the other still reads."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _failure(name: str, e: Exception, timeout_s: float) -> Exception:
     if "timeout" in str(e).lower() or "timed out" in str(e).lower():
         return PathTimeout(f"{name} allreduce did not complete within {timeout_s} s (peer stalled or gone): {e}")

@@ -3,7 +3,7 @@
 /v1/completions and /v1/chat/completions (SSE streaming and not), /v1/models,
 /health (200 only while both ranks are up with a passed self-test; its details need
 the API key when one is set), /metrics (Prometheus text; the key when one is set),
-/openapi.json (the request schemas, as vLLM serves them), and /control/* when fault
+/openapi.json (the request schemas, as vLLM serves them; the key when one is set), and /control/* when fault
 injection is enabled (control.py).
 
 Every input ends in a JSON answer: 4xx naming the field for anything a client can get
@@ -41,23 +41,31 @@ from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from engine.service.proxy_service import QueueFull, Service, Unavailable
 from engine.service.proxy_text import ModelText, TextAssembler
+from engine.service.proxy_text_pool import ClientBusy, TextFailed, TextPool
 from engine.service.serve_config import service_limits
 
 # OpenAI's documented default for /v1/completions; chat defaults to the rest of the context.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 
-def create_app(service: Service, text: ModelText) -> FastAPI:
+def create_app(service: Service, text: ModelText, pool: TextPool | None = None) -> FastAPI:
     cfg = service.cfg
+    pool = pool or TextPool(cfg.model_dir, cfg.served_model_name, cfg.text_workers, cfg.text_jobs_per_client)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         service.start()
-        yield
-        await service.stop()
+        warm = asyncio.get_running_loop().create_task(pool.start())  # while the ranks start
+        try:
+            yield
+        finally:
+            warm.cancel()
+            pool.close()
+            await service.stop()
 
+    # No /docs or /redoc; /openapi.json is a route of ours below, so that it needs the key when one is set.
     app = FastAPI(title="v100plan engine", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json", default_response_class=SafeJSONResponse)
+                  openapi_url=None, default_response_class=SafeJSONResponse)
     app.add_middleware(EdgeMiddleware, body_limit_bytes=cfg.body_limit_bytes, log=service.log,
                        metrics=service.metrics)
     app.add_exception_handler(ApiError, lambda request, exc: error_response(exc))
@@ -88,6 +96,11 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
                 "speculation": service.decode.speculation(cfg.draft_tokens)}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request):
+        check_api_key(request, cfg.api_key)
+        return SafeJSONResponse(app.openapi())
+
     @app.get("/metrics")
     async def metrics(request: Request):
         check_api_key(request, cfg.api_key)
@@ -104,6 +117,18 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         _check_model(model_id, text)
         return _model_card(text, _context_limit())
 
+    async def _tokens(request: Request, work, what) -> list[int]:
+        """The prompt's token ids from the text workers (engine/service/proxy_text_pool.py): one client's
+        share of them at a time (per address, and whether it showed the key)."""
+        client = (request.client.host if request.client else "", cfg.api_key is not None
+                  and has_api_key(request, cfg.api_key))
+        try:
+            return await work(client, what)
+        except ClientBusy as exc:
+            raise ApiError(429, str(exc), headers={"Retry-After": "1"}) from None
+        except TextFailed as exc:
+            raise ApiError(400, str(exc), exc.field) from None
+
     def _context_limit() -> int | None:
         return (service.pair.max_context if service.pair else None) or cfg.max_context
 
@@ -114,7 +139,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         prompt = body.single_prompt()
         if isinstance(prompt, str):
             _check_text(prompt, "prompt")
-            prompt_ids = _encode(text, prompt)
+            prompt_ids = await _tokens(request, pool.encode, prompt)
         else:
             bad = [t for t in prompt if not 0 <= t < text.vocab_size]
             if bad or not prompt:
@@ -134,11 +159,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
                                     f"model's text decoder only (a multimodal checkpoint's vision weights are not "
                                     f"loaded); send text parts", f"messages.{i}.content")
             _check_text(m.text(), f"messages.{i}.content")
-        try:
-            prompt_text = text.render_chat([(m.role, m.text()) for m in body.messages])
-        except ValueError as exc:
-            raise ApiError(400, f"cannot build a chat prompt for this model: {exc}", "messages") from None
-        prompt_ids = _encode(text, prompt_text, "messages")
+        prompt_ids = await _tokens(request, pool.chat, [(m.role, m.text()) for m in body.messages])
         return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat")
 
     async def _serve(request: Request, body, prompt_ids: list[int], max_tokens: int | None, kind: str):
@@ -309,13 +330,6 @@ def _check_text(value: str, field: str) -> None:
     except UnicodeEncodeError as exc:
         raise ApiError(400, f"{field}: contains a lone UTF-16 surrogate (U+{ord(value[exc.start]):04X}) "
                             f"at character {exc.start}; send valid Unicode text", field) from None
-
-
-def _encode(text: ModelText, prompt: str, field: str = "prompt") -> list[int]:
-    try:
-        return text.encode_prompt(prompt)
-    except ValueError as exc:
-        raise ApiError(400, f"{field}: {exc}", field) from None
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -45,14 +45,18 @@ def error_response(exc: ApiError) -> JSONResponse:
                         headers=exc.headers)
 
 
-def has_api_key(request: Request, api_key: str | None) -> bool:
-    """True when no key is configured or the request carries 'Authorization: Bearer <key>'
-    (compared in constant time)."""
-    if api_key is None:
-        return True
-    header = request.headers.get("authorization", "")
+def key_matches(authorization: str | bytes | None, api_key: str) -> bool:
+    """An 'Authorization: Bearer <key>' header value carries `api_key` (compared in constant time)."""
+    if isinstance(authorization, bytes):
+        authorization = authorization.decode("latin-1")
+    header = authorization or ""
     given = header[7:].strip() if header[:7].lower() == "bearer " else ""
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), api_key.encode())
+
+
+def has_api_key(request: Request, api_key: str | None) -> bool:
+    """True when no key is configured or the request carries 'Authorization: Bearer <key>'."""
+    return api_key is None or key_matches(request.headers.get("authorization", ""), api_key)
 
 
 def check_api_key(request: Request, api_key: str | None) -> None:
@@ -157,12 +161,20 @@ class EdgeMiddleware:
 
 
 def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_timeout_s: float,
-                         metrics: Metrics | None = None, log: StructuredLog | None = None):
+                         metrics: Metrics | None = None, log: StructuredLog | None = None,
+                         api_key: str | None = None):
     """uvicorn's h11 protocol class with what a reverse proxy would add in front of it:
 
-    - a connection cap: one connection more than `max_connections` is answered 503 with
-      Retry-After and closed at once (descriptors are never exhausted by idle clients), counted
-      in v100plan_connections_refused_total and logged (one line a second at most, with the count);
+    - a connection cap that keyless clients cannot use against key holders: one connection more than
+      `max_connections` closes an idle connection that never showed the API key (the oldest of the
+      client address holding most such; on a keyed service a keyless request in progress counts as
+      idle: it can only be refused), counted in v100plan_connections_evicted_total. A connection
+      shows the key with its request headers (a constant-time comparison, before any body is read),
+      and from then on is never closed for room. Only when nothing can be closed is the new one
+      answered 503 with Retry-After and closed at once (descriptors are never exhausted), counted in
+      v100plan_connections_refused_total and logged (one line a second at most, with the count);
+    - a body cut short: a client that half-closes before its Content-Length arrived (or in the middle
+      of its headers) is answered 400, not silence;
     - a request h11 cannot parse (bad chunk size, negative Content-Length, obs-fold, no Host) is
       answered with the documented JSON 400, not uvicorn's plain text;
     - read timeouts: a request's headers must arrive within `header_timeout_s` of the
@@ -183,6 +195,8 @@ def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_tim
                                                "retry shortly", extra="retry-after: 1\r\n")
     malformed = _canned(400, "Bad Request", "the request is not valid HTTP/1.1 (its framing, Content-Length, "
                                             "chunk sizes, header lines or Host header)")
+    truncated = _canned(400, "Bad Request", "the client closed its side before the request was complete (its "
+                                            "headers, or a body shorter than its Content-Length)")
     refused = {"count": 0, "logged": 0.0}
 
     def _refused() -> None:
@@ -199,12 +213,45 @@ def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_tim
             super().connection_made(transport)
             self._phase: str | None = None
             self._phase_timer = None
-            if len(self.connections) > max_connections:
+            self._keyed = False          # a request of this connection showed the API key
+            self._seen_cycle = None
+            self._opened = time.monotonic()
+            if len(self.connections) > max_connections and not self._make_room():
                 transport.write(busy)
                 transport.close()
                 _refused()
                 return
             self._enter("headers")
+
+        def _evictable(self) -> bool:
+            if self._keyed or self.transport is None or self.transport.is_closing():
+                return False
+            if self.cycle is None or self.cycle.response_complete:
+                return True  # between requests, or none yet (headers still coming in)
+            return api_key is not None and not self.cycle.response_started  # keyless on a keyed service
+
+        def _make_room(self) -> bool:
+            """Close one idle keyless connection, the oldest of the address that holds most: True if one was."""
+            by_client: dict[str, list] = {}
+            for conn in self.connections:
+                if conn is not self and isinstance(conn, GuardedH11Protocol) and conn._evictable():
+                    by_client.setdefault((conn.client or ("",))[0], []).append(conn)
+            if not by_client:
+                return False
+            heaviest = max(by_client.values(), key=len)
+            min(heaviest, key=lambda c: c._opened).transport.close()
+            if metrics is not None:
+                metrics.inc("v100plan_connections_evicted_total")
+            return True
+
+        def eof_received(self):
+            state = self.conn.their_state
+            if state is h11.SEND_BODY or (state is h11.IDLE and self.conn.trailing_data[0]):
+                if self.cycle is None or not self.cycle.response_started:
+                    self.transport.write(truncated)
+            # A FIN after a whole request reads the same as a client gone (it closed, or half-closed): the
+            # transport closes and the app sees the disconnect, which cancels the request on both ranks.
+            return False
 
         def _enter(self, phase: str | None) -> None:
             if phase == self._phase:
@@ -230,6 +277,10 @@ def guarded_h11_protocol(max_connections: int, header_timeout_s: float, body_tim
             if self._phase is None and self.conn.their_state is h11.IDLE:
                 self._enter("headers")  # the next request on a kept-alive connection begins
             super().data_received(data)
+            if self.cycle is not None and self.cycle is not self._seen_cycle:  # a new request's headers
+                self._seen_cycle = self.cycle
+                if api_key is not None and not self._keyed:
+                    self._keyed = key_matches(dict(self.cycle.scope["headers"]).get(b"authorization"), api_key)
             state = self.conn.their_state
             if state is h11.SEND_BODY:
                 self._enter("body")

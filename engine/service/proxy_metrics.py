@@ -30,6 +30,8 @@ SERIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "v100plan_rank_restart_failures_total": ("counter", "rank pair starts that did not come up", ()),
     "v100plan_cancelled_total": ("counter", "requests cancelled on both ranks (client gone or stop string)", ()),
     "v100plan_connections_refused_total": ("counter", "connections over --max-connections, answered 503 and closed", ()),
+    "v100plan_connections_evicted_total": ("counter", "idle connections without the API key closed to make room "
+                                           "for a new one at --max-connections", ()),
     "v100plan_request_errors_total": ("counter", "requests the ranks answered with an error (the ranks stayed up)", ()),
     "v100plan_spec_draft_tokens_total": ("counter", "MTP draft tokens proposed (--speculative mtp; rank 0's count)", ()),
     "v100plan_spec_accepted_tokens_total": ("counter", "MTP draft tokens the model's verification accepted", ()),

@@ -10,14 +10,18 @@ service (proxy_service.py) and the watchdog (watchdog.py) do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import glob
 import hashlib
 import os
 import secrets
+import select
 import shutil
 import signal
+import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +35,7 @@ from engine.service.serve_config import ServeConfig, rank_command
 # Unix socket paths are limited to 107 bytes on Linux; deep test directories exceed it.
 _SUN_PATH_MAX = 100
 _PR_SET_PDEATHSIG = 1
+_LINE_LIMIT = 1 << 24  # a control message longer than this ends the link (as a closed socket would)
 
 
 def _load_prctl():
@@ -78,8 +83,7 @@ class RankLink:
     proc: asyncio.subprocess.Process | ForkedRank
     socket_path: str
     log_path: str
-    reader: asyncio.StreamReader | None = None
-    writer: asyncio.StreamWriter | None = None
+    sock: socket.socket | None = None
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # until ready; then `sink`
     sink: asyncio.Queue | None = None                            # the pair's merged queue
     ready: dict | None = None
@@ -94,7 +98,8 @@ class RankLink:
     fatal_cause: Cause | None = None  # the cause the rank's fatal message names
     ping_sent_monotonic: float | None = None  # an unanswered ping's send time
     fault_replies: asyncio.Queue = field(default_factory=asyncio.Queue)  # fault_armed answers only
-    _reader_task: asyncio.Task | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _reader: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
@@ -104,54 +109,98 @@ class RankLink:
     def exited(self) -> bool:
         return self.proc.returncode is not None
 
-    async def send(self, message: dict) -> None:
-        if self.writer is None or self.writer.is_closing():
-            raise ConnectionError(f"rank {self.rank}: control socket is closed")
-        self.writer.write(protocol.encode(message))
-        await self.writer.drain()
+    async def connect(self) -> None:
+        """Connect the control socket and start reading it on a thread of its own."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock, self._loop = sock, asyncio.get_running_loop()
+        self._reader = threading.Thread(target=self._read_thread, name=f"rank{self.rank}-reader", daemon=True)
+        self._reader.start()
 
-    async def _read_loop(self) -> None:
-        assert self.reader is not None
+    async def send(self, message: dict) -> None:
+        if self.sock is None or self.sock.fileno() < 0:
+            raise ConnectionError(f"rank {self.rank}: control socket is closed")
+        await asyncio.get_running_loop().sock_sendall(self.sock, protocol.encode(message))
+
+    def close_socket(self) -> None:
+        """Shut the control socket (the reader thread sees its end and stops), then close it."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(2.0)
+        sock.close()
+
+    def _read_thread(self) -> None:
+        """Every message of the rank, read here rather than on the event loop: a heartbeat is stamped the
+        moment it arrives, however busy the loop is (the watchdog judges silence by these stamps), and
+        everything but heartbeats and pongs is handed to the loop in order."""
+        sock, buf = self.sock, b""
         while True:
             try:
-                line = await self.reader.readline()
-            except (ConnectionError, asyncio.LimitOverrunError, ValueError):
-                line = b""
-            if not line:
+                ready, _, _ = select.select([sock], [], [], 1.0)
+                chunk = sock.recv(1 << 16) if ready else None
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):
+                chunk = b""
+            if chunk is None:
+                continue
+            if not chunk or len(buf) > _LINE_LIMIT:
                 self.eof = True
-                await (self.inbox if self.sink is None else self.sink).put({"type": "eof", "_rank": self.rank})
+                self._deliver({"type": "eof", "_rank": self.rank})
                 return
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                self._take(line + b"\n")
+
+    def _take(self, line: bytes) -> None:
+        try:
+            msg = protocol.decode(line)
+        except protocol.ProtocolError:
+            return  # not a protocol message; the rank's log has the context
+        now = time.monotonic()
+        self.last_message_monotonic = now
+        if "counter" in msg:
+            if msg["counter"] != self.last_counter:
+                self.last_progress_monotonic = now
+            self.last_counter = msg["counter"]
+        kind = msg.get("type")
+        if kind == "heartbeat":
+            self.wait_s = float(msg.get("wait_s") or 0.0)
+            if self.last_heartbeat_monotonic is not None:
+                self.max_heartbeat_gap_s = max(self.max_heartbeat_gap_s, now - self.last_heartbeat_monotonic)
+            self.last_heartbeat_monotonic = now
+            return
+        if kind == "pong":
+            self.ping_sent_monotonic = None
+            return
+        if kind == "fatal":
+            self.fatal_message = str(msg.get("message"))
             try:
-                msg = protocol.decode(line)
-            except protocol.ProtocolError:
-                continue  # not a protocol message; the rank's log has the context
-            now = time.monotonic()
-            self.last_message_monotonic = now
-            if "counter" in msg:
-                if msg["counter"] != self.last_counter:
-                    self.last_progress_monotonic = now
-                self.last_counter = msg["counter"]
-            kind = msg.get("type")
-            if kind == "heartbeat":
-                self.wait_s = float(msg.get("wait_s") or 0.0)
-                if self.last_heartbeat_monotonic is not None:
-                    self.max_heartbeat_gap_s = max(self.max_heartbeat_gap_s, now - self.last_heartbeat_monotonic)
-                self.last_heartbeat_monotonic = now
-                continue
-            if kind == "pong":
-                self.ping_sent_monotonic = None
-                continue
-            if kind == "fault_armed":
+                self.fatal_cause = Cause(msg.get("cause"))
+            except ValueError:
+                self.fatal_cause = Cause.EXIT  # a rank of another version: it did give up
+        msg["_rank"] = self.rank
+        self._deliver(msg)
+
+    def _deliver(self, msg: dict) -> None:
+        def put() -> None:
+            if msg.get("type") == "fault_armed":
                 self.fault_replies.put_nowait(msg)
-                continue
-            if kind == "fatal":
-                self.fatal_message = str(msg.get("message"))
-                try:
-                    self.fatal_cause = Cause(msg.get("cause"))
-                except ValueError:
-                    self.fatal_cause = Cause.EXIT  # a rank of another version: it did give up
-            msg["_rank"] = self.rank
-            await (self.inbox if self.sink is None else self.sink).put(msg)
+            else:
+                (self.inbox if self.sink is None else self.sink).put_nowait(msg)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(put)
 
     def log_tail(self, lines: int = 12) -> str:
         try:
@@ -220,8 +269,7 @@ class RankPair:
         """Stop both ranks: SIGTERM (and SIGCONT, so a frozen rank can act on it), then SIGKILL
         whatever is still there after the grace period. Always reaps both."""
         for link in self.links:
-            if link.writer is not None:
-                link.writer.close()
+            link.close_socket()
             if not link.exited:
                 for sig in (signal.SIGTERM, signal.SIGCONT):
                     try:
@@ -238,9 +286,6 @@ class RankPair:
                 except ProcessLookupError:
                     pass
                 await link.proc.wait()
-            if link._reader_task is not None:
-                link._reader_task.cancel()
-                await asyncio.gather(link._reader_task, return_exceptions=True)
         remove_run_dir(self.run_dir)
 
 
@@ -381,12 +426,11 @@ async def _connect_and_wait_ready(link: RankLink) -> None:
                 link.fatal_cause or exit_cause(link.proc.returncode))
         if os.path.exists(link.socket_path):
             try:
-                link.reader, link.writer = await asyncio.open_unix_connection(link.socket_path, limit=1 << 24)
+                await link.connect()
                 break
             except (ConnectionRefusedError, FileNotFoundError):
                 pass
         await asyncio.sleep(0.05)
-    link._reader_task = asyncio.get_running_loop().create_task(link._read_loop())
     while True:
         msg = await link.inbox.get()
         kind = msg.get("type")

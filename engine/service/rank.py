@@ -181,6 +181,10 @@ class Rank:
             except PathError as e:
                 raise StartFailed(Cause.SELFTEST, str(e)) from None
             self.path = self.choice.path
+            if self.path.name not in ("gloo", "nccl"):  # nothing needs the gloo group (its TCP port) any more
+                from engine.allreduce.dist import close_control
+
+                close_control()
             self._time_waits(self.path)
             marks.append(("allreduce_choice", time.monotonic()))
         self.comm = Comm(self.path) if self.path else None

@@ -33,7 +33,7 @@ from engine.service.serve_config import (
     add_serve_arguments,
     config_from_args,
 )
-from engine.service.state_dir import StateDirError, make_state_dir
+from engine.service.state_dir import ID_ENV, StateDirError, make_state_dir, service_id
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +52,15 @@ def _main(argv: list[str] | None) -> int:
     except ServeConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    os.umask(0o077)  # state files, logs and sockets: the user's only (ranks inherit it)
+    try:
+        make_state_dir(cfg.state_dir)  # not this user's, writable by others, or a link on the way: refused
+        token = service_id(cfg.state_dir)
+    except StateDirError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if os.environ.get(ID_ENV) != token:
+        _carry_identity(token, argv)
     started = _claim(cfg)  # the state directory, then the fork server: its torch import overlaps all below
     if isinstance(started, int):
         return started
@@ -66,6 +75,17 @@ def _main(argv: list[str] | None) -> int:
         if code is not None and forks is not None:
             forks.discard()  # not serving after all: the fork server must not wait for a proxy
     return code if code is not None else _run(cfg, lock, forks)
+
+
+def _carry_identity(token: str, argv: list[str] | None) -> None:
+    """Put the state directory's secret into this process's environment and its children's: run as
+    `python -m engine serve` without it (by hand, by systemd), serve executes itself once more with it,
+    so /proc/PID/environ (readable by this user and root only) proves the proxy is this service's
+    (engine/service/state_dir.py). Called in-process (tests), it only sets it for the children."""
+    os.environ[ID_ENV] = token
+    own_command = argv is None or (sys.argv[1:2] == ["serve"] and list(argv) == sys.argv[2:])
+    if own_command and len(sys.orig_argv) > 1:
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 def _cannot_serve(cfg, cuda_checked: bool = False) -> int | None:
@@ -162,7 +182,6 @@ def _claim(cfg):
     from engine.service.proxy_ranks import die_with_parent, rank_env
     from engine.service.rank_forks import RankForks
 
-    os.umask(0o077)  # state files, logs and sockets: the user's only (ranks inherit it)
     try:
         lock = prepare_state_dir(cfg.state_dir)
     except StateDirError as exc:
@@ -234,7 +253,7 @@ def _serve(cfg, log, lock, forks) -> int:
              max_restarts=cfg.max_restarts, max_connections=max_connections,
              fault_injection=cfg.enable_fault_injection, api_key=cfg.api_key is not None)
     protocol = guarded_h11_protocol(max_connections, cfg.header_timeout_s, cfg.body_timeout_s,
-                                    metrics=service.metrics, log=log)
+                                    metrics=service.metrics, log=log, api_key=cfg.api_key)
     server = _DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                                             access_log=False, lifespan="on", timeout_graceful_shutdown=5,
                                             http=protocol, timeout_keep_alive=cfg.keep_alive_timeout_s,

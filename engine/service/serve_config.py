@@ -81,7 +81,9 @@ class ServeConfig:
     header_timeout_s: float = 10.0     # a request's headers must arrive within this
     body_timeout_s: float = 30.0       # ... and its body within this after the headers
     keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
-    max_connections: int = 256         # open client connections; beyond: 503 and close
+    max_connections: int = 256         # open client connections; beyond: an idle one is closed, else 503
+    text_workers: int = 2              # processes that tokenize prompts (never the event loop)
+    text_jobs_per_client: int = 2      # one client's prompts in those workers at once; beyond: 429
     standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
     no_prefix_cache: bool = False      # True: every prompt prefilled from its first token
@@ -212,7 +214,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "keeps torch imported for them (it costs host memory for torch, no GPU memory; "
                              "default: the fork server is used)")
     parser.add_argument("--max-connections", type=int, default=256,
-                        help="open client connections; one more is answered 503 and closed (default: %(default)s)")
+                        help="open client connections; one more closes the oldest idle connection of the client "
+                             "holding most (never one that showed the API key), else it is answered 503 "
+                             "(default: %(default)s)")
+    parser.add_argument("--text-workers", type=int, default=2,
+                        help="worker processes that tokenize prompts and render chat templates, off the event "
+                             "loop that watches the ranks (default: %(default)s)")
+    parser.add_argument("--text-jobs-per-client", type=int, default=2,
+                        help="prompts of one client (its address, and whether it sent the API key) in those "
+                             "workers at once; one more is answered 429 (default: %(default)s)")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -245,12 +255,14 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     if args.liveness_timeout_s and args.liveness_timeout_s < 2 * HEARTBEAT_INTERVAL_S:
         raise ServeConfigError(f"--liveness-timeout-s must be at least {2 * HEARTBEAT_INTERVAL_S:g} s "
                                f"(two heartbeats) or 0")
-    if args.max_connections < 1:
-        raise ServeConfigError("--max-connections must be 1 or more")
+    for name in ("max_connections", "text_workers", "text_jobs_per_client"):
+        if getattr(args, name) < 1:
+            raise ServeConfigError(f"--{name.replace('_', '-')} must be 1 or more")
     devices = parse_devices(args.device)
     dtype = args.dtype or ("float32" if devices[0] == "cpu" else "float16")
     ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
-    state_dir = str(Path(args.state_dir or default_state_dir(args.port)).resolve())
+    # Never resolved: a symbolic link on the way is refused by the state directory's check, not followed.
+    state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir(args.port)))
     computed = {
         "model_dir": str(model.resolve()),
         "api_key": api_key,

@@ -49,7 +49,16 @@ from engine.service.serve_config import (
     config_from_args,
     default_state_dir,
 )
-from engine.service.state_dir import StateDirError, is_same_process, make_state_dir, start_time
+from engine.service.state_dir import (
+    ID_ENV,
+    StateDirError,
+    carries_id,
+    check_state_dir,
+    is_same_process,
+    make_state_dir,
+    service_id,
+    start_time,
+)
 
 PROGRAM = "engine"
 # The directory that holds the engine package: supervisord and systemd start `-m engine` from there.
@@ -291,6 +300,7 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
     command = serve_command(serve_args, state_dir)
     try:
         make_state_dir(state_dir)
+        token = service_id(state_dir)  # every process of this service carries it: what `stop` checks
     except StateDirError as exc:
         raise SuperviseError(str(exc)) from None
     os.makedirs(os.path.join(state_dir, "logs"), mode=0o700, exist_ok=True)
@@ -304,7 +314,8 @@ def start(state_dir: str, serve_args: list[str], wait_healthy_s: float) -> dict:
         except FileNotFoundError:
             pass
     proc = subprocess.run([sys.executable, "-m", "supervisor.supervisord", "-c", conf],
-                          capture_output=True, text=True, timeout=60, cwd=BUNDLE_ROOT)
+                          capture_output=True, text=True, timeout=60, cwd=BUNDLE_ROOT,
+                          env={**os.environ, ID_ENV: token})
     if proc.returncode != 0:
         raise SuperviseError(f"supervisord did not start: {proc.stderr.strip() or proc.stdout.strip()}")
     _record_supervisord(state_dir)
@@ -352,59 +363,60 @@ def status(state_dir: str) -> dict:
     return out
 
 
-def _ours(state_dir: str, service: dict) -> dict[int, int | None]:
+def _ours(state_dir: str, service: dict, token: str | None) -> dict[int, int | None]:
     """PID -> start time of the processes service.json and supervisord's pid file name, where each
-    is provably the one we started: the recorded start time matches (a PID reused since is not),
-    or for supervisord, its command line names this state directory's config."""
+    is provably the one we started: it carries the state directory's secret in its environment
+    (readable by its owner and root only) and, for those service.json names, still has the recorded
+    start time (a PID reused since is not)."""
     started = {}
     for pid, t in (service.get("start_times") or {}).items():
         try:
-            if is_same_process(int(pid), t):
+            if is_same_process(int(pid), t, token):
                 started[int(pid)] = t
         except (TypeError, ValueError):
             continue
     sup = _supervisord_pid(state_dir)
-    if sup is not None:
-        try:
-            cmdline = Path(f"/proc/{sup}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            cmdline = []
-        if os.fsencode(os.path.join(state_dir, "supervisord.conf")) in cmdline:
-            started[sup] = start_time(sup)
+    if carries_id(sup, token):
+        started[sup] = start_time(sup)
     return started
 
 
 def stop(state_dir: str, timeout_s: float = 30.0) -> dict:
     """Stop supervisord and every process recorded for this state dir, each only while it is provably the
-    process recorded (its start time, /proc/PID/stat field 22): a stale PID that another process took since
-    is left alone (``not_ours``). ``stopped`` names only what was running."""
+    process recorded (it carries the state dir's secret, and its start time is the recorded one): a PID
+    that is not (another user's, or one reused since) is left alone (``not_ours``). ``stopped`` names only
+    what was running."""
+    token = service_id(state_dir, create=False)
     sup = _supervisord_pid(state_dir)
     service = _read_json(os.path.join(state_dir, "service.json"))
     program = _program_status(state_dir) if sup else {}
     watched = {"supervisord": sup, "proxy": program.get("proxy_pid") or service.get("proxy_pid")}
     for i, pid in enumerate(service.get("rank_pids") or []):
         watched[f"rank{i}"] = pid
-    ours = _ours(state_dir, service)  # before the shutdown: only these may be SIGKILLed afterwards
-    if program.get("proxy_pid"):  # the proxy supervisord names now is its own child
+    ours = _ours(state_dir, service, token)  # before the shutdown: only these may be SIGKILLed afterwards
+    if carries_id(program.get("proxy_pid"), token):  # the proxy supervisord names now
         ours.setdefault(program["proxy_pid"], start_time(program["proxy_pid"]))
     running = {k: p for k, p in watched.items() if _pid_alive(p) and p in ours}  # what `stopped` may name
     not_ours = [k for k, p in watched.items() if _pid_alive(p) and p not in ours]
-    if sup is not None:
+    if sup in ours:  # a supervisord that is not provably ours is not asked anything
         _ctl(state_dir, "shutdown", timeout_s=timeout_s)
     # Without a supervisord nothing is stopping them: no point waiting before the SIGKILL.
-    deadline = time.monotonic() + (timeout_s if sup is not None else 0.0)
+    deadline = time.monotonic() + (timeout_s if sup in ours else 0.0)
     while time.monotonic() < deadline and any(_pid_alive(p) for p in running.values()):
         time.sleep(0.1)
     killed = []
     for name, pid in running.items():
-        if _pid_alive(pid) and is_same_process(pid, ours[pid]):
+        if _pid_alive(pid) and is_same_process(pid, ours[pid], token):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(name)
             except ProcessLookupError:
                 pass
+    deadline = time.monotonic() + 5.0  # a SIGKILLed process takes a moment to be gone
+    while killed and time.monotonic() < deadline and any(_pid_alive(running[k]) for k in killed):
+        time.sleep(0.05)
     return {"stopped": running, "had_to_kill": killed,
-            "left_running": [k for k, p in running.items() if _pid_alive(p) and is_same_process(p, ours[p])],
+            "left_running": [k for k, p in running.items() if _pid_alive(p) and is_same_process(p, ours[p], token)],
             # a PID service.json names that runs but is not provably the process we started: left alone
             "not_ours": not_ours}
 
@@ -441,8 +453,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="start: wait until /health says 200 (0: return once supervisord runs)")
     parser.add_argument("--install", action="store_true", help="unit: install for `systemctl --user` and start it")
     args = parser.parse_args(argv)
-    state_dir = str(Path(args.state_dir or default_state_dir(_serve_port(serve_args))).resolve())
+    # Never resolved: a symbolic link on the way is refused (state_dir.check_state_dir), not followed.
+    state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir(_serve_port(serve_args))))
     try:
+        if args.action != "unit":
+            try:
+                check_state_dir(state_dir)
+            except StateDirError as exc:
+                raise SuperviseError(str(exc)) from None
         if args.action == "start":
             result = start(state_dir, serve_args, args.wait_healthy_s)
         elif args.action == "stop":

@@ -22,6 +22,7 @@ import pytest
 from tests.test_service_support import (
     REPO,
     demo_model,
+    keyed_idle,
     raw_request,
     read_all,
     service_fixture,
@@ -81,16 +82,19 @@ def test_the_fault_hooks_answer_the_key_holder_only(svc):
 
 
 def test_openapi_lists_no_control_route(svc):
-    doc = httpx.get(f"{svc.url}/openapi.json", timeout=10).json()
+    assert httpx.get(f"{svc.url}/openapi.json", timeout=10).status_code == 401  # the schema needs the key
+    doc = svc.client.get("/openapi.json").json()
     assert "/v1/completions" in doc["paths"]
     assert not [p for p in doc["paths"] if p.startswith("/control")], list(doc["paths"])
 
 
 def test_the_connection_cap_503_has_retry_after_and_is_counted_and_logged(svc):
     before = svc.metric("v100plan_connections_refused_total")
-    held = [raw_request(svc, b"GET /health HTTP/1.1\r\nHost: x\r\n") for _ in range(CAP + 4)]
+    # CAP connections that showed the key (never closed to make room: test_service_exposure.py), then more
+    held = [keyed_idle(svc, KEY) for _ in range(CAP)]
+    held += [raw_request(svc, b"GET /health HTTP/1.1\r\nHost: x\r\n") for _ in range(4)]
     refused = []
-    for s in held[CAP + 1:]:
+    for s in held[CAP:]:
         s.settimeout(2.0)
         try:
             head = s.recv(4096)
@@ -168,14 +172,15 @@ def test_a_state_dir_others_can_write_or_own_or_link_into_is_refused(tmp_path):
 
 
 def test_supervise_stop_signals_a_pid_only_when_it_is_provably_ours(tmp_path):
-    from engine.service.state_dir import start_time
+    from engine.service.state_dir import ID_ENV, service_id, start_time
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    stranger = subprocess.Popen(["sleep", "60"])
-    mine = subprocess.Popen(["sleep", "60"])
+    stranger = subprocess.Popen(["sleep", "60"], env={**os.environ, ID_ENV: service_id(str(state))})
+    mine = subprocess.Popen(["sleep", "60"], env={**os.environ, ID_ENV: service_id(str(state))})
     try:
-        # service.json names both; only `mine` has the start time recorded when it was ours
+        # service.json names both, each carrying the state dir's secret (tests/service/test_service_identity.py
+        # has those that do not); only `mine` has the start time recorded when it was ours
         doc = {"proxy_pid": None, "rank_pids": [stranger.pid, mine.pid],
                "start_times": {str(stranger.pid): 12345, str(mine.pid): start_time(mine.pid)}}
         (state / "service.json").write_text(json.dumps(doc))

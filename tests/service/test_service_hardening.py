@@ -27,6 +27,7 @@ from tests.test_service_support import (
     demo_model,
     expected_tokens,
     free_port,
+    keyed_idle,
     prompt_ids,
     service_fixture,
     wait_until,
@@ -290,9 +291,11 @@ def test_content_length_with_chunked_is_refused(svc):
 
 
 def test_connections_over_the_cap_get_503_and_the_service_recovers(svc):
-    held = [_raw(svc, b"GET /health HTTP/1.1\r\nHost: x\r\n", timeout=5) for _ in range(MAX_CONNECTIONS + 16)]
+    # connections that showed the key fill the cap (keyless idle ones would be closed to make room instead)
+    held = [keyed_idle(svc, KEY) for _ in range(MAX_CONNECTIONS)]
+    held += [_raw(svc, b"GET /health HTTP/1.1\r\nHost: x\r\n", timeout=5) for _ in range(16)]
     refused = 0
-    for s in held[MAX_CONNECTIONS + 2:]:
+    for s in held[MAX_CONNECTIONS:]:
         s.settimeout(1.0)
         try:
             if s.recv(100).startswith(b"HTTP/1.1 503"):
