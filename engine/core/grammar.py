@@ -105,6 +105,32 @@ class Constraint:
             self.matcher.accept_token(int(token))
 
 
+def synthetic_model(vocab: int, out: str) -> str:
+    """A directory with a byte-level tokenizer.json of ``vocab`` entries (the 256 byte symbols, then random
+    ASCII words) and a config.json: the mask's cost at a real model's vocabulary size, with no download."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    rng = random.Random(0)
+    words = list(ByteLevel.alphabet())
+    seen = set(words)
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789\u0120_{}\":,[]"
+    while len(words) < vocab:
+        w = "".join(rng.choice(letters) for _ in range(rng.randint(2, 8)))
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+    tok = Tokenizer(models.BPE(vocab={w: i for i, w in enumerate(words)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    Path(out).mkdir(parents=True, exist_ok=True)
+    tok.save(str(Path(out) / "tokenizer.json"))
+    (Path(out) / "config.json").write_text(json.dumps({"vocab_size": vocab, "eos_token_id": vocab - 1}))
+    return out
+
+
 def bench(model_dir: str, tokens: int = 200) -> dict:
     """Per-token cost of the mask on this CPU: fill the bitmask, apply it, accept the token."""
     import time
@@ -139,7 +165,17 @@ if __name__ == "__main__":
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m engine.core.grammar", description="the grammar mask's per-token cost")
-    p.add_argument("--bench", required=True, metavar="MODEL_DIR", help="a model directory with tokenizer.json")
+    p.add_argument("--bench", metavar="MODEL_DIR", help="a model directory with tokenizer.json")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="instead: a synthetic byte-level vocabulary of this size (Qwen3.5: 248320, Llama 3: 128256)")
     p.add_argument("--tokens", type=int, default=200)
     a = p.parse_args()
-    print(json.dumps(bench(a.bench, a.tokens)))
+    if (a.bench is None) == (a.vocab is None):
+        p.error("give --bench MODEL_DIR or --vocab N")
+    if a.vocab is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            print(json.dumps({**bench(synthetic_model(a.vocab, d), a.tokens), "model": f"synthetic vocab {a.vocab}"}))
+    else:
+        print(json.dumps(bench(a.bench, a.tokens)))

@@ -90,7 +90,10 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
                 "max_heartbeat_gap_s": [round(link.max_heartbeat_gap_s, 3) for link in pair.links] if pair else None,
                 "decode": service.decode.health() if pair else None,
                 "speculation": service.decode.speculation(cfg.draft_tokens),
-                "chat_template": text.chat_template()}
+                "chat_template": text.chat_template(),
+                # MTP drafts are judged without a grammar or penalties: such requests decode one token a step
+                "not_speculated": ["response_format json", "tool_choice required or named", "logit_bias",
+                                   "penalties", "top_k", "min_p", "logprobs"] if cfg.draft_tokens else []}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/metrics")
