@@ -239,7 +239,7 @@ class Decoder:
 
     def guards(self, sampler: Sampler) -> bool:
         """Whether this sampler's tokens are checked with the peer inside the step's graph."""
-        return self.guarded and sampler.temperature == 0
+        return self.guarded and sampler.temperature == 0 and sampler.plain
 
     def graph_for(self, window: int):
         """(graph, static tok [1], static pos [1]) for the bench: it times exactly these replays."""
@@ -306,7 +306,7 @@ class Decoder:
         """The next token. Greedy on a GPU: argmax where the logits are (the first maximum on ties, as
         Sampler's CPU argmax), so only one integer crosses to the host instead of the vocabulary."""
         self.checked = None
-        if logits.device.type == "cuda" and sampler.temperature == 0:
+        if logits.device.type == "cuda" and sampler.temperature == 0 and sampler.plain:
             for w, out in (self._out.items() if self.graphs else ()):
                 if out is logits:
                     if self.guarded:  # the token and its check with the peer in one read-back

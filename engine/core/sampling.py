@@ -22,7 +22,10 @@ GREEDY_BELOW = 1e-5
 
 
 class Sampler:
-    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, processing=None,
+                 constraint=None):
+        """``processing``: an engine.core.logits_processors.Processing (top_k, min_p, penalties, logit_bias,
+        logprobs); ``constraint``: an object with mask(logits) -> logits and accept(token) (engine.core.grammar)."""
         temperature, top_p = float(temperature), float(top_p)
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
@@ -32,29 +35,72 @@ class Sampler:
         self.top_p = top_p
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
         self.offset = 0
+        self.processing = processing if processing is not None and processing.active else None
+        self.constraint = constraint
+        self.history = None
+        self.logprobs: list | None = None  # the last token's [logprob, top [[id, logprob]...]] when asked
+
+    @property
+    def plain(self) -> bool:
+        """Temperature and top-p only: the decoder's in-graph greedy path and speculation give the same tokens."""
+        return self.processing is None and self.constraint is None
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device, float32) -> token id."""
-        logits = logits.detach().to("cpu", torch.float32)
+        raw = logits = logits.detach().to("cpu", torch.float32)
+        if not self.plain:
+            logits = self._adjust(logits)
         if self.temperature == 0:
-            return _argmax(logits)
-        probs = self.probs(logits)
-        self.offset += 1  # one draw, whichever way it is made: both ranks count the same
-        if probs is None:
-            return _argmax(logits)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+            tok = _argmax(logits)
+        else:
+            probs = self.probs(logits)
+            self.offset += 1  # one draw, whichever way it is made: both ranks count the same
+            tok = _argmax(logits) if probs is None else int(torch.multinomial(probs, 1, generator=self.generator))
+        if not self.plain:
+            self._chosen(raw, tok)
+        return tok
+
+    def _adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        from engine.core import logits_processors as lp
+
+        if self.processing is not None:
+            if self.processing.adjusts and self.history is None:
+                self.history = lp.History(self.processing, logits.numel())
+            logits = lp.adjust(logits, self.processing, self.history)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
+        return logits
+
+    def _chosen(self, raw: torch.Tensor, tok: int) -> None:
+        from engine.core import logits_processors as lp
+
+        if self.history is not None:
+            self.history.add(tok)
+        if self.processing is not None and self.processing.logprobs is not None:
+            self.logprobs = lp.top_logprobs(raw, tok, self.processing.logprobs)
+        if self.constraint is not None:
+            self.constraint.accept(tok)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor | None:
         """The distribution a draw is made from (temperature > 0): CPU float32 [V] (unnormalised after top-p),
         or None where the logits give no finite distribution (the draw is then the argmax)."""
         logits = logits.detach().to("cpu", torch.float32)
-        probs = torch.softmax(logits / self.temperature, dim=-1)  # [V]
+        scaled = logits / self.temperature
+        if self.processing is not None and self.processing.top_k:
+            from engine.core.logits_processors import top_k
+
+            scaled = top_k(scaled, self.processing.top_k)
+        probs = torch.softmax(scaled, dim=-1)  # [V]
         if self.top_p < 1:
             sorted_p, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_p, 0) - sorted_p < self.top_p
             keep[0] = True  # the top token always stays (top_p may round to 0 in float32)
             sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        if self.processing is not None and self.processing.min_p:
+            from engine.core.logits_processors import min_p
+
+            probs = min_p(probs, self.processing.min_p)
         total = float(probs.sum())
         if not (math.isfinite(total) and total > 0) or not bool(torch.isfinite(probs).all()):
             return None

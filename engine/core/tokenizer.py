@@ -20,6 +20,7 @@ class Tokenizer:
         from engine.core.config import files_dir
 
         d = files_dir(model_dir)
+        self.files = d
         self.tok = _Tok.from_file(str(d / "tokenizer.json"))
         tc_path = d / "tokenizer_config.json"
         self.tokenizer_config: dict[str, Any] = json.loads(tc_path.read_text()) if tc_path.exists() else {}
@@ -49,19 +50,37 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The chat template of tokenizer_config.json applied to ``messages`` (jinja2, as Hugging Face does)."""
-        template = self.tokenizer_config.get("chat_template")
-        if not template:
-            raise ValueError("this model has no chat_template in tokenizer_config.json")
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list[dict] | None = None,
+                    extra: dict | None = None, template_file: str | None = None) -> str:
+        """The model's chat template (engine.core.chat_template: --chat-template FILE, chat_template.jinja or
+        tokenizer_config.json's) applied to ``messages`` in jinja2's sandbox; ValueError (a TemplateError when the
+        template itself fails) says why a prompt cannot be built."""
+        from engine.core import chat_template
+
+        source = chat_template.find(self.files, template_file, self.tokenizer_config)
+        if source is None:
+            raise ValueError("this model ships no chat template (no chat_template.jinja, no chat_template in "
+                             "tokenizer_config.json): serve it with --chat-template FILE, or send prompts to "
+                             "/v1/completions")
+        template = source.pick(bool(tools))
         try:
-            import jinja2
+            import jinja2  # noqa: F401
         except ImportError:
             from engine.core import demo
 
-            if template == demo.CHAT_TEMPLATE:  # the demo model's template, rendered without jinja2
+            if template == demo.CHAT_TEMPLATE and not tools and not extra:  # the demo's, rendered without jinja2
                 return demo.render_chat(messages, add_generation_prompt)
             raise ValueError("rendering this model's chat template needs the jinja2 package") from None
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                bos_token="", eos_token="")
+        return chat_template.render(template, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                    special=self.special_tokens(), extra=extra)
+
+    def special_tokens(self) -> dict[str, str]:
+        """The strings a template may name (eos_token, pad_token, ...). bos_token is "": the encoder adds BOS by
+        the model's rule, and a template that writes it too would double it."""
+        out = {}
+        for key in ("eos_token", "unk_token", "pad_token"):
+            value = self.tokenizer_config.get(key)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                out[key] = value
+        return {"eos_token": "", **out, "bos_token": ""}

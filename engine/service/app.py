@@ -26,7 +26,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.service import watchdog
+from engine.service import app_openapi, watchdog
+from engine.service.app_answer import Answer, usage_body
 from engine.service.app_http import (
     ApiError,
     EdgeMiddleware,
@@ -37,10 +38,12 @@ from engine.service.app_http import (
     has_api_key,
 )
 from engine.service.app_schemas import GREEDY_BELOW, SEED_MAX, ChatRequest, CompletionRequest
+from engine.service.chat_output import ChatOutput, prompt_opens_reasoning
+from engine.service.constrained import tool_plan
 from engine.service.proxy_jobs import GenerateParams, Job
 from engine.service.proxy_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from engine.service.proxy_service import QueueFull, Service, Unavailable
-from engine.service.proxy_text import ModelText, TextAssembler
+from engine.service.proxy_text import ModelText, TextAssembler, reasoning_parser
 from engine.service.proxy_text_pool import ClientBusy, TextFailed, TextPool
 from engine.service.serve_config import service_limits
 
@@ -50,7 +53,8 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 def create_app(service: Service, text: ModelText, pool: TextPool | None = None) -> FastAPI:
     cfg = service.cfg
-    pool = pool or TextPool(cfg.model_dir, cfg.served_model_name, cfg.text_workers, cfg.text_jobs_per_client)
+    pool = pool or TextPool(cfg.model_dir, cfg.served_model_name, cfg.text_workers, cfg.text_jobs_per_client,
+                           cfg.chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -72,6 +76,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected(service))
+    app_openapi.install(app)
 
     @app.get("/health")
     async def health(request: Request):
@@ -93,7 +98,11 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 "previous_exit": service.previous_exit, "limits": service_limits(cfg),
                 "max_heartbeat_gap_s": [round(link.max_heartbeat_gap_s, 3) for link in pair.links] if pair else None,
                 "decode": service.decode.health() if pair else None,
-                "speculation": service.decode.speculation(cfg.draft_tokens)}
+                "speculation": service.decode.speculation(cfg.draft_tokens),
+                "chat_template": text.chat_template(),
+                # MTP drafts are judged without a grammar or penalties: such requests decode one token a step
+                "not_speculated": ["response_format json", "tool_choice required or named", "logit_bias",
+                                   "penalties", "top_k", "min_p", "logprobs"] if cfg.draft_tokens else []}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/openapi.json", include_in_schema=False)
@@ -117,13 +126,13 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         _check_model(model_id, text)
         return _model_card(text, _context_limit())
 
-    async def _tokens(request: Request, work, what) -> list[int]:
+    async def _tokens(request: Request, work, *what):
         """The prompt's token ids from the text workers (engine/service/proxy_text_pool.py): one client's
         share of them at a time (per address, and whether it showed the key)."""
         client = (request.client.host if request.client else "", cfg.api_key is not None
                   and has_api_key(request, cfg.api_key))
         try:
-            return await work(client, what)
+            return await work(client, *what)
         except ClientBusy as exc:
             raise ApiError(429, str(exc), headers={"Retry-After": "1"}) from None
         except TextFailed as exc:
@@ -159,10 +168,17 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                                     f"model's text decoder only (a multimodal checkpoint's vision weights are not "
                                     f"loaded); send text parts", f"messages.{i}.content")
             _check_text(m.text(), f"messages.{i}.content")
-        prompt_ids = await _tokens(request, pool.chat, [(m.role, m.text()) for m in body.messages])
-        return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat")
+        plan = tool_plan(body)
+        prompt_text, prompt_ids = await _tokens(request, pool.chat, body.template_messages(), plan.template_tools,
+                                                body.chat_template_kwargs)
+        reasoning = "none"
+        if reasoning_parser(cfg.reasoning_parser, text):
+            reasoning = "open" if prompt_opens_reasoning(prompt_text) else "detect"
+        output = ChatOutput(reasoning=reasoning, tools=plan.parse_tools, forced=plan.forced)
+        return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat", output, plan.grammar)
 
-    async def _serve(request: Request, body, prompt_ids: list[int], max_tokens: int | None, kind: str):
+    async def _serve(request: Request, body, prompt_ids: list[int], max_tokens: int | None, kind: str,
+                     output: ChatOutput | None = None, grammar: dict | None = None):
         field = "messages" if kind == "chat" else "prompt"
         if not prompt_ids:
             raise ApiError(400, f"{field}: the prompt is empty (it encodes to no tokens)", field)
@@ -183,7 +199,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         temperature = 0.0 if body.temperature < GREEDY_BELOW else body.temperature
         params = GenerateParams(prompt_ids=tuple(prompt_ids), max_tokens=max_tokens or 1,
                                 temperature=temperature, top_p=body.top_p, seed=seed,
-                                stop_token_ids=eos_ids)
+                                stop_token_ids=eos_ids, sampling=_sampling(body, text), grammar=grammar)
         try:
             job = service.submit(params, kind)
         except (Unavailable, QueueFull) as exc:
@@ -192,15 +208,15 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         request.state.job = job
         request.state.log = {"kind": kind, "stream": body.stream, "seed": seed,
                              "prompt_tokens": len(prompt_ids), "max_tokens": params.max_tokens}
-        assembler = TextAssembler(text, body.stop_strings(), eos_ids)
-        created = int(time.time())
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        answer = Answer(kind, rid, int(time.time()), text, TextAssembler(text, body.stop_strings(), eos_ids), job,
+                        output, logprobs=body.top_logprobs_count() is not None)
         if body.stream:
-            return StreamingResponse(_stream(request, job, assembler, kind, rid, created),
+            return StreamingResponse(_stream(request, job, answer, body.include_usage()),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _complete(request, job, assembler, kind, rid, created)
+        return await _complete(request, job, answer)
 
-    async def _complete(request: Request, job: Job, assembler: TextAssembler, kind: str, rid: str, created: int):
+    async def _complete(request: Request, job: Job, answer: Answer):
         gone = asyncio.ensure_future(_wait_disconnect(request))
         try:
             while True:
@@ -213,37 +229,29 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                     return SafeJSONResponse(error_body(499, "client closed the request"), status_code=499)
                 event = getter.result()
                 if event[0] == "token":
-                    assembler.add(event[1])
-                    if assembler.stopped:
-                        job.cancel("stop")
+                    answer.token(event[1], event[2])
                 elif event[0] == "error":
                     _log(request, job, "error", error=event[2])
                     return SafeJSONResponse(error_body(event[1], event[2], None, "service_unavailable"
                                                    if event[1] == 503 else "server_error"),
                                         status_code=event[1], headers={"Retry-After": "5"} if event[1] == 503 else None)
                 elif event[0] == "done":
-                    assembler.flush()
-                    reason = _finish_reason(event[1], job, assembler)
+                    answer.finish()
+                    reason = answer.finish_reason(event[1])
                     _log(request, job, reason, usage=event[2])
-                    return _full_body(kind, rid, created, text.model_id, assembler, reason, event[2], job)
+                    return answer.body(reason, event[2])
         finally:
             gone.cancel()
 
-    async def _stream(request: Request, job: Job, assembler: TextAssembler, kind: str, rid: str, created: int):
+    async def _stream(request: Request, job: Job, answer: Answer, include_usage: bool):
         finished = False
         try:
-            if kind == "chat":
-                yield _sse(_chunk(kind, rid, created, text.model_id, None, None, role=True))
+            if answer.kind == "chat":
+                yield _sse(answer.chunk({"role": "assistant", "content": ""}, None))
             while True:
                 event = await job.events.get()
                 if event[0] == "token":
-                    after_stop = assembler.stopped
-                    delta = assembler.add(event[1])
-                    if assembler.stopped:
-                        job.cancel("stop")
-                    if not after_stop:  # one event per token, as soon as both ranks agreed on it
-                        chunk = _chunk(kind, rid, created, text.model_id, delta, None)
-                        chunk["v100plan"] = {"token_ids": [event[1]]}
+                    for chunk in answer.token(event[1], event[2]) or ():
                         yield _sse(chunk)
                 elif event[0] == "error":
                     finished = True
@@ -254,15 +262,13 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                     return
                 elif event[0] == "done":
                     finished = True
-                    delta = assembler.flush()
-                    reason = _finish_reason(event[1], job, assembler)
+                    for chunk in answer.finish():
+                        yield _sse(chunk)
+                    reason = answer.finish_reason(event[1])
                     _log(request, job, reason, usage=event[2])
-                    if delta:
-                        yield _sse(_chunk(kind, rid, created, text.model_id, delta, None))
-                    last = _chunk(kind, rid, created, text.model_id, None, reason)
-                    last["usage"] = _usage(event[2])
-                    last["v100plan"] = _extension(job, assembler)
-                    yield _sse(last)
+                    yield _sse(answer.last_chunk(reason, event[2]))
+                    if include_usage:  # OpenAI's stream_options.include_usage: one more chunk, no choices
+                        yield _sse({**answer.chunk(None, None), "choices": [], "usage": usage_body(event[2])})
                     yield "data: [DONE]\n\n"
                     return
         finally:
@@ -305,7 +311,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return SafeJSONResponse(error_body(422, message, param, "invalid_request_error"), status_code=422)
+    # 400 as OpenAI and vLLM answer it (FastAPI's own status would be 422).
+    return SafeJSONResponse(error_body(400, message, param, "invalid_request_error"), status_code=400)
 
 
 def _check_model(name: str, text: ModelText) -> None:
@@ -321,6 +328,22 @@ def _check_common(body, text: ModelText) -> None:
         raise ApiError(400, f"{problem[0]}: {problem[1]}", problem[0])
     for stop in body.stop_strings():
         _check_text(stop, "stop")
+
+
+def _sampling(body, text: ModelText) -> dict | None:
+    """The generate message's "sampling" object (engine.core.logits_processors.Processing), None when plain."""
+    bias = []
+    for key, value in (body.logit_bias or {}).items():
+        if not int(key) < text.vocab_size:
+            raise ApiError(400, f"logit_bias: token id {key} is outside the vocabulary [0, {text.vocab_size})",
+                           "logit_bias")
+        bias.append([int(key), value])
+    out = {"top_k": body.top_k_value(), "min_p": body.min_p, "presence_penalty": body.presence_penalty,
+           "frequency_penalty": body.frequency_penalty, "repetition_penalty": body.repetition_penalty,
+           "logit_bias": bias, "logprobs": body.top_logprobs_count()}
+    plain = {"top_k": 0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+             "logit_bias": [], "logprobs": None}
+    return None if out == plain else out
 
 
 def _check_text(value: str, field: str) -> None:
@@ -339,57 +362,16 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-def _finish_reason(rank_reason: str, job: Job, assembler: TextAssembler) -> str:
-    if assembler.stopped or job.cancel_reason == "stop":
-        return "stop"
-    return rank_reason
-
-
 def _log(request: Request, job: Job, outcome: str, **extra) -> None:
     fields = dict(getattr(request.state, "log", {}) or {})
     fields.update(outcome=outcome, **extra)
     request.state.log = fields
 
 
-def _usage(usage: dict) -> dict:
-    return {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_tokens") or 0)}}
-
-
-def _extension(job: Job, assembler: TextAssembler) -> dict:
-    """Beyond OpenAI's schema: what the acceptance suite needs to check an answer exactly."""
-    return {"token_ids": list(assembler.ids), "seed": job.params.seed, "generation": job.generation}
-
-
 def _model_card(text: ModelText, max_model_len: int | None) -> dict:
     # max_model_len as vLLM names it: clients (the acceptance suite among them) learn the context limit.
     return {"id": text.model_id, "object": "model", "created": 0, "owned_by": "v100plan",
             "max_model_len": max_model_len}
-
-
-def _full_body(kind, rid, created, model_id, assembler: TextAssembler, reason, usage, job) -> dict:
-    content = assembler.emitted
-    if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": reason,
-                  "logprobs": None}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": content, "finish_reason": reason, "logprobs": None}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model_id, "choices": [choice],
-            "usage": _usage(usage), "v100plan": _extension(job, assembler)}
-
-
-def _chunk(kind, rid, created, model_id, delta: str | None, reason: str | None, role: bool = False) -> dict:
-    if kind == "chat":
-        d = {"role": "assistant", "content": ""} if role else ({"content": delta} if delta is not None else {})
-        choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model_id, "choices": [choice]}
 
 
 def _sse(obj: dict) -> str:

@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, used verbatim")
     src.add_argument("--batch", metavar="FILE",
                      help="--tp 1 only: JSON lines {\"prompt\", \"max_tokens\", \"temperature\", \"seed\"[, "
+                          "\"sampling\": {top_k, min_p, presence_penalty, frequency_penalty, repetition_penalty, "
+                          "logit_bias}][, "
                           "\"draft_tokens\": K for MTP speculation]}, one "
                           "model load for all; prints one {\"token_ids\", \"text\"} line per request, in order")
     p.add_argument("--max-tokens", type=int, default=16, metavar="N",
@@ -192,6 +194,7 @@ def _batch(args, cfg, tok) -> int:
     import torch
 
     from engine.core import runner, weights
+    from engine.core.logits_processors import Processing
     from engine.core.model import Model
     from engine.core.sampling import Sampler
 
@@ -215,7 +218,9 @@ def _batch(args, cfg, tok) -> int:
     limits = [context_limit(cfg.max_position_embeddings, len(ids), n, args.max_context) for ids, n, _ in jobs]
     model.setup_cache(max(limits, default=2))
     for ids, n, req in jobs:
-        sampler = Sampler(float(req.get("temperature") or 0.0), float(req.get("top_p", 1.0)), int(req.get("seed") or 0))
+        # "sampling": top_k, min_p, penalties, logit_bias [[id, bias]] as the service's generate message carries them
+        sampler = Sampler(float(req.get("temperature") or 0.0), float(req.get("top_p", 1.0)), int(req.get("seed") or 0),
+                          processing=Processing.from_message(req.get("sampling"), ids))
         # "draft_tokens" K: this request decodes speculatively with the model's MTP layer (a served --speculative
         # mtp service's sampled answers follow the rejection rule's draws, so its reference must too)
         out, _ = runner.run(model, ids, n, sampler, stop, 256, spec_tokens=int(req.get("draft_tokens") or 0))

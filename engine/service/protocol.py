@@ -48,8 +48,12 @@ def progress(req_id: str, done_tokens: int, counter: int) -> dict[str, Any]:
     return {"type": "progress", "id": req_id, "phase": "prefill", "done_tokens": done_tokens, "counter": counter}
 
 
-def token(req_id: str, step: int, token_id: int, counter: int) -> dict[str, Any]:
-    return {"type": "token", "id": req_id, "step": step, "token_id": token_id, "counter": counter}
+def token(req_id: str, step: int, token_id: int, counter: int, logprobs: list | None = None) -> dict[str, Any]:
+    """``logprobs``: [the token's log-probability, [[id, logprob], ...] the most likely], when the request asked."""
+    msg = {"type": "token", "id": req_id, "step": step, "token_id": token_id, "counter": counter}
+    if logprobs is not None:
+        msg["logprobs"] = logprobs
+    return msg
 
 
 def done(req_id: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
@@ -88,10 +92,18 @@ def fault_armed(what: str, at_step: int | None) -> dict[str, Any]:
 # ---- client -> rank -------------------------------------------------------------------------
 
 def generate(req_id: str, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
-    return {"type": "generate", "id": req_id, "prompt_ids": list(prompt_ids), "max_tokens": int(max_tokens),
-            "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
-            "stop_token_ids": list(stop_token_ids or [])}
+             seed: int = 0, stop_token_ids: list[int] | None = None, sampling: dict | None = None,
+             grammar: dict | None = None) -> dict[str, Any]:
+    """``sampling``: engine.core.logits_processors.Processing's fields (top_k, min_p, penalties, logit_bias as
+    [[id, bias]], logprobs); ``grammar``: engine.core.grammar's spec of a constrained answer. Absent: plain."""
+    msg = {"type": "generate", "id": req_id, "prompt_ids": list(prompt_ids), "max_tokens": int(max_tokens),
+           "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+           "stop_token_ids": list(stop_token_ids or [])}
+    if sampling:
+        msg["sampling"] = sampling
+    if grammar:
+        msg["grammar"] = grammar
+    return msg
 
 
 def cancel(req_id: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The service (proxy_service.py) feeds a Job's event queue with token ids; the HTTP
 layer (app.py) turns them into text. Events, in order:
   ("progress", done_tokens)            after each prefill chunk (rank 0)
-  ("token", token_id)                  rank 0's token, after that step's lockstep passed
+  ("token", token_id, logprobs)        rank 0's token, after that step's lockstep passed (logprobs: None
+                                       unless asked: [logprob, [[id, logprob], ...]])
   ("done", finish_reason, usage)       both ranks are finished; usage = {prompt_tokens, completion_tokens}
   ("error", http_status, message)      the request cannot complete (rank failure, rank error)
 """
@@ -36,10 +37,12 @@ class GenerateParams:
     top_p: float
     seed: int                     # drawn by the proxy when the client gave none; same on both ranks
     stop_token_ids: tuple[int, ...]
+    sampling: dict | None = None  # top_k, min_p, penalties, logit_bias, logprobs (protocol.generate)
+    grammar: dict | None = None   # a constrained answer's grammar (engine.core.grammar)
 
     def message(self, request_id: str) -> dict:
         return protocol.generate(request_id, list(self.prompt_ids), self.max_tokens, self.temperature,
-                                 self.top_p, self.seed, list(self.stop_token_ids))
+                                 self.top_p, self.seed, list(self.stop_token_ids), self.sampling, self.grammar)
 
 
 @dataclass

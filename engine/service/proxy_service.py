@@ -474,7 +474,7 @@ class Service:
                 self.metrics.observe("v100plan_time_per_output_token_seconds", now - job.last_token_monotonic)
             job.last_token_monotonic = now
             job.completion_tokens += 1
-            job.events.put_nowait(("token", msg["token_id"]))
+            job.events.put_nowait(("token", msg["token_id"], msg.get("logprobs")))
         elif kind == "progress":
             job.events.put_nowait(("progress", msg.get("done_tokens")))
 

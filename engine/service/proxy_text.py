@@ -20,6 +20,7 @@ class ModelText:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     tokenizer: Tokenizer | None        # None without tokenizer.json: token-id prompts only
+    template_file: str | None = None   # --chat-template FILE: wins over the model's own template
 
     def encode_prompt(self, text: str) -> list[int]:
         """The model's BOS rule, then the text's tokens (engine.core.tokenizer, as `generate --prompt`)."""
@@ -30,14 +31,27 @@ class ModelText:
     def decode(self, ids: list[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(ids)
 
-    def render_chat(self, messages: list[tuple[str, str]]) -> str:
-        """messages as (role, text) -> the prompt text, ending where the assistant speaks."""
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, extra: dict | None = None) -> str:
+        """messages (role, content, ... as chat templates read them) -> the prompt text, ending where the
+        assistant speaks; ValueError (engine.core.chat_template.TemplateError when the template fails) says why."""
         if self.tokenizer is None:
             raise ValueError("this model directory has no tokenizer.json: use /v1/completions with token ids")
-        return self.tokenizer.render_chat([{"role": r, "content": t} for r, t in messages])
+        return self.tokenizer.render_chat(messages, tools=tools, extra=extra, template_file=self.template_file)
+
+    def chat_template(self) -> dict:
+        """For /health: where the chat template comes from, or why chat cannot be served."""
+        from engine.core import chat_template
+
+        if self.tokenizer is None:
+            return {"source": None, "reason": "no tokenizer.json: /v1/chat/completions answers 400"}
+        source = chat_template.find(self.tokenizer.files, self.template_file, self.tokenizer.tokenizer_config)
+        if source is None:
+            return {"source": None, "reason": "the model ships no chat template: /v1/chat/completions answers 400 "
+                                              "(serve with --chat-template FILE)"}
+        return {"source": source.origin, "names": sorted(source.templates)}
 
 
-def load_model_text(model_dir: str, served_model_name: str | None) -> ModelText:
+def load_model_text(model_dir: str, served_model_name: str | None, template_file: str | None = None) -> ModelText:
     """From the model directory, or from rank0/ of a `python -m engine shard` directory (its shard.json
     says so; every rank directory holds the same config and tokenizer copies)."""
     root = Path(model_dir)
@@ -48,7 +62,14 @@ def load_model_text(model_dir: str, served_model_name: str | None) -> ModelText:
     # The demo model names itself in config.json's "v100plan" block; other models go by their directory.
     model_id = served_model_name or (config.get("v100plan") or {}).get("model_id") or root.name
     return ModelText(model_id=model_id, vocab_size=int(config["vocab_size"]), eos_token_ids=eos_ids,
-                     tokenizer=Tokenizer.from_dir(files))
+                     tokenizer=Tokenizer.from_dir(files), template_file=template_file)
+
+
+def reasoning_parser(mode: str, text: ModelText) -> bool:
+    """--reasoning-parser: whether <think>...</think> is returned apart (auto: the vocabulary has </think>)."""
+    if mode != "auto":
+        return mode == "qwen3"
+    return text.tokenizer is not None and text.tokenizer.tok.token_to_id("</think>") is not None
 
 
 class TextAssembler:

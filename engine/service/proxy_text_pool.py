@@ -33,14 +33,14 @@ class TextFailed(Exception):
         self.field = field
 
 
-def _worker_start(model_dir: str, served_model_name: str | None) -> None:
+def _worker_start(model_dir: str, served_model_name: str | None, template_file: str | None) -> None:
     from engine.service.proxy_ranks import die_with_parent
     from engine.service.proxy_text import load_model_text
 
     die_with_parent()  # a SIGKILLed proxy leaves no worker behind
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the proxy's to handle (it drains)
     global _TEXT
-    _TEXT = load_model_text(model_dir, served_model_name)
+    _TEXT = load_model_text(model_dir, served_model_name, template_file)
 
 
 def _encode(text: str) -> tuple[str, list[int] | str]:
@@ -50,12 +50,15 @@ def _encode(text: str) -> tuple[str, list[int] | str]:
         return "encode", str(exc)
 
 
-def _chat(messages: list[tuple[str, str]]) -> tuple[str, list[int] | str]:
+def _chat(messages: list[dict], tools: list[dict] | None, extra: dict | None) -> tuple[str, tuple | str]:
+    """The chat template (sandboxed, engine.core.chat_template) renders the prompt here, then it is encoded;
+    the prompt text comes back too (whether it opens a reasoning block decides how the answer is parsed)."""
     try:
-        prompt = _TEXT.render_chat(messages)
+        prompt = _TEXT.render_chat(messages, tools=tools, extra=extra)
     except ValueError as exc:
         return "render", str(exc)
-    return _encode(prompt)
+    kind, ids = _encode(prompt)
+    return (kind, (prompt, ids)) if kind == "ok" else (kind, ids)
 
 
 def _ready() -> int:
@@ -63,8 +66,9 @@ def _ready() -> int:
 
 
 class TextPool:
-    def __init__(self, model_dir: str, served_model_name: str | None, workers: int, per_client: int):
-        self._args = (model_dir, served_model_name)
+    def __init__(self, model_dir: str, served_model_name: str | None, workers: int, per_client: int,
+                 template_file: str | None = None):
+        self._args = (model_dir, served_model_name, template_file)
         self.workers, self.per_client = workers, per_client
         self._in_flight: dict[tuple, int] = {}
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -85,8 +89,10 @@ class TextPool:
     async def encode(self, client: tuple, text: str, field: str = "prompt") -> list[int]:
         return self._answer(await self._run(client, _encode, text), field)
 
-    async def chat(self, client: tuple, messages: list[tuple[str, str]]) -> list[int]:
-        return self._answer(await self._run(client, _chat, messages), "messages")
+    async def chat(self, client: tuple, messages: list[dict], tools: list[dict] | None = None,
+                   extra: dict | None = None) -> tuple[str, list[int]]:
+        """(prompt text, its token ids) for a chat request."""
+        return self._answer(await self._run(client, _chat, messages, tools, extra), "messages")
 
     async def _run(self, client: tuple, fn, *args):
         held = self._in_flight.get(client, 0)
@@ -110,7 +116,7 @@ class TextPool:
                 del self._in_flight[client]
 
     @staticmethod
-    def _answer(result: tuple[str, list[int] | str], field: str) -> list[int]:
+    def _answer(result: tuple[str, object], field: str):
         kind, value = result
         if kind == "ok":
             return value  # type: ignore[return-value]

@@ -308,14 +308,24 @@ class Rank:
         from engine.allreduce.base import PathError
         from engine.core import runner
         from engine.core.lockstep import LockstepFailure, Record, judge, token_hash
+        from engine.core.logits_processors import Processing
         from engine.core.sampling import Sampler
+
+        def constraint_for(spec):
+            if not spec:
+                return None
+            from engine.core import grammar
+
+            return grammar.Constraint(grammar.compiler_for(self.args.model), spec)
 
         while True:
             req = self.requests.get()
             rid = req["id"]
             self.busy = True
             try:
-                sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0))
+                sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0),
+                                  processing=Processing.from_message(req.get("sampling"), req["prompt_ids"]),
+                                  constraint=constraint_for(req.get("grammar")))
             except (ValueError, TypeError, OverflowError) as e:
                 self.busy = False
                 server.send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
@@ -347,7 +357,7 @@ class Rank:
                 if phase == "prefill":
                     server.send(protocol.progress(rid, pos, self.counter))
                 else:
-                    server.send(protocol.token(rid, k, toks[0], self.counter))
+                    server.send(protocol.token(rid, k, toks[0], self.counter, sampler.logprobs))
                 return False
 
             def flags(k: int) -> tuple[int, int]:
@@ -362,7 +372,10 @@ class Rank:
             try:
                 out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
                                          set(req.get("stop_token_ids") or []), self.prefill_chunk(), hook,
-                                         flags=flags, info=info, spec_tokens=self.spec_tokens)
+                                         flags=flags, info=info,
+                                         # a request with penalties, a bias or a grammar is not speculated: its
+                                         # drafts would be judged without them (docs/service.md)
+                                         spec_tokens=self.spec_tokens if sampler.plain else 0)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both
             except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone

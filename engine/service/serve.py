@@ -227,7 +227,7 @@ def _serve(cfg, log, lock, forks) -> int:
     reaped = reap_stale_runs(cfg.state_dir)
     if reaped:
         log.emit("reaped_stale_runs", count=len(reaped))
-    text = load_model_text(cfg.model_dir, cfg.served_model_name)
+    text = load_model_text(cfg.model_dir, cfg.served_model_name, cfg.chat_template)
     exit_code = {"code": 0}
     server_box: dict = {}
 

@@ -88,6 +88,8 @@ class ServeConfig:
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
     no_prefix_cache: bool = False      # True: every prompt prefilled from its first token
     draft_tokens: int = 0              # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
+    chat_template: str | None = None   # --chat-template FILE (absolute): wins over the model's own template
+    reasoning_parser: str = "auto"     # qwen3: reasoning apart (reasoning_content); none: inline; auto: by vocabulary
 
     @property
     def is_loopback(self) -> bool:
@@ -185,6 +187,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "v100plan-engine/port-PORT)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name /v1/models lists (default: the model directory's name)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="a jinja chat template to use instead of the model's (chat_template.jinja or "
+                             "tokenizer_config.json's); rendered sandboxed (default: the model's)")
+    parser.add_argument("--reasoning-parser", default="auto", choices=("auto", "qwen3", "none"),
+                        help="qwen3: a thinking model's <think>...</think> text is returned apart, as "
+                             "reasoning_content; none: left inline in content; auto: qwen3 when the vocabulary "
+                             "has </think> (default: %(default)s)")
     parser.add_argument("--body-limit-bytes", type=int, default=None,
                         help=f"largest request body; a larger one is answered 413 (default: {BODY_BYTES_PER_TOKEN} "
                              f"bytes per context position, so a prompt filling --max-context fits; at least "
@@ -272,6 +281,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "ping_interval_s": ping,
         "log_file": args.log_file or os.path.join(state_dir, SERVICE_LOG),
         "draft_tokens": _draft_tokens(args),
+        "chat_template": _chat_template(args.chat_template),
         "body_limit_bytes": args.body_limit_bytes or body_limit_for(args.max_context or native_context(model)),
     }
     # Every other field is the flag of the same name (a new field without one fails here, at once).
@@ -293,6 +303,23 @@ def body_limit_for(context: int) -> int:
     """The default request body limit: room for a prompt of ``context`` tokens as token ids (<= 7 bytes each) or as
     JSON text (about 4 characters a token, 6 bytes for an escaped non-ASCII one)."""
     return max(MIN_BODY_LIMIT_BYTES, BODY_BYTES_PER_TOKEN * context)
+
+
+def _chat_template(path: str | None) -> str | None:
+    """--chat-template FILE: readable and a template jinja2 compiles (checked here, not at the first request)."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ServeConfigError(f"--chat-template {path}: cannot read it ({e})") from None
+    from engine.core import chat_template  # jinja2 is imported by the check, not by this module
+
+    try:
+        chat_template.check(text)
+    except (chat_template.TemplateError, ImportError) as e:
+        raise ServeConfigError(f"--chat-template {path}: {e}") from None
+    return str(Path(path).resolve())
 
 
 def _draft_tokens(args: argparse.Namespace) -> int:

@@ -95,7 +95,7 @@ def test_qualify_reports_hold_no_secret_and_draw_every_plot(qualified):
     html = outputs(out)["report.html"]
     for plot in ("recovery-kill_rank1", "recovery-restart_storm", "latency", "decode-speed"):
         assert f'data-plot="{plot}"' in html
-    assert 'tests="25"' in outputs(out)["junit.xml"].replace("'", '"')
+    assert 'tests="27"' in outputs(out)["junit.xml"].replace("'", '"')
 
 
 def test_ctrl_c_stops_everything_and_writes_a_partial_report(tmp_path):
