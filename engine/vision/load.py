@@ -49,3 +49,19 @@ def load_tower(model_dir: str | Path, cfg: VisionConfig, dtype: torch.dtype, dev
         raise TowerWeightsError(f"{d} lacks {len(missing)} vision tensor(s), e.g. {PREFIX}{missing[0]}: serve it "
                                 "with --no-vision, or point --model at the unsharded checkpoint")
     return tower
+
+
+def load_vision(model, model_dir: str | Path, cache_images: int = 8):
+    """The rank's engine.vision.prompt.Vision for a loaded Model: the checkpoint's tower in the model's dtype on
+    its device, the image rules; None for a text-only checkpoint."""
+    from engine.vision import config as vconfig
+    from engine.vision.prompt import Vision
+
+    cfg = vconfig.load(model_dir)
+    if cfg is None:
+        return None
+    if cfg.out_hidden_size != model.cfg.hidden_size:
+        raise TowerWeightsError(f"the tower's out_hidden_size {cfg.out_hidden_size} is not the language model's "
+                                f"hidden size {model.cfg.hidden_size}")
+    tower = load_tower(model_dir, cfg, model.dtype, model.device)
+    return Vision(model, tower, cfg, vconfig.image_rules(model_dir, cfg), cache_images)
