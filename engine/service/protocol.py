@@ -88,10 +88,14 @@ def fault_armed(what: str, at_step: int | None) -> dict[str, Any]:
 # ---- client -> rank -------------------------------------------------------------------------
 
 def generate(req_id: str, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
-    return {"type": "generate", "id": req_id, "prompt_ids": list(prompt_ids), "max_tokens": int(max_tokens),
-            "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
-            "stop_token_ids": list(stop_token_ids or [])}
+             seed: int = 0, stop_token_ids: list[int] | None = None, images: list[str] | None = None) -> dict[str, Any]:
+    """``images``: base64 of each image's file bytes, in prompt order (engine.vision.serve); absent when none."""
+    msg = {"type": "generate", "id": req_id, "prompt_ids": list(prompt_ids), "max_tokens": int(max_tokens),
+           "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+           "stop_token_ids": list(stop_token_ids or [])}
+    if images:
+        msg["images"] = list(images)
+    return msg
 
 
 def cancel(req_id: str) -> dict[str, Any]:

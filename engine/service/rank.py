@@ -56,6 +56,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="prefill every prompt from its first token (default: reuse what the ranks hold, "
                         "engine.core.prefix)")
     speculative.add_arguments(p)
+    p.add_argument("--no-vision", action="store_true",
+                   help="do not load the checkpoint's vision tower (its memory stays free; images are refused)")
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
@@ -193,11 +195,18 @@ class Rank:
 
             mtp.check_draft_tokens(self.model, self.spec_tokens)  # at start, not at the first request
         self.model.setup_cache(a.max_context)
+        from engine.vision.load import load_vision
+
+        self.vision = None if a.no_vision else load_vision(self.model, a.model)  # replicated on both ranks
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
                                  spec_tokens=self.spec_tokens)
         decoder.info["prefix_cache"] = "off" if a.no_prefix_cache else "on"  # /health says it (every stats too)
+        from engine.vision import config as vconfig
+        from engine.vision import serve as vserve
+
+        decoder.info.update(vserve.health(self.vision, vconfig.load(a.model) is not None))
         marks.append(("decode_prep", time.monotonic()))
         # One unseen request now, so the first real one after a (re)start does not pay the prefill path's
         # one-time costs (docs/service.md, "Start-up"): the ranks run it together, before `ready`.
@@ -305,6 +314,7 @@ class Rank:
         from engine.core import runner
         from engine.core.lockstep import LockstepFailure, Record, judge, token_hash
         from engine.core.sampling import Sampler
+        from engine.vision import serve as vserve
 
         while True:
             req = self.requests.get()
@@ -332,7 +342,7 @@ class Rank:
                     if checked is not None:  # this token was checked with the peer inside its step's graph
                         cancel = judge(checked, seq["n"], self.r)
                     else:
-                        h = token_hash(toks, sampler.offset)
+                        h = token_hash(toks, sampler.offset) ^ vserve.lockstep_hash(self.vision)
                         if phase == "decode" and self._fault("corrupt_hash", k):
                             log(self.r, f"fault injection: corrupting this rank's hash at step {k}")
                             h ^= 1
@@ -356,9 +366,10 @@ class Rank:
             reply = None
             info: dict = {}
             try:
-                out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
+                ids, spec_tokens = vserve.begin(self.vision, req, self.spec_tokens)  # images: engine.vision
+                out, reason = runner.run(self.model, ids, int(req["max_tokens"]), sampler,
                                          set(req.get("stop_token_ids") or []), self.prefill_chunk(), hook,
-                                         flags=flags, info=info, spec_tokens=self.spec_tokens)
+                                         flags=flags, info=info, spec_tokens=spec_tokens)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both
             except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
@@ -379,6 +390,8 @@ class Rank:
                 reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out), decode=stats,
                                       cached_tokens=int(info.get("cached_tokens", 0)))
             finally:
+                if self.vision is not None:
+                    self.vision.end()
                 self.cancelled.discard(rid)
                 self.busy = False  # idle before the answer leaves: a ping after "done" finds the rank idle
             server.send(reply)

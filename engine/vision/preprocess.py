@@ -79,3 +79,22 @@ def pixels(image, rules: ImageRules) -> Pixels:
     x = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # [bh, bw, mh, mw, C, p, p]
     x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t, p, p))  # the still image repeated in time
     return Pixels(np.ascontiguousarray(x.reshape(gh * gw, c * t * p * p), dtype=np.float32), (1, gh, gw))
+
+
+def decode(data: bytes, max_pixels: int):
+    """Image file bytes (PNG, JPEG, WebP) -> a decoded Pillow image; ImageSizeError past ``max_pixels`` (read
+    from the header, before any pixel is decoded) or for bytes Pillow cannot read."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        img = Image.open(io.BytesIO(data))
+        if img.width * img.height > max_pixels:
+            raise ImageSizeError(f"an image of {img.width}x{img.height} pixels is over the limit of {max_pixels}")
+        img.load()
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+        if isinstance(e, ImageSizeError):
+            raise
+        raise ImageSizeError(f"the image cannot be decoded: {e}") from None
+    return img

@@ -17,14 +17,8 @@ from engine.core.tokenizer import Tokenizer
 from engine.vision import prompt as vprompt
 from engine.vision.load import load_vision
 from engine.vision.preprocess import pixels
-
-
-def image(w: int, h: int, seed: int):
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+from tests import vision_helpers
+from tests.vision_helpers import hf_greedy, image
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +45,7 @@ def chat(tok, vis, parts_per_turn: list[list], images: list) -> list[int]:
 
 
 def hf_inputs(vis, ids: list[int], images: list) -> dict:
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    from engine.vision.demo import PREPROCESSOR
-
-    proc = Qwen2VLImageProcessorPil(**{k: v for k, v in PREPROCESSOR.items() if k != "image_processor_type"})
-    pv = proc(images=images, return_tensors="pt")
-    t = torch.tensor([ids])
-    return dict(input_ids=t, pixel_values=pv["pixel_values"], image_grid_thw=pv["image_grid_thw"],
-                mm_token_type_ids=(t == vis.cfg.image_token_id).int())
+    return vision_helpers.hf_inputs(vis.cfg.image_token_id, ids, images)
 
 
 def engine_run(m, vis, ids, images, n, chunk=5):
@@ -92,21 +78,6 @@ def test_logits_at_every_position_equal_transformers(vdemo):
     assert err <= 1e-4 * ref.abs().max().item(), f"max |diff| {err} of {ref.abs().max().item()}"
 
 
-def _hf_greedy(hf, inputs: dict, n: int) -> list[int]:
-    """transformers' greedy continuation of exactly n tokens, end-of-sequence ids included: the whole sequence
-    again at every step (its multimodal positions recomputed from the ids each time), no cache."""
-    inputs = dict(inputs)
-    out: list[int] = []
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = int(hf(**inputs, use_cache=False).logits[0, -1].argmax())
-            out.append(nxt)
-            inputs["input_ids"] = torch.cat([inputs["input_ids"], torch.tensor([[nxt]])], 1)
-            if "mm_token_type_ids" in inputs:
-                inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, 1, dtype=torch.int)], 1)
-    return out
-
-
 @pytest.mark.parametrize("sizes", [[(64, 64)], [(100, 70), (200, 130)]])
 def test_greedy_answer_equals_transformers(vdemo, sizes):
     hf, m, vis, tok, _ = vdemo
@@ -115,7 +86,7 @@ def test_greedy_answer_equals_transformers(vdemo, sizes):
     for _ in imgs:
         parts += [{"type": "image"}, {"type": "text", "text": " and"}]
     ids = chat(tok, vis, [parts], imgs)
-    ref = _hf_greedy(hf, hf_inputs(vis, ids, imgs), 24)
+    ref = hf_greedy(hf, hf_inputs(vis, ids, imgs), 24)
     m.prefix = None
     out, _ = engine_run(m, vis, ids, imgs, 24)
     assert out == ref
@@ -127,7 +98,7 @@ def test_a_text_prompt_after_an_image_prompt_runs_on_plain_rotary(vdemo):
     engine_run(m, vis, chat(tok, vis, [[{"type": "image"}]], [image(64, 64, 5)]), [image(64, 64, 5)], 4)
     ids = tok.encode(tok.render_chat([{"role": "user", "content": "no picture here"}]))
     out, _ = engine_run(m, vis, ids, [], 16)
-    assert out == _hf_greedy(hf, {"input_ids": torch.tensor([ids])}, 16)
+    assert out == hf_greedy(hf, {"input_ids": torch.tensor([ids])}, 16)
 
 
 def test_a_follow_up_reuses_the_image_from_the_prefix_cache_with_the_cold_answer(vdemo):
@@ -146,7 +117,7 @@ def test_a_follow_up_reuses_the_image_from_the_prefix_cache_with_the_cold_answer
     vis.forget()
     cold, info = engine_run(m, vis, follow, [img], 12)
     assert info["cached_tokens"] == 0 and vis.encoder_runs == runs + 1
-    assert warm == cold == _hf_greedy(hf, hf_inputs(vis, follow, [img]), 12)
+    assert warm == cold == hf_greedy(hf, hf_inputs(vis, follow, [img]), 12)
     m.prefix = None
 
 
