@@ -152,8 +152,9 @@ class Vision:
         self.encoder_runs += 1
         self.encoded.append((s.digest, hashlib.sha256(out.float().cpu().numpy().tobytes()).hexdigest()))
         self.cache[s.digest] = out
-        while len(self.cache) > self.cache_images:
-            self.cache.popitem(last=False)
+        keep = {sp.digest for sp in self.spans}  # this request's images stay until its prefill is done
+        for old in [k for k in self.cache if k not in keep][:max(0, len(self.cache) - self.cache_images)]:
+            del self.cache[old]
         return out
 
     def forget(self) -> None:

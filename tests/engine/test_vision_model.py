@@ -143,3 +143,17 @@ def test_images_and_image_tokens_that_do_not_match_are_refused(vdemo):
         vis.begin(ids, [])
     with pytest.raises(vprompt.ImagePromptError, match="takes 16 tokens"):
         vis.begin(ids, [pixels(image(128, 128, 1), vis.rules)])
+
+
+def test_an_image_split_over_prefill_chunks_is_encoded_once_even_without_an_encoder_cache(vdemo):
+    _, m, vis, tok, _ = vdemo
+    m.prefix = None
+    keep, vis.cache_images = vis.cache_images, 0
+    try:
+        vis.forget()
+        runs = vis.encoder_runs
+        img = image(200, 130, 4)
+        engine_run(m, vis, chat(tok, vis, [[{"type": "image"}]], [img]), [img], 2, chunk=3)
+        assert vis.encoder_runs == runs + 1 and not vis.cache
+    finally:
+        vis.cache_images = keep
