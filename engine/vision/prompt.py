@@ -106,6 +106,7 @@ class Vision:
         """After the request: the hook off (the tables stay until a request needs other rows)."""
         self.model.embed_prompt = None
         self.spans = []
+        self._trim(set())
 
     def _spans(self, ids: list[int], images: list[Pixels]) -> list[Span]:
         cfg = self.cfg
@@ -152,10 +153,12 @@ class Vision:
         self.encoder_runs += 1
         self.encoded.append((s.digest, hashlib.sha256(out.float().cpu().numpy().tobytes()).hexdigest()))
         self.cache[s.digest] = out
-        keep = {sp.digest for sp in self.spans}  # this request's images stay until its prefill is done
+        self._trim({sp.digest for sp in self.spans})  # this request's images stay until its prefill is done
+        return out
+
+    def _trim(self, keep: set[str]) -> None:
         for old in [k for k in self.cache if k not in keep][:max(0, len(self.cache) - self.cache_images)]:
             del self.cache[old]
-        return out
 
     def forget(self) -> None:
         """Drop the encoder-output cache (e.g. --no-vision at run time, or memory pressure)."""
