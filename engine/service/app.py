@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.service import watchdog
+from engine.service import images, watchdog
 from engine.service.app_http import (
     ApiError,
     EdgeMiddleware,
@@ -49,6 +49,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 def create_app(service: Service, text: ModelText) -> FastAPI:
     cfg = service.cfg
+    pictures = images.ProxyImages.from_serve(cfg, text)  # image_url parts (engine.service.images)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -61,6 +62,8 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
     app.add_middleware(EdgeMiddleware, body_limit_bytes=cfg.body_limit_bytes, log=service.log,
                        metrics=service.metrics)
     app.add_exception_handler(ApiError, lambda request, exc: error_response(exc))
+    app.add_exception_handler(images.ImageRefused, lambda request, exc: error_response(ApiError(400, exc.message,
+                                                                                                exc.param)))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected(service))
@@ -85,7 +88,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
                 "previous_exit": service.previous_exit, "limits": service_limits(cfg),
                 "max_heartbeat_gap_s": [round(link.max_heartbeat_gap_s, 3) for link in pair.links] if pair else None,
                 "decode": service.decode.health() if pair else None,
-                "speculation": service.decode.speculation(cfg.draft_tokens)}
+                "speculation": service.decode.speculation(cfg.draft_tokens), **pictures.health()}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/metrics")
@@ -128,20 +131,21 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
     async def chat(body: ChatRequest, request: Request):
         check_api_key(request, cfg.api_key)
         _check_common(body, text)
+        pics = await pictures.load(body.messages)  # every limit answered 400 (images.ImageRefused)
         for i, m in enumerate(body.messages):
-            if m.media():
+            if m.media() and not pictures.serves(m.media()):
                 raise ApiError(400, f"messages.{i}.content: {m.media()[0]} input is not served: this engine runs the "
                                     f"model's text decoder only (a multimodal checkpoint's vision weights are not "
                                     f"loaded); send text parts", f"messages.{i}.content")
             _check_text(m.text(), f"messages.{i}.content")
         try:
-            prompt_text = text.render_chat([(m.role, m.text()) for m in body.messages])
+            prompt_text = text.render_chat([(m.role, pictures.text(m)) for m in body.messages])
         except ValueError as exc:
             raise ApiError(400, f"cannot build a chat prompt for this model: {exc}", "messages") from None
-        prompt_ids = _encode(text, prompt_text, "messages")
-        return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat")
+        prompt_ids = pictures.expand(_encode(text, prompt_text, "messages"), pics)
+        return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat", pics)
 
-    async def _serve(request: Request, body, prompt_ids: list[int], max_tokens: int | None, kind: str):
+    async def _serve(request: Request, body, prompt_ids: list[int], max_tokens: int | None, kind: str, pics=()):
         field = "messages" if kind == "chat" else "prompt"
         if not prompt_ids:
             raise ApiError(400, f"{field}: the prompt is empty (it encodes to no tokens)", field)
@@ -162,7 +166,7 @@ def create_app(service: Service, text: ModelText) -> FastAPI:
         temperature = 0.0 if body.temperature < GREEDY_BELOW else body.temperature
         params = GenerateParams(prompt_ids=tuple(prompt_ids), max_tokens=max_tokens or 1,
                                 temperature=temperature, top_p=body.top_p, seed=seed,
-                                stop_token_ids=eos_ids)
+                                stop_token_ids=eos_ids, images=tuple(images.wire(pics)))
         try:
             job = service.submit(params, kind)
         except (Unavailable, QueueFull) as exc:

@@ -164,3 +164,85 @@ def load_all(messages: list, limits: ImageLimits) -> list[CheckedImage]:
     if parts:
         count_check(len(parts), limits, parts[limits.max_images][1] if len(parts) > limits.max_images else "messages")
     return [load(url, limits, param) for url, param in parts]
+
+
+class ProxyImages:
+    """The proxy's side of images for one service: whether they are served (a tower in the checkpoint and no
+    --no-vision), the limits, and the chat prompt's image tokens (one image-pad token per image_url part, then
+    each image's token count, from its header's size by the processor's rules: engine.vision.preprocess)."""
+
+    def __init__(self, model_dir: str, limits: ImageLimits, no_vision: bool, tokenizer=None):
+        from engine.vision import config as vconfig
+
+        self.limits = limits
+        self.vcfg = vconfig.load(model_dir)
+        self.rules = vconfig.image_rules(model_dir, self.vcfg) if self.vcfg is not None else None
+        self.on = self.vcfg is not None and not no_vision
+        self.off_reason = None if self.on else (
+            "this service runs with --no-vision" if self.vcfg is not None
+            else "the model has no vision tower (a text-only checkpoint)")
+        self.placeholder = ""
+        if self.on and tokenizer is not None:  # what the family's template writes for an image part
+            v = self.vcfg
+            self.placeholder = tokenizer.decode([v.vision_start_token_id, v.image_token_id, v.vision_end_token_id],
+                                                skip_special=False)
+
+    @classmethod
+    def from_serve(cls, cfg, text) -> ProxyImages:
+        return cls(cfg.model_dir, ImageLimits(allow_urls=cfg.allow_image_urls, max_images=cfg.max_images,
+                                              max_pixels=cfg.max_image_pixels), cfg.no_vision, text.tokenizer)
+
+    def health(self) -> dict:
+        out: dict = {"vision": "on" if self.on else ("off" if self.vcfg is not None else "absent")}
+        if self.on:
+            out.update(allow_image_urls=self.limits.allow_urls, max_images=self.limits.max_images,
+                       max_image_pixels=self.limits.max_pixels)
+        return out
+
+    def serves(self, media_types: list[str]) -> bool:
+        """Whether a message's non-text parts are all ones this service takes (image_url, with vision on)."""
+        return self.on and all(t == "image_url" for t in media_types)
+
+    async def load(self, messages: list) -> list[CheckedImage]:
+        import asyncio
+
+        if not self.on or not image_parts(messages):
+            return []
+        return await asyncio.to_thread(load_all, messages, self.limits)  # a URL fetch must not block the loop
+
+    def text(self, message) -> str:
+        """A message's text with the image placeholder where each image_url part is."""
+        content = message.content
+        if isinstance(content, str):
+            return content
+        parts = [p.model_dump() if hasattr(p, "model_dump") else p for p in content]
+        return "".join(p.get("text", "") if p.get("type") == "text" else
+                       self.placeholder if p.get("type") == "image_url" and self.on else "" for p in parts)
+
+    def expand(self, ids: list[int], images: list[CheckedImage]) -> list[int]:
+        """The prompt's image-pad tokens -> each image's count of them; a pad without its image is a 400."""
+        if not self.on:
+            return ids
+        from engine.vision.preprocess import token_count
+
+        pad = self.vcfg.image_token_id
+        n = ids.count(pad)
+        if n != len(images):
+            raise ImageRefused(f"the prompt holds {n} image-pad token(s) for {len(images)} image part(s): the text "
+                               f"must not spell the image tokens itself", "messages")
+        out: list[int] = []
+        it = iter(images)
+        for t in ids:
+            if t == pad:
+                img = next(it)
+                out += [pad] * token_count(img.height, img.width, self.rules)
+            else:
+                out.append(t)
+        return out
+
+
+def wire(pics: list[CheckedImage]) -> list[str]:
+    """The images as the generate message carries them to the ranks (engine.vision.serve)."""
+    from engine.vision.serve import wire as _wire
+
+    return _wire([p.data for p in pics])

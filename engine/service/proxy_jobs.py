@@ -36,10 +36,11 @@ class GenerateParams:
     top_p: float
     seed: int                     # drawn by the proxy when the client gave none; same on both ranks
     stop_token_ids: tuple[int, ...]
+    images: tuple[str, ...] = ()  # base64 of each image's file bytes, in prompt order (engine.service.images)
 
     def message(self, request_id: str) -> dict:
         return protocol.generate(request_id, list(self.prompt_ids), self.max_tokens, self.temperature,
-                                 self.top_p, self.seed, list(self.stop_token_ids))
+                                 self.top_p, self.seed, list(self.stop_token_ids), images=list(self.images))
 
 
 @dataclass

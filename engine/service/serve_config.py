@@ -86,6 +86,10 @@ class ServeConfig:
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
     no_prefix_cache: bool = False      # True: every prompt prefilled from its first token
     draft_tokens: int = 0              # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
+    no_vision: bool = False            # True: the ranks do not load the vision tower; images are refused
+    allow_image_urls: bool = False     # True: image_url parts may name http(s) URLs the proxy fetches
+    max_images: int = 4                # image parts per request
+    max_image_pixels: int = 16_777_216  # width x height of one image (engine.service.images)
 
     @property
     def is_loopback(self) -> bool:
@@ -167,6 +171,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill every prompt from its first token (default: a prompt that starts with what the "
                              "ranks last processed prefills only the rest; usage.prompt_tokens_details.cached_tokens)")
     speculative.add_arguments(parser)
+    parser.add_argument("--no-vision", action="store_true",
+                        help="do not load a multimodal checkpoint's vision tower (frees its memory; images are refused)")
+    parser.add_argument("--allow-image-urls", action="store_true",
+                        help="fetch http(s) image URLs (default: only inline data: URIs; the proxy then reaches any URL a "
+                             "client names)")
+    parser.add_argument("--max-images", type=int, default=4, help="image parts per request (default: %(default)s)")
+    parser.add_argument("--max-image-pixels", type=int, default=16_777_216,
+                        help="width x height of one image, checked from its header before decoding (default: %(default)s)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a rank making no progress this long during a request (or not answering an "
@@ -245,6 +257,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     if args.liveness_timeout_s and args.liveness_timeout_s < 2 * HEARTBEAT_INTERVAL_S:
         raise ServeConfigError(f"--liveness-timeout-s must be at least {2 * HEARTBEAT_INTERVAL_S:g} s "
                                f"(two heartbeats) or 0")
+    if args.max_images < 0 or args.max_image_pixels < 1:
+        raise ServeConfigError("--max-images must be 0 or more and --max-image-pixels 1 or more")
     if args.max_connections < 1:
         raise ServeConfigError("--max-connections must be 1 or more")
     devices = parse_devices(args.device)
@@ -260,7 +274,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "ping_interval_s": ping,
         "log_file": args.log_file or os.path.join(state_dir, SERVICE_LOG),
         "draft_tokens": _draft_tokens(args),
-        "body_limit_bytes": args.body_limit_bytes or body_limit_for(args.max_context or native_context(model)),
+        # room for the images too (base64 of up to 20 MiB each: engine.service.images.ImageLimits.max_bytes)
+        "body_limit_bytes": args.body_limit_bytes or body_limit_for(args.max_context or native_context(model))
+        + (0 if args.no_vision else args.max_images * (28 << 20) * has_vision(model)),
     }
     # Every other field is the flag of the same name (a new field without one fails here, at once).
     flags = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if f.name not in computed}
@@ -275,6 +291,14 @@ def native_context(model: Path) -> int:
         return 0
     raw = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     return int(raw.get("max_position_embeddings") or 0)
+
+
+def has_vision(model: Path) -> bool:
+    """The model config has a vision_config (a multimodal checkpoint with its tower)."""
+    try:
+        return isinstance(json.loads((files_dir(model) / "config.json").read_text()).get("vision_config"), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def body_limit_for(context: int) -> int:
@@ -313,6 +337,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.no_prefix_cache:
         cmd.append("--no-prefix-cache")
+    if cfg.no_vision:
+        cmd.append("--no-vision")
     if cfg.draft_tokens:
         cmd += ["--speculative", "mtp", "--draft-tokens", str(cfg.draft_tokens)]
     if cfg.enable_fault_injection:
