@@ -157,3 +157,28 @@ def test_an_image_split_over_prefill_chunks_is_encoded_once_even_without_an_enco
         assert vis.encoder_runs == runs + 1 and not vis.cache
     finally:
         vis.cache_images = keep
+
+
+def test_the_lockstep_hash_covers_the_towers_output(vdemo):
+    """Two ranks whose towers give other bits for the same image fold different hashes into their prefill record
+    (engine.vision.serve.lockstep_hash); the same tower gives the same hash, and a request without an encode 0."""
+    from engine.vision import serve as vserve
+
+    _, m, vis, tok, _ = vdemo
+    m.prefix = None
+    img = image(64, 64, 31)
+    ids = chat(tok, vis, [[{"type": "image"}]], [img])
+    hashes = []
+    for bump in (0.0, 0.0, 1e-3):
+        vis.forget()
+        w = vis.tower.w["merger.linear_fc2.bias"]
+        w += bump
+        try:
+            keys = vis.begin(ids, [pixels(img, vis.rules)])
+            m.forward(torch.tensor([keys]), 0)
+            hashes.append(vserve.lockstep_hash(vis))
+        finally:
+            w -= bump
+            vis.end()
+    assert hashes[0] == hashes[1] != 0 and hashes[2] != hashes[0]
+    assert vserve.lockstep_hash(vis) == 0 and hashes[0] < 1 << 63

@@ -129,3 +129,33 @@ def test_every_limit_and_bad_image_is_a_400_naming_it_and_nothing_else_is_distur
     r = ask(client, [{"type": "image_url", "image_url": {"url": ok}}, {"type": "text", "text": "fine"}])
     assert r.model_extra["v100plan"]["token_ids"] == oracle([("user", f"{PAD}fine")], [image(64, 64, 24)])
     assert svc.client.get("/health").json()["status"] == "ok"
+
+
+def test_the_acceptance_scenario_passes_against_the_vision_service(svc):
+    from v100plan.accept import images as accept_images
+    from v100plan.accept.context import AcceptOptions, Context, Target
+
+    ctx = Context(Target(endpoint=svc.url, api_key=KEY), AcceptOptions())
+    try:
+        ctx.discover()
+        assert accept_images._applicable(ctx) is None
+        o = accept_images.image_input(ctx)
+        assert o.status == "passed", o.reason
+        assert o.metrics["cached_tokens"] > 0
+    finally:
+        ctx.close()
+
+
+def test_the_acceptance_scenario_is_waived_with_the_reason_without_vision(svc):
+    from v100plan.accept import images as accept_images
+    from v100plan.accept.context import AcceptOptions, Context, Target
+    from v100plan.accept.http import Answer
+
+    ctx = Context(Target(endpoint=svc.url, api_key=KEY), AcceptOptions())
+    ctx.is_engine = True
+    for said, words in (("absent", "text-only checkpoint"), ("off", "--no-vision")):
+        ctx.health = lambda s=said: Answer(200, {"status": "ok", "vision": s})
+        assert words in accept_images._applicable(ctx)
+    ctx.is_engine = False
+    assert "bundled engine" in accept_images._applicable(ctx)
+    ctx.close()
