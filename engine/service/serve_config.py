@@ -172,10 +172,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "ranks last processed prefills only the rest; usage.prompt_tokens_details.cached_tokens)")
     speculative.add_arguments(parser)
     parser.add_argument("--no-vision", action="store_true",
-                        help="do not load a multimodal checkpoint's vision tower (frees its memory; images are refused)")
+                        help="do not load a multimodal checkpoint's vision tower (frees its memory; images are refused; "
+                             "default: loaded when the checkpoint has one)")
     parser.add_argument("--allow-image-urls", action="store_true",
-                        help="fetch http(s) image URLs (default: only inline data: URIs; the proxy then reaches any URL a "
-                             "client names)")
+                        help="fetch http(s) image URLs (the proxy then reaches any URL a client names; default: off, only "
+                             "inline data: URIs)")
     parser.add_argument("--max-images", type=int, default=4, help="image parts per request (default: %(default)s)")
     parser.add_argument("--max-image-pixels", type=int, default=16_777_216,
                         help="width x height of one image, checked from its header before decoding (default: %(default)s)")
