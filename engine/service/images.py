@@ -206,8 +206,11 @@ class ProxyImages:
     async def load(self, messages: list) -> list[CheckedImage]:
         import asyncio
 
-        if not self.on or not image_parts(messages):
-            return []
+        parts = image_parts(messages)
+        if parts and self.vcfg is not None and not self.on:
+            raise ImageRefused(f"image_url input is not served: {self.off_reason}; send text parts", parts[0][1])
+        if not self.on or not parts:
+            return []  # (a text-only model's image parts are refused with the other media types, by the app)
         return await asyncio.to_thread(load_all, messages, self.limits)  # a URL fetch must not block the loop
 
     def text(self, message) -> str:

@@ -222,7 +222,8 @@ class Rank:
         phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
         held = self.model.weights_info()
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context}, "
-                    f"weights {held['format']} {held['bytes'] / 1e9:.3f} GB (start-up {phases})")
+                    f"weights {held['format']} {held['bytes'] / 1e9:.3f} GB, vision {decoder.info['vision']} "
+                    f"(start-up {phases})")
         return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size,
                               decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes()},
                               choice={"why": self.choice.why, "selftest": self.choice.selftest} if self.choice else None)

@@ -151,7 +151,8 @@ class Vision:
             return hit
         out = self.tower.forward(torch.from_numpy(s.pixels.values), s.pixels.grid)
         self.encoder_runs += 1
-        self.encoded.append((s.digest, hashlib.sha256(out.float().cpu().numpy().tobytes()).hexdigest()))
+        raw = out.contiguous().view(torch.uint8).cpu().numpy()  # the output's own bits, any dtype
+        self.encoded.append((s.digest, hashlib.sha256(raw.tobytes()).hexdigest()))
         self.cache[s.digest] = out
         self._trim({sp.digest for sp in self.spans})  # this request's images stay until its prefill is done
         return out

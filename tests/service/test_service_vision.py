@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import functools
 import os
+from pathlib import Path
 
 import openai
 import pytest
@@ -80,6 +81,8 @@ def ask(client, content, history=()):
 def test_health_names_vision_on(svc):
     body = svc.client.get("/health").json()
     assert body["vision"] == "on" and body["max_images"] == 2 and body["allow_image_urls"] is False
+    logs = [p.read_text() for p in Path(svc.state_dir, "logs").glob("rank*.g*.log")]
+    assert len(logs) == 2 and all("vision on" in text for text in logs)  # each rank loaded its own tower
 
 
 def test_one_and_two_images_answer_as_transformers(client):
@@ -159,3 +162,21 @@ def test_the_acceptance_scenario_is_waived_with_the_reason_without_vision(svc):
     ctx.is_engine = False
     assert "bundled engine" in accept_images._applicable(ctx)
     ctx.close()
+
+
+def test_no_vision_leaves_the_tower_unloaded_and_refuses_images_naming_the_flag():
+    s = ServiceProcess("--max-context", "512", "--no-vision", model=vision_demo(), api_key=KEY,
+                       stall_timeout_s=60, allreduce_timeout_s=30)
+    try:
+        s.wait_healthy()
+        h = s.client.get("/health").json()
+        assert h["vision"] == "off"
+        logs = [p.read_text() for p in Path(s.state_dir, "logs").glob("rank*.g*.log")]
+        assert len(logs) == 2 and all("vision off" in text for text in logs)  # both ranks left the tower unloaded
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(client, [{"type": "image_url", "image_url": {"url": data_uri(image(64, 64, 1))}}])
+        assert "--no-vision" in e.value.message
+        assert ask(client, "just text").choices[0].finish_reason in ("length", "stop")
+    finally:
+        s.stop()
