@@ -156,6 +156,10 @@ def _moe_mlp(cfg, p: str) -> list[tuple[str, tuple[int, ...], str]]:
 
 
 def _tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    if cfg["model_type"] == "qwen3_5":  # the multimodal wrapper (engine.vision.demo: --vision)
+        from engine.vision.demo import tensor_names
+
+        return tensor_names(cfg)
     if cfg["model_type"] == "qwen3_5_text":
         from engine.core import config as ecfg
 

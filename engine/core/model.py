@@ -407,6 +407,9 @@ class Model:
         # chunked rule as engine.core.gdn_chunk's kernel; None = runner.device_kernels' at the first prefill
         self.kernels: str | None = None
         self._inv_freq = inv_freq(cfg).to(self.device)
+        # a prompt's embeddings (tokens [1, T], pos0) -> [1, T, D] while a prompt with images is prefilled
+        # (engine.vision.prompt.Vision.embed: the image tokens' rows are the vision tower's); None = the table's rows
+        self.embed_prompt = None
 
     @property
     def attention_layers(self) -> list[Layer]:
@@ -564,7 +567,8 @@ class Model:
         cfg = self.cfg
         t = tokens.shape[1]
         cos, sin = self.chunk_inputs(t, pos0)
-        x = self.layers_forward(F.embedding(tokens, self.embed), lambda layer, h: (
+        x = F.embedding(tokens, self.embed) if self.embed_prompt is None else self.embed_prompt(tokens, pos0)
+        x = self.layers_forward(x, lambda layer, h: (
             self._attention(layer, h, cos, sin, pos0) if layer.kind == "full_attention"
             else self._linear_attention(layer, h, pos0, states)))  # [1, T, D]
         x = rms_norm(x if all_logits or hidden else x[:, -1:], self.norm, cfg.rms_norm_eps, self.zc)

@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.service import app_openapi, watchdog
+from engine.service import app_openapi, images, watchdog
 from engine.service.app_answer import Answer, usage_body
 from engine.service.app_http import (
     ApiError,
@@ -55,6 +55,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
     cfg = service.cfg
     pool = pool or TextPool(cfg.model_dir, cfg.served_model_name, cfg.text_workers, cfg.text_jobs_per_client,
                            cfg.chat_template)
+    pictures = images.ProxyImages.from_serve(cfg, text)  # image_url parts (engine.service.images)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -73,6 +74,8 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
     app.add_middleware(EdgeMiddleware, body_limit_bytes=cfg.body_limit_bytes, log=service.log,
                        metrics=service.metrics)
     app.add_exception_handler(ApiError, lambda request, exc: error_response(exc))
+    app.add_exception_handler(images.ImageRefused, lambda request, exc: error_response(ApiError(400, exc.message,
+                                                                                                exc.param)))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected(service))
@@ -102,7 +105,8 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 "chat_template": text.chat_template(),
                 # MTP drafts are judged without a grammar or penalties: such requests decode one token a step
                 "not_speculated": ["response_format json", "tool_choice required or named", "logit_bias",
-                                   "penalties", "top_k", "min_p", "logprobs"] if cfg.draft_tokens else []}
+                                   "penalties", "top_k", "min_p", "logprobs"] if cfg.draft_tokens else [],
+                **pictures.health()}
         return SafeJSONResponse(body, status_code=200 if up else 503)
 
     @app.get("/openapi.json", include_in_schema=False)
@@ -162,23 +166,30 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
     async def chat(body: ChatRequest, request: Request):
         check_api_key(request, cfg.api_key)
         _check_common(body, text)
+        pics = await pictures.load(body.messages)  # every limit answered 400 (images.ImageRefused)
         for i, m in enumerate(body.messages):
-            if m.media():
+            if m.media() and not pictures.serves(m.media()):
                 raise ApiError(400, f"messages.{i}.content: {m.media()[0]} input is not served: this engine runs the "
                                     f"model's text decoder only (a multimodal checkpoint's vision weights are not "
                                     f"loaded); send text parts", f"messages.{i}.content")
             _check_text(m.text(), f"messages.{i}.content")
         plan = tool_plan(body)
-        prompt_text, prompt_ids = await _tokens(request, pool.chat, body.template_messages(), plan.template_tools,
+        messages = body.template_messages()
+        for msg, m in zip(messages, body.messages):
+            if m.media():  # the image placeholder where each image part is (engine.service.images)
+                msg["content"] = pictures.text(m)
+        prompt_text, prompt_ids = await _tokens(request, pool.chat, messages, plan.template_tools,
                                                 body.chat_template_kwargs)
+        prompt_ids = pictures.expand(prompt_ids, pics)
         reasoning = "none"
         if reasoning_parser(cfg.reasoning_parser, text):
             reasoning = "open" if prompt_opens_reasoning(prompt_text) else "detect"
         output = ChatOutput(reasoning=reasoning, tools=plan.parse_tools, forced=plan.forced)
-        return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat", output, plan.grammar)
+        return await _serve(request, body, prompt_ids, body.requested_max_tokens(), "chat", output, plan.grammar,
+                            pics)
 
     async def _serve(request: Request, body, prompt_ids: list[int], max_tokens: int | None, kind: str,
-                     output: ChatOutput | None = None, grammar: dict | None = None):
+                     output: ChatOutput | None = None, grammar: dict | None = None, pics=()):
         field = "messages" if kind == "chat" else "prompt"
         if not prompt_ids:
             raise ApiError(400, f"{field}: the prompt is empty (it encodes to no tokens)", field)
@@ -199,7 +210,8 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         temperature = 0.0 if body.temperature < GREEDY_BELOW else body.temperature
         params = GenerateParams(prompt_ids=tuple(prompt_ids), max_tokens=max_tokens or 1,
                                 temperature=temperature, top_p=body.top_p, seed=seed,
-                                stop_token_ids=eos_ids, sampling=_sampling(body, text), grammar=grammar)
+                                stop_token_ids=eos_ids, sampling=_sampling(body, text), grammar=grammar,
+                                images=tuple(images.wire(pics)))
         try:
             job = service.submit(params, kind)
         except (Unavailable, QueueFull) as exc:

@@ -58,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
                           "logit_bias}][, "
                           "\"draft_tokens\": K for MTP speculation]}, one "
                           "model load for all; prints one {\"token_ids\", \"text\"} line per request, in order")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image (PNG, JPEG, WebP) for a model with a vision tower, once per image-pad token of the "
+                        "prompt, in order (e.g. --prompt '<|vision_start|><|image_pad|><|vision_end|>What is it?')")
     p.add_argument("--max-tokens", type=int, default=16, metavar="N",
                    help="tokens to generate; prompt + N must fit the model's positions (default: 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0.0)")
@@ -141,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.load(args.model)
     tok = Tokenizer.from_dir(args.model)
     if args.batch is not None:
+        if args.image:
+            raise ValueError("--image goes with one --prompt or --prompt-ids, not --batch")
         return _batch(args, cfg, tok)
     if args.prompt is not None:
         if tok is None:
@@ -148,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         ids = tok.encode(args.prompt)
     else:
         ids = _parse_ids(args.prompt_ids)
+    args.image_bytes = [open(f, "rb").read() for f in args.image]
+    if args.image_bytes:
+        ids = _expand(args.model, ids, args.image_bytes)
     bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if bad:
         raise ValueError(f"prompt ids {bad[:5]} are outside the vocabulary [0, {cfg.vocab_size})")
@@ -172,6 +180,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _expand(model_dir: str, ids: list[int], data: list[bytes]) -> list[int]:
+    """The prompt's image-pad tokens expanded to each image's token count (engine.vision.serve)."""
+    from engine.vision import config as vconfig
+    from engine.vision import serve as vserve
+
+    vcfg = vconfig.load(model_dir)
+    if vcfg is None:
+        raise ValueError(f"{model_dir} has no vision_config in config.json: --image needs a model with a vision tower")
+    return vserve.expand_prompt(ids, data, vcfg, vconfig.image_rules(model_dir, vcfg))
+
+
 def _tp1(args, cfg, ids, stop, dtype, max_context, spec: dict) -> tuple[list[int], dict]:
     import torch
 
@@ -183,8 +202,16 @@ def _tp1(args, cfg, ids, stop, dtype, max_context, spec: dict) -> tuple[list[int
     weights.load_into(model, args.model)
     model.setup_cache(max_context)
     info: dict = {}
+    vision, spec_tokens = None, args.spec_tokens
+    if args.image_bytes:
+        from engine.vision import serve as vserve
+        from engine.vision.load import load_vision
+
+        vision = load_vision(model, args.model)
+        ids, spec_tokens = vserve.begin(vision, {"prompt_ids": ids, "images": vserve.wire(args.image_bytes)},
+                                        spec_tokens)
     out, _ = runner.run(model, ids, args.max_tokens, Sampler(args.temperature, args.top_p, args.seed), stop, 256,
-                        info=info, spec_tokens=args.spec_tokens)
+                        info=info, spec_tokens=spec_tokens)
     spec.update(info.get("spec") or {})
     return out, model.weights_info()
 
@@ -255,8 +282,10 @@ def _tp2(args, ids, stop, dtype, max_context, spec: dict) -> tuple[list[int], di
             from engine.core.runner import describe
 
             print(f"rank 0: {describe(pair.ready[0]['decode'])}", file=sys.stderr)
+        from engine.vision.serve import wire
+
         tokens, done = pair.generate(protocol.generate("g1", ids, args.max_tokens, args.temperature, args.top_p,
-                                                    args.seed, sorted(stop)))
+                                                    args.seed, sorted(stop), images=wire(args.image_bytes)))
     except LaunchError as e:
         raise RanksFailed(f"generation failed: {e}") from None
     finally:

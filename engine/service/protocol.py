@@ -93,9 +93,10 @@ def fault_armed(what: str, at_step: int | None) -> dict[str, Any]:
 
 def generate(req_id: str, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, stop_token_ids: list[int] | None = None, sampling: dict | None = None,
-             grammar: dict | None = None) -> dict[str, Any]:
+             grammar: dict | None = None, images: list[str] | None = None) -> dict[str, Any]:
     """``sampling``: engine.core.logits_processors.Processing's fields (top_k, min_p, penalties, logit_bias as
-    [[id, bias]], logprobs); ``grammar``: engine.core.grammar's spec of a constrained answer. Absent: plain."""
+    [[id, bias]], logprobs); ``grammar``: engine.core.grammar's spec of a constrained answer; ``images``: base64
+    of each image's file bytes, in prompt order (engine.vision.serve). Absent: plain, no images."""
     msg = {"type": "generate", "id": req_id, "prompt_ids": list(prompt_ids), "max_tokens": int(max_tokens),
            "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
            "stop_token_ids": list(stop_token_ids or [])}
@@ -103,6 +104,8 @@ def generate(req_id: str, prompt_ids: list[int], max_tokens: int, temperature: f
         msg["sampling"] = sampling
     if grammar:
         msg["grammar"] = grammar
+    if images:
+        msg["images"] = list(images)
     return msg
 
 

@@ -39,10 +39,12 @@ class GenerateParams:
     stop_token_ids: tuple[int, ...]
     sampling: dict | None = None  # top_k, min_p, penalties, logit_bias, logprobs (protocol.generate)
     grammar: dict | None = None   # a constrained answer's grammar (engine.core.grammar)
+    images: tuple[str, ...] = ()  # base64 of each image's file bytes, in prompt order (engine.service.images)
 
     def message(self, request_id: str) -> dict:
         return protocol.generate(request_id, list(self.prompt_ids), self.max_tokens, self.temperature,
-                                 self.top_p, self.seed, list(self.stop_token_ids), self.sampling, self.grammar)
+                                 self.top_p, self.seed, list(self.stop_token_ids), self.sampling, self.grammar,
+                                 images=list(self.images))
 
 
 @dataclass

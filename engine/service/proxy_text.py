@@ -57,11 +57,12 @@ def load_model_text(model_dir: str, served_model_name: str | None, template_file
     root = Path(model_dir)
     files = files_dir(root)
     config = json.loads((files / "config.json").read_text())
-    eos = config.get("eos_token_id")
+    text_cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}  # a multimodal wrapper
+    eos = config.get("eos_token_id", text_cfg.get("eos_token_id"))
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     # The demo model names itself in config.json's "v100plan" block; other models go by their directory.
     model_id = served_model_name or (config.get("v100plan") or {}).get("model_id") or root.name
-    return ModelText(model_id=model_id, vocab_size=int(config["vocab_size"]), eos_token_ids=eos_ids,
+    return ModelText(model_id=model_id, vocab_size=int(config.get("vocab_size") or text_cfg["vocab_size"]), eos_token_ids=eos_ids,
                      tokenizer=Tokenizer.from_dir(files), template_file=template_file)
 
 

@@ -56,6 +56,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="prefill every prompt from its first token (default: reuse what the ranks hold, "
                         "engine.core.prefix)")
     speculative.add_arguments(p)
+    p.add_argument("--no-vision", action="store_true",
+                   help="do not load the checkpoint's vision tower (its memory stays free; images are refused)")
     p.add_argument("--generation", type=int, default=0, help="start counter from the supervisor (epoch)")
     p.add_argument("--enable-fault-injection", action="store_true")
     p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
@@ -197,11 +199,18 @@ class Rank:
 
             mtp.check_draft_tokens(self.model, self.spec_tokens)  # at start, not at the first request
         self.model.setup_cache(a.max_context)
+        from engine.vision.load import load_vision
+
+        self.vision = None if a.no_vision else load_vision(self.model, a.model)  # replicated on both ranks
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
                                  spec_tokens=self.spec_tokens)
         decoder.info["prefix_cache"] = "off" if a.no_prefix_cache else "on"  # /health says it (every stats too)
+        from engine.vision import config as vconfig
+        from engine.vision import serve as vserve
+
+        decoder.info.update(vserve.health(self.vision, vconfig.load(a.model) is not None))
         marks.append(("decode_prep", time.monotonic()))
         # One unseen request now, so the first real one after a (re)start does not pay the prefill path's
         # one-time costs (docs/service.md, "Start-up"): the ranks run it together, before `ready`.
@@ -217,7 +226,8 @@ class Rank:
         phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
         held = self.model.weights_info()
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context}, "
-                    f"weights {held['format']} {held['bytes'] / 1e9:.3f} GB (start-up {phases})")
+                    f"weights {held['format']} {held['bytes'] / 1e9:.3f} GB, vision {decoder.info['vision']} "
+                    f"(start-up {phases})")
         return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size,
                               decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes()},
                               choice={"why": self.choice.why, "selftest": self.choice.selftest} if self.choice else None)
@@ -310,6 +320,7 @@ class Rank:
         from engine.core.lockstep import LockstepFailure, Record, judge, token_hash
         from engine.core.logits_processors import Processing
         from engine.core.sampling import Sampler
+        from engine.vision import serve as vserve
 
         def constraint_for(spec):
             if not spec:
@@ -346,7 +357,7 @@ class Rank:
                     if checked is not None:  # this token was checked with the peer inside its step's graph
                         cancel = judge(checked, seq["n"], self.r)
                     else:
-                        h = token_hash(toks, sampler.offset)
+                        h = token_hash(toks, sampler.offset) ^ vserve.lockstep_hash(self.vision)
                         if phase == "decode" and self._fault("corrupt_hash", k):
                             log(self.r, f"fault injection: corrupting this rank's hash at step {k}")
                             h ^= 1
@@ -370,12 +381,13 @@ class Rank:
             reply = None
             info: dict = {}
             try:
-                out, reason = runner.run(self.model, list(req["prompt_ids"]), int(req["max_tokens"]), sampler,
+                ids, spec_tokens = vserve.begin(self.vision, req, self.spec_tokens)  # images: engine.vision
+                out, reason = runner.run(self.model, ids, int(req["max_tokens"]), sampler,
                                          set(req.get("stop_token_ids") or []), self.prefill_chunk(), hook,
                                          flags=flags, info=info,
                                          # a request with penalties, a bias or a grammar is not speculated: its
                                          # drafts would be judged without them (docs/service.md)
-                                         spec_tokens=self.spec_tokens if sampler.plain else 0)
+                                         spec_tokens=spec_tokens if sampler.plain else 0)
             except (LockstepFailure, PathError):
                 raise  # a fault of the rank pair, not of the request: the proxy restarts both
             except Exception as e:  # noqa: BLE001 - any other failure belongs to this request alone
@@ -396,6 +408,8 @@ class Rank:
                 reply = protocol.done(rid, reason, len(req["prompt_ids"]), len(out), decode=stats,
                                       cached_tokens=int(info.get("cached_tokens", 0)))
             finally:
+                if self.vision is not None:
+                    self.vision.end()
                 self.cancelled.discard(rid)
                 self.busy = False  # idle before the answer leaves: a ping after "done" finds the rank idle
             server.send(reply)

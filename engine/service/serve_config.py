@@ -90,6 +90,10 @@ class ServeConfig:
     draft_tokens: int = 0              # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
     chat_template: str | None = None   # --chat-template FILE (absolute): wins over the model's own template
     reasoning_parser: str = "auto"     # qwen3: reasoning apart (reasoning_content); none: inline; auto: by vocabulary
+    no_vision: bool = False            # True: the ranks do not load the vision tower; images are refused
+    allow_image_urls: bool = False     # True: image_url parts may name http(s) URLs the proxy fetches
+    max_images: int = 4                # image parts per request
+    max_image_pixels: int = 16_777_216  # width x height of one image (engine.service.images)
 
     @property
     def is_loopback(self) -> bool:
@@ -171,6 +175,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill every prompt from its first token (default: a prompt that starts with what the "
                              "ranks last processed prefills only the rest; usage.prompt_tokens_details.cached_tokens)")
     speculative.add_arguments(parser)
+    parser.add_argument("--no-vision", action="store_true",
+                        help="do not load a multimodal checkpoint's vision tower (frees its memory; images are refused; "
+                             "default: loaded when the checkpoint has one)")
+    parser.add_argument("--allow-image-urls", action="store_true",
+                        help="fetch http(s) image URLs (the proxy then reaches any URL a client names; default: off, only "
+                             "inline data: URIs)")
+    parser.add_argument("--max-images", type=int, default=4, help="image parts per request (default: %(default)s)")
+    parser.add_argument("--max-image-pixels", type=int, default=16_777_216,
+                        help="width x height of one image, checked from its header before decoding (default: %(default)s)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a rank making no progress this long during a request (or not answering an "
@@ -267,6 +280,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     for name in ("max_connections", "text_workers", "text_jobs_per_client"):
         if getattr(args, name) < 1:
             raise ServeConfigError(f"--{name.replace('_', '-')} must be 1 or more")
+    if args.max_images < 0 or args.max_image_pixels < 1:
+        raise ServeConfigError("--max-images must be 0 or more and --max-image-pixels 1 or more")
     devices = parse_devices(args.device)
     dtype = args.dtype or ("float32" if devices[0] == "cpu" else "float16")
     ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
@@ -282,7 +297,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "log_file": args.log_file or os.path.join(state_dir, SERVICE_LOG),
         "draft_tokens": _draft_tokens(args),
         "chat_template": _chat_template(args.chat_template),
-        "body_limit_bytes": args.body_limit_bytes or body_limit_for(args.max_context or native_context(model)),
+        # room for the images too (base64 of up to 20 MiB each: engine.service.images.ImageLimits.max_bytes)
+        "body_limit_bytes": args.body_limit_bytes or body_limit_for(args.max_context or native_context(model))
+        + (0 if args.no_vision else args.max_images * (28 << 20) * has_vision(model)),
     }
     # Every other field is the flag of the same name (a new field without one fails here, at once).
     flags = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if f.name not in computed}
@@ -297,6 +314,14 @@ def native_context(model: Path) -> int:
         return 0
     raw = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     return int(raw.get("max_position_embeddings") or 0)
+
+
+def has_vision(model: Path) -> bool:
+    """The model config has a vision_config (a multimodal checkpoint with its tower)."""
+    try:
+        return isinstance(json.loads((files_dir(model) / "config.json").read_text()).get("vision_config"), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def body_limit_for(context: int) -> int:
@@ -352,6 +377,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.no_prefix_cache:
         cmd.append("--no-prefix-cache")
+    if cfg.no_vision:
+        cmd.append("--no-vision")
     if cfg.draft_tokens:
         cmd += ["--speculative", "mtp", "--draft-tokens", str(cfg.draft_tokens)]
     if cfg.enable_fault_injection:
