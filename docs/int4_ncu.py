@@ -5,6 +5,7 @@ Run from the repository root: python3 docs/int4_ncu.py."""
 
 import torch  # noqa: TID253 - a device script, not part of the package
 
+from engine import tuning
 from engine.bench.int4 import _packed
 from engine.core import gemv, gemv_int4
 
@@ -21,4 +22,4 @@ for name, (n, k), pro in (("gate_up", (34816, 5120), gemv.PROLOGUE_NORM), ("down
         else:
             gemv_int4.launch(pro, x, w, None, out)
     torch.cuda.synchronize()
-    print(name, n, k, w.nbytes, "bytes", gemv_int4.BLOCKS.get((gemv.PROLOGUE_NAMES[pro], n, k)))
+    print(name, n, k, w.nbytes, "bytes", tuning.active().int4.get((gemv.PROLOGUE_NAMES[pro], n, k)))

@@ -33,8 +33,6 @@ class EpilogueExchange:
         self.inbox, self.peer_inbox = inbox, peer_inbox
         self.rank, self.timeout_ns, self.failed = rank, int(timeout_ns), failed
         self.serial = serial if serial is not None else torch.zeros(1, dtype=torch.int32, device=inbox.device)
-        # the receiving GEMV's program 0 raises this (tag << 32) once the summed row is written
-        self.ready = torch.zeros(1, dtype=torch.int64, device=inbox.device)
         self.slot_words = inbox.shape[1]
 
     def words_for(self, n: int, dtype: torch.dtype) -> int:
@@ -75,8 +73,8 @@ class Ticket:
 @dataclass(frozen=True)
 class Sent:
     """A partial output that was sent: this rank's rows (``part``, [1, 1, D]) and the ticket the peer's
-    arrive under. The next norm GEMV receives it (engine.core.gemv.linear_norm); Model.decode_step passes it
-    on where an allreduce result would go."""
+    arrive under. The receive kernel (EpilogueExchange.receive) or the step's finish sums it; Model.decode_step
+    passes it on where an allreduce result would go."""
     part: torch.Tensor
     ticket: Ticket
 
@@ -190,13 +188,11 @@ def kernels() -> Kernels:
 
 
 def ticket_args(ticket, timeout_dummy: torch.Tensor) -> tuple:
-    """(peer inbox, own inbox, serial, failed, slot offset, e, timeout_ns, ready flag) of a ticket, or dummies."""
+    """(peer inbox, serial, slot offset, e) of a ticket, or dummies: what a sending GEMV takes."""
     if ticket is None:
-        t = timeout_dummy
-        return t, t, t, t, 0, 0, 0, t
+        return timeout_dummy, timeout_dummy, 0, 0
     xs = ticket.xs
-    return (xs.peer_inbox, xs.inbox, xs.serial, xs.failed, ticket.slot * xs.slot_words, ticket.e, xs.timeout_ns,
-            xs.ready)
+    return xs.peer_inbox, xs.serial, ticket.slot * xs.slot_words, ticket.e
 
 
 def epw(dtype: torch.dtype) -> int:

@@ -609,9 +609,7 @@ class Model:
         mask_bias = torch.where(torch.arange(window, device=self.device) <= pos, zero, float("-inf"))
         mask_bias = mask_bias.view(1, 1, 1, window)  # [1, 1, 1, W]
         delta = torch.zeros_like(x)
-        xs = self.epilogue_exchange(blocks, exchange)
-        if xs is not None:  # "norm-receive": the next norm GEMV receives what was sent
-            recv = xs.receive if exchange == "send" else (lambda sent: sent)
+        xs = self.epilogue_exchange(blocks, exchange)  # "send": a small kernel receives what the GEMVs sent
         for i, layer in enumerate(self.layers):
             kw = {} if xs is None else {"send": xs.ticket(2 * i, cfg.hidden_size, self.dtype)}
             if layer.kind == "full_attention":
@@ -625,7 +623,7 @@ class Model:
             else:
                 x, part = gdn(x, delta, pos, *layer.gdn_tensors(), nk=layer.nk, nv=layer.nv, dk=layer.dk,
                               dv=layer.dv, eps=cfg.rms_norm_eps, **zc, **kw)
-            delta = recv(part) if xs is not None else self._reduce(part)
+            delta = xs.receive(part) if xs is not None else self._reduce(part)
             kw = {} if xs is None else {"send": xs.ticket(2 * i + 1, cfg.hidden_size, self.dtype)}
             if layer.mlp == "moe":  # the routed experts in torch, the shared expert through the path's mlp block
                 x, part = moe_block(x, delta, *layer.moe_tensors(), k=layer.top_k, norm_topk=layer.norm_topk,
@@ -633,7 +631,7 @@ class Model:
             else:
                 x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **zc, **kw)
             last = i + 1 == len(self.layers)  # the last exchange is summed by xs.finish (it bumps the serial)
-            delta = self._reduce(part) if xs is None else part if last else recv(part)
+            delta = self._reduce(part) if xs is None else part if last else xs.receive(part)
         if xs is not None:  # the final norm in the last exchange's kernel (rows of up to 8192: epilogue_exchange)
             x = xs.finish(delta, x, self.norm, cfg.rms_norm_eps, **zc)
         else:

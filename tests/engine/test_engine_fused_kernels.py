@@ -46,12 +46,6 @@ def test_fused_is_chosen_only_where_triton_targets_the_card(device, cap, triton,
     assert got == want and why in reason
 
 
-def test_the_default_on_a_triton_card_follows_the_recorded_measurement():
-    got, _ = runner.kernel_choice("cuda", (9, 0), True)
-    assert got == ("fused" if runner.FUSED_DEFAULT else "gemv")
-    assert runner.kernel_choice("cuda", (7, 0), True)[0] == "eager"  # the V100 path: plain blocks, fp16
-
-
 def test_a_cpu_decoder_asked_for_fused_kernels_runs_the_plain_blocks():
     import torch
 
