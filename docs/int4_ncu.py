@@ -1,4 +1,4 @@
-"""Launches the int4 GEMV the decode step runs (engine.core.gemv_int4.launch: the row kernel, then the GEMV) on
+"""Launches the int4 GEMV the decode step runs (engine.kernels.gemv_int4.launch: the row kernel, then the GEMV) on
 two of the 27B shape's matrices at TP1, gate/up (norm prologue) and down (SiLU prologue), words held in tiles as
 the engine holds them, three calls each, for Nsight Compute to read its counters (docs/h200_defaults_run.sh c).
 Run from the repository root: python3 docs/int4_ncu.py."""
@@ -7,7 +7,7 @@ import torch  # noqa: TID253 - a device script, not part of the package
 
 from engine import tuning
 from engine.bench.int4 import _packed
-from engine.core import gemv, gemv_int4
+from engine.kernels import gemv, gemv_int4
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(0)

@@ -2,7 +2,7 @@
 before triton is first imported; the file name keeps the main run from collecting it).
 
 The TP2 exchange inside the decode step's GEMVs (engine/allreduce/epilogue.py, the SEND / RECV parts of
-engine/core/gemv.py's prologue kernel and its finish kernel) on CPU tensors:
+engine/kernels/gemv.py's prologue kernel and its finish kernel) on CPU tensors:
   - kernel by kernel, the two ranks' inboxes cross-wired in one process: what a norm GEMV receives is bit for
     bit what it computes from torch's ``part0 + part1``; the finish kernel gives the sum and bumps the serial;
     a receive whose peer has not sent this step's words (stale words of an earlier step in the slot) does not
@@ -58,7 +58,7 @@ def _t(*shape, dtype, g, scale=1.0, mean=0.0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(3)
     d, k_heads, ff = 128, 96, 80
@@ -107,7 +107,7 @@ def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
 
 
 def test_a_receive_never_takes_an_earlier_steps_words_it_waits_and_fails():
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(4)
     dtype, d = torch.bfloat16, 64

@@ -3,7 +3,7 @@
 process of its own; the file name keeps the main run from collecting it).
 
 The fused decode kernels (kernel choice "fused", engine/core/attention.py and the prologue GEMVs of
-engine/core/gemv.py) against the plain torch blocks on CPU tensors: the norm / SiLU prologues, the one-kernel
+engine/kernels/gemv.py) against the plain torch blocks on CPU tensors: the norm / SiLU prologues, the one-kernel
 attention (q/k norm, RoPE, cache write, split-window softmax, both ways of combining the splits) and whole
 decode steps of small real architectures. float32 must agree to rounding; bf16 must be as close to float32
 as the plain bf16 blocks are (at most 1.5x their error, floor 1e-3: the variants bench's bar). The interpreter
@@ -49,7 +49,7 @@ def _t(*shape, dtype, g, scale=1.0, mean=0.0):
 @pytest.mark.parametrize("bias", [False, True])
 def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, bias):
     """Statistics first, then the product of the normalised row (Hugging Face's rounding)."""
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(1)
     n = 96  # not a multiple of the rows per program
@@ -75,7 +75,7 @@ def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, b
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_prologue_gemv_is_the_down_product_of_silu_gate_times_up(dtype):
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(2)
     ff, n = 192, 80

@@ -1,7 +1,7 @@
 """Cases run by tests/engine/test_engine_int4_kernels.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
 before triton is first imported: hence a process of its own; the file name keeps the main run from collecting it).
 
-engine/core/gemv_int4.py's kernels on packed weights (engine.core.quant.PackedLinear) against dequantise-then-
+engine/kernels/gemv_int4.py's kernels on packed weights (engine.core.quant.PackedLinear) against dequantise-then-
 matmul: the plain, norm and SiLU prologues, group sizes 32 / 64 / 128 / one group, a desc_act input order, the
 send epilogue's tagged words, the prefill dequantisation; and whole decode steps of a GPTQ and an AWQ model through
 the fused blocks against the plain blocks."""
@@ -52,7 +52,7 @@ def packed(n: int, k: int, group: int, g, zero_offset: int = 1, desc_act: bool =
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("split,stages", [(1, 2), (2, 2), (2, 1)])  # split-K in two; next tile prefetched or not
 def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k, blocks, dtype, split, stages):
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(n + k)
     w = packed(n, k, group, g, desc_act=desc_act)
@@ -83,7 +83,7 @@ def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_s
     taken off as fp16 pairs) and the float32-planes form against dequantise-then-matmul, for activations of
     order 1 and of order 3000 (without the per-tile scale fp16 products and sums of such h would overflow), with
     both GPTQ's zero offset 1 and AWQ's 0; on the interpreter the pairs form runs its float32 form."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(11)
     for zoff in (1, 0):
@@ -105,7 +105,7 @@ def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_s
 def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
     """int4_row_kernel's pairs form: word i's pair p holds h[8 i + p] (low half) and h[8 i + p + 4] (high half)
     times 2^(5 - e) with e = floor(log2 max |h|) over the tile, and the tile's factor is 2^(e - 5)."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(12)
     k, sub = 256, 128
@@ -126,7 +126,7 @@ def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
 
 
 def test_prefill_dequantise_kernel_is_the_reference_dequantise():
-    from engine.core import gemv_int4
+    from engine.kernels import gemv_int4
 
     g = torch.Generator().manual_seed(5)
     for group, zoff in ((32, 1), (128, 0), (-1, 0)):
@@ -148,7 +148,7 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, grou
     """quant.PackedLinear.tiled: the GEMV on the words held in tiles reads the same words and sums them in the
     same order as on rows, for every loop form (no prefetch, one tile ahead; planes and fp16
     pairs), split-K, and row blocks smaller and larger than the held tile."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(n + k + tb)
     w = packed(n, k, group, g, desc_act=desc_act)
@@ -168,7 +168,7 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, grou
 
 def test_send_epilogue_writes_the_rows_tagged_into_the_peer_inbox():
     """The TP2 exchange from the int4 GEMV (mode "send"): 8-byte words, tag above, two bf16 values below."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     class Xs:  # the fields engine.allreduce.epilogue's exchange hands the kernels
         def __init__(self):
@@ -201,8 +201,9 @@ def test_fused_decode_step_on_packed_weights_is_the_plain_step(method, group, ti
     """tiles: loaded as on a GPU, the words held in tiles (gemv_int4.held); the plain step's products then read
     them back in rows."""
     from engine.core import config as ecfg
-    from engine.core import gemv_int4, weights
+    from engine.core import weights
     from engine.core.model import Model
+    from engine.kernels import gemv_int4
     from tests.quant_helpers import make_quantised
 
     if tiles:

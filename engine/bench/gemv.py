@@ -1,5 +1,5 @@
 """`python -m engine.bench.gemv`: the decode step's one-row products, cuBLAS (F.linear) against the Triton
-GEMV (engine.core.gemv) at each block configuration, on the shapes of the 8B models at TP1 and TP2.
+GEMV (engine.kernels.gemv) at each block configuration, on the shapes of the 8B models at TP1 and TP2.
 
 Per product shape, L distinct random weight matrices (one per layer, so nothing stays in the 60 MB L2)
 are multiplied in one CUDA graph; time = median of 5 batches of 20 replays / L. Each configuration's
@@ -48,8 +48,9 @@ def fused(args, doc: dict) -> None:
     import torch.nn.functional as F
 
     from engine import tuning
-    from engine.core import attention, gemv
+    from engine.core import attention
     from engine.core.model import rms_norm, rotate_half
+    from engine.kernels import gemv
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -238,7 +239,8 @@ def main(argv: list[str]) -> int:
     import torch.nn.functional as F
 
     from engine import tuning
-    from engine.core import gemv, timing
+    from engine.core import timing
+    from engine.kernels import gemv
     from profiles.document import utc_now
 
     dev = torch.device("cuda:0")

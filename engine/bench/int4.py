@@ -1,4 +1,4 @@
-"""`python -m engine.bench.int4`: the int4 GEMV (engine.core.gemv_int4) on the 27B shape's matrices against the
+"""`python -m engine.bench.int4`: the int4 GEMV (engine.kernels.gemv_int4) on the 27B shape's matrices against the
 card's read bandwidth, the prefill product on packed weights, and the fused decode kernels in fp16 against bf16
 (the V100's dtype, timed on this card as a stand-in), printed as one JSON document.
 
@@ -120,7 +120,7 @@ def int4_gemv(args, doc: dict) -> None:
     import torch
     import torch.nn.functional as F
 
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -227,7 +227,7 @@ def prefill(args, doc: dict) -> None:
     import torch
     import torch.nn.functional as F
 
-    from engine.core import gemv_int4
+    from engine.kernels import gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(1)
@@ -254,7 +254,8 @@ def fp16_vs_bf16(args, doc: dict) -> None:
     """The dense fused kernels of one 27B full-attention layer at TP1, fp16 against bf16 (random weights)."""
     import torch
 
-    from engine.core import attention, gemv
+    from engine.core import attention
+    from engine.kernels import gemv
 
     dev = torch.device(args.device)
     d, ff, heads, kv, hd = 5120, 17408, 24, 4, 256
@@ -315,8 +316,9 @@ def step(args, doc: dict) -> None:
 
     from engine.bench import decode as dbench
     from engine.core import config as ecfg
-    from engine.core import gemv_int4, quant_config, weights
+    from engine.core import quant_config, weights
     from engine.core.model import Model
+    from engine.kernels import gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(3)

@@ -4,16 +4,16 @@ one-query attention, and the residual add + RMSNorm and SiLU(gate) * up folded i
 Per layer, ``attn_block_fused`` and ``mlp_block_fused`` (the signatures of engine.core.model's
 attn_block and mlp_block, so Model.decode_step runs them unchanged):
 
-  1. GEMV with a norm prologue (engine.core.gemv.linear_norm): h = RMSNorm(x + delta), qkv = h @ Wqkv^T (+ b);
+  1. GEMV with a norm prologue (engine.kernels.gemv.linear_norm): h = RMSNorm(x + delta), qkv = h @ Wqkv^T (+ b);
      program 0 also writes x + delta, the new residual.
   2. ``decode_attention``: from the qkv row, per kv head: q/k RMSNorm (Qwen3), RoPE at ``pos``, K/V written
      into the cache at ``pos``, and the attention of the g query heads of that kv head over cache positions
      [0, window) with positions past ``pos`` masked; the window is split over programs (flash-decoding:
      partial max / sum / accumulator in float32), and the last program of a kv head to finish combines the
      partials in a fixed order (one kernel; ``combine="kernel"`` runs the combine as a second kernel).
-  3. o_proj GEMV (engine.core.gemv.linear).
+  3. o_proj GEMV (engine.kernels.gemv.linear).
   4. GEMV with a norm prologue for gate/up (as 1).
-  5. GEMV with a SiLU(gate) * up prologue for down (engine.core.gemv.linear_silu).
+  5. GEMV with a SiLU(gate) * up prologue for down (engine.kernels.gemv.linear_silu).
 
 The earlier blocks (torch.compile'd, ``gemv``) ran ~15 kernels per layer; the ~1 ms a step those small
 kernels cost does not shrink when tensor parallelism halves the matrices (docs/engine-speed.md).
@@ -75,7 +75,7 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     gemv._prologue_kernel()
     rnd = gemv.rnd  # float32 -> dtype, round to nearest even (by hand under the interpreter)
@@ -364,8 +364,8 @@ def _kernels():
 
 def _interpreting() -> bool:
     # Triton's CPU interpreter multiplies 16-bit float tiles as raw integers (tl.dot gets float32 there) and
-    # rounds to bf16 by truncation (the kernels round by hand there: engine.core.gemv.rnd)
-    from engine.core.gemv import interpreting
+    # rounds to bf16 by truncation (the kernels round by hand there: engine.kernels.gemv.rnd)
+    from engine.kernels.gemv import interpreting
 
     return interpreting()
 
@@ -513,7 +513,7 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
     ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself. ``send`` (an
     engine.allreduce.epilogue.Ticket): o_proj's rows also go to the peer (the part returned is a Sent), and
     ``delta`` may be the previous block's Sent, received by the norm prologue."""
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     if not runs_here(x.device):
         from engine.core.model import attn_block
@@ -537,7 +537,7 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
 def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None, zc: bool = False):
     """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV
     (``send``: as attn_block_fused's)."""
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     if not runs_here(x.device):
         from engine.core.model import mlp_block

@@ -62,8 +62,8 @@ LAYER_KINDS = {
                  "fixed size per sequence",
         "tp2": "key and value heads split (conv channels, b/a rows, A_log, dt_bias follow); out_proj into the "
                "exchange",
-        "kernels": "gdn_block (torch: engine.core.gdn) or engine.core.gdn_fused's decode kernel; prefill: gdn.chunked "
-                   "or engine.core.gdn_chunk's kernel (one launch per layer and chunk)",
+        "kernels": "gdn_block (torch: engine.kernels.gdn) or engine.core.gdn_fused's decode kernel; prefill: gdn.chunked "
+                   "or engine.kernels.gdn_chunk's kernel (one launch per layer and chunk)",
     },
 }
 # What each kind of MLP holds (config.MLP_KINDS; per layer from cfg.mlp_types): both close with the allreduce.
@@ -163,7 +163,7 @@ def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_nor
     the g query heads of one kv head become g query rows against that kv head (no K/V copies), as two
     batched matrix products that spread the window over the whole GPU (a fused SDPA kernel parallelises
     over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench 2026-11-29).
-    ``linear``: the one-row product (F.linear, or engine.core.gemv.linear where Triton targets the card).
+    ``linear``: the one-row product (F.linear, or engine.kernels.gemv.linear where Triton targets the card).
     ``gated`` (Qwen3.5): q_proj's rows are [query | gate] per head and the output is scaled by sigmoid(gate)
     before o_proj; ``zc``: zero-centred norms; cos/sin may cover only the first part of the head.
     ``k_scale``/``v_scale``: the cache is int8 with these scales (engine.core.kvquant)."""
@@ -220,7 +220,7 @@ def gdn_mix(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, *, n
     """One token's work between a Gated DeltaNet layer's projections (the signature of
     engine.core.gdn_fused.gdn_decode, in torch): proj [conv channels | z | b | a] -> y [nv dv] in proj's dtype;
     the conv ring and the recurrent state are updated in place at ``pos`` (device [1])."""
-    from engine.core import gdn
+    from engine.kernels import gdn
 
     kd, vd = nk * dk, nv * dv
     mixed, z, b, a = proj.split([2 * kd + vd, vd, nv, nv])
@@ -404,7 +404,7 @@ class Model:
         self.max_context = 0
         self.decoder = None  # engine.core.runner.Decoder, set by runner.prepare(): how decode_step is run
         # the prefill's kernel choice (engine.core.runner.kernel_choice): "fused" runs the Gated DeltaNet layers'
-        # chunked rule as engine.core.gdn_chunk's kernel; None = runner.device_kernels' at the first prefill
+        # chunked rule as engine.kernels.gdn_chunk's kernel; None = runner.device_kernels' at the first prefill
         self.kernels: str | None = None
         self._inv_freq = inv_freq(cfg).to(self.device)
 
@@ -496,7 +496,7 @@ class Model:
         the layer's conv ring and recurrent state (both reset at position 0: a new sequence). ``states`` (the
         verification of speculative decoding): the tokens go through the decode step's recurrence one by one
         and (conv rings [T, C, K], recurrent states [T, nv, dk, dv]) after each position are appended to it."""
-        from engine.core import gdn
+        from engine.kernels import gdn
 
         t = h.shape[1]
         kd, vd = layer.nk * layer.dk, layer.nv * layer.dv
@@ -524,7 +524,7 @@ class Model:
         else:
             chunked = gdn.chunked
             if self._gdn_kernel(layer):
-                from engine.core import gdn_chunk
+                from engine.kernels import gdn_chunk
 
                 chunked = gdn_chunk.chunked
             o, final = chunked(q.view(t, layer.nk, layer.dk), k.view(t, layer.nk, layer.dk),
@@ -534,10 +534,11 @@ class Model:
         return matmul(y.reshape(1, t, vd), layer.w_out)
 
     def _gdn_kernel(self, layer: Layer) -> bool:
-        """Whether a linear-attention prefill runs engine.core.gdn_chunk's kernel: kernel choice "fused" (as
+        """Whether a linear-attention prefill runs engine.kernels.gdn_chunk's kernel: kernel choice "fused" (as
         the decode step takes engine.core.gdn_fused), where the kernels run and the head sizes fit; float32 (the
         reference dtype) keeps the torch form."""
-        from engine.core import attention, gdn_chunk
+        from engine.core import attention
+        from engine.kernels import gdn_chunk
 
         if self.kernels is None:
             from engine.core.runner import device_kernels

@@ -145,16 +145,16 @@ class PackedLinear:
         return out
 
     def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T + b. One row on a GPU: the dequantising GEMV (engine.core.gemv_int4); otherwise (a
+        """x [..., K] @ W^T + b. One row on a GPU: the dequantising GEMV (engine.kernels.gemv_int4); otherwise (a
         prefill chunk, the CPU) the chunk's product through the weight dequantised for this call only."""
         if x.device.type == "cuda" and x.numel() == self.in_features:
-            from engine.core import gemv_int4
+            from engine.kernels import gemv_int4
 
             return gemv_int4.linear(x, self, b)
         if self.perm is not None:
             x = x.index_select(-1, self.perm.long())
         if x.device.type == "cuda":
-            from engine.core import gemv_int4
+            from engine.kernels import gemv_int4
 
             return F.linear(x, gemv_int4.dequantise(self, x.dtype), b)
         return F.linear(x, self.dequantise_held(x.dtype), b)
@@ -210,15 +210,15 @@ class Rows:
         return [None] * len(self.parts) if b is None else list(b.split([p.shape[0] for p in self.parts], -1))
 
     def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T + b, part by part (engine.core.gemv.linear: the GEMV for a row on a GPU)."""
-        from engine.core import gemv
+        """x [..., K] @ W^T + b, part by part (engine.kernels.gemv.linear: the GEMV for a row on a GPU)."""
+        from engine.kernels import gemv
 
         return torch.cat([gemv.linear(x, p, pb) for p, pb in zip(self.parts, self._biases(b))], -1)
 
     def linear_norm(self, x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, b=None, zc: bool = False):
-        """engine.core.gemv.linear_norm part by part: the first part's kernel adds delta, the others normalise its
+        """engine.kernels.gemv.linear_norm part by part: the first part's kernel adds delta, the others normalise its
         x + delta again (the norm prologue costs one read of the row)."""
-        from engine.core import gemv
+        from engine.kernels import gemv
 
         bs = self._biases(b)
         first, x_out = gemv.linear_norm(x, delta, norm_weight, eps, self.parts[0], bs[0], zc=zc)

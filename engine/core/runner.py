@@ -14,7 +14,7 @@ step) and passes it into every step, capture and exchange:
            GEMV) where Triton targets the card; "eager" (by request, or without Triton): the plain blocks. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
            else the plain blocks; CPUs run the plain blocks. The prefill takes the same choice for this device
            (``device_kernels``, Model.kernels): "fused" runs the Gated DeltaNet layers' chunked rule as
-           engine.core.gdn_chunk's two kernels, anything else as engine.core.gdn.chunked.
+           engine.kernels.gdn_chunk's two kernels, anything else as engine.kernels.gdn.chunked.
   exchange (TP2) where the layers' partial outputs meet (engine.allreduce.epilogue): "send" where the fused blocks
            and the device mailbox take it, else "kernel" (the path's allreduce); V100PLAN_ENGINE_EXCHANGE overrides.
   lockstep (TP2) inside the step's graph (two Triton kernels from compute capability 8.0, else torch ops), or

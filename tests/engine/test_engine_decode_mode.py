@@ -152,16 +152,16 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_gemv_and_the_exchange_paths_do_not_import_each_other():
-    gemv, epilogue = _imports(REPO / "engine/core/gemv.py"), _imports(REPO / "engine/allreduce/epilogue.py")
+    gemv, epilogue = _imports(REPO / "engine/kernels/gemv.py"), _imports(REPO / "engine/allreduce/epilogue.py")
     assert not [m for m in gemv if m.startswith("engine.allreduce")], gemv
-    assert not [m for m in epilogue if m.startswith("engine.core.gemv")], epilogue
-    shared = _imports(REPO / "engine/core/exchange.py") | _imports(REPO / "engine/core/rounding.py")
-    assert not [m for m in shared if m.startswith(("engine.core.gemv", "engine.allreduce"))], shared
-    code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.core.gemv' in sys.modules; "
-            "import engine.core.gemv; print(a, e.EpilogueExchange.__module__)")
+    assert not [m for m in epilogue if m.startswith("engine.kernels.gemv")], epilogue
+    shared = _imports(REPO / "engine/kernels/exchange.py") | _imports(REPO / "engine/kernels/rounding.py")
+    assert not [m for m in shared if m.startswith(("engine.kernels.gemv", "engine.allreduce"))], shared
+    code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.kernels.gemv' in sys.modules; "
+            "import engine.kernels.gemv; print(a, e.EpilogueExchange.__module__)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and res.stdout.split() == ["False", "engine.core.exchange"], res.stderr[-2000:]
-    code = "import sys, engine.core.gemv; print('engine.allreduce.epilogue' in sys.modules)"
+    assert res.returncode == 0 and res.stdout.split() == ["False", "engine.kernels.exchange"], res.stderr[-2000:]
+    code = "import sys, engine.kernels.gemv; print('engine.allreduce.epilogue' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split() == ["False"], res.stderr[-2000:]
 
@@ -175,9 +175,9 @@ def test_the_gemv_kernel_names_its_prologues():
     import importlib.util
     import re
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
-    src = (REPO / "engine/core/gemv.py").read_text()
+    src = (REPO / "engine/kernels/gemv.py").read_text()
     assert not re.findall(r"PROLOGUE\s*==\s*\d", src)  # named constants, not bare numbers
     assert [int(p) for p in gemv.Prologue] == [gemv.PROLOGUE_PLAIN, gemv.PROLOGUE_NORM, gemv.PROLOGUE_SILU] == [0, 1, 2]
     assert [gemv.PROLOGUE_NAMES[p] for p in gemv.Prologue] == ["plain", "norm", "silu"]

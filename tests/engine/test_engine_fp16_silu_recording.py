@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import tuning
-from engine.core import gemv
+from engine.kernels import gemv
 from tests.engine_helpers import junit_suite
 from tests.paths import FIXTURES
 

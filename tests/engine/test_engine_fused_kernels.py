@@ -1,5 +1,5 @@
 """The fused decode kernels (kernel choice "fused": engine/core/attention.py, the prologue GEMVs of
-engine/core/gemv.py) on CPU: where the choice is made, how the window is split, and every kernel against the
+engine/kernels/gemv.py) on CPU: where the choice is made, how the window is split, and every kernel against the
 plain torch blocks under Triton's interpreter, in a child pytest (tests/engine_fused_cases.py; the
 interpreter must be on before triton is first imported, and torch.compile in other tests imports it).
 The same kernels on a GPU, bf16 and in a CUDA graph: tests/engine/test_engine_fused_gpu.py."""

@@ -92,7 +92,7 @@ def test_triton_gemv_matches_the_float32_product(dtype):
     import torch
     import torch.nn.functional as F
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     dt = getattr(torch, dtype)
     g = torch.Generator(device="cuda").manual_seed(3)

@@ -29,8 +29,8 @@ def _packed(n: int, k: int, g, zoff: int = 1) -> quant.PackedLinear:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [32, 128, -1])
 def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
-    from engine.core import gemv, gemv_int4
     from engine.core.model import rms_norm
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(3)
     n, k = 5120, 2048
@@ -57,7 +57,7 @@ def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activatio
     """On a GPU the pairs form runs its inline PTX (LOP3 nibble pairs, f16x2 arithmetic, an fp16x2 partial per
     word): against dequantise-then-matmul and the float32-planes form, for activations of order 1 and 3000
     (fp16 products of unscaled h would overflow), GPTQ (zero offset 1) and AWQ (0), split-K and not."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(7)
     n, k = 5120, 2048
@@ -108,7 +108,7 @@ def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group,
 def test_split_k_sums_are_the_same_on_every_graph_replay(form):
     """Split-K: the last program of a row block adds the slices in slice order, so the result does not depend on
     which program finishes last; the arrival counters are left at zero for the next replay."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(4)
     n, k = 5120, 8704
@@ -152,7 +152,7 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
     """quant.PackedLinear.tiled on the card (the inline PTX, 16-byte loads): bit-identical to
     the row layout for every loop form and a row block under and over the held tile, and the prefill dequantise
     the same matrix."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(8)
     n, k = 5120, 4096
@@ -179,7 +179,7 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
     in one graph (norm + gate/up, then SiLU + down of its output), the input changed before every replay: each
     replay's outputs equal, bit for bit, the same products launched one after another without PDL. A GEMV that
     read h before the row kernel finished would give the previous replay's answer."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     assert gemv_int4.pdl_enabled(torch.device("cuda"))
     g = torch.Generator().manual_seed(5)

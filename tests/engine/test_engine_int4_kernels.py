@@ -1,4 +1,4 @@
-"""The int4 GEMV, its prologues and send epilogue, and the prefill dequantise (engine/core/gemv_int4.py) against
+"""The int4 GEMV, its prologues and send epilogue, and the prefill dequantise (engine/kernels/gemv_int4.py) against
 dequantise-then-matmul, and fused decode steps on GPTQ / AWQ weights against the plain step, under Triton's
 interpreter in a child pytest (tests/engine_int4_cases.py)."""
 

@@ -12,7 +12,7 @@ import pytest
 
 from engine import tuning
 from engine.bench.int4 import PROLOGUE_OF
-from engine.core import gemv_int4
+from engine.kernels import gemv_int4
 from tests.engine.test_engine_int4_tiles_recording import packed_bytes
 from tests.paths import FIXTURES
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from engine import tuning
-from engine.core import gemv_int4
+from engine.kernels import gemv_int4
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "engine"

@@ -5,7 +5,7 @@ and a scale per (group, output):
     y[n] = sum over groups g of s[g, n] * sum over the group's words i of (sum_j q[n, 8i + j] h[8i + j] - z[g, n] hw[i])
 so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two kernels a call:
 - ``int4_row_kernel`` makes the input row h once (K / SUB programs, SUB = min(BLOCK_K, group)): the same prologues as
-  engine.core.gemv's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
+  engine.kernels.gemv's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
   SiLU(gate) * up, or h = x; a desc_act input order read at perm[k]), written in "plane order" (per tile, the j-th
   input of every word together, scaled by 16^-j') as float32, with each word's sum of h (hw, for the zero points).
 - ``int4_gemv_kernel``: each program owns BLOCK_N rows and a slice of K (split-K: ``split`` programs along K) and
@@ -38,7 +38,8 @@ import os
 import torch
 
 from engine import tuning
-from engine.core import gemv, quant
+from engine.core import quant
+from engine.kernels import gemv
 
 # Blocks per (prologue, N, K): the tuning table's ``int4`` (engine.tuning; bench: python -m engine.bench.int4
 # --write-table), (BLOCK_N, BLOCK_K, num_warps, split, stages, form); _default_blocks for a matrix it does not list.
@@ -426,7 +427,7 @@ def _kernels():
                 y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
             yd = rnd(y, y_ptr.dtype.element_ty, EMU)
             tl.store(y_ptr + rows, yd, mask=rmask)
-            if SEND:  # the same rows, tagged, into the peer's inbox (engine.core.gemv's epilogue)
+            if SEND:  # the same rows, tagged, into the peer's inbox (engine.kernels.gemv's epilogue)
                 _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
     @triton.jit
@@ -546,7 +547,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
            delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
            x_out: torch.Tensor | None = None, blocks: tuple[int, ...] | None = None, send=None,
            zc: bool = False) -> torch.Tensor:
-    """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
+    """out [N] = W @ h (+ b), h made from x by the prologue (engine.kernels.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
     or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's.
     ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages[, form]]]): split = programs along K
     (split-K, default 1), stages = the depth of the loop's load pipeline (DEFAULT_STAGES), form = FORM_PAIRS (fp16

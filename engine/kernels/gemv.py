@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from engine import tuning
-from engine.core import exchange, rounding
-from engine.core.exchange import as_sent as _sent  # noqa: F401  (the names engine.core.gemv_int4 reads from here)
-from engine.core.exchange import epw as _epw
-from engine.core.exchange import exchange_finish  # noqa: F401
-from engine.core.exchange import ticket_args as _xs_args
-from engine.core.rounding import interpreting
+from engine.kernels import exchange, rounding
+from engine.kernels.exchange import as_sent as _sent  # noqa: F401  (the names engine.kernels.gemv_int4 reads from here)
+from engine.kernels.exchange import epw as _epw
+from engine.kernels.exchange import exchange_finish  # noqa: F401
+from engine.kernels.exchange import ticket_args as _xs_args
+from engine.kernels.rounding import interpreting
 
 
 # The same GEMV with its input made in the prologue (kernel choice "fused", engine.core.attention): each
@@ -45,7 +45,7 @@ class Prologue(enum.IntEnum):
     SILU = 2
 
 
-# plain ints, as callers pass them (engine.core.gemv_int4's kernel compares its PROLOGUE with these values)
+# plain ints, as callers pass them (engine.kernels.gemv_int4's kernel compares its PROLOGUE with these values)
 PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU = (int(p) for p in Prologue)
 PROLOGUE_NAMES = ("plain", "norm", "silu")
 
@@ -189,12 +189,12 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
                 b: torch.Tensor | None = None, zc: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel.
     ``zc``: the zero-centred norm (weight applied as 1 + w, Qwen3.5). A packed (GPTQ / AWQ) ``w``:
-    engine.core.gemv_int4's kernel, the same prologue; packed parts beside dense ones (engine.core.quant.Rows): each
+    engine.kernels.gemv_int4's kernel, the same prologue; packed parts beside dense ones (engine.core.quant.Rows): each
     part's kernel."""
     if hasattr(w, "parts"):
         return w.linear_norm(x, delta, norm_weight, eps, b, zc=zc)
     if not isinstance(w, torch.Tensor):
-        from engine.core import gemv_int4
+        from engine.kernels import gemv_int4
 
         return gemv_int4.linear_norm(x, delta, norm_weight, eps, w, b, zc=zc)
     k = w.shape[1]
@@ -209,7 +209,7 @@ def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     """(SiLU(gate) * up) @ w^T + b for one row gu [1, 1, 2K] = [gate | up]: one kernel. With ``send`` (a
     Ticket) the rows also go to the peer and the result is an engine.allreduce.epilogue.Sent."""
     if not isinstance(w, torch.Tensor):
-        from engine.core import gemv_int4
+        from engine.kernels import gemv_int4
 
         return gemv_int4.linear_silu(gu, w, b, send)
     out = torch.empty(w.shape[0], dtype=gu.dtype, device=gu.device)
@@ -221,7 +221,7 @@ def linear_send(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, send=N
     """x [1, 1, K] @ w^T + b (the prologue kernel, plain); with ``send`` (a Ticket) its rows also go to the peer
     and the result is an engine.allreduce.epilogue.Sent."""
     if not isinstance(w, torch.Tensor):
-        from engine.core import gemv_int4
+        from engine.kernels import gemv_int4
 
         return gemv_int4.linear_send(x, w, b, send)
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)

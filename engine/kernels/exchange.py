@@ -1,8 +1,8 @@
 """The TP2 exchange inside the decode step's GEMVs, the part shared by the GEMVs that send and receive it
-(engine.core.gemv, engine.core.gemv_int4) and the allreduce path that offers it (engine.allreduce.graph_mailbox, whose
+(engine.kernels.gemv, engine.kernels.gemv_int4) and the allreduce path that offers it (engine.allreduce.graph_mailbox, whose
 protocol engine.allreduce.epilogue describes): one rank's buffers and tickets (EpilogueExchange, Ticket, Sent), the
 Triton device functions that tag, send and wait for the 8-byte words, and the kernel that receives an exchange in a
-kernel of its own (exchange mode "send") or finishes the step's last one. Neither engine.core.gemv nor
+kernel of its own (exchange mode "send") or finishes the step's last one. Neither engine.kernels.gemv nor
 engine.allreduce.epilogue imports the other: both import this.
 """
 
@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from engine.core import rounding
-from engine.core.rounding import interpreting
+from engine.kernels import rounding
+from engine.kernels.rounding import interpreting
 
 MAX_EXCHANGES = 256  # per decode step: 2 per layer
 
