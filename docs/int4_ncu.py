@@ -1,12 +1,13 @@
-"""Launches the int4 GEMV the decode step runs (engine.core.gemv_int4.launch: the row kernel, then the GEMV) on
+"""Launches the int4 GEMV the decode step runs (engine.kernels.gemv_int4.launch: the row kernel, then the GEMV) on
 two of the 27B shape's matrices at TP1, gate/up (norm prologue) and down (SiLU prologue), words held in tiles as
 the engine holds them, three calls each, for Nsight Compute to read its counters (docs/h200_defaults_run.sh c).
 Run from the repository root: python3 docs/int4_ncu.py."""
 
 import torch  # noqa: TID253 - a device script, not part of the package
 
+from engine import tuning
 from engine.bench.int4 import _packed
-from engine.core import gemv, gemv_int4
+from engine.kernels import gemv, gemv_int4
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(0)
@@ -21,4 +22,4 @@ for name, (n, k), pro in (("gate_up", (34816, 5120), gemv.PROLOGUE_NORM), ("down
         else:
             gemv_int4.launch(pro, x, w, None, out)
     torch.cuda.synchronize()
-    print(name, n, k, w.nbytes, "bytes", gemv_int4.BLOCKS.get((gemv.PROLOGUE_NAMES[pro], n, k)))
+    print(name, n, k, w.nbytes, "bytes", tuning.active().int4.get((gemv.PROLOGUE_NAMES[pro], n, k)))

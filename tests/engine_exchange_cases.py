@@ -2,7 +2,7 @@
 before triton is first imported; the file name keeps the main run from collecting it).
 
 The TP2 exchange inside the decode step's GEMVs (engine/allreduce/epilogue.py, the SEND / RECV parts of
-engine/core/gemv.py's prologue kernel and its finish kernel) on CPU tensors:
+engine/kernels/gemv.py's prologue kernel and its finish kernel) on CPU tensors:
   - kernel by kernel, the two ranks' inboxes cross-wired in one process: what a norm GEMV receives is bit for
     bit what it computes from torch's ``part0 + part1``; the finish kernel gives the sum and bumps the serial;
     a receive whose peer has not sent this step's words (stale words of an earlier step in the slot) does not
@@ -58,7 +58,7 @@ def _t(*shape, dtype, g, scale=1.0, mean=0.0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(3)
     d, k_heads, ff = 128, 96, 80
@@ -73,15 +73,12 @@ def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
         assert torch.equal(sent[r].part.reshape(-1), plain)  # the local rows are the plain GEMV's
         assert float((sent[r].part.float() - F.linear(a[r].float(), wo[r].float())).norm()) < 0.05 * float(
             sent[r].part.float().norm())
-    # each rank's norm + gate/up GEMV receives the peer's rows
+    # each rank's receive kernel sums the peer's rows with its own: what the allreduce gives both ranks
     x = _t(1, 1, d, dtype=dtype, g=g)
     nw = _t(d, dtype=dtype, g=g, scale=0.1, mean=1.0)
-    w13 = _t(2 * ff, d, dtype=dtype, g=g, scale=0.1)
-    delta = sent[0].part + sent[1].part  # what the allreduce gives both ranks
-    want_y, want_x = gemv.linear_norm(x, delta, nw, EPS, w13)
+    delta = sent[0].part + sent[1].part
     for r in (0, 1):
-        y, x_new = gemv.linear_norm(x, sent[r], nw, EPS, w13)
-        assert torch.equal(y, want_y) and torch.equal(x_new, want_x)
+        assert torch.equal(xs[r].receive(sent[r]), delta)
     assert int(xs[0].failed) == 0 and int(xs[1].failed) == 0
     # SiLU + down, sent (exchange 1), received by the finish kernel: the sum, and the serial bumped
     gu = [_t(1, 1, 2 * ff, dtype=dtype, g=g) for _ in range(2)]
@@ -110,23 +107,22 @@ def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
 
 
 def test_a_receive_never_takes_an_earlier_steps_words_it_waits_and_fails():
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(4)
     dtype, d = torch.bfloat16, 64
     xs = _pair()
-    x, nw, w = _t(1, 1, d, dtype=dtype, g=g), _t(d, dtype=dtype, g=g, mean=1.0), _t(32, d, dtype=dtype, g=g)
     parts = [_t(1, 1, 16, dtype=dtype, g=g) for _ in range(2)]
     wo = [_t(d, 16, dtype=dtype, g=g) for _ in range(2)]
     step0 = [gemv.linear_send(parts[r], wo[r], None, xs[r].ticket(0, d, dtype)) for r in (0, 1)]
     for r in (0, 1):
-        gemv.linear_norm(x, step0[r], nw, EPS, w)
+        xs[r].receive(step0[r])
         xs[r].serial.add_(1)  # the next step (the finish kernel's bump)
     assert xs[0].failed.item() == 0
     # step 1: rank 1 has not sent yet; slot 0 still holds its step-0 words
     xs[0].timeout_ns = 50_000  # 50 spins
     mine = gemv.linear_send(parts[0], wo[0], None, xs[0].ticket(0, d, dtype))
-    gemv.linear_norm(x, mine, nw, EPS, w)
+    xs[0].receive(mine)
     assert xs[0].failed.item() == 1  # waited, gave up, told the host
     # the finish kernel gives up the same way
     xs[0].failed.zero_()
@@ -240,12 +236,12 @@ def _rank_main(rank, name, dtype, override, xs, slots, barrier, results):
     model = _rank_model(full, rank, _ProcComm(rank, xs, slots, barrier))
     tok, pos = torch.tensor([5]), torch.tensor([40])
     fused = runner.fused_blocks()
-    assert model.offers_exchange(fused) and model.epilogue_exchange(fused, "norm-receive") is xs  # as a Decoder asks
+    assert model.offers_exchange(fused) and model.epilogue_exchange(fused, "send") is xs  # as a Decoder asks
     # the exchange mode comes in with the step (a DecodeMode's), never from the environment
     with torch.inference_mode(), no_environment_reads() as watched:
-        results[rank, 0].copy_(model.decode_step(tok, pos, 64, fused, "norm-receive"))  # received by the next GEMV
+        results[rank, 0].copy_(model.decode_step(tok, pos, 64, fused, "send"))  # received by a kernel of its own
         results[rank, 2, 0] = float(xs.serial.item())
-        results[rank, 3].copy_(model.decode_step(tok, pos, 64, fused, "send"))  # received by a kernel of its own
+        results[rank, 3].copy_(model.decode_step(tok, pos, 64, fused, "send"))  # the next step: the next tags
         results[rank, 2, 1] = float(xs.serial.item())
         assert model.epilogue_exchange(fused, "kernel") is None
         results[rank, 1].copy_(model.decode_step(tok, pos, 64, fused, "kernel"))  # the same ranks, an allreduce
@@ -275,8 +271,8 @@ def test_two_ranks_decode_with_the_exchange_inside_the_gemvs(name, override, dty
     assert results[0, 2, 0] == 1 and results[1, 2, 0] == 1  # one step: the serial bumped once
     assert results[0, 2, 1] == 2 and results[1, 2, 1] == 2
     epi0, ar0, epi1, ar1 = results[0, 0], results[0, 1], results[1, 0], results[1, 1]
-    # both ranks bit-identical in every mode; "norm-receive" and "send" the same bits (same sums, the final norm in
-    # the last exchange's kernel); the allreduce path's eager final norm to rounding
+    # both ranks bit-identical in every mode; a second step under the next tags the same bits; the allreduce path's
+    # eager final norm to rounding
     assert torch.equal(epi0, epi1) and torch.equal(ar0, ar1)
     assert torch.equal(results[0, 3], epi0) and torch.equal(results[1, 3], epi0)
     assert float((epi0 - ar0).norm() / ar0.norm()) < (1e-6 if dtype == torch.float32 else 1e-2)

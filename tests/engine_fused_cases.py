@@ -3,7 +3,7 @@
 process of its own; the file name keeps the main run from collecting it).
 
 The fused decode kernels (kernel choice "fused", engine/core/attention.py and the prologue GEMVs of
-engine/core/gemv.py) against the plain torch blocks on CPU tensors: the norm / SiLU prologues, the one-kernel
+engine/kernels/gemv.py) against the plain torch blocks on CPU tensors: the norm / SiLU prologues, the one-kernel
 attention (q/k norm, RoPE, cache write, split-window softmax, both ways of combining the splits) and whole
 decode steps of small real architectures. float32 must agree to rounding; bf16 must be as close to float32
 as the plain bf16 blocks are (at most 1.5x their error, floor 1e-3: the variants bench's bar). The interpreter
@@ -46,10 +46,10 @@ def _t(*shape, dtype, g, scale=1.0, mean=0.0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bias,one_pass", [(False, False), (True, False), (True, True)])
-def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, bias, one_pass):
-    """Two passes (Hugging Face's rounding) or one (statistics beside the product, 1/rms applied to the sums)."""
-    from engine.core import gemv
+@pytest.mark.parametrize("bias", [False, True])
+def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, bias):
+    """Statistics first, then the product of the normalised row (Hugging Face's rounding)."""
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(1)
     n = 96  # not a multiple of the rows per program
@@ -57,7 +57,7 @@ def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, b
     nw = _t(D, dtype=dtype, g=g, scale=0.1, mean=1.0)
     w = _t(n, D, dtype=dtype, g=g, scale=0.05)
     b = _t(n, dtype=dtype, g=g, scale=0.1) if bias else None
-    y, x_new = gemv.linear_norm(x, d, nw, EPS, w, b, one_pass=one_pass)
+    y, x_new = gemv.linear_norm(x, d, nw, EPS, w, b)
     assert y.shape == (1, 1, n) and x_new.shape == x.shape and y.dtype == dtype
     want = F.linear(rms_norm(x + d, nw, EPS), w, b)
     ref = F.linear(rms_norm(x.float() + d.float(), nw.float(), EPS), w.float(), None if b is None else b.float())
@@ -68,14 +68,14 @@ def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, b
         assert (x_new.float() - (x + d).float()).abs().max() <= (x + d).float().abs().max() * 2 ** -7
         assert rel(y, ref) <= max(1.5 * rel(want, ref), 1e-3)
     # a K that is not a multiple of the block: the masked tail
-    y2, _ = gemv.linear_norm(x[..., :200], d[..., :200], nw[:200], EPS, w[:, :200].contiguous(), b, one_pass=one_pass)
+    y2, _ = gemv.linear_norm(x[..., :200], d[..., :200], nw[:200], EPS, w[:, :200].contiguous(), b)
     want2 = F.linear(rms_norm((x + d)[..., :200], nw[:200], EPS), w[:, :200], b)
     assert rel(y2, want2) < (1e-6 if dtype is torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_prologue_gemv_is_the_down_product_of_silu_gate_times_up(dtype):
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator().manual_seed(2)
     ff, n = 192, 80
@@ -158,10 +158,6 @@ def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, com
     again = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
                                        eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s)
     assert torch.equal(out, again)  # fixed reduction order
-    ahead = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
-                                       eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s,
-                                       prefetch=True)
-    assert torch.equal(out, ahead)  # the register prefetch attends the same tiles in the same order
     kc2, vc2 = kc_ref.clone(), vc_ref.clone()
     kc2[:, :, p:], vc2[:, :, p:] = float("nan"), float("nan")
     apart = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc2, vc2, n_heads=H, n_kv=KV,
@@ -177,17 +173,13 @@ def _model(name: str, **override):
     return random_small_model(name, 96, **override)
 
 
-@pytest.mark.parametrize("name,override,one_pass", [
-    ("llama-3.1-8b", {}, False),  # llama3 RoPE scaling, no biases, head dim 32
-    ("llama-3.1-8b", {}, True),  # the norm prologue in one pass
-    ("qwen3-8b", {"head_dim": 64}, False),  # q/k norm
-    ("qwen2.5-0.5b", {}, False),  # QKV bias
-    ("qwen3-8b", {}, False),  # head dim 48: the attention falls back to the plain one, the GEMVs stay fused
+@pytest.mark.parametrize("name,override", [
+    ("llama-3.1-8b", {}),  # llama3 RoPE scaling, no biases, head dim 32
+    ("qwen3-8b", {"head_dim": 64}),  # q/k norm
+    ("qwen2.5-0.5b", {}),  # QKV bias
+    ("qwen3-8b", {}),  # head dim 48: the attention falls back to the plain one, the GEMVs stay fused
 ])
-def test_fused_blocks_give_the_plain_decode_step(name, override, one_pass, monkeypatch):
-    from engine.core import gemv
-
-    monkeypatch.setattr(gemv, "NORM_ONE_PASS", one_pass)
+def test_fused_blocks_give_the_plain_decode_step(name, override):
     model = _model(name, **override)
     caches = [(lay.k_cache.clone(), lay.v_cache.clone()) for lay in model.layers]
     tok, pos = torch.tensor([5]), torch.tensor([40])

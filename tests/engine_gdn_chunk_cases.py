@@ -1,6 +1,6 @@
 """Cases run by tests/engine/test_engine_gdn_chunk.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1;
-the file name keeps the main run from collecting it): engine.core.gdn_chunk's prefill kernel against
-engine.core.gdn's chunked and recurrent forms on CPU tensors. float32 must agree to float32 noise; bf16 must be as
+the file name keeps the main run from collecting it): engine.kernels.gdn_chunk's prefill kernel against
+engine.kernels.gdn's chunked and recurrent forms on CPU tensors. float32 must agree to float32 noise; bf16 must be as
 close to float32 as the torch form in bf16 inputs is (at most 1.5x its error)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from engine.core import gdn, gdn_chunk
+from engine.kernels import gdn, gdn_chunk
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/engine/test_engine_gdn_chunk.py with TRITON_INTERPRET=1", allow_module_level=True)

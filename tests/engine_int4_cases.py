@@ -1,7 +1,7 @@
 """Cases run by tests/engine/test_engine_int4_kernels.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1
 before triton is first imported: hence a process of its own; the file name keeps the main run from collecting it).
 
-engine/core/gemv_int4.py's kernels on packed weights (engine.core.quant.PackedLinear) against dequantise-then-
+engine/kernels/gemv_int4.py's kernels on packed weights (engine.core.quant.PackedLinear) against dequantise-then-
 matmul: the plain, norm and SiLU prologues, group sizes 32 / 64 / 128 / one group, a desc_act input order, the
 send epilogue's tagged words, the prefill dequantisation; and whole decode steps of a GPTQ and an AWQ model through
 the fused blocks against the plain blocks."""
@@ -52,7 +52,7 @@ def packed(n: int, k: int, group: int, g, zero_offset: int = 1, desc_act: bool =
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("split,stages", [(1, 2), (2, 2), (2, 1)])  # split-K in two; next tile prefetched or not
 def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k, blocks, dtype, split, stages):
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(n + k)
     w = packed(n, k, group, g, desc_act=desc_act)
@@ -83,7 +83,7 @@ def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_s
     taken off as fp16 pairs) and the float32-planes form against dequantise-then-matmul, for activations of
     order 1 and of order 3000 (without the per-tile scale fp16 products and sums of such h would overflow), with
     both GPTQ's zero offset 1 and AWQ's 0; on the interpreter the pairs form runs its float32 form."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(11)
     for zoff in (1, 0):
@@ -93,19 +93,19 @@ def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_s
             x = (scale * torch.randn(256, generator=g)).to(dtype)
             want = F.linear(x.float(), wd)
             got = {}
-            for form, stages in ((gemv_int4.FORM_PAIRS, 1), (gemv_int4.FORM_PAIRS, 3), (gemv_int4.FORM_PLANES, 1)):
+            for form, stages in ((gemv_int4.FORM_PAIRS, 1), (gemv_int4.FORM_PAIRS, 2), (gemv_int4.FORM_PLANES, 1)):
                 out = torch.full((64,), float("nan"), dtype=dtype)
                 gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=(32, 128, 4, 2, stages, form))
                 assert torch.isfinite(out).all() and rel(out, want) < 1e-2, (zoff, scale, form, stages)
                 got[form, stages] = out
             pairs = got[gemv_int4.FORM_PAIRS, 1]
-            assert rel(pairs, got[gemv_int4.FORM_PLANES, 1]) < 1e-2 and torch.equal(pairs, got[gemv_int4.FORM_PAIRS, 3])
+            assert rel(pairs, got[gemv_int4.FORM_PLANES, 1]) < 1e-2 and torch.equal(pairs, got[gemv_int4.FORM_PAIRS, 2])
 
 
 def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
     """int4_row_kernel's pairs form: word i's pair p holds h[8 i + p] (low half) and h[8 i + p + 4] (high half)
     times 2^(5 - e) with e = floor(log2 max |h|) over the tile, and the tile's factor is 2^(e - 5)."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(12)
     k, sub = 256, 128
@@ -125,149 +125,8 @@ def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
         assert 32 <= float(tile.abs().max()) < 64
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,tb", [(80, 0), (96, 32)])  # a partial row block in the row layout; words in tiles
-def test_the_subnormal_pairs_form_matches_dequantise_then_matmul_at_any_activation_scale(dtype, n, tb):
-    """FORM_SUBN (nibbles read as fp16 subnormals times h scaled by 2^(14 - e), the zero points once a word):
-    every prologue against dequantise-then-matmul for activations of order 1e-3, 1 and 3000, GPTQ's zero offset
-    1 and AWQ's 0, split-K or not, the next tile fetched ahead or not; and near the pairs form. On the interpreter
-    the form runs its float32 arithmetic on the same operands."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(21 + n)
-    k = 384
-    for zoff in (1, 0):
-        w = packed(n, k, 128, g, zero_offset=zoff)
-        wd = w.dequantise(torch.float32)
-        held = w.tiled(tb) if tb else w
-        for scale in (1e-3, 1.0, 3000.0):
-            x = (scale * torch.randn(k, generator=g)).to(dtype)
-            for blocks in ((32, 128, 4, 1, 2, 2), (32, 128, 4, 3, 2, 2), (64, 128, 4, 2, 1, 2)):
-                out = torch.full((n,), float("nan"), dtype=dtype)
-                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, held, None, out, blocks=blocks)
-                assert torch.isfinite(out).all() and rel(out, F.linear(x.float(), wd)) < 1e-2, (zoff, scale, blocks)
-                pairs = torch.empty(n, dtype=dtype)
-                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, held, None, pairs, blocks=(*blocks[:5], 1))
-                assert rel(out, pairs) < 1e-2
-        d = torch.randn(k, generator=g).to(dtype)
-        nw = (1.0 + 0.1 * torch.randn(k, generator=g)).to(dtype)
-        out, xo = torch.empty(n, dtype=dtype), torch.empty(k, dtype=dtype)
-        gemv_int4.launch(gemv.PROLOGUE_NORM, x, held, None, out, d, nw, EPS, xo, blocks=(32, 128, 4, 2, 2, 2))
-        assert torch.equal(xo, x + d) and rel(out, F.linear(rms_norm(x + d, nw, EPS).float(), wd)) < 1e-2
-        gu = torch.randn(2 * k, generator=g).to(dtype)
-        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, held, None, out, blocks=(32, 128, 4, 2, 2, 2))
-        gate, up = gu.chunk(2)
-        assert rel(out, F.linear((F.silu(gate) * up).float(), wd)) < 1e-2
-
-
-def test_the_subnormal_pairs_form_runs_as_the_pairs_form_where_a_tile_is_not_128_inputs():
-    """Groups of 32 or 64 inputs (tiles of fewer than 16 words) or float32 activations: FORM_SUBN falls back to
-    the pairs form (bf16) or the planes form (float32), bit for bit."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(23)
-    for group, dtype, fallback in ((32, torch.bfloat16, 1), (64, torch.float16, 1), (128, torch.float32, 0)):
-        w = packed(64, 256, group, g)
-        x = torch.randn(256, generator=g).to(dtype)
-        a, b = torch.empty(64, dtype=dtype), torch.empty(64, dtype=dtype)
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, a, blocks=(32, 128, 4, 2, 2, gemv_int4.FORM_SUBN))
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, b, blocks=(32, 128, 4, 2, 2, fallback))
-        assert torch.equal(a, b), (group, dtype)
-
-
-@pytest.mark.parametrize("group", [32, 128])
-def test_words_held_in_quads_give_the_row_layouts_outputs_in_every_form(group):
-    """PackedLinear.tiled(32, quads=True): each tile's words ordered [quad, row, 4]; row_words gives the row layout
-    back, and every loop form (planes, pairs, subnormal pairs; prefetching or not) and the prefill dequantise give
-    the row layout's answer bit for bit."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(25 + group)
-    w = packed(64, 256, group, g)
-    q = w.tiled(32, quads=True)
-    assert q.tile_rows == 32 and q.tile_quads and not torch.equal(q.qweight, w.qweight)
-    assert torch.equal(q.row_words(), w.qweight) and torch.equal(q.untiled().qweight, w.qweight)
-    assert q.to("cpu").tile_quads
-    x = torch.randn(256, generator=g).to(torch.bfloat16)
-    for blocks in ((32, 128, 4, 2, 2, 0), (32, 128, 4, 2, 1, 1), (32, 128, 4, 2, 2, 1), (32, 128, 4, 2, 2, 2),
-                   (64, 128, 4, 1, 1, 2)):
-        want, got = torch.empty(64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.bfloat16)
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, q, None, got, blocks=blocks)
-        assert torch.equal(got, want), blocks
-    assert torch.equal(gemv_int4.dequantise(q, torch.float32, blocks=(16, 64)), w.dequantise_held(torch.float32))
-
-
-@pytest.mark.parametrize("n,k,split", [(96, 512, 1), (96, 512, 4), (80, 384, 2)])
-def test_two_tiles_ahead_gives_the_one_tile_ahead_answer_bit_for_bit(n, k, split):
-    """The pairs form's AHEAD2 loop (blocks[4] = 5: two tiles' loads in flight in registers): the same tiles
-    summed in the same order as one tile ahead, so the same bits; slices of one, two and four tiles."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(27 + n + split)
-    w = packed(n, k, 128, g)
-    x = torch.randn(k, generator=g).to(torch.bfloat16)
-    a, b = torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
-    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, a, blocks=(32, 128, 4, split, 2, 1))
-    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, b, blocks=(32, 128, 4, split, gemv_int4.AHEAD2, 1))
-    assert torch.equal(a, b)
-    assert rel(b, F.linear(x.float(), w.dequantise(torch.float32))) < 1e-2
-
-
-@pytest.mark.parametrize("form,stages", [(1, 2), (2, 2), (0, 1)])
-def test_a_persistent_grid_gives_the_one_program_an_item_answer_bit_for_bit(form, stages):
-    """blocks[6] = programs a multiprocessor (the interpreter counts 4): fewer programs than (row block, slice)
-    items, each looping over its items; the split-K sums and the counters they leave behind are the same, so two
-    calls in a row both equal the ordinary grid's answer."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(26 + form)
-    w = packed(96, 512, 128, g)  # 3 row blocks of 32 x 4 slices = 12 items
-    x = torch.randn(512, generator=g).to(torch.bfloat16)
-    want = torch.empty(96, dtype=torch.bfloat16)
-    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=(32, 128, 4, 4, stages, form))
-    for per_sm in (1, 2):  # 4 and 8 programs for 12 items
-        for _ in range(2):
-            got = torch.full((96,), float("nan"), dtype=torch.bfloat16)
-            gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, got, blocks=(32, 128, 4, 4, stages, form, per_sm))
-            assert torch.equal(got, want), per_sm
-    gu = torch.randn(1024, generator=g).to(torch.bfloat16)
-    a, b = torch.empty(96, dtype=torch.bfloat16), torch.empty(96, dtype=torch.bfloat16)
-    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, a, blocks=(32, 128, 4, 4, stages, form))
-    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, b, blocks=(32, 128, 4, 4, stages, form, 1))
-    assert torch.equal(a, b)
-
-
-def test_the_subnormal_pairs_row_kernel_writes_five_planes_and_a_power_of_two_per_tile():
-    """int4_row_kernel's SUBN form, per tile of 128 inputs: planes p = 0..3 hold (h[8 i + p], h[8 i + p + 4])
-    times 2^(14 - e) (divided by 16 for odd p), e = floor(log2 max |h|), so the largest is in [2^14, 2^15);
-    plane 4 holds word i's two sums of four h times 2^(-10 - e); the tile's factor is 2^(10 + e)."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(24)
-    k, sub = 256, 128
-    w = packed(16, k, 128, g)
-    x = (torch.randn(k, generator=g) * torch.tensor([0.01, 500.0]).repeat_interleave(128)).to(torch.bfloat16)
-    hp, hf = gemv_int4.row_input(gemv.PROLOGUE_PLAIN, x, w, sub, pairs=True, subn=True)
-    bits = hp.view(torch.int32)
-    halves = torch.stack([(bits << 16) >> 16, bits >> 16], -1).to(torch.int16).view(torch.float16).float()
-    sw = sub // 8
-    assert halves.shape[0] == (k // sub) * 5 * sw
-    for c in range(k // sub):
-        h = x[c * sub:(c + 1) * sub].float().view(sw, 8)
-        e = torch.floor(torch.log2(h.abs().max()))
-        assert float(hf[c]) == float(2.0 ** (e + 10))
-        tile = halves[c * 5 * sw:(c + 1) * 5 * sw].view(5, sw, 2)  # [plane, word i, half]
-        for p in range(4):
-            want = torch.stack([h[:, p], h[:, p + 4]], -1) * 2.0 ** (14 - e) / (16.0 if p % 2 else 1.0)
-            assert torch.equal(tile[p], want), p  # bf16 times a power of two is exact in fp16
-        assert 2 ** 14 <= float(tile[0::2].abs().max()) < 2 ** 15
-        sums = torch.stack([h[:, :4].sum(1), h[:, 4:].sum(1)], -1) * 2.0 ** (-10 - e)
-        assert torch.equal(tile[4], sums.half().float())
-
-
 def test_prefill_dequantise_kernel_is_the_reference_dequantise():
-    from engine.core import gemv_int4
+    from engine.kernels import gemv_int4
 
     g = torch.Generator().manual_seed(5)
     for group, zoff in ((32, 1), (128, 0), (-1, 0)):
@@ -287,9 +146,9 @@ def test_prefill_dequantise_kernel_is_the_reference_dequantise():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, group, desc_act, tb, dtype):
     """quant.PackedLinear.tiled: the GEMV on the words held in tiles reads the same words and sums them in the
-    same order as on rows, for every loop form (no prefetch, one tile ahead, Triton's pipeline; planes and fp16
+    same order as on rows, for every loop form (no prefetch, one tile ahead; planes and fp16
     pairs), split-K, and row blocks smaller and larger than the held tile."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(n + k + tb)
     w = packed(n, k, group, g, desc_act=desc_act)
@@ -297,7 +156,7 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, grou
     assert t.tile_rows == tb and not torch.equal(t.qweight, w.qweight) and torch.equal(t.row_words(), w.qweight)
     x = torch.randn(k, generator=g).to(dtype)
     gu = torch.randn(2 * k, generator=g).to(dtype)
-    for blocks in ((32, 128, 4, 1, 1, 1), (64, 128, 4, 2, 2, 1), (16, 64, 4, 2, 3, 1), (32, 128, 4, 2, 2, 0),
+    for blocks in ((32, 128, 4, 1, 1, 1), (64, 128, 4, 2, 2, 1), (16, 64, 4, 2, 1, 1), (32, 128, 4, 2, 2, 0),
                    (64, 32, 4, 1, 1, 0)):
         for pro, inp in ((gemv.PROLOGUE_PLAIN, x), (gemv.PROLOGUE_SILU, gu)):
             want = torch.full((n,), float("nan"), dtype=dtype)
@@ -309,7 +168,7 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, grou
 
 def test_send_epilogue_writes_the_rows_tagged_into_the_peer_inbox():
     """The TP2 exchange from the int4 GEMV (mode "send"): 8-byte words, tag above, two bf16 values below."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     class Xs:  # the fields engine.allreduce.epilogue's exchange hands the kernels
         def __init__(self):
@@ -342,8 +201,9 @@ def test_fused_decode_step_on_packed_weights_is_the_plain_step(method, group, ti
     """tiles: loaded as on a GPU, the words held in tiles (gemv_int4.held); the plain step's products then read
     them back in rows."""
     from engine.core import config as ecfg
-    from engine.core import gemv_int4, weights
+    from engine.core import weights
     from engine.core.model import Model
+    from engine.kernels import gemv_int4
     from tests.quant_helpers import make_quantised
 
     if tiles:

@@ -1,6 +1,6 @@
 """Cases run by tests/engine/test_engine_spec_graphs.py in a child pytest under Triton's interpreter (TRITON_INTERPRET=1;
 the file name keeps the main run from collecting it): the verification's kernels on CPU tensors. The T-row
-residual add + RMSNorm (engine.core.rows_norm) against model.rms_norm, and the whole verification body with the
+residual add + RMSNorm (engine.kernels.rows_norm) against model.rms_norm, and the whole verification body with the
 kernels (the fused Gated DeltaNet decode kernel per row, the row norms) against the torch body."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from engine.core import config as ecfg
-from engine.core import rows_norm, weights
+from engine.core import weights
 from engine.core.model import Model, rms_norm
 from engine.core.spec_graphs import SpecGraphs
+from engine.kernels import rows_norm
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/engine/test_engine_spec_graphs.py with TRITON_INTERPRET=1", allow_module_level=True)

@@ -3,8 +3,8 @@ the kernel the service runs) at long contexts, against the card's read bandwidth
 
 For each shape (the 27B hybrid's attention: 24 query / 4 KV heads of 256, gated, quarter rotary; the 8B dense
 one: 32 / 8 of 128), cache dtype (the model's bf16, int8 with its scales) and context, every configuration of
-(positions per tile, warps, programs in all, tiles in flight, register prefetch of the next tile, the step's own
-position attended apart from the tiles) is checked against the default configuration's output, then timed as a CUDA graph of 20 launches over a rotating set of 2 caches (median of 5); K/V GB/s = the
+(positions per tile, warps, programs in all, tiles in flight, the step's own position attended apart from the
+tiles) is checked against the default configuration's output, then timed as a CUDA graph of 20 launches over a rotating set of 2 caches (median of 5); K/V GB/s = the
 cache bytes the step reads at that context (K, V and the int8 scales) / time. Prints one JSON document.
 """
 
@@ -31,8 +31,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--warps", default="4,8")
     p.add_argument("--programs", default="264,528", help="programs in all (the window split over them)")
     p.add_argument("--stages", default="1,2")
-    p.add_argument("--prefetch", default="0", help="0,1: without / with the register prefetch of the next tile "
-                                                   "(with stages 1 only)")
     p.add_argument("--apart", default="0,1", help="0,1: the step's own position inside its tile / attended apart "
                                                    "(engine.core.attention.APART: the default when pipelined)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
@@ -84,21 +82,19 @@ def main(argv: list[str]) -> int:
             ref = call(caches[0]).float()
             perms = [None] if args.permute is None else [bool(int(v)) for v in args.permute.split(",")]
             grid = [None] + list(itertools.product(*(list(map(int, a.split(","))) for a in (
-                args.blocks, args.warps, args.programs, args.stages, args.prefetch, args.apart)), perms))
+                args.blocks, args.warps, args.programs, args.stages, args.apart)), perms))
             for cfg in grid:
                 if cfg is None:  # what the service runs at this shape and window: decode_attention's defaults
                     kw = {}
                     row = {"shape": shape, "kv": kvd, "context": ctx, "config": "default",
                            "apart": "pipelined" if attention.APART else False}
                 else:
-                    bs, warps, progs, stages, ahead, apart, perm = cfg
-                    if ahead and stages > 1:
-                        continue
+                    bs, warps, progs, stages, apart, perm = cfg
                     splits = max(1, progs // kv)
-                    kw = dict(block_s=bs, num_warps=warps, splits=splits, stages=stages, prefetch=bool(ahead),
+                    kw = dict(block_s=bs, num_warps=warps, splits=splits, stages=stages,
                               apart=bool(apart), permute=perm)
                     row = {"shape": shape, "kv": kvd, "context": ctx, "block_s": bs, "warps": warps,
-                           "programs": progs, "stages": stages, "prefetch": bool(ahead), "apart": bool(apart),
+                           "programs": progs, "stages": stages, "apart": bool(apart),
                            "permute": attention.I8_PERMUTE if perm is None else perm}
                 try:
                     out = call(caches[0], **kw).float()

@@ -17,8 +17,6 @@ What each number is (every time is a median over CUDA-graph replays or repeats):
                         --peak-tflops when given
   allreduce[path][size] two processes on this host, median microseconds per allreduce
 The weights are random (shape and bytes are what decode speed depends on), made on the GPU.
-`--variants` runs engine/bench/variants.py instead: several ways to run the same decode step, each
-checked against a float32 reference and timed in one process (the search for the fastest decode path).
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine import DATA_DIR
+from engine import DATA_DIR, dtype_rule
 from engine.core import timing
 
 DATA = DATA_DIR
@@ -267,17 +265,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def main(argv: list[str]) -> int:
-    if "--variants" in argv:  # several ways to run the same decode step, compared in one process
-        from engine.bench import variants as bench_variants
-
-        return bench_variants.main([a for a in argv if a != "--variants"])
     p = argparse.ArgumentParser(prog="python -m engine bench", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--variants", action="store_true",
-                   help="run engine/bench/variants.py instead (its own options follow; see its --help)")
     p.add_argument("--config", default=str(DATA / "llama-3.1-8b.config.json"), help="a config.json (real shape)")
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (quick runs)")
     p.add_argument("--contexts", default="512,4096,16384")
-    p.add_argument("--kernels", default=None, choices=("eager", "compiled", "gemv", "fused"),
+    p.add_argument("--kernels", default=None, choices=("eager", "fused"),
                    help="the decode step's kernels (default: what the service chooses on this card)")
     p.add_argument("--also-eager", action="store_true", help="also time the plain (eager-block) step, for reference")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8"),
@@ -288,13 +280,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"))
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
     p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
-    p.add_argument("--compile", action="store_true",
-                   help="also time the step with the service's compiled blocks (engine.core.runner.compiled_blocks)")
-    p.add_argument("--compile-mode", default="cdt", choices=("default", "cdt"),
-                   help="cdt: Inductor's coordinate-descent tuning, which also turns batch-1 matrix products "
-                        "into fused, tuned reductions (as gpt-fast runs); default: plain torch.compile")
-    p.add_argument("--compile-contexts", default=None,
-                   help="contexts for the compiled step (each window compiles anew; default: first and last)")
     p.add_argument("--profile", action="store_true",
                    help="also record where the service step's time goes per context (torch.profiler: the kernels "
                         "by time, busy and idle microseconds)")
@@ -316,7 +301,7 @@ def main(argv: list[str]) -> int:
     dev = torch.device(args.device if ":" in args.device else "cuda:0")
     torch.cuda.set_device(dev)
     major, minor = torch.cuda.get_device_capability(dev)
-    dtype = args.dtype or ("bfloat16" if major >= 8 else "float16")
+    dtype = dtype_rule.resolve(args.dtype, (major, minor))
     raw = json.loads(Path(args.config).read_text())
     if args.layers:
         raw["num_hidden_layers"] = args.layers
@@ -362,26 +347,8 @@ def main(argv: list[str]) -> int:
             row["compute_fraction"] = round(row["tflops"] / args.peak_tflops, 4)
         doc["prefill"][str(n)] = row
         emit_json(doc, args.out)
-    # Before compiling: a compile that runs out of time must not cost these figures.
     if not args.skip_allreduce:
         doc["allreduce_us"] = allreduce(args.allreduce_device or str(dev), dtype, args.allreduce_iters)
-        emit_json(doc, args.out)
-    if args.compile:
-        t0 = time.perf_counter()
-        variant = "compiled_graph" if args.compile_mode == "default" else "compiled_cdt_graph"
-        try:
-            if args.compile_mode == "cdt":
-                import torch._inductor.config as inductor_config
-
-                inductor_config.coordinate_descent_tuning = True
-            with torch.inference_mode():
-                cc = ([int(c) for c in args.compile_contexts.split(",")] if args.compile_contexts
-                      else sorted({contexts[0], contexts[-1]}))
-                doc["decode"][variant] = decode(model, cc, "compiled")
-            doc["fit"][variant] = fit(doc["decode"][variant], doc["gemv"]["ms"], doc["read_bw_gbps"])
-        except Exception as e:  # noqa: BLE001 - a compiler failure is a result, not a crash
-            doc["decode"][variant] = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
-        doc["compile_s"] = round(time.perf_counter() - t0, 1)
         emit_json(doc, args.out)
     del model
     torch.cuda.empty_cache()

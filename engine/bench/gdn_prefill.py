@@ -1,5 +1,5 @@
-"""`python -m engine.bench.gdn_prefill`: the Gated DeltaNet prefill (engine.core.gdn_chunk) against the torch
-chunked form (engine.core.gdn.chunked) at a config.json's shape, random inputs on the GPU, printed as JSON.
+"""`python -m engine.bench.gdn_prefill`: the Gated DeltaNet prefill (engine.kernels.gdn_chunk) against the torch
+chunked form (engine.kernels.gdn.chunked) at a config.json's shape, random inputs on the GPU, printed as JSON.
 
   layer[variant]   one linear-attention layer's rule over one prefill chunk (--chunk tokens, the layer's heads):
                    wall ms (synchronised), host ms (the call returning, before the GPU is done: the launches'
@@ -71,7 +71,7 @@ def layer_bench(cfg, tokens: int, dtype, device, repeats: int) -> dict:
     """One layer's rule over one prefill chunk: the torch form and the kernel's variants."""
     import torch
 
-    from engine.core import gdn, gdn_chunk
+    from engine.kernels import gdn, gdn_chunk
 
     q, k, v, decay, beta, s0 = _inputs(cfg, tokens, dtype, device)
     ref_o, ref_s = gdn.chunked(q.float(), k.float(), v.float(), decay, beta.float(), s0)

@@ -1,5 +1,5 @@
 """`python -m engine.bench.gemv`: the decode step's one-row products, cuBLAS (F.linear) against the Triton
-GEMV (engine.core.gemv) at each block configuration, on the shapes of the 8B models at TP1 and TP2.
+GEMV (engine.kernels.gemv) at each block configuration, on the shapes of the 8B models at TP1 and TP2.
 
 Per product shape, L distinct random weight matrices (one per layer, so nothing stays in the 60 MB L2)
 are multiplied in one CUDA graph; time = median of 5 batches of 20 replays / L. Each configuration's
@@ -47,15 +47,18 @@ def fused(args, doc: dict) -> None:
     import torch
     import torch.nn.functional as F
 
-    from engine.core import attention, gemv
+    from engine import tuning
+    from engine.core import attention
     from engine.core.model import rms_norm, rotate_half
+    from engine.kernels import gemv
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(0)
     bf = dict(device=dev, dtype=torch.bfloat16)
     L, eps, window = args.layers, 1e-6, args.window
+    table = tuning.active()
     doc["fused"] = {}
-    best: dict = {}  # what the engine should use: engine.core.gemv.FUSED_ENV reads this ("fused_best")
+    best: dict = {}  # what the engine should use ("fused_best"; --write-table puts it in a tuning table)
     us_kind: dict[str, float] = {}
     attn_us: dict[str, float] = {}  # config -> sum over the shape sets (inf where it failed on one)
 
@@ -70,14 +73,13 @@ def fused(args, doc: dict) -> None:
         x = torch.randn(1, 1, d, **bf, generator=g)
         delta = torch.randn(1, 1, d, **bf, generator=g)
         nw = (1 + 0.1 * torch.randn(d, **bf, generator=g))
-        for prod, prologue in (("qkv", gemv.PROLOGUE_NORM), ("qkv_one_pass", gemv.PROLOGUE_NORM_ONE_PASS),
-                               ("gate_up", gemv.PROLOGUE_NORM), ("gate_up_one_pass", gemv.PROLOGUE_NORM_ONE_PASS),
+        for prod, prologue in (("qkv", gemv.PROLOGUE_NORM), ("gate_up", gemv.PROLOGUE_NORM),
                                ("down", gemv.PROLOGUE_SILU)):
-            n, k = prods[prod.replace("_one_pass", "")]
+            n, k = prods[prod]
             ws = [torch.empty(n, k, **bf).normal_(0, 0.02, generator=g) for _ in range(L)]
             outs = [torch.empty(n, **bf) for _ in range(L)]
             xo = torch.empty(k, **bf)
-            if prologue in (gemv.PROLOGUE_NORM, gemv.PROLOGUE_NORM_ONE_PASS):
+            if prologue == gemv.PROLOGUE_NORM:
                 h32 = (x.float() + delta.float())
                 h32 = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps) * nw.float()
                 eager = F.linear(rms_norm(x + delta, nw, eps), ws[0])
@@ -102,7 +104,7 @@ def fused(args, doc: dict) -> None:
             hin = torch.randn(k, **bf, generator=g)
             us = _us(lambda: [gemv.launch(hin, wi, None, oi) for wi, oi in zip(ws, outs)], L)
             row["plain_gemv"] = {"us": round(us, 3), "gbps": round(nbytes / (us * 1e-6) / 1e9, 1),
-                                 "blocks": list(gemv.BLOCKS.get((n, k), gemv.DEFAULT_BLOCKS))}
+                                 "blocks": list(table.gemv.get((n, k), table.gemv_default))}
             row["configs"] = {}
             for cfg in FUSED_CONFIGS:
                 name = "x".join(map(str, cfg))
@@ -189,8 +191,6 @@ def fused(args, doc: dict) -> None:
     if ok:
         bs, splits, _, warps = min(ok, key=ok.get).split("x")
         best["attention"] = [int(bs), int(warps), 0 if splits == "auto" else int(splits)]
-    if "norm" in us_kind and "norm1" in us_kind:
-        best["norm_one_pass"] = us_kind["norm1"] < us_kind["norm"]
     doc["fused_best"] = best
     doc["fused_us_by_prologue"] = {k: round(v, 3) for k, v in us_kind.items()}
 
@@ -201,10 +201,20 @@ def _write(doc: dict, out: str | None) -> None:
             json.dump(doc, fh, indent=1)
 
 
-def _finish(doc: dict, out: str | None, t0: float, summary: str) -> int:
-    """The run's wall time into doc, doc written to --out, its ``summary`` section printed."""
+def _finish(doc: dict, out: str | None, t0: float, summary: str, table: str | None = None) -> int:
+    """The run's wall time into doc, doc written to --out, its ``summary`` section printed; with ``table`` (a
+    tuning table file, engine.tuning) the winners merged into it: ``gemv`` from the plain sweep, ``prologue`` and
+    ``attention`` from --fused."""
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     _write(doc, out)
+    if table and doc[summary]:
+        from engine import tuning
+
+        found = dict(doc[summary])
+        attention = found.pop("attention", None)
+        extra = {"attention": attention} if attention is not None else {}
+        tuning.write(table, "prologue" if summary == "fused_best" else "gemv", found,
+                     measured_on=doc.get("device"), **extra)
     print(json.dumps(doc[summary]))
     return 0
 
@@ -218,6 +228,9 @@ def main(argv: list[str]) -> int:
                    help="time the fused kernels (norm / SiLU prologue GEMVs, the one-kernel attention) instead")
     p.add_argument("--window", type=int, default=1024, help="--fused: the attention's window (full: pos = window - 1)")
     p.add_argument("--out", default=None)
+    p.add_argument("--write-table", default=None, metavar="FILE",
+                   help="merge the winners into this tuning table (e.g. engine/tuning/hopper.json; made from the "
+                        "default family's when it does not exist)")
     args = p.parse_args(argv)
     args.device = "cuda:0"
     args.shapes = args.shapes or ",".join(ATTN if args.fused else SHAPES)
@@ -225,7 +238,9 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.nn.functional as F
 
-    from engine.core import gemv, timing
+    from engine import tuning
+    from engine.core import timing
+    from engine.kernels import gemv
     from profiles.document import utc_now
 
     dev = torch.device("cuda:0")
@@ -238,7 +253,7 @@ def main(argv: list[str]) -> int:
     if args.fused:
         doc["kind"] = "engine_bench_fused"
         fused(args, doc)
-        return _finish(doc, args.out, t0, "fused_best")
+        return _finish(doc, args.out, t0, "fused_best", args.write_table)
     g = torch.Generator(device=dev).manual_seed(0)
     for shape_set in args.shapes.split(","):
         doc["shapes"][shape_set] = {}
@@ -261,7 +276,7 @@ def main(argv: list[str]) -> int:
             row["cublas"].update(us=round(us, 3), gbps=round(nbytes / args.layers / (us * 1e-6) / 1e9, 1))
             row["triton"] = {}
             xv = x.view(-1)
-            for cfg in gemv.CONFIGS:
+            for cfg in tuning.active().gemv_configs:
                 name = "x".join(map(str, cfg))
                 try:
                     e = err(gemv.launch(xv, ws[0], None, outs[0], cfg))
@@ -285,7 +300,7 @@ def main(argv: list[str]) -> int:
             outs.clear()
             torch.cuda.empty_cache()
             _write(doc, args.out)
-    return _finish(doc, args.out, t0, "best")
+    return _finish(doc, args.out, t0, "best", args.write_table)
 
 
 if __name__ == "__main__":

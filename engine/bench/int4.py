@@ -1,4 +1,4 @@
-"""`python -m engine.bench.int4`: the int4 GEMV (engine.core.gemv_int4) on the 27B shape's matrices against the
+"""`python -m engine.bench.int4`: the int4 GEMV (engine.kernels.gemv_int4) on the 27B shape's matrices against the
 card's read bandwidth, the prefill product on packed weights, and the fused decode kernels in fp16 against bf16
 (the V100's dtype, timed on this card as a stand-in), printed as one JSON document.
 
@@ -11,7 +11,7 @@ What each number is (every time a median over CUDA-graph replays: engine.core.ti
                            read_bw_gbps. Every configuration is first checked against dequantise-then-matmul in
                            float32 (relative L2 error < 1e-2, else not timed). "best" = the fastest per matrix,
                            also with the norm (q/k/v, gate/up) or SiLU (down) prologue the decode step runs;
-                           "best_blocks" is the table the engine reads (V100PLAN_ENGINE_INT4_BLOCKS=this file).
+                           "best_blocks" is what --write-table merges into a tuning table (engine.tuning).
   prefill[set][matrix]     a chunk of --chunk tokens: the matrix dequantised by one kernel (gemv_int4.dequantise)
                            then cuBLAS, against cuBLAS on a bf16 matrix already in memory: ms and TFLOP/s
   fp16_vs_bf16             the dense fused kernels (norm + GEMV, SiLU + GEMV, the one-query attention) on the
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -42,22 +43,14 @@ PROLOGUE_OF = {"gate_up": "norm", "q_gate": "norm", "k_or_v": "norm", "down": "s
 CONFIGS = [
     # the float32-planes form (blocks[5] = 0): the 2026-12-02 recording's winners
     (32, 128, 1, 8, 2, 0), (128, 256, 4, 8, 1, 0), (64, 128, 2, 8, 2, 0),
-    # the fp16-pairs form (blocks[5] = 1; 16-bit activations): no prefetch, one tile ahead in registers, and
-    # Triton's cp.async pipeline (stages 3, 4)
+    # the fp16-pairs form (blocks[5] = 1; 16-bit activations): no prefetch, and one tile ahead in registers
     (32, 128, 1, 8, 1, 1), (32, 128, 1, 4, 1, 1), (64, 256, 2, 8, 1, 1), (16, 128, 1, 8, 1, 1),
     (32, 128, 1, 8, 2, 1), (64, 128, 2, 8, 2, 1), (128, 128, 4, 8, 2, 1),
-    (32, 128, 1, 8, 3, 1), (32, 128, 1, 8, 4, 1), (32, 128, 1, 4, 4, 1), (32, 128, 1, 2, 4, 1),
-    (16, 128, 1, 8, 4, 1), (64, 128, 2, 8, 4, 1), (64, 128, 2, 4, 4, 1), (64, 128, 2, 2, 4, 1),
-    (128, 128, 4, 8, 4, 1), (128, 128, 4, 4, 4, 1), (128, 128, 4, 2, 4, 1), (128, 128, 4, 1, 4, 1),
-    (256, 128, 8, 2, 4, 1), (64, 128, 2, 8, 3, 1), (128, 128, 4, 4, 3, 1), (32, 128, 1, 16, 4, 1),
-    # the subnormal-pairs form (blocks[5] = 2): one row a thread (32 rows a warp), a tile fetched ahead
-    (128, 128, 4, 2, 2, 2), (128, 128, 4, 4, 2, 2), (128, 128, 4, 8, 2, 2), (128, 128, 4, 16, 2, 2),
-    (64, 128, 2, 4, 2, 2), (64, 128, 2, 8, 2, 2), (64, 128, 2, 16, 2, 2), (64, 128, 2, 32, 2, 2),
-    (256, 128, 8, 2, 2, 2), (256, 128, 8, 4, 2, 2), (32, 128, 1, 8, 2, 2), (32, 128, 1, 32, 2, 2),
+    (64, 128, 4, 4, 2, 1), (32, 128, 2, 8, 2, 1), (128, 128, 8, 4, 2, 1), (64, 128, 4, 32, 2, 1),
+    (64, 128, 4, 8, 2, 1), (64, 128, 4, 16, 2, 1), (64, 128, 4, 8, 1, 1),
 ]
 # (BLOCK_N, BLOCK_K, num_warps, split: programs along K, stages: 2 = the next tile's loads issued before this
-# tile's arithmetic, 1 = not, 3 / 4 = Triton's pipeline of that depth (pairs form), form: 0 = float32 planes,
-# 1 = fp16 pairs, 2 = fp16 subnormal pairs)
+# tile's arithmetic, 1 = not; form: 0 = float32 planes, 1 = fp16 pairs)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
 
 
@@ -66,29 +59,20 @@ def _configs(text: str) -> list[tuple[int, ...]]:
         out = [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--configs: {text!r} is not ';'-separated BN,BK,warps,split,stages,form") from None
-    if not out or any(len(c) not in (6, 7) for c in out):
+    if not out or any(len(c) != 6 or c[4] not in (1, 2) or c[5] not in (0, 1) for c in out):
         raise argparse.ArgumentTypeError("--configs: each configuration has six numbers (BN,BK,warps,split,stages,form)"
-                                         " and optionally a seventh (programs a multiprocessor: a persistent grid)")
+                                         ", stages 1 or 2, form 0 (planes) or 1 (pairs)")
     return out
 
 
 def _layouts(text: str) -> list[int]:
-    """--layouts: 0 (rows), TB (tiles of TB rows) or qTB (tiles of TB rows, words in quads), as 0, TB, -TB."""
-    out = []
-    for v in (v.strip() for v in text.split(",")):
-        if not v:
-            continue
-        quads = v.startswith("q")
-        try:
-            tb = int(v[1:] if quads else v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--layouts: {text!r} is not comma-separated tile rows (0 = rows, "
-                                             "qTB = tiles in quads)") from None
-        if tb < 0 or tb & (tb - 1) or (quads and not tb):
-            raise argparse.ArgumentTypeError("--layouts: each is 0 (rows), a power of two (tile rows) or q and one")
-        out.append(-tb if quads else tb)
-    if not out:
-        raise argparse.ArgumentTypeError("--layouts: none given")
+    """--layouts: 0 (rows) or TB (tiles of TB rows)."""
+    try:
+        out = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layouts: {text!r} is not comma-separated tile rows (0 = rows)") from None
+    if not out or any(tb < 0 or tb & (tb - 1) for tb in out):
+        raise argparse.ArgumentTypeError("--layouts: each is 0 (rows) or a power of two (tile rows)")
     return out
 
 
@@ -136,7 +120,7 @@ def int4_gemv(args, doc: dict) -> None:
     import torch
     import torch.nn.functional as F
 
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -156,15 +140,15 @@ def int4_gemv(args, doc: dict) -> None:
             best = None
             for tb, cfg0 in [(tb, c) for tb in args.layouts for c in (args.configs or CONFIGS)]:
                 cfg = (cfg0[0], min(cfg0[1], k), *cfg0[2:])
-                key = "x".join(map(str, cfg)) + (f"-q{-tb}" if tb < 0 else f"-t{tb}" if tb else "")
+                key = "x".join(map(str, cfg)) + (f"-t{tb}" if tb else "")
                 if key in row["configs"]:
                     continue
                 if tb and tb not in held:
-                    held[tb] = [w.tiled(abs(tb), quads=tb < 0) for w in rows_held]
+                    held[tb] = [w.tiled(tb) for w in rows_held]
                 ws = held[tb] if tb else rows_held
                 one = ws[0]
                 if tb and not one.tile_rows:
-                    row["configs"][key] = {"skipped": f"cannot be held in tiles of {abs(tb)} rows"}
+                    row["configs"][key] = {"skipped": f"cannot be held in tiles of {tb} rows"}
                     continue
                 try:
                     gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
@@ -180,7 +164,7 @@ def int4_gemv(args, doc: dict) -> None:
                 gbps = one.nbytes / (us * 1e-6) / 1e9
                 row["configs"][key] = {"us": round(us, 3), "gbps": round(gbps, 1), "fraction": round(gbps / read, 4),
                                        "rel_err": round(err, 6)}
-                lay = f"q{-tb}" if tb < 0 else f"t{tb}" if tb else "rows"
+                lay = f"t{tb}" if tb else "rows"
                 if best is None or us < best[1]:
                     best = (cfg, us, tb)
                 if lay not in row.setdefault("best_by_layout", {}) or us < row["best_by_layout"][lay]["us"]:
@@ -205,12 +189,11 @@ def int4_gemv(args, doc: dict) -> None:
                     us_p = us
                 sub = min(cfg[1], args.group)
                 form = cfg[5] if len(cfg) > 5 else gemv_int4.DEFAULT_FORM
-                pairs = form in (gemv_int4.FORM_PAIRS, gemv_int4.FORM_SUBN) and act in gemv_int4.PAIR_DTYPES
-                subn = pairs and form == gemv_int4.FORM_SUBN and sub == 128 and k % 128 == 0
+                pairs = form == gemv_int4.FORM_PAIRS and act in gemv_int4.PAIR_DTYPES
                 row_us = _us(lambda: [gemv_int4.row_input(gemv.PROLOGUE_NORM if pro == "norm" else gemv.PROLOGUE_SILU
                                                           if pro == "silu" else gemv.PROLOGUE_PLAIN,
                                                           gu if pro == "silu" else x, w, sub, d, nw, 1e-6, xo,
-                                                          pairs=pairs, subn=subn)
+                                                          pairs=pairs)
                                       for w in ws], count)
                 gbps = one.nbytes / (us * 1e-6) / 1e9
                 row["best"] = {"blocks": list(cfg), "tile_rows": tb, "us": round(us, 3), "gbps": round(gbps, 1),
@@ -218,7 +201,6 @@ def int4_gemv(args, doc: dict) -> None:
                                "prologue_fraction": round(one.nbytes / (us_p * 1e-6) / 1e9 / read, 4),
                                "row_kernel_us": round(row_us, 3)}
                 doc["best_blocks"][f"{pro}:{n}x{k}"] = list(cfg)
-                gemv_int4.BLOCKS[(pro, n, k)] = tuple(cfg)  # what the step below runs
             doc["int4"][set_name][name] = row
             ws = outs = rows_held = one = None  # freed before the next matrix
             held.clear()
@@ -245,7 +227,7 @@ def prefill(args, doc: dict) -> None:
     import torch
     import torch.nn.functional as F
 
-    from engine.core import gemv_int4
+    from engine.kernels import gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(1)
@@ -272,7 +254,8 @@ def fp16_vs_bf16(args, doc: dict) -> None:
     """The dense fused kernels of one 27B full-attention layer at TP1, fp16 against bf16 (random weights)."""
     import torch
 
-    from engine.core import attention, gemv
+    from engine.core import attention
+    from engine.kernels import gemv
 
     dev = torch.device(args.device)
     d, ff, heads, kv, hd = 5120, 17408, 24, 4, 256
@@ -333,8 +316,9 @@ def step(args, doc: dict) -> None:
 
     from engine.bench import decode as dbench
     from engine.core import config as ecfg
-    from engine.core import gemv_int4, quant_config, weights
+    from engine.core import quant_config, weights
     from engine.core.model import Model
+    from engine.kernels import gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(3)
@@ -378,9 +362,12 @@ def main(argv: list[str]) -> int:
                    help="int4: the block configurations to time, ';'-separated, each BN,BK,warps,split,stages,form "
                         "(default: CONFIGS)")
     p.add_argument("--layouts", default="0,32", type=_layouts,
-                   help="int4: how the words are held, comma-separated: 0 = in rows, TB = in tiles of TB rows, "
-                        "qTB = the same tiles with their words in quads (quant.PackedLinear.tiled; default: 0,32)")
+                   help="int4: how the words are held, comma-separated: 0 = in rows, TB = in tiles of TB rows "
+                        "(quant.PackedLinear.tiled; default: 0,32)")
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument("--write-table", default=None, metavar="FILE",
+                   help="int4: merge the fastest blocks per matrix into this tuning table (e.g. "
+                        "engine/tuning/hopper.json), which the step then runs")
     args = p.parse_args(argv)
     args.device = "cuda:0"
     bad = [s for s in args.shapes.split(",") if s not in SHAPES]
@@ -418,6 +405,11 @@ def main(argv: list[str]) -> int:
         prefill(args, doc)
     if "fp16" not in skip:
         fp16_vs_bf16(args, doc)
+    if args.write_table and doc["best_blocks"]:  # the winners into a tuning table, which the step's decoder reads
+        from engine import tuning
+
+        tuning.write(args.write_table, "int4", doc["best_blocks"], measured_on=doc["device"])
+        os.environ[tuning.OVERRIDE_ENV] = args.write_table
     if "step" not in skip:
         step(args, doc)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)

@@ -37,7 +37,7 @@ import time
 import traceback
 from pathlib import Path
 
-from engine import DATA_DIR
+from engine import DATA_DIR, dtype_rule
 
 DATA = DATA_DIR
 SIZES = (4 << 10, 8 << 10, 16 << 10, 40 << 10, 64 << 10, 256 << 10, 1 << 20)
@@ -446,7 +446,7 @@ def summary(doc: dict, ctx: str = "1024") -> dict:
              "allreduce_graph_us_8k": get(doc, "allreduce", name, "graph_us", "8k")}
         if get(row, "decode_graph", ctx, "exchange"):
             r["exchange"] = get(row, "decode_graph", ctx, "exchange")
-        for mode in ("kernel", "gemv", "send"):  # the A/B of the same run: the other exchange modes
+        for mode in ("kernel", "send"):  # the A/B of the same run: the other exchange mode
             ak = get(row, f"decode_graph_exchange_{mode}", ctx, "ms")
             if ak:
                 r[f"step_ms_exchange_{mode}"] = ak
@@ -473,7 +473,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--eager-steps", type=int, default=30, help="eager decode steps per context")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense fp16/bf16 tensor peak")
     p.add_argument("--peak-source", default=None, help="where --peak-tflops comes from (datasheet name)")
-    p.add_argument("--kernels", default="auto", choices=("auto", "eager", "compiled", "gemv"),
+    p.add_argument("--kernels", default="auto", choices=("auto", "eager", "fused"),
                    help="the decode step's blocks (auto: as the service chooses for the card)")
     p.add_argument("--served", default="500,16,144",
                    help="served-loop phase: prompt tokens, short and long generation ('' to skip)")
@@ -493,9 +493,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"kind": "engine_bench_tp2", "error": "needs two CUDA GPUs",
                           "cuda_devices": torch.cuda.device_count()}))
         return 4
-    if args.dtype is None:
-        major = torch.cuda.get_device_capability(0)[0] if args.device == "cuda" else 0
-        args.dtype = "bfloat16" if major >= 8 else ("float16" if args.device == "cuda" else "float32")
+    args.dtype = dtype_rule.resolve(args.dtype, torch.cuda.get_device_capability(0) if args.device == "cuda"
+                                    else dtype_rule.CPU)
     nccl = None
     if args.device == "cuda" and torch.distributed.is_nccl_available():
         nccl = ".".join(str(x) for x in torch.cuda.nccl.version())

@@ -4,16 +4,16 @@ one-query attention, and the residual add + RMSNorm and SiLU(gate) * up folded i
 Per layer, ``attn_block_fused`` and ``mlp_block_fused`` (the signatures of engine.core.model's
 attn_block and mlp_block, so Model.decode_step runs them unchanged):
 
-  1. GEMV with a norm prologue (engine.core.gemv.linear_norm): h = RMSNorm(x + delta), qkv = h @ Wqkv^T (+ b);
+  1. GEMV with a norm prologue (engine.kernels.gemv.linear_norm): h = RMSNorm(x + delta), qkv = h @ Wqkv^T (+ b);
      program 0 also writes x + delta, the new residual.
   2. ``decode_attention``: from the qkv row, per kv head: q/k RMSNorm (Qwen3), RoPE at ``pos``, K/V written
      into the cache at ``pos``, and the attention of the g query heads of that kv head over cache positions
      [0, window) with positions past ``pos`` masked; the window is split over programs (flash-decoding:
      partial max / sum / accumulator in float32), and the last program of a kv head to finish combines the
      partials in a fixed order (one kernel; ``combine="kernel"`` runs the combine as a second kernel).
-  3. o_proj GEMV (engine.core.gemv.linear).
+  3. o_proj GEMV (engine.kernels.gemv.linear).
   4. GEMV with a norm prologue for gate/up (as 1).
-  5. GEMV with a SiLU(gate) * up prologue for down (engine.core.gemv.linear_silu).
+  5. GEMV with a SiLU(gate) * up prologue for down (engine.kernels.gemv.linear_silu).
 
 The earlier blocks (torch.compile'd, ``gemv``) ran ~15 kernels per layer; the ~1 ms a step those small
 kernels cost does not shrink when tensor parallelism halves the matrices (docs/engine-speed.md).
@@ -37,6 +37,8 @@ import math
 
 import torch
 
+from engine import tuning
+
 BLOCK_S = 128  # cache positions per tile (H200, 2026-11-30: 128 x 8 warps fastest of 8 configurations)
 NUM_WARPS = 8
 TARGET_PROGRAMS = 264  # about two programs per SM of an H200 (132 SMs): sets how the window is split
@@ -54,7 +56,6 @@ STAGES = 1
 # the same blocks with APART were the fastest of the sweep (27B 149.0 us at 128K against 230.6 us before).
 LONG_WINDOW = 65536
 LONG_CONFIG = {128: (64, 4, 3), 256: (32, 4, 3)}
-PREFETCH = False  # the register prefetch of the next tile (decode_attention's ``prefetch``): not yet measured faster
 # the step's own position attended apart from the cache tiles (decode_attention's ``apart``) whenever the loop is
 # pipelined (num_stages > 1): the tiles then go from memory to the products untouched, so an int8 tile is widened in
 # the products' register layout instead of through shared memory a second time. H200, 2026-12-03
@@ -74,7 +75,7 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     gemv._prologue_kernel()
     rnd = gemv.rnd  # float32 -> dtype, round to nearest even (by hand under the interpreter)
@@ -248,7 +249,7 @@ def _kernels():
                          QK_NORM: tl.constexpr, DOT_F32: tl.constexpr, ONE_KERNEL: tl.constexpr,
                          EMU: tl.constexpr, ROT: tl.constexpr = 0, GATED: tl.constexpr = False,
                          ZC: tl.constexpr = False, ksc_ptr=None, vsc_ptr=None, stride_sh=0,
-                         INT8: tl.constexpr = False, PREFETCH: tl.constexpr = False, APART: tl.constexpr = False,
+                         INT8: tl.constexpr = False, APART: tl.constexpr = False,
                          PERMUTE: tl.constexpr = False):
         kvh = tl.program_id(0)
         sp = tl.program_id(1)
@@ -323,32 +324,18 @@ def _kernels():
         l_i = tl.zeros((G_PAD,), tl.float32)
         acc = tl.zeros((G_PAD, HD), tl.float32)
         n_t = tl.minimum(CHUNK, pos - lo + 1)
-        if PREFETCH:
-            # the next tile's loads issued before this tile's arithmetic (two tiles in registers), so a program
-            # does not wait a memory round trip per tile; the tiles are attended in the same order as below
-            for t in range(BLOCK_S, n_t, BLOCK_S):
-                noffs = lo + t + tl.arange(0, BLOCK_S)
-                nk1, nk2, nv, nks, nvs = _load_tile(kc_ptr, vc_ptr, kvh, noffs, pos, stride_kh, stride_ks, stride_vh,
-                                                    stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr, stride_sh, INT8, dt, PERMUTE)
-                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
-                kt1, kt2, vt, ksc_t, vsc_t, offs = nk1, nk2, nv, nks, nvs, noffs
-            if lo <= pos:
-                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
-        else:
-            if lo <= pos:
-                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
-            # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
-            # compiler pipelines the tile loads (the launch's num_stages: STAGES)
-            for t in range(BLOCK_S, n_t, BLOCK_S):
-                offs = lo + t + tl.arange(0, BLOCK_S)
-                kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks,
-                                                        stride_vh, stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr,
-                                                        stride_sh, INT8, dt, PERMUTE)
-                m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
-                                        DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
+        if lo <= pos:
+            m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                    DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
+        # the rest of this program's part of the window, up to pos: a loop bound, no branch inside, so the
+        # compiler pipelines the tile loads (the launch's num_stages: STAGES)
+        for t in range(BLOCK_S, n_t, BLOCK_S):
+            offs = lo + t + tl.arange(0, BLOCK_S)
+            kt1, kt2, vt, ksc_t, vsc_t = _load_tile(kc_ptr, vc_ptr, kvh, offs, pos, stride_kh, stride_ks,
+                                                    stride_vh, stride_vs, HALF, HD, RT, ksc_ptr, vsc_ptr,
+                                                    stride_sh, INT8, dt, PERMUTE)
+            m_i, l_i, acc = _attend(q1, q2, kt1, kt2, vt, offs, pos, k1, k2, v_new, m_i, l_i, acc, scale, dt,
+                                    DOT_F32, EMU, ksc_t, vsc_t, ksc_new, vsc_new, INT8, APART)
         if APART:
             if (lo <= pos) & (pos < lo + CHUNK):  # the program whose part of the window holds pos
                 m_i, l_i, acc = _attend_new(q1, q2, k1, k2, v_new, m_i, l_i, acc, scale, dt, EMU, ksc_new, vsc_new,
@@ -377,8 +364,8 @@ def _kernels():
 
 def _interpreting() -> bool:
     # Triton's CPU interpreter multiplies 16-bit float tiles as raw integers (tl.dot gets float32 there) and
-    # rounds to bf16 by truncation (the kernels round by hand there: engine.core.gemv.rnd)
-    from engine.core.gemv import interpreting
+    # rounds to bf16 by truncation (the kernels round by hand there: engine.kernels.gemv.rnd)
+    from engine.kernels.gemv import interpreting
 
     return interpreting()
 
@@ -413,11 +400,10 @@ def launch_config(hd: int, window: int, capability: tuple[int, int] | None, *, b
     """(positions per tile, warps, programs per kv head or 0 for splits_for, num_stages, apart) that
     decode_attention launches for head dim ``hd`` over ``window`` positions on a GPU of ``capability`` (None: not
     a GPU, Triton's interpreter); arguments given win over the defaults. 16-bit and int8 caches take the same."""
-    from engine.core import gemv
-
-    cfg_bs, cfg_warps, cfg_splits = gemv.ATTENTION_CONFIG or (HD256_CONFIG if hd >= 256 else (BLOCK_S, NUM_WARPS, 0))
+    table = tuning.active().attention  # a measured (tile, warps, programs) for this card family, or None
+    cfg_bs, cfg_warps, cfg_splits = table or (HD256_CONFIG if hd >= 256 else (BLOCK_S, NUM_WARPS, 0))
     long = LONG_CONFIG.get(hd)
-    if (long is not None and gemv.ATTENTION_CONFIG is None and window >= LONG_WINDOW and block_s is None
+    if (long is not None and table is None and window >= LONG_WINDOW and block_s is None
             and num_warps is None and stages is None and capability is not None and capability >= (8, 0)):
         cfg_bs, cfg_warps, stages = long
     if block_s is None and cfg_bs * hd > VOLTA_TILE and capability is not None and capability < (8, 0):
@@ -433,18 +419,17 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
                      combine: str = "last", splits: int | None = None, block_s: int | None = None,
                      num_warps: int | None = None, gated: bool = False, zc: bool = False,
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                     stages: int | None = None, prefetch: bool | None = None,
+                     stages: int | None = None,
                      apart: bool | None = None, permute: bool | None = None) -> torch.Tensor:
     """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
     attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
     ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
     ``splits``: programs per kv head (default: splits_for); ``block_s``: positions per tile; defaults from
-    engine.core.gemv.ATTENTION_CONFIG (a measured table) or BLOCK_S, NUM_WARPS. Qwen3.5: ``gated`` (q rows
+    the tuning table's ``attention`` (engine.tuning) or BLOCK_S, NUM_WARPS. Qwen3.5: ``gated`` (q rows
     [query | gate] per head, the output scaled by sigmoid(gate)), ``zc`` (zero-centred q/k norms) and a partial
     rotary (cos / sin narrower than the head: RoPE on its first cos.shape[-1] dimensions). An int8 cache comes
     with ``k_scale`` / ``v_scale`` [1, kv, S] float32 (engine.core.kvquant). ``stages``: tiles whose loads the
-    loop keeps in flight (1: none; default STAGES); ``prefetch``: the next tile loaded into registers before this
-    tile's arithmetic (default PREFETCH; the same tiles in the same order, the same answer); ``apart``: position
+    loop keeps in flight (1: none; default STAGES); ``apart``: position
     pos attended after the tiles from registers instead of inside its tile (default: APART when stages > 1; the
     same scores, summed in another order); ``permute``: an int8 cache in fp16 widened by a byte permute (default
     I8_PERMUTE; exact either way). The launch's defaults: launch_config."""
@@ -471,7 +456,6 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     qk = q_norm is not None
     emu = _interpreting() and qkv.dtype == torch.bfloat16
     int8 = k_scale is not None
-    prefetch = PREFETCH if prefetch is None else prefetch
     permute = I8_PERMUTE if permute is None else permute
     attn_k[(n_kv, n_split)](
         qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
@@ -481,7 +465,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
         QK_NORM=qk, DOT_F32=qkv.dtype == torch.float32 or _interpreting(), ONE_KERNEL=one, EMU=emu,
         ROT=0 if cos.shape[-1] == hd else cos.shape[-1], GATED=gated, ZC=zc,
         ksc_ptr=k_scale if int8 else part_ml, vsc_ptr=v_scale if int8 else part_ml,
-        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, PREFETCH=prefetch, APART=apart,
+        stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, APART=apart,
         PERMUTE=bool(int8 and permute and qkv.dtype == torch.float16 and not _interpreting()), num_stages=stages,
         num_warps=num_warps)
     if not one:
@@ -529,7 +513,7 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
     ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself. ``send`` (an
     engine.allreduce.epilogue.Ticket): o_proj's rows also go to the peer (the part returned is a Sent), and
     ``delta`` may be the previous block's Sent, received by the norm prologue."""
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     if not runs_here(x.device):
         from engine.core.model import attn_block
@@ -553,7 +537,7 @@ def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv,
 def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None, zc: bool = False):
     """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV
     (``send``: as attn_block_fused's)."""
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     if not runs_here(x.device):
         from engine.core.model import mlp_block

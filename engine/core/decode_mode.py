@@ -4,12 +4,13 @@ capture and exchange. Nothing that runs during a step reads the environment. Std
 functions of plain facts, tested without a GPU.
 
   graphs    CUDA graphs per context bucket (with the allreduce inside when the path can be captured), or eager steps.
-  kernels   the decode step's blocks (KERNELS): "fused" (engine.core.attention: five Triton kernels per layer),
-            "gemv" (torch.compile'd blocks with the Triton GEMV for the one-row products), "compiled" (the same with
-            cuBLAS products), "eager" (the plain blocks).
-  exchange  where a TP2 layer's two partial outputs meet (EXCHANGES): "kernel" (an allreduce between the GEMVs),
-            "send" (the GEMVs send their rows, a small kernel receives), "norm-receive" (the next norm GEMV
-            receives); None at TP1.
+  kernels   the decode step's blocks (KERNELS): "fused" (engine.core.attention: five Triton kernels per layer) or
+            "eager" (the plain blocks).
+  exchange  where a TP2 layer's two partial outputs meet (EXCHANGES): "kernel" (an allreduce between the GEMVs) or
+            "send" (the GEMVs send their rows, a small kernel receives); None at TP1.
+
+Measured slower and deleted (docs/engine-speed.md, history): the kernel choices "gemv" (torch.compile'd blocks with
+the Triton GEMV) and "compiled" (the same with cuBLAS products), the exchange "norm-receive" (earlier "gemv").
   lockstep  how the two ranks check each other (LOCKSTEP): inside the step's graph as two Triton kernels or as torch
             ops around the exchange, or a record the rank exchanges after each step; None at TP1.
 """
@@ -20,30 +21,23 @@ import dataclasses
 import os
 from typing import Callable, Mapping
 
-KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | compiled | gemv | fused: overrides the automatic choice
-KERNELS = ("eager", "compiled", "gemv", "fused")
-# "fused" (engine.core.attention: five kernels per layer) is the default on cards that run Triton: an H200
-# measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against "gemv"
-# (docs/engine-speed.md; tests/fixtures/engine/h200-variants-fused-tp*-2026-11-30.json, judged by
-# tests/engine/test_engine_fused_recording.py).
-FUSED_DEFAULT = True
-TRITON_MIN_CC = (8, 0)  # torch.compile's GPU kernels are Triton; we use them from Ampere on only
+KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | fused: overrides the automatic choice
+KERNELS = ("eager", "fused")
+# "fused" (engine.core.attention: five kernels per layer) is the choice on cards that run Triton: an H200
+# measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against the deleted
+# "gemv" blocks (docs/engine-speed.md).
+TRITON_MIN_CC = (8, 0)  # bf16 and the fused kernels from Ampere on; 7.x through engine.core.sm70
 VOLTA_CC = (7, 0)  # the V100: the fused kernels only (fp16, compiled for sm_70 by a CUDA 12 ptxas: engine.core.sm70)
 
 EXCHANGE_ENV = "V100PLAN_ENGINE_EXCHANGE"
 EXCHANGES = {
     "kernel": "an allreduce kernel between the GEMVs (the graph mailbox's: send, wait, add in one kernel)",
-    "norm-receive": ("inside the GEMVs: o_proj / down send their rows to the peer in their epilogue, the next norm "
-                     "GEMV's program 0 waits for and adds them, the others read its row"),
     "send": ("o_proj / down send their rows to the peer in their epilogue; a small kernel waits for and adds "
              "them before the next norm GEMV"),
 }
-# Earlier names of a mode: accepted, and the mode says it was renamed ("gemv" also named a kernel choice).
-EXCHANGE_ALIASES = {"gemv": "norm-receive"}
 # The measured choice (2 x H200, Qwen3-8B shape, bf16, 1K context, one bench-tp2 run, 2026-12-01,
-# tests/fixtures/multigpu/h200x2-exchange-modes-2026-12-01.json, where "norm-receive" is recorded as "gemv";
-# docs/engine-speed.md): the TP2 step took 2.742 ms with "send", 2.843 ms with "kernel" and 3.028 ms with
-# "norm-receive".
+# tests/fixtures/multigpu/h200x2-exchange-modes-2026-12-01.json; docs/engine-speed.md): the TP2 step took
+# 2.742 ms with "send", 2.843 ms with "kernel" (and 3.028 ms with the deleted "norm-receive").
 EXCHANGE_DEFAULT = "send"
 
 LOCKSTEP = {
@@ -60,7 +54,6 @@ class Request:
     graphs: bool | None = None
     kernels: str | None = None
     exchange: str | None = None
-    note: str | None = None  # what was said about the request itself (a renamed exchange mode)
 
     @classmethod
     def of(cls, graphs: bool | None = None, kernels: str | None = None, exchange: str | None = None,
@@ -70,18 +63,9 @@ class Request:
         if kernels is not None and kernels not in KERNELS:
             raise ValueError(f"{KERNELS_ENV}={kernels!r}: expected one of {', '.join(KERNELS)}")
         asked = exchange or env.get(EXCHANGE_ENV) or None
-        mode, note = exchange_name(asked) if asked else (None, None)
-        return cls(graphs, kernels, mode, note)
-
-
-def exchange_name(value: str) -> tuple[str, str | None]:
-    """(the exchange mode, a note when ``value`` is an earlier name of it); ValueError naming the modes."""
-    if value in EXCHANGE_ALIASES:
-        new = EXCHANGE_ALIASES[value]
-        return new, f"{EXCHANGE_ENV}={value} is now called {new!r}"
-    if value not in EXCHANGES:
-        raise ValueError(f"{EXCHANGE_ENV}={value!r}: expected one of {', '.join(EXCHANGES)}")
-    return value, None
+        if asked is not None and asked not in EXCHANGES:
+            raise ValueError(f"{EXCHANGE_ENV}={asked!r}: expected one of {', '.join(EXCHANGES)}")
+        return cls(graphs, kernels, asked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +79,6 @@ class DecodeMode:
     exchange_why: str | None = None
     lockstep: str | None = None  # None: one rank, nothing to check
     lockstep_why: str | None = None
-
-    @property
-    def receive_in_gemv(self) -> bool:
-        """Whether the next norm GEMV receives the exchange itself (else a kernel of its own does)."""
-        return self.exchange == "norm-receive"
 
     @property
     def lockstep_kernels(self) -> bool | None:
@@ -130,8 +109,8 @@ def graph_choice(device_type: str, path_name: str | None, capturable: bool,
 
 def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_ok: bool,
                   requested: str | None = None, sm70_ptxas: tuple[bool, str] | None = None) -> tuple[str, str]:
-    """("fused" | "gemv" | "compiled" | "eager", why). Compiled blocks (and the Triton GEMV, engine.core.gemv) need
-    Triton for the card; never required: CPUs run the plain blocks. The V100 (7.x) runs the fused kernels in fp16
+    """("fused" | "eager", why). The fused kernels need Triton for the card; never required: CPUs run the plain
+    blocks. The V100 (7.x) runs the fused kernels in fp16
     when ``sm70_ptxas`` (engine.core.sm70.use(): found, why) says a ptxas compiles sm_70; else the plain blocks."""
     if requested == "eager":
         return "eager", f"{KERNELS_ENV}=eager"
@@ -146,26 +125,17 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
         found, why = sm70_ptxas or (False, "no ptxas for sm_70 was looked for")
         if not found:
             return "eager", f"compute capability {cc} < 8.0 and {why}: eager blocks in fp16 (about half the fused speed)"
-        if requested in ("compiled", "gemv"):
-            return "eager", (f"compute capability {cc} < 8.0: torch.compile'd blocks ({requested}) are not offered "
-                             f"on this card; eager blocks (leave {KERNELS_ENV} unset for the fused kernels)")
         return "fused", (f"compute capability {cc} (fp16): the five fused Triton kernels per layer, compiled for "
                          f"sm_{capability[0]}{capability[1]} by {why}; FMA instead of tensor-core MMA, which the "
                          f"one-row products do not need")
-    if requested == "compiled":
-        return "compiled", "requested: torch.compile'd blocks, cuBLAS for the one-row products"
-    if requested == "fused" or (requested is None and FUSED_DEFAULT):
-        return "fused", ("requested: " if requested == "fused" else "") + (
-            "five Triton kernels per layer (engine.core.attention): the norm and SiLU in the GEMVs' prologues, "
-            "one kernel for q/k norm, RoPE, the cache write and the one-query attention (0.93x the step of the "
-            "Triton GEMV with compiled blocks at TP1, 0.87x at TP2 on an H200, docs/engine-speed.md)")
-    return "gemv", ("requested: " if requested == "gemv" else "") + (
-        "torch.compile'd blocks (norm fused with the residual add, RoPE + cache write, one-query attention) "
-        "with the Triton GEMV for the one-row products (1.02-1.42x cuBLAS on an H200, docs/engine-speed.md)")
+    return "fused", ("requested: " if requested == "fused" else "") + (
+        "five Triton kernels per layer (engine.core.attention): the norm and SiLU in the GEMVs' prologues, "
+        "one kernel for q/k norm, RoPE, the cache write and the one-query attention (0.93x the step of the "
+        "Triton GEMV with compiled blocks at TP1, 0.87x at TP2 on an H200, docs/engine-speed.md)")
 
 
-def exchange_choice(path_name: str | None, offered: bool, requested: str | None = None,
-                    note: str | None = None) -> tuple[str | None, str | None]:
+def exchange_choice(path_name: str | None, offered: bool,
+                    requested: str | None = None) -> tuple[str | None, str | None]:
     """(exchange, why): None at TP1 (no path); the requested mode (else EXCHANGE_DEFAULT) where the blocks and the
     path take the exchange inside the GEMVs (``offered``); else "kernel", the path's allreduce between them."""
     if path_name is None:
@@ -173,7 +143,7 @@ def exchange_choice(path_name: str | None, offered: bool, requested: str | None 
     mode = requested or EXCHANGE_DEFAULT
     if not offered or mode == "kernel":
         return "kernel", f"an allreduce ({path_name}) between the GEMVs"
-    return mode, EXCHANGES[mode] + (f" ({note})" if note else "")
+    return mode, EXCHANGES[mode]
 
 
 def lockstep_choice(path_name: str | None, graphs: bool, kernels_here: bool) -> tuple[str | None, str | None]:
@@ -195,6 +165,6 @@ def resolve(request: Request, *, device_type: str, capability: tuple[int, int] |
     graphs, graphs_why = graph_choice(device_type, path_name, capturable, request.graphs)
     kernels, kernels_why = kernel_choice(device_type, capability, triton_ok, request.kernels, sm70_ptxas)
     offered = path_name is not None and exchange_offered(kernels)
-    exchange, exchange_why = exchange_choice(path_name, offered, request.exchange, request.note)
+    exchange, exchange_why = exchange_choice(path_name, offered, request.exchange)
     lockstep, lockstep_why = lockstep_choice(path_name, graphs, lockstep_kernels)
     return DecodeMode(graphs, graphs_why, kernels, kernels_why, exchange, exchange_why, lockstep, lockstep_why)

@@ -1,14 +1,14 @@
 """A Gated DeltaNet layer's decode step in three kernels (kernel choice ``fused``), the signature of
 engine.core.model.gdn_block:
 
-  1. GEMV with the norm prologue (engine.core.gemv.linear_norm): RMSNorm(x + delta) @ w_in^T, the four input
+  1. GEMV with the norm prologue (engine.kernels.gemv.linear_norm): RMSNorm(x + delta) @ w_in^T, the four input
      projections in one product -> [conv channels q | k | v, z, b, a].
   2. ``gdn_decode``: one program per value head does the rest of the token's work: the causal conv of its
-     channels over the ring (engine.core.gdn's layout: slot p % kernel holds position p's input; the program
+     channels over the ring (engine.kernels.gdn's layout: slot p % kernel holds position p's input; the program
      writes this position's slot and reads the kernel - 1 before it, never a slot another program writes),
      SiLU, L2 norms of q and k, beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), the delta rule on its
      float32 state [dk, dv] (read once, written once), the output and the gated RMSNorm -> y [value dim].
-  3. out_proj GEMV (engine.core.gemv.linear_send, which can also send its rows to the TP2 peer).
+  3. out_proj GEMV (engine.kernels.gemv.linear_send, which can also send its rows to the TP2 peer).
 
 Rounding follows Hugging Face's eager Qwen3.5 (the conv rounded to the dtype and SiLU of it rounded, beta in the
 dtype, g and the rule in float32, the rule's output rounded, the gated norm as Qwen3_5RMSNormGated rounds it).
@@ -28,7 +28,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     gemv._prologue_kernel()
     rnd = gemv.rnd
@@ -100,7 +100,7 @@ def gdn_decode(proj: torch.Tensor, conv_ring: torch.Tensor, conv_w: torch.Tensor
                dt_bias: torch.Tensor, gnorm: torch.Tensor, rec_state: torch.Tensor, pos: torch.Tensor, *, nk: int,
                nv: int, dk: int, dv: int, eps: float) -> torch.Tensor:
     """proj [conv channels + z + b + a] (one row) -> y [nv dv] in proj's dtype; conv ring and state updated."""
-    from engine.core.gemv import interpreting
+    from engine.kernels.gemv import interpreting
 
     y = torch.empty(nv * dv, dtype=proj.dtype, device=proj.device)
     _kernel()[(nv,)](proj.reshape(-1), conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, y, pos, float(eps),
@@ -112,8 +112,9 @@ def gdn_decode(proj: torch.Tensor, conv_ring: torch.Tensor, conv_w: torch.Tensor
 def gdn_block_fused(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out, *,
                     nk: int, nv: int, dk: int, dv: int, eps: float, zc: bool = True, send=None):
     """engine.core.model.gdn_block in three kernels (``send``: out_proj's rows also go to the TP2 peer)."""
-    from engine.core import attention, gemv
+    from engine.core import attention
     from engine.core.model import gdn_block
+    from engine.kernels import gemv
 
     if not attention.runs_here(x.device):
         return gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out,

@@ -62,8 +62,8 @@ LAYER_KINDS = {
                  "fixed size per sequence",
         "tp2": "key and value heads split (conv channels, b/a rows, A_log, dt_bias follow); out_proj into the "
                "exchange",
-        "kernels": "gdn_block (torch: engine.core.gdn) or engine.core.gdn_fused's decode kernel; prefill: gdn.chunked "
-                   "or engine.core.gdn_chunk's kernel (one launch per layer and chunk)",
+        "kernels": "gdn_block (torch: engine.kernels.gdn) or engine.core.gdn_fused's decode kernel; prefill: gdn.chunked "
+                   "or engine.kernels.gdn_chunk's kernel (one launch per layer and chunk)",
     },
 }
 # What each kind of MLP holds (config.MLP_KINDS; per layer from cfg.mlp_types): both close with the allreduce.
@@ -163,7 +163,7 @@ def attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_nor
     the g query heads of one kv head become g query rows against that kv head (no K/V copies), as two
     batched matrix products that spread the window over the whole GPU (a fused SDPA kernel parallelises
     over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench 2026-11-29).
-    ``linear``: the one-row product (F.linear, or engine.core.gemv.linear where Triton targets the card).
+    ``linear``: the one-row product (F.linear, or engine.kernels.gemv.linear where Triton targets the card).
     ``gated`` (Qwen3.5): q_proj's rows are [query | gate] per head and the output is scaled by sigmoid(gate)
     before o_proj; ``zc``: zero-centred norms; cos/sin may cover only the first part of the head.
     ``k_scale``/``v_scale``: the cache is int8 with these scales (engine.core.kvquant)."""
@@ -220,7 +220,7 @@ def gdn_mix(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, *, n
     """One token's work between a Gated DeltaNet layer's projections (the signature of
     engine.core.gdn_fused.gdn_decode, in torch): proj [conv channels | z | b | a] -> y [nv dv] in proj's dtype;
     the conv ring and the recurrent state are updated in place at ``pos`` (device [1])."""
-    from engine.core import gdn
+    from engine.kernels import gdn
 
     kd, vd = nk * dk, nv * dv
     mixed, z, b, a = proj.split([2 * kd + vd, vd, nv, nv])
@@ -404,7 +404,7 @@ class Model:
         self.max_context = 0
         self.decoder = None  # engine.core.runner.Decoder, set by runner.prepare(): how decode_step is run
         # the prefill's kernel choice (engine.core.runner.kernel_choice): "fused" runs the Gated DeltaNet layers'
-        # chunked rule as engine.core.gdn_chunk's kernel; None = runner.device_kernels' at the first prefill
+        # chunked rule as engine.kernels.gdn_chunk's kernel; None = runner.device_kernels' at the first prefill
         self.kernels: str | None = None
         self._inv_freq = inv_freq(cfg).to(self.device)
         # a prompt's embeddings (tokens [1, T], pos0) -> [1, T, D] while a prompt with images is prefilled
@@ -499,7 +499,7 @@ class Model:
         the layer's conv ring and recurrent state (both reset at position 0: a new sequence). ``states`` (the
         verification of speculative decoding): the tokens go through the decode step's recurrence one by one
         and (conv rings [T, C, K], recurrent states [T, nv, dk, dv]) after each position are appended to it."""
-        from engine.core import gdn
+        from engine.kernels import gdn
 
         t = h.shape[1]
         kd, vd = layer.nk * layer.dk, layer.nv * layer.dv
@@ -527,7 +527,7 @@ class Model:
         else:
             chunked = gdn.chunked
             if self._gdn_kernel(layer):
-                from engine.core import gdn_chunk
+                from engine.kernels import gdn_chunk
 
                 chunked = gdn_chunk.chunked
             o, final = chunked(q.view(t, layer.nk, layer.dk), k.view(t, layer.nk, layer.dk),
@@ -537,10 +537,11 @@ class Model:
         return matmul(y.reshape(1, t, vd), layer.w_out)
 
     def _gdn_kernel(self, layer: Layer) -> bool:
-        """Whether a linear-attention prefill runs engine.core.gdn_chunk's kernel: kernel choice "fused" (as
+        """Whether a linear-attention prefill runs engine.kernels.gdn_chunk's kernel: kernel choice "fused" (as
         the decode step takes engine.core.gdn_fused), where the kernels run and the head sizes fit; float32 (the
         reference dtype) keeps the torch form."""
-        from engine.core import attention, gdn_chunk
+        from engine.core import attention
+        from engine.kernels import gdn_chunk
 
         if self.kernels is None:
             from engine.core.runner import device_kernels
@@ -613,9 +614,7 @@ class Model:
         mask_bias = torch.where(torch.arange(window, device=self.device) <= pos, zero, float("-inf"))
         mask_bias = mask_bias.view(1, 1, 1, window)  # [1, 1, 1, W]
         delta = torch.zeros_like(x)
-        xs = self.epilogue_exchange(blocks, exchange)
-        if xs is not None:  # "norm-receive": the next norm GEMV receives what was sent
-            recv = xs.receive if exchange == "send" else (lambda sent: sent)
+        xs = self.epilogue_exchange(blocks, exchange)  # "send": a small kernel receives what the GEMVs sent
         for i, layer in enumerate(self.layers):
             kw = {} if xs is None else {"send": xs.ticket(2 * i, cfg.hidden_size, self.dtype)}
             if layer.kind == "full_attention":
@@ -629,7 +628,7 @@ class Model:
             else:
                 x, part = gdn(x, delta, pos, *layer.gdn_tensors(), nk=layer.nk, nv=layer.nv, dk=layer.dk,
                               dv=layer.dv, eps=cfg.rms_norm_eps, **zc, **kw)
-            delta = recv(part) if xs is not None else self._reduce(part)
+            delta = xs.receive(part) if xs is not None else self._reduce(part)
             kw = {} if xs is None else {"send": xs.ticket(2 * i + 1, cfg.hidden_size, self.dtype)}
             if layer.mlp == "moe":  # the routed experts in torch, the shared expert through the path's mlp block
                 x, part = moe_block(x, delta, *layer.moe_tensors(), k=layer.top_k, norm_topk=layer.norm_topk,
@@ -637,7 +636,7 @@ class Model:
             else:
                 x, part = mlp(x, delta, *layer.mlp_tensors(self.rank), eps=cfg.rms_norm_eps, **zc, **kw)
             last = i + 1 == len(self.layers)  # the last exchange is summed by xs.finish (it bumps the serial)
-            delta = self._reduce(part) if xs is None else part if last else recv(part)
+            delta = self._reduce(part) if xs is None else part if last else xs.receive(part)
         if xs is not None:  # the final norm in the last exchange's kernel (rows of up to 8192: epilogue_exchange)
             x = xs.finish(delta, x, self.norm, cfg.rms_norm_eps, **zc)
         else:

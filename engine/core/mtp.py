@@ -72,7 +72,7 @@ class MTP:
             norm: Callable = rms_norm) -> tuple[torch.Tensor, torch.Tensor]:
         """forward's arithmetic with tokens [T] on the device; ``attend(layer, h [1, T, D])`` -> the o_proj partial
         (the prefill attention, or engine.core.spec_graphs' one with device positions); ``norm``: rms_norm or its
-        one-kernel form (engine.core.rows_norm.norm)."""
+        one-kernel form (engine.kernels.rows_norm.norm)."""
         eps, zc = model.cfg.rms_norm_eps, model.zc
         e = F.embedding(tokens, model.embed)  # [T, D]
         x = F.linear(torch.cat([norm(e, self.emb_norm, eps, zc), norm(hidden, self.hid_norm, eps, zc)], -1),

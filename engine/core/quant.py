@@ -28,9 +28,7 @@ On a GPU the words are held in tiles (``PackedLinear.tiled``, ``tile_rows`` = TB
 memory ordered [N / TB, K / 8 / TILE_WORDS, TB, TILE_WORDS], so the tile of TB rows x TILE_WORDS words (128 inputs)
 the decode GEMV reads at a time is one contiguous 2 KB run instead of TB runs of 64 bytes a row apart (a DRAM row
 opened per 64 bytes). Word (n, i) sits at (n // TB) TB K/8 + (i // TILE_WORDS) TILE_WORDS TB + (n % TB) TILE_WORDS
-+ i % TILE_WORDS; ``row_words`` gives the row layout back (the CPU products, fusing, the reference). In quads
-(``tile_quads``: ``tiled(TB, quads=True)``) each tile's words are ordered [TILE_WORDS / 4, TB, 4] instead: word i's
-quad of four, then the row, so that a warp reading one quad of 32 rows (one row a thread) reads 512 contiguous bytes.
++ i % TILE_WORDS; ``row_words`` gives the row layout back (the CPU products, fusing, the reference).
 """
 
 from __future__ import annotations
@@ -75,29 +73,25 @@ class PackedLinear:
     """One quantised matrix [out_features, in_features] of this rank, packed (see the module docstring)."""
 
     def __init__(self, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, perm: torch.Tensor | None,
-                 group_size: int, zero_offset: int, fmt: str, tile_rows: int = 0, tile_quads: bool = False):
+                 group_size: int, zero_offset: int, fmt: str, tile_rows: int = 0):
         self.qweight, self.qzeros, self.scales, self.perm = qweight, qzeros, scales, perm
         self.out_features, self.in_features = qweight.shape[0], qweight.shape[1] * 8
         self.group_size = group_size if group_size != -1 else self.in_features
         self.zero_offset, self.format = zero_offset, fmt
         self.tile_rows = tile_rows  # 0: qweight in rows; TB > 0: held in tiles of TB rows (module docstring)
-        self.tile_quads = bool(tile_rows) and tile_quads  # each tile's words in quads of four (module docstring)
 
     def can_tile(self, rows: int) -> bool:
         return rows > 0 and self.out_features % rows == 0 and (self.in_features // 8) % TILE_WORDS == 0
 
-    def tiled(self, rows: int, quads: bool = False) -> PackedLinear:
-        """The same matrix with its words held in tiles of ``rows`` rows (the module docstring), each tile's words
-        in quads of four if ``quads``; self if it cannot be (N not a multiple of rows, K not of 128) or already is."""
+    def tiled(self, rows: int) -> PackedLinear:
+        """The same matrix with its words held in tiles of ``rows`` rows (the module docstring); self if it cannot
+        be (N not a multiple of rows, K not of 128) or already is."""
         if self.tile_rows or not self.can_tile(rows):
             return self
         n, kw = self.qweight.shape
-        if quads:
-            t = self.qweight.view(n // rows, rows, kw // TILE_WORDS, TILE_WORDS // 4, 4).permute(0, 2, 3, 1, 4)
-        else:
-            t = self.qweight.view(n // rows, rows, kw // TILE_WORDS, TILE_WORDS).permute(0, 2, 1, 3)
+        t = self.qweight.view(n // rows, rows, kw // TILE_WORDS, TILE_WORDS).permute(0, 2, 1, 3)
         return PackedLinear(t.contiguous().view(n, kw), self.qzeros, self.scales, self.perm, self.group_size,
-                            self.zero_offset, self.format, rows, quads)
+                            self.zero_offset, self.format, rows)
 
     def row_words(self) -> torch.Tensor:
         """qweight in the row layout [N, K / 8] (a copy when held in tiles)."""
@@ -105,9 +99,6 @@ class PackedLinear:
             return self.qweight
         n, kw = self.qweight.shape
         tb = self.tile_rows
-        if self.tile_quads:
-            return self.qweight.view(n // tb, kw // TILE_WORDS, TILE_WORDS // 4, tb, 4).permute(0, 3, 1, 2, 4).reshape(
-                n, kw)
         return self.qweight.view(n // tb, kw // TILE_WORDS, tb, TILE_WORDS).permute(0, 2, 1, 3).reshape(n, kw)
 
     def untiled(self) -> PackedLinear:
@@ -134,7 +125,7 @@ class PackedLinear:
 
     def to(self, device: torch.device | str) -> PackedLinear:
         move = [None if t is None else t.to(device) for t in (self.qweight, self.qzeros, self.scales, self.perm)]
-        return PackedLinear(*move, self.group_size, self.zero_offset, self.format, self.tile_rows, self.tile_quads)
+        return PackedLinear(*move, self.group_size, self.zero_offset, self.format, self.tile_rows)
 
     def dequantise_held(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] in the held input order (perm applied), computed in float32, rounded once to dtype."""
@@ -154,16 +145,16 @@ class PackedLinear:
         return out
 
     def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T + b. One row on a GPU: the dequantising GEMV (engine.core.gemv_int4); otherwise (a
+        """x [..., K] @ W^T + b. One row on a GPU: the dequantising GEMV (engine.kernels.gemv_int4); otherwise (a
         prefill chunk, the CPU) the chunk's product through the weight dequantised for this call only."""
         if x.device.type == "cuda" and x.numel() == self.in_features:
-            from engine.core import gemv_int4
+            from engine.kernels import gemv_int4
 
             return gemv_int4.linear(x, self, b)
         if self.perm is not None:
             x = x.index_select(-1, self.perm.long())
         if x.device.type == "cuda":
-            from engine.core import gemv_int4
+            from engine.kernels import gemv_int4
 
             return F.linear(x, gemv_int4.dequantise(self, x.dtype), b)
         return F.linear(x, self.dequantise_held(x.dtype), b)
@@ -219,15 +210,15 @@ class Rows:
         return [None] * len(self.parts) if b is None else list(b.split([p.shape[0] for p in self.parts], -1))
 
     def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T + b, part by part (engine.core.gemv.linear: the GEMV for a row on a GPU)."""
-        from engine.core import gemv
+        """x [..., K] @ W^T + b, part by part (engine.kernels.gemv.linear: the GEMV for a row on a GPU)."""
+        from engine.kernels import gemv
 
         return torch.cat([gemv.linear(x, p, pb) for p, pb in zip(self.parts, self._biases(b))], -1)
 
     def linear_norm(self, x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, b=None, zc: bool = False):
-        """engine.core.gemv.linear_norm part by part: the first part's kernel adds delta, the others normalise its
+        """engine.kernels.gemv.linear_norm part by part: the first part's kernel adds delta, the others normalise its
         x + delta again (the norm prologue costs one read of the row)."""
-        from engine.core import gemv
+        from engine.kernels import gemv
 
         bs = self._biases(b)
         first, x_out = gemv.linear_norm(x, delta, norm_weight, eps, self.parts[0], bs[0], zc=zc)
@@ -309,13 +300,13 @@ def is_packed(w: Any) -> bool:
     return isinstance(w, (PackedLinear, Rows))
 
 
-def tiled(w: Any, rows: int, quads: bool = False) -> Any:
+def tiled(w: Any, rows: int) -> Any:
     """A packed matrix (PackedLinear, or a Rows' packed parts) with its words held in tiles of ``rows`` rows where
     they can be (PackedLinear.tiled); anything else as it is."""
     if isinstance(w, PackedLinear):
-        return w.tiled(rows, quads)
+        return w.tiled(rows)
     if isinstance(w, Rows):
-        return Rows([tiled(p, rows, quads) for p in w.parts])
+        return Rows([tiled(p, rows) for p in w.parts])
     return w
 
 

@@ -127,6 +127,6 @@ class Store:
         if w.shape != tuple(want):
             raise quant.QuantError(f"{prefix}.{i} {attr}: packed shape {w.shape} does not fit {tuple(want)} (rank "
                                    f"{m.rank} of {m.world})")
-        from engine.core import gemv_int4
+        from engine.kernels import gemv_int4
 
         return gemv_int4.held(w, m.device)  # fused in rows above, then held as the card's GEMV reads it

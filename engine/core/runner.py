@@ -11,14 +11,10 @@ step) and passes it into every step, capture and exchange:
            be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
   kernels  "fused": five Triton kernels per layer (engine.core.attention: norm + QKV GEMV, one kernel for
            q/k norm, RoPE, the cache write and the attention, o_proj GEMV, norm + gate/up GEMV, SiLU + down
-           GEMV): the default where Triton targets the card (FUSED_DEFAULT: an H200 measured it faster);
-           "gemv" (by request): attn_block / mlp_block through torch.compile (Inductor -> Triton), one compile per
-           block shape reused by every layer, their one-row products through the Triton GEMV
-           (engine.core.gemv); "compiled": the same with cuBLAS products (by request), both from compute
-           capability 8.0. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
+           GEMV) where Triton targets the card; "eager" (by request, or without Triton): the plain blocks. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
            else the plain blocks; CPUs run the plain blocks. The prefill takes the same choice for this device
            (``device_kernels``, Model.kernels): "fused" runs the Gated DeltaNet layers' chunked rule as
-           engine.core.gdn_chunk's two kernels, anything else as engine.core.gdn.chunked.
+           engine.kernels.gdn_chunk's two kernels, anything else as engine.kernels.gdn.chunked.
   exchange (TP2) where the layers' partial outputs meet (engine.allreduce.epilogue): "send" where the fused blocks
            and the device mailbox take it, else "kernel" (the path's allreduce); V100PLAN_ENGINE_EXCHANGE overrides.
   lockstep (TP2) inside the step's graph (two Triton kernels from compute capability 8.0, else torch ops), or
@@ -27,15 +23,17 @@ step) and passes it into every step, capture and exchange:
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable
 
 import torch
 
-# the choices themselves live in engine.core.decode_mode (kernel_choice and FUSED_DEFAULT are also read from here)
+# the choices themselves live in engine.core.decode_mode (kernel_choice is also read from here)
+from engine import dtype_rule, tuning
 from engine.core import decode_mode
-from engine.core.decode_mode import FUSED_DEFAULT, TRITON_MIN_CC, VOLTA_CC, DecodeMode, kernel_choice  # noqa: F401
+from engine.core.decode_mode import TRITON_MIN_CC, VOLTA_CC, DecodeMode, kernel_choice  # noqa: F401
 from engine.core.model import Model, attn_block, mlp_block
 from engine.core.sampling import Sampler
 
@@ -45,12 +43,8 @@ StepHook = Callable[[str, int, list[int], int], bool]
 FIRST_BUCKET = 256
 SNAPSHOT_EVERY = 8192  # prefill positions between the prefix cache's snapshots of a long prompt
 def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
-    """The engine's dtype rule: float32 on CPU; bf16 where the card has bf16 tensor cores (compute
-    capability 8.0+); fp16 before (the V100 is 7.0: torch may emulate bf16 there, which is not a fact
-    to plan on)."""
-    if device_type != "cuda" or capability is None:
-        return "float32"
-    return "bfloat16" if tuple(capability) >= (8, 0) else "float16"
+    """engine.dtype_rule for this device type and capability."""
+    return dtype_rule.dtype_for(capability if device_type == "cuda" else dtype_rule.CPU)
 
 
 def device_kernels(dev: torch.device, requested: str | None = None) -> tuple[str, str]:
@@ -88,24 +82,6 @@ def _triton_ok() -> bool:
     return True
 
 
-def compiled_blocks(gemv: bool = False) -> tuple:
-    """attn_block and mlp_block through torch.compile; ``gemv``: their one-row products through the
-    Triton GEMV (engine.core.gemv, an opaque op the compiled code calls) instead of cuBLAS."""
-    import functools
-
-    import torch._dynamo
-
-    # One compiled attn_block per window bucket: raise Dynamo's per-function recompile limit (8).
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    attn, mlp = attn_block, mlp_block
-    if gemv:
-        from engine.core import gemv as g
-
-        attn, mlp = functools.partial(attn_block, linear=g.linear), functools.partial(mlp_block, linear=g.linear)
-    return (torch.compile(attn, fullgraph=True, dynamic=False),
-            torch.compile(mlp, fullgraph=True, dynamic=False))
-
-
 def fused_blocks() -> tuple:
     """attn_block and mlp_block as five Triton kernels per layer (engine.core.attention), not compiled."""
     from engine.core.attention import attn_block_fused, mlp_block_fused
@@ -125,13 +101,16 @@ class Decoder:
         comm = model.comm
         path = getattr(comm, "path", None)
         self.mode = self._resolve(decode_mode.Request.of(graphs, kernels, exchange))
+        # the card family's tuning table, read once here and made the one the kernels launch with
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+        self.tuning = tuning.use(tuning.load(cap, os.environ.get(tuning.OVERRIDE_ENV)))
         self.graphs, self.kernels = self.mode.graphs, self.mode.kernels
         self.blocks = self._blocks(self.kernels)
         model.kernels = self.kernels  # the prefill runs the decoder's kernel choice (no later reads)
         self.windows = bucket_list or buckets(model.max_context)
         self.info = {**self.mode.info(), "windows": self.windows if self.graphs else None,
                      "allreduce": path.name if path is not None else None, "capture_s": None,
-                     "weights": model.weights_info()}
+                     "weights": model.weights_info(), "tuning": self.tuning.info()}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._step_ms: list[float] = []  # device ms per step (graph replays), the most recent ones
         self._token_ms: list[float] = []  # wall ms per token in run(), sampling and lockstep included
@@ -179,8 +158,6 @@ class Decoder:
 
     @staticmethod
     def _blocks(kernels: str) -> tuple:
-        if kernels in ("compiled", "gemv"):
-            return compiled_blocks(kernels == "gemv")
         return fused_blocks() if kernels == "fused" else (attn_block, mlp_block)
 
     # ---- the step ---------------------------------------------------------------------------------

@@ -24,7 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine import tuning
+
 PTXAS_ENV = "TRITON_PTXAS_PATH"
+VOLTA = (7, 0)
 V100_SHARED_BYTES = 96 * 1024  # shared memory a V100 block may use (opt-in above 48 KB): a kernel asking more fails
 _PTX = ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry v100plan_probe() { ret; }\n"
 
@@ -124,29 +127,27 @@ def variants() -> list[tuple[str, object, dict, int]]:
     """(label, triton kernel, constexprs, num_warps[, argument types]) of every kernel the fused decode step runs,
     fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
     zero-centred norms, the Gated DeltaNet decode kernel and its prefill kernels), the int8 K/V cache's attention."""
-    from engine.core import attention, exchange, gdn_chunk, gdn_fused, gemv, gemv_int4
+    from engine.core import attention, gdn_fused
+    from engine.kernels import exchange, gdn_chunk, gemv, gemv_int4
 
-    dense = gemv._kernel()
     pro, finish = gemv._prologue_kernel(), exchange.kernels().finish
     attn, comb = attention._kernels()
     int4, deq, int4_row = gemv_int4._kernels()
+    silu16 = tuning.load(VOLTA).fp16_silu
     prep, chunk = gdn_chunk._kernels()
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
-                RECV=False, EPW=2, INTERP=False)
+                EPW=2)
     q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2,
               PAIRS=False, ASM=True, EVEN_N=False, EVEN_K=True, SPLIT=1, TB=0, TW=16)
     q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192, PAIRS=False)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
     return [
-        ("gemv", dense, dict(HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True), 4),
         ("gemv_prologue:norm", pro, {**base, "PROLOGUE": 1}, 4),
         ("gemv_prologue:silu+send", pro, {**base, "PROLOGUE": 2, "SEND": True}, 4),
-        ("gemv_prologue:silu, fp16 blocks (gemv.FP16_SILU_BLOCKS)", pro,
-         {**base, "PROLOGUE": 2, "BLOCK_N": gemv.FP16_SILU_BLOCKS[0], "BLOCK_K": gemv.FP16_SILU_BLOCKS[1]},
-         gemv.FP16_SILU_BLOCKS[2]),
+        ("gemv_prologue:silu, fp16 blocks (the V100's tuning table's fp16_silu)", pro,
+         {**base, "PROLOGUE": 2, "BLOCK_N": silu16[0], "BLOCK_K": silu16[1]}, silu16[2]),
         ("gemv_prologue:plain+send", pro, {**base, "PROLOGUE": 0, "SEND": True}, 4),
-        ("gemv_prologue:norm+recv", pro, {**base, "PROLOGUE": 1, "RECV": True}, 4),
         ("exchange_finish:norm", finish, dict(BLOCK=4096, EPW=2, EMU=False, INTERP=False, BUMP=True, NORM=True), 8),
         ("exchange_finish:sum", finish, dict(BLOCK=512, EPW=2, EMU=False, INTERP=False, BUMP=False, NORM=False), 4),
         ("attention", attn, attn_c, 8),
@@ -173,9 +174,6 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_row:silu", int4_row, {**q4row, "PROLOGUE": 2}, 4),
         ("int4_row:plain, desc_act order", int4_row, {**q4row, "PROLOGUE": 0, "HAS_PERM": True, "SUB": 32}, 4),
         ("int4_row:norm, fp16 pairs", int4_row, {**q4row, "PROLOGUE": 1, "PAIRS": True}, 4),
-        ("int4_row:norm zero-centred, fp16 subnormal pairs", int4_row, {**q4row, "PROLOGUE": 1, "ZC": True,
-                                                                         "SUBN": True}, 4),
-        ("int4_row:silu, fp16 subnormal pairs", int4_row, {**q4row, "PROLOGUE": 2, "SUBN": True}, 4),
         ("int4_gemv", int4, q4, 1),
         ("int4_gemv:fp16 pairs (inline PTX)", int4, {**q4, "PAIRS": True}, 1),
         ("int4_gemv:fp16 pairs, split-K", int4, {**q4, "PAIRS": True, "SPLIT": 8, "BLOCK_N": 64}, 2),
@@ -184,13 +182,6 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_gemv:group 32", int4, {**q4, "GS": 32, "BLOCK_K": 32}, 1),
         ("int4_gemv:128 x 256 tiles, no prefetch", int4, {**q4, "BLOCK_N": 128, "BLOCK_K": 256, "STAGES": 1,
                                                            "SPLIT": 8}, 4),
-        ("int4_gemv:fp16 subnormal pairs, words held in tiles, split-K (FORM_SUBN)", int4,
-         {**q4, "PAIRS": True, "SUBN": True, "SPLIT": 4, "BLOCK_N": 128, "EVEN_N": True, "TB": 32, "TW": 16}, 4),
-        ("int4_gemv:fp16 subnormal pairs, a partial row block", int4, {**q4, "PAIRS": True, "SUBN": True}, 1),
-        ("int4_gemv:fp16 pairs, two tiles ahead in registers (AHEAD2)", int4,
-         {**q4, "PAIRS": True, "SPLIT": 4, "BLOCK_N": 64, "STAGES": 5, "TB": 32, "TW": 16}, 4),
-        ("int4_gemv:fp16 pairs, split-K, a persistent grid", int4,
-         {**q4, "PAIRS": True, "SPLIT": 4, "BLOCK_N": 64, "PERSIST": True, "TB": 32, "TW": 16}, 4),
         ("int4_gemv:fp16 pairs, words held in tiles", int4, {**q4, "PAIRS": True, "SPLIT": 8, "TB": 32, "TW": 16}, 1),
         ("int4_gemv:words held in tiles, no prefetch", int4, {**q4, "STAGES": 1, "TB": 32, "TW": 16}, 1),
         ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128, TB=0, TW=16), 4),

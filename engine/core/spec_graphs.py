@@ -31,7 +31,7 @@ from engine.core.quant import matmul
 
 
 def kernels_here(model) -> bool:
-    """Whether the verification runs Triton kernels (engine.core.rows_norm, gdn_fused's decode kernel): where the
+    """Whether the verification runs Triton kernels (engine.kernels.rows_norm, gdn_fused's decode kernel): where the
     decoder's blocks do (its kernel choice is not "eager": Triton present, a card it targets, not asked off), and
     on CPU tensors under Triton's interpreter (the tests)."""
     from engine.core import attention
@@ -43,7 +43,7 @@ def kernels_here(model) -> bool:
 
 
 def _norm(model):
-    from engine.core import rows_norm
+    from engine.kernels import rows_norm
 
     return rows_norm.norm if kernels_here(model) else rms_norm
 
@@ -115,8 +115,8 @@ def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tenso
 
 def add_norm(model, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, RMSNorm(x + delta) * weight): one kernel for all rows where the kernels run
-    (engine.core.rows_norm), else the torch form (model.rms_norm's rounding either way)."""
-    from engine.core import rows_norm
+    (engine.kernels.rows_norm), else the torch form (model.rms_norm's rounding either way)."""
+    from engine.kernels import rows_norm
 
     eps, zc = model.cfg.rms_norm_eps, model.zc
     if kernels_here(model):

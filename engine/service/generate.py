@@ -19,17 +19,18 @@ import argparse
 import json
 import sys
 
+from engine import dtype_rule
 from engine.allreduce.paths import ALLREDUCE_CHOICES
 from engine.core import speculative
 
 
 def _default_dtype(device: str) -> str:
+    """engine.dtype_rule for the card ``device`` names."""
     if not device.startswith("cuda"):
-        return "float32"
+        return dtype_rule.dtype_for(dtype_rule.CPU)
     import torch
 
-    major, _ = torch.cuda.get_device_capability(torch.device(device))
-    return "bfloat16" if major >= 8 else "float16"  # no bf16 tensor cores before compute capability 8.0
+    return dtype_rule.dtype_for(torch.cuda.get_device_capability(torch.device(device)))
 
 
 def _parse_ids(text: str) -> list[int]:

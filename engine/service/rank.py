@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from engine import dtype_rule
 from engine.allreduce.paths import ALLREDUCE_CHOICES
 from engine.core import speculative
 from engine.service import protocol
@@ -36,7 +37,7 @@ from engine.service.causes import RANK_HOOKS, Cause
 from engine.service.serve_config import DEFAULT_ALLREDUCE_TIMEOUT_S, HEARTBEAT_INTERVAL_S
 
 EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = (*dtype_rule.DTYPES, dtype_rule.AUTO)  # auto: engine.dtype_rule for this rank's card
 READ_BW_ENV = "V100PLAN_ENGINE_READ_BW_GBPS"
 
 
@@ -47,7 +48,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rendezvous", required=True, help="directory both ranks can reach (the gloo store)")
     p.add_argument("--control-socket", required=True, help="Unix socket path this rank listens on (0600)")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N")
-    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--dtype", default=dtype_rule.AUTO, choices=DTYPES)
     p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES)
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
@@ -154,10 +155,12 @@ class Rank:
                 raise RuntimeError(f"--device {a.device}: CUDA is not available here")
             torch.cuda.set_device(device)
             major, minor = torch.cuda.get_device_capability(device)
+            a.dtype = dtype_rule.resolve(a.dtype, (major, minor))
             # bf16 needs bf16 tensor cores (compute capability 8.0+); emulation is not a fact we plan on.
             if a.dtype == "bfloat16" and major < 8:
                 raise ValueError(f"bfloat16 on compute capability {major}.{minor} has no tensor-core support; "
                                  f"use --dtype float16")
+        a.dtype = dtype_rule.resolve(a.dtype, dtype_rule.CPU) if device.type == "cpu" else a.dtype
         dtype = getattr(torch, a.dtype)
         if device.type == "cpu":
             # Two ranks on one host share its cores: each taking all of them only makes them fight.

@@ -50,10 +50,11 @@ def _preload(gpu: bool = False) -> None:
     from engine.core import model, runner, weights  # noqa: F401
 
     # With what a rank imports later, on its own, each time (none of it touches a GPU).
-    for name in ("attention", "gdn", "gdn_chunk", "gdn_fused", "gemv", "kvquant", "lockstep", "mtp",
-                 "prefill_attention", "prefix", "quant", "spec_graphs", "speculative"):
+    for name in ("core.attention", "kernels.gdn", "kernels.gdn_chunk", "core.gdn_fused", "kernels.gemv", "core.kvquant",
+                 "core.lockstep", "core.mtp", "core.prefill_attention", "core.prefix", "core.quant", "core.spec_graphs",
+                 "core.speculative"):
         try:
-            importlib.import_module(f"engine.core.{name}")
+            importlib.import_module(f"engine.{name}")
         except ImportError:  # (Triton absent) the rank that needs it says so with its context
             pass
 

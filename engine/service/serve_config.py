@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from engine import dtype_rule  # stdlib-only
 from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
 from engine.core import speculative  # stdlib-only too
 from engine.core.config import files_dir  # stdlib-only too
@@ -195,7 +196,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "the fault hooks to the ranks (default: off)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or two devices such as cuda:0,cuda:0 (default: %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES,
-                        help="weights and activations (default: float32 on CPU, float16 on CUDA)")
+                        help="weights and activations (default: engine.dtype_rule: float32 on CPU, bfloat16 from "
+                             "compute capability 8.0, float16 before)")
     parser.add_argument("--state-dir", default=None, help="sockets, rank logs and service.json (default: $XDG_STATE_HOME or ~/.local/state, then "
                         "v100plan-engine/port-PORT)")
     parser.add_argument("--served-model-name", default=None,
@@ -283,7 +285,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     if args.max_images < 0 or args.max_image_pixels < 1:
         raise ServeConfigError("--max-images must be 0 or more and --max-image-pixels 1 or more")
     devices = parse_devices(args.device)
-    dtype = args.dtype or ("float32" if devices[0] == "cpu" else "float16")
+    # engine.dtype_rule: float32 on CPU; on a GPU each rank applies it to its card ("auto")
+    dtype = args.dtype or (dtype_rule.dtype_for(dtype_rule.CPU) if devices[0] == "cpu" else dtype_rule.AUTO)
     ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
     # Never resolved: a symbolic link on the way is refused by the state directory's check, not followed.
     state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir(args.port)))

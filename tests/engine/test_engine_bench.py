@@ -76,7 +76,7 @@ def test_cli_without_a_gpu_is_an_environment_problem(cli):
 
     if torch.cuda.is_available():
         pytest.skip("this host has a GPU")
-    r = cli("bench", "engine", "--no-compile", "--quiet")
+    r = cli("bench", "engine", "--quiet")
     assert r.exit_code == 4
     assert "needs a CUDA GPU" in r.stderr
 

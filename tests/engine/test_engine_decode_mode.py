@@ -31,7 +31,7 @@ def _resolve(request=Request(), offered=True, lockstep_kernels=True, **facts) ->
 def test_two_h200_ranks_run_graphs_fused_kernels_the_send_exchange_and_the_lockstep_kernels():
     m = _resolve()
     assert (m.graphs, m.kernels, m.exchange, m.lockstep) == (True, "fused", "send", "graph-kernels")
-    assert m.exchange_why == decode_mode.EXCHANGES["send"] and not m.receive_in_gemv and m.lockstep_kernels is True
+    assert m.exchange_why == decode_mode.EXCHANGES["send"] and m.lockstep_kernels is True
     assert m.graphs_why == "CUDA graphs per context bucket, allreduce device_mailbox_graph captured inside"
     assert m.lockstep_why.startswith("in the step's graph (greedy tokens") and "two Triton kernels" in m.lockstep_why
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -50,28 +50,26 @@ def test_the_info_keeps_the_keys_and_values_the_service_reports():
 @pytest.mark.parametrize("facts,request_,offered,want", [
     ({}, Request(exchange="kernel"), True, ("kernel", "an allreduce (device_mailbox_graph) between the GEMVs")),
     ({}, Request(), False, ("kernel", "an allreduce (device_mailbox_graph) between the GEMVs")),  # not offered
-    ({}, Request(kernels="gemv"), True, ("kernel", "an allreduce")),  # compiled blocks take no tickets
+    ({}, Request(kernels="eager"), True, ("kernel", "an allreduce")),  # plain blocks take no tickets
     ({"path_name": "nccl"}, Request(), False, ("kernel", "an allreduce (nccl) between the GEMVs")),
-    ({}, Request(exchange="norm-receive"), True, ("norm-receive", "the next norm GEMV's program 0 waits")),
+    ({}, Request(exchange="send"), True, ("send", "a small kernel waits for and adds them")),
 ])
 def test_the_exchange_is_the_requested_mode_only_where_the_blocks_and_the_path_take_it(facts, request_, offered, want):
     m = _resolve(request_, offered, **facts)
     assert m.exchange == want[0] and want[1] in m.exchange_why
 
 
-def test_the_old_exchange_name_still_selects_its_mode_and_says_it_was_renamed():
-    req = Request.of(environ={decode_mode.EXCHANGE_ENV: "gemv"})
-    assert req.exchange == "norm-receive" and "is now called 'norm-receive'" in req.note
-    m = _resolve(req)
-    assert m.exchange == "norm-receive" and m.receive_in_gemv and "now called 'norm-receive'" in m.exchange_why
-    with pytest.raises(ValueError, match="expected one of kernel, norm-receive, send"):
-        Request.of(environ={decode_mode.EXCHANGE_ENV: "sideways"})
-    with pytest.raises(ValueError, match="V100PLAN_ENGINE_KERNELS='fast': expected one of eager, compiled, gemv, fused"):
-        Request.of(environ={decode_mode.KERNELS_ENV: "fast"})
+def test_deleted_modes_are_refused_with_the_modes_there_are():
+    for old in ("gemv", "norm-receive", "sideways"):  # the deleted exchange modes (docs/engine-speed.md, history)
+        with pytest.raises(ValueError, match="expected one of kernel, send"):
+            Request.of(environ={decode_mode.EXCHANGE_ENV: old})
+    for old in ("gemv", "compiled", "fast"):
+        with pytest.raises(ValueError, match=f"V100PLAN_ENGINE_KERNELS='{old}': expected one of eager, fused"):
+            Request.of(environ={decode_mode.KERNELS_ENV: old})
     # an argument wins over the environment
-    assert Request.of(kernels="eager", exchange="kernel", environ={decode_mode.KERNELS_ENV: "gemv",
+    assert Request.of(kernels="eager", exchange="kernel", environ={decode_mode.KERNELS_ENV: "fused",
                                                                     decode_mode.EXCHANGE_ENV: "send"}) == \
-        Request(None, "eager", "kernel", None)
+        Request(None, "eager", "kernel")
 
 
 def test_graphs_and_lockstep_follow_the_device_and_the_path():
@@ -154,16 +152,16 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_gemv_and_the_exchange_paths_do_not_import_each_other():
-    gemv, epilogue = _imports(REPO / "engine/core/gemv.py"), _imports(REPO / "engine/allreduce/epilogue.py")
+    gemv, epilogue = _imports(REPO / "engine/kernels/gemv.py"), _imports(REPO / "engine/allreduce/epilogue.py")
     assert not [m for m in gemv if m.startswith("engine.allreduce")], gemv
-    assert not [m for m in epilogue if m.startswith("engine.core.gemv")], epilogue
-    shared = _imports(REPO / "engine/core/exchange.py") | _imports(REPO / "engine/core/rounding.py")
-    assert not [m for m in shared if m.startswith(("engine.core.gemv", "engine.allreduce"))], shared
-    code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.core.gemv' in sys.modules; "
-            "import engine.core.gemv; print(a, e.EpilogueExchange.__module__)")
+    assert not [m for m in epilogue if m.startswith("engine.kernels.gemv")], epilogue
+    shared = _imports(REPO / "engine/kernels/exchange.py") | _imports(REPO / "engine/kernels/rounding.py")
+    assert not [m for m in shared if m.startswith(("engine.kernels.gemv", "engine.allreduce"))], shared
+    code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.kernels.gemv' in sys.modules; "
+            "import engine.kernels.gemv; print(a, e.EpilogueExchange.__module__)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and res.stdout.split() == ["False", "engine.core.exchange"], res.stderr[-2000:]
-    code = "import sys, engine.core.gemv; print('engine.allreduce.epilogue' in sys.modules)"
+    assert res.returncode == 0 and res.stdout.split() == ["False", "engine.kernels.exchange"], res.stderr[-2000:]
+    code = "import sys, engine.kernels.gemv; print('engine.allreduce.epilogue' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split() == ["False"], res.stderr[-2000:]
 
@@ -177,13 +175,12 @@ def test_the_gemv_kernel_names_its_prologues():
     import importlib.util
     import re
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
-    src = (REPO / "engine/core/gemv.py").read_text()
+    src = (REPO / "engine/kernels/gemv.py").read_text()
     assert not re.findall(r"PROLOGUE\s*==\s*\d", src)  # named constants, not bare numbers
-    assert [int(p) for p in gemv.Prologue] == [gemv.PROLOGUE_PLAIN, gemv.PROLOGUE_NORM, gemv.PROLOGUE_SILU,
-                                                gemv.PROLOGUE_NORM_ONE_PASS] == [0, 1, 2, 3]
-    assert [gemv.PROLOGUE_NAMES[p] for p in gemv.Prologue] == ["plain", "norm", "silu", "norm1"]
+    assert [int(p) for p in gemv.Prologue] == [gemv.PROLOGUE_PLAIN, gemv.PROLOGUE_NORM, gemv.PROLOGUE_SILU] == [0, 1, 2]
+    assert [gemv.PROLOGUE_NAMES[p] for p in gemv.Prologue] == ["plain", "norm", "silu"]
     if importlib.util.find_spec("triton") is not None:  # the kernel's constants are the enum's values
         gemv._prologue_kernel()
-        assert [c.value for c in (gemv.PRO_PLAIN, gemv.PRO_NORM, gemv.PRO_SILU, gemv.PRO_NORM1)] == [0, 1, 2, 3]
+        assert [c.value for c in (gemv.PRO_PLAIN, gemv.PRO_NORM, gemv.PRO_SILU)] == [0, 1, 2]

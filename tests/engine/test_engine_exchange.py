@@ -55,11 +55,10 @@ def test_the_exchange_goes_inside_the_gemvs_only_with_fused_blocks_that_run_and_
     path = _Path()
     model = _tiny(_Comm(path))
     fused = runner.fused_blocks()
-    assert model.epilogue_exchange(fused, "norm-receive") is None  # CPU: the fused blocks run the plain code here
+    assert model.epilogue_exchange(fused, "send") is None  # CPU: the fused blocks run the plain code here
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
     monkeypatch.setattr(attention, "_interpreting", lambda: True)
     assert model.offers_exchange(fused)
-    assert model.epilogue_exchange(fused, "norm-receive") == "xs"  # received by the next norm GEMV
     assert model.epilogue_exchange(None, "send") is None  # plain blocks take no tickets
     assert model.epilogue_exchange((runner.attn_block, runner.mlp_block), "send") is None
     assert model.epilogue_exchange(fused, "send") == "xs"  # sent by the GEMVs, received by a kernel
@@ -93,7 +92,7 @@ def test_tickets_refuse_rows_that_do_not_fit_and_too_many_exchanges():
 
 def test_the_log_line_says_where_the_exchange_runs():
     info = {"mode": "graphs", "why": "CUDA graphs", "kernels": "fused", "kernels_why": "x", "windows": [256],
-            "capture_s": 1.0, "allreduce": "device_mailbox_graph", "exchange": "norm-receive",
-            "exchange_why": decode_mode.EXCHANGES["norm-receive"]}
+            "capture_s": 1.0, "allreduce": "device_mailbox_graph", "exchange": "send",
+            "exchange_why": decode_mode.EXCHANGES["send"]}
     line = runner.describe(info)
-    assert "exchange norm-receive (inside the GEMVs" in line
+    assert "exchange send (o_proj / down send their rows" in line

@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from engine.core import gemv
+from engine import tuning
+from engine.kernels import gemv
 from tests.engine_helpers import junit_suite
 from tests.paths import FIXTURES
 
@@ -40,7 +41,7 @@ def test_the_engine_s_fp16_blocks_put_fp16_within_5_percent_of_bf16(shape):
     bf, fp = F["bfloat16"]["silu_down_by_blocks"][shape], F["float16"]["silu_down_by_blocks"][shape]
     b_bf = key(gemv.prologue_blocks("silu", n, k, torch.bfloat16))
     b_fp = key(gemv.prologue_blocks("silu", n, k, torch.float16))
-    assert b_bf == "8x512x4" and b_fp == key(gemv.FP16_SILU_BLOCKS)
+    assert b_bf == "8x512x4" and b_fp == key(tuning.load((7, 0)).fp16_silu)
     assert fp["8x512x4"] > 1.1 * bf["8x512x4"]  # the bf16 blocks in fp16: 14-18 % slower
     assert fp[b_fp] <= 1.05 * bf[b_bf]  # 1.008, 1.014, 1.022
     assert fp[b_fp] == min(fp.values())  # the fastest fp16 row of each shape

@@ -154,7 +154,7 @@ def test_silu_down_with_each_dtypes_blocks_is_the_eager_product(dtype, n, k):
     against the eager product in float32 on the same rounded h, and the same answer on a second call."""
     import torch.nn.functional as F
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     g = torch.Generator(device="cuda").manual_seed(11)
     w = (0.02 * torch.randn(n, k, device="cuda", generator=g)).to(dtype)

@@ -1,4 +1,4 @@
-"""engine.core.gdn_chunk: the Gated DeltaNet prefill kernel against engine.core.gdn's forms (under Triton's
+"""engine.kernels.gdn_chunk: the Gated DeltaNet prefill kernel against engine.kernels.gdn's forms (under Triton's
 interpreter, tests/engine_gdn_chunk_cases.py), and the prefill's kernel choice."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine.core import config as ecfg
-from engine.core import gdn_chunk
 from engine.core.model import Model
+from engine.kernels import gdn_chunk
 from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 

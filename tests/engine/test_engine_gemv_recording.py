@@ -1,4 +1,4 @@
-"""Judges the H200 recordings of the Triton GEMV (engine.core.gemv) on CPU: the per-shape bench
+"""Judges the H200 recordings of the Triton GEMV (engine.kernels.gemv) on CPU: the per-shape bench
 (tests/fixtures/engine/h200-gemv-2026-11-30.json) and the whole step with and without it
 (h200-variants-gemv-2026-11-30.json). Every figure is recomputed from the ones beside it; the block
 table the engine ships is the recording's fastest per shape, and the GEMV is kept only because it won."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from engine.core import gemv
+from engine import tuning
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "engine"
@@ -36,7 +36,7 @@ def test_the_triton_gemv_beats_cublas_on_every_8b_shape_at_cublas_accuracy(shape
             assert side["gbps"] < GEMV["read_bw_gbps"] * 1.02  # nothing faster than the card reads
         assert best["rel_err"] <= max(1.5 * row["cublas"]["rel_err"], 1e-3)
         # the engine ships exactly the recorded winner for this shape
-        assert gemv.BLOCKS[(n, k)] == tuple(int(v) for v in row["best"].split("x"))
+        assert tuning.load((9, 0)).gemv[(n, k)] == tuple(int(v) for v in row["best"].split("x"))
 
 
 def test_the_whole_step_is_faster_with_it_and_the_fraction_is_recomputed():

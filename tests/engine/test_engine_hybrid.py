@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from engine.core import config as ecfg
-from engine.core import gdn, runner, shard, tp, weights
+from engine.core import runner, shard, tp, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
+from engine.kernels import gdn
 from tests.engine_helpers import (
     REPO,
     eager_and_static_step,

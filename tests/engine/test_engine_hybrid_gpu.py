@@ -1,6 +1,6 @@
 """The hybrid (Qwen3.5) engine on a GPU (pytest -m gpu on the device): the fused bf16 decode step (Gated
 DeltaNet decode kernel, gated partial-rotary attention, zero-centred norm prologues) as close to float32 as
-the plain bf16 step at the 27B model's head sizes (and the bf16 prefill with engine.core.gdn_chunk as close
+the plain bf16 step at the 27B model's head sizes (and the bf16 prefill with engine.kernels.gdn_chunk as close
 as the torch form's), captured in a CUDA graph and replayed to the same bits and
 states; the graph-replayed loop gives the CPU's tokens at TP1, and two ranks on one card give TP1's. CPU checks of every kernel: tests/engine/test_engine_hybrid.py."""
 
@@ -151,7 +151,7 @@ def test_the_gdn_prefill_kernels_compile_once_whatever_the_prompt_length():
     compiled: Triton specialising on T and N compiled new ones on a user's first follow-up turn (~1.4 s)."""
     from triton.runtime import driver
 
-    from engine.core import gdn_chunk
+    from engine.kernels import gdn_chunk
 
     g = torch.Generator(device="cuda").manual_seed(3)
     hk, hv, d = 2, 6, 128

@@ -29,8 +29,8 @@ def _packed(n: int, k: int, g, zoff: int = 1) -> quant.PackedLinear:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [32, 128, -1])
 def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
-    from engine.core import gemv, gemv_int4
     from engine.core.model import rms_norm
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(3)
     n, k = 5120, 2048
@@ -57,7 +57,7 @@ def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activatio
     """On a GPU the pairs form runs its inline PTX (LOP3 nibble pairs, f16x2 arithmetic, an fp16x2 partial per
     word): against dequantise-then-matmul and the float32-planes form, for activations of order 1 and 3000
     (fp16 products of unscaled h would overflow), GPTQ (zero offset 1) and AWQ (0), split-K and not."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(7)
     n, k = 5120, 2048
@@ -76,45 +76,6 @@ def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activatio
             pairs, planes = outs[(32, 128, 1, 8, 1, 1)], outs[(32, 128, 1, 8, 2, 0)]
             assert rel(pairs, planes) < 1e-2 and rel(outs[(128, 128, 4, 1, 2, 1)], pairs) < 1e-2
             assert rel(outs[(64, 128, 2, 4, 4, 1)], pairs) < 1e-2
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n", [5120, 5112])  # 5112: a partial row block (and tiles of 32 rows cannot hold it)
-def test_the_subnormal_pairs_assembly_matches_dequantise_then_matmul_at_any_activation_scale(dtype, n):
-    """FORM_SUBN on the card (nibbles read as fp16 subnormals by HFMA2, the zero points once a word, four words'
-    sums chained in fp16): against dequantise-then-matmul and the pairs form, activations of order 1e-3, 1 and
-    3000, GPTQ (zero offset 1) and AWQ (0), split-K or not, prefetching or not, words in rows and in tiles, and
-    the norm and SiLU prologues."""
-    from engine.core import gemv, gemv_int4
-    from engine.core.model import rms_norm
-
-    g = torch.Generator().manual_seed(9)
-    k = 2048
-    for zoff in (1, 0):
-        w = _packed(n, k, g, zoff)
-        wd = w.dequantise(torch.float32)
-        t = gemv_int4.held(w, torch.device("cuda"))
-        tq = w.tiled(32, quads=True)
-        for scale in (1e-3, 1.0, 3000.0):
-            x = (scale * torch.randn(k, device="cuda")).to(dtype)
-            want = F.linear(x.float(), wd)
-            pairs = torch.empty(n, device="cuda", dtype=dtype)
-            gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, t, None, pairs, blocks=(64, 128, 4, 4, 2, 1))
-            for held in (w, t, tq):
-                for blocks in ((128, 128, 4, 1, 2, 2), (128, 128, 4, 4, 2, 2), (64, 128, 2, 8, 2, 2),
-                               (256, 128, 8, 4, 1, 2)):
-                    out = torch.full((n,), float("nan"), device="cuda", dtype=dtype)
-                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, held, None, out, blocks=blocks)
-                    assert torch.isfinite(out).all() and rel(out, want) < 1e-2, (zoff, scale, blocks)
-                    assert rel(out, pairs) < 1e-2, (zoff, scale, blocks)
-        x, d = torch.randn(k, device="cuda").to(dtype), torch.randn(k, device="cuda").to(dtype)
-        nw = (1.0 + 0.1 * torch.randn(k, device="cuda")).to(dtype)
-        out, xo = torch.empty(n, device="cuda", dtype=dtype), torch.empty(k, device="cuda", dtype=dtype)
-        gemv_int4.launch(gemv.PROLOGUE_NORM, x, t, None, out, d, nw, 1e-6, xo, blocks=(128, 128, 4, 4, 2, 2))
-        assert torch.equal(xo, x + d) and rel(out, F.linear(rms_norm(x + d, nw, 1e-6).float(), wd)) < 1e-2
-        gu = torch.randn(2 * k, device="cuda").to(dtype)
-        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, t, None, out, blocks=(128, 128, 4, 4, 2, 2))
-        assert rel(out, F.linear((F.silu(gu[:k].float()) * gu[k:].float()), wd)) < 1e-2
 
 
 def _served_tokens_are_transformers(hf, d, method: str, prompt: list[int]) -> None:
@@ -143,11 +104,11 @@ def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group,
     _served_tokens_are_transformers(hf, tmp_path, method, [1, 17, 300, 42, 5, 99])
 
 
-@pytest.mark.parametrize("form", [1, 2])  # the pairs form (3-stage pipeline), the subnormal pairs (tile ahead)
+@pytest.mark.parametrize("form", [0, 1])  # the planes form, the pairs form (each a tile ahead)
 def test_split_k_sums_are_the_same_on_every_graph_replay(form):
     """Split-K: the last program of a row block adds the slices in slice order, so the result does not depend on
     which program finishes last; the arrival counters are left at zero for the next replay."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(4)
     n, k = 5120, 8704
@@ -158,7 +119,7 @@ def test_split_k_sums_are_the_same_on_every_graph_replay(form):
     ref = F.linear((F.silu(gu[:k].float()) * gu[k:].float()), w.dequantise(torch.float32))
     outs = []
     for split in (1, 4, 8):
-        blocks = (128, 128, 4, split, 3, 1) if form == 1 else (128, 128, 4, split, 2, 2)
+        blocks = (128, 128, 4, split, 2, form)
         out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
         gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=blocks)  # counters made
         graph = torch.cuda.CUDAGraph()
@@ -188,10 +149,10 @@ def test_a_packed_gdn_checkpoint_on_the_gpu_gives_transformers_tokens(key, tmp_p
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
-    """quant.PackedLinear.tiled on the card (the inline PTX, cp.async pipelines, 16-byte loads): bit-identical to
+    """quant.PackedLinear.tiled on the card (the inline PTX, 16-byte loads): bit-identical to
     the row layout for every loop form and a row block under and over the held tile, and the prefill dequantise
     the same matrix."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(8)
     n, k = 5120, 4096
@@ -201,29 +162,24 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
     t = gemv_int4.held(w, torch.device("cuda"))
     assert t.tile_rows == gemv_int4.TILE_ROWS > 0
     x = torch.randn(k, device="cuda").to(dtype)
-    q = w.tiled(32, quads=True)  # each tile's words in quads of four
-    assert q.tile_quads and torch.equal(q.row_words(), w.qweight)
-    for blocks in ((32, 128, 1, 4, 1, 1), (32, 128, 1, 8, 2, 1), (16, 128, 1, 8, 4, 1), (64, 128, 2, 8, 2, 1),
-                   (128, 128, 4, 4, 3, 1), (64, 128, 2, 8, 2, 0), (128, 128, 4, 4, 2, 2), (32, 128, 1, 8, 2, 2)):
+    for blocks in ((32, 128, 1, 4, 1, 1), (32, 128, 1, 8, 2, 1), (16, 128, 1, 8, 1, 1), (64, 128, 2, 8, 2, 1),
+                   (128, 128, 4, 4, 2, 1), (64, 128, 2, 8, 2, 0), (128, 128, 4, 4, 1, 0)):
         want, got = torch.empty(n, device="cuda", dtype=dtype), torch.empty(n, device="cuda", dtype=dtype)
         gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
         gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, t, None, got, blocks=blocks)
         assert torch.equal(got, want), blocks
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, q, None, got, blocks=blocks)
-        assert torch.equal(got, want), ("quads", blocks)
     assert torch.equal(gemv_int4.dequantise(t, torch.float32), w.dequantise_held(torch.float32))
-    assert torch.equal(gemv_int4.dequantise(q, torch.float32), w.dequantise_held(torch.float32))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="programmatic dependent launch needs compute capability 9.0")
-@pytest.mark.parametrize("form", [1, 2])  # the pairs form, the subnormal pairs (their first words prefetched)
+@pytest.mark.parametrize("form", [0, 1])  # the planes form, the pairs form (its first words fetched early)
 def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every_replay(monkeypatch, form):
     """PDL (gemv_int4.pdl_enabled): the GEMV starts while the row kernel still writes h. A chain of two products
     in one graph (norm + gate/up, then SiLU + down of its output), the input changed before every replay: each
     replay's outputs equal, bit for bit, the same products launched one after another without PDL. A GEMV that
     read h before the row kernel finished would give the previous replay's answer."""
-    from engine.core import gemv, gemv_int4
+    from engine.kernels import gemv, gemv_int4
 
     assert gemv_int4.pdl_enabled(torch.device("cuda"))
     g = torch.Generator().manual_seed(5)
@@ -266,48 +222,3 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
         assert torch.equal(gu, gu_pdl) and torch.equal(y, y_pdl)
     assert not torch.equal(got[0][1], got[1][1])  # the inputs differ, so do the answers: the check can fail
 
-
-@pytest.mark.parametrize("form", [1, 2])
-def test_a_persistent_grid_gives_the_ordinary_grids_answer_on_every_replay(form):
-    """blocks[6] = programs a multiprocessor: a grid of fewer programs than (row block, slice) items, each
-    looping over items, gives the one-program-an-item answer bit for bit, in a graph replayed 10 times (the
-    split-K counters left at zero by every call)."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(10)
-    n, k = 34816, 5120  # the 27B gate/up: 544 row blocks of 64 x 4 slices, more items than 8 programs an SM
-    w = gemv_int4.held(_packed(n, k, g), "cuda")
-    x = torch.randn(k, device="cuda").bfloat16()
-    blocks = (64, 128, 4, 4, 2, form)
-    want = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
-    for per_sm in (4, 8):
-        out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=(*blocks, per_sm))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=(*blocks, per_sm))
-        for _ in range(10):
-            out.zero_()
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, want), per_sm
-
-
-def test_two_tiles_ahead_gives_the_one_tile_ahead_answer_on_the_gpu():
-    """AHEAD2 (blocks[4] = 5): the pairs form with two tiles' loads in flight in registers sums the same tiles in
-    the same order as one tile ahead: the same bits, with every prologue, split-K or not, PDL on where it is."""
-    from engine.core import gemv, gemv_int4
-
-    g = torch.Generator().manual_seed(12)
-    n, k = 12288, 5120
-    w = gemv_int4.held(_packed(n, k, g), "cuda")
-    x, d = torch.randn(k, device="cuda").bfloat16(), torch.randn(k, device="cuda").bfloat16()
-    nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
-    for bn, warps, split in ((64, 4, 4), (128, 8, 1), (32, 2, 8)):
-        a, b = torch.empty(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16)
-        xa, xb = torch.empty(k, device="cuda", dtype=torch.bfloat16), torch.empty(k, device="cuda", dtype=torch.bfloat16)
-        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, a, d, nw, 1e-6, xa, blocks=(bn, 128, warps, split, 2, 1))
-        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, b, d, nw, 1e-6, xb,
-                         blocks=(bn, 128, warps, split, gemv_int4.AHEAD2, 1))
-        assert torch.equal(a, b) and torch.equal(xa, xb), (bn, warps, split)

@@ -1,4 +1,4 @@
-"""The int4 GEMV launched while its row kernel still runs (programmatic dependent launch, engine.core.gemv_int4):
+"""The int4 GEMV launched while its row kernel still runs (programmatic dependent launch, engine.kernels.gemv_int4):
 compiled for sm_90 without a GPU, the GEMV issues its first tile's weight loads, then waits on grid dependency
 control before it reads anything the row kernel writes; the row kernel lets it launch at once; neither carries
 the instructions with PDL off; and where PDL is on at all."""
@@ -19,7 +19,8 @@ def _ptx(label_kind: str, pdl: bool) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from engine.core import gemv_int4, sm70
+    from engine.core import sm70
+    from engine.kernels import gemv_int4
 
     int4, _, row = gemv_int4._kernels()
     if label_kind == "gemv":
@@ -61,7 +62,7 @@ def test_the_row_kernel_lets_the_gemv_launch_at_once():
 
 
 def test_pdl_only_on_hopper_and_later_with_triton_and_not_when_turned_off(monkeypatch):
-    from engine.core import gemv_int4
+    from engine.kernels import gemv_int4
 
     assert gemv_int4.pdl_enabled(torch.device("cpu")) is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from engine.core import gemv_int4
+from engine.kernels import gemv_int4
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "engine"
@@ -94,22 +94,3 @@ def test_the_int4_step_follows_from_its_bytes_and_is_faster_than_bf16_now(ctx):
     assert c["ms"] < PLANES["step"]["contexts"][ctx]["ms"]  # 9.39 -> 9.12 ms at 1K, 12.27 -> 11.94 at 128K
     assert c["of_floor"] < 0.5  # and honestly still under half of the floor
 
-
-def test_the_cp_async_pipeline_does_not_beat_the_shipped_table_by_much():
-    # the pairs loop through Triton's cp.async pipeline (stages 3 / 4) on an H200 the same evening: no stage >= 3
-    # configuration is more than 15 % faster than the table's choice on any 27B TP1 matrix, so the table stays
-    # (docs/engine-speed.md: the tiles are not latency-bound the way the afternoon's analysis said)
-    from engine.bench.int4 import PROLOGUE_OF
-
-    doc = json.loads((FIXTURES / "engine" / "h200-int4-2026-12-02-cpasync.json").read_text())
-    rows = doc["int4"]["27b-tp1"]
-    assert len(rows) == 5
-    for name, row in rows.items():
-        table = gemv_int4.BLOCKS.get((PROLOGUE_OF[name], row["n"], row["k"]))
-        timed = {tuple(int(v) for v in k.split("x")): c for k, c in row["configs"].items() if "us" in c}
-        piped = [c["us"] for cfg, c in timed.items() if cfg[4] >= 3]
-        assert piped, name
-        base = timed.get(tuple(table)) if table else None
-        if base is not None:
-            assert min(piped) > 0.85 * base["us"], (name, min(piped), base["us"])
-        assert all(c["rel_err"] < 1e-2 for c in timed.values())

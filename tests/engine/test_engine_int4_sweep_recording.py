@@ -10,8 +10,9 @@ import json
 
 import pytest
 
+from engine import tuning
 from engine.bench.int4 import PROLOGUE_OF
-from engine.core import gemv_int4
+from engine.kernels import gemv_int4
 from tests.engine.test_engine_int4_tiles_recording import packed_bytes
 from tests.paths import FIXTURES
 
@@ -50,7 +51,7 @@ def test_figures_follow_and_the_engine_ships_the_winner_and_a_default_near_it(sh
     best = row["best"]
     assert best["us"] == min(c["us"] for c in row["configs"].values())
     n, k = row["n"], row["k"]
-    assert gemv_int4.BLOCKS[(PROLOGUE_OF[matrix], n, k)] == tuple(best["blocks"])
+    assert tuning.load((9, 0)).int4[(PROLOGUE_OF[matrix], n, k)] == tuple(best["blocks"])
     assert row["configs"][key(gemv_int4._default_blocks(n, k))]["us"] <= 1.06 * best["us"]
     old = row["configs"][key(OLD[(shape_set, matrix)])]["us"]
     assert best["us"] <= old

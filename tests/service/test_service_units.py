@@ -189,7 +189,7 @@ def test_serve_flags(tmp_path):
     cfg = _cfg("--stall-timeout-s", "8")
     assert cfg.devices == ("cpu", "cpu") and cfg.dtype == "float32" and cfg.ping_interval_s == 2.0
     assert _cfg("--device", "cuda").devices == ("cuda:0", "cuda:1")
-    assert _cfg("--device", "cuda:0,cuda:0").dtype == "float16"
+    assert _cfg("--device", "cuda:0,cuda:0").dtype == "auto"  # each rank applies engine.dtype_rule to its card
     with pytest.raises(ServeConfigError, match="not a loopback address"):
         _cfg("--host", "10.0.0.5")
     key = tmp_path / "key"

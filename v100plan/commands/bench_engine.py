@@ -45,7 +45,6 @@ def register(app: typer.Typer) -> None:
     def bench_engine(
         shape: Annotated[str, typer.Option("--shape", help=f"model shape: {', '.join(SHAPES)} or a config.json path")] = "llama-3.1-8b",
         contexts: Annotated[str, typer.Option("--contexts", help="context lengths for decode, comma-separated")] = "512,4096,16384",
-        compile_step: Annotated[bool, typer.Option("--compile/--no-compile", help="also time the torch.compile'd step")] = True,
         hardware: Annotated[Optional[str], typer.Option("--hardware", help="catalogue id whose tensor peak prefill is judged against (default: none, the prefill fraction stays null with the reason)")] = None,
         peak_tflops: Annotated[Optional[float], typer.Option("--peak-tflops", help="dense fp16/bf16 tensor peak in TFLOP/s; overrides --hardware (default: the --hardware profile's)")] = None,
         from_file: Annotated[Optional[str], typer.Option("--from", help="convert an earlier `python -m engine bench` JSON instead of measuring (default: measure now)")] = None,
@@ -68,7 +67,7 @@ def register(app: typer.Typer) -> None:
                     raise BadInput(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)} or a config.json path",
                                    hint="e.g. --shape llama-3.1-8b, or --shape path/to/config.json")
                 config = str(Path(__file__).resolve().parents[2] / "engine" / "data" / f"{shape}.config.json")
-            args = ["--config", config, "--contexts", contexts] + (["--compile"] if compile_step else [])
+            args = ["--config", config, "--contexts", contexts]
             peak, peak_source = peak_tflops, "given with --peak-tflops" if peak_tflops else None
             if peak is None and hardware:
                 peak, peak_source = peak_from_catalogue(hardware, "bfloat16")

@@ -5,7 +5,7 @@ and a scale per (group, output):
     y[n] = sum over groups g of s[g, n] * sum over the group's words i of (sum_j q[n, 8i + j] h[8i + j] - z[g, n] hw[i])
 so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two kernels a call:
 - ``int4_row_kernel`` makes the input row h once (K / SUB programs, SUB = min(BLOCK_K, group)): the same prologues as
-  engine.core.gemv's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
+  engine.kernels.gemv's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
   SiLU(gate) * up, or h = x; a desc_act input order read at perm[k]), written in "plane order" (per tile, the j-th
   input of every word together, scaled by 16^-j') as float32, with each word's sum of h (hw, for the zero points).
 - ``int4_gemv_kernel``: each program owns BLOCK_N rows and a slice of K (split-K: ``split`` programs along K) and
@@ -21,15 +21,10 @@ For 16-bit activations the default is the fp16-pairs form (blocks[5] = FORM_PAIR
 fp16 pairs scaled per tile by a power of two (and the tile's factor), and the GEMV makes two nibbles per LOP3
 (``& 0x000F000F | 0x64006400`` read as two fp16 is 1024 + q), takes 1024 + z off and multiplies by h in f16x2
 arithmetic (inline PTX, an fp16x2 partial per word, float32 across words), ~2.7 SASS instructions per nibble against
-~5.2 for the planes; the interpreter runs the same operands in float32 (``_pair_word``). ``stages`` 3 / 4 run that
-loop through Triton's cp.async pipeline. float32 activations always take the planes form.
+~5.2 for the planes; the interpreter runs the same operands in float32 (``_pair_word``). float32 activations always take the planes form.
 
-Options the bench sweeps, measured slower on an H200 on 2026-12-04 and so not the defaults (docs/engine-speed.md):
-FORM_SUBN (blocks[5] = 2: nibbles read as fp16 subnormals, zero points once a word, one thread a row's tile; 1.9
-SASS instructions a nibble against 3.2, 3-12 % slower: the loop waits on memory, not on issue), with the words held
-in quads (quant.PackedLinear.tiled(quads=True), TB < 0 inside the kernels), which that form needs; AHEAD2 (blocks[4]
-= 5: two tiles' loads in flight in registers, 96 registers a thread); a persistent grid (blocks[6] = programs a
-multiprocessor, each looping over (row block, slice) items).
+Options measured slower and deleted (the subnormal-pairs form, words in quads, two tiles ahead, a persistent
+grid, Triton's cp.async pipeline): docs/engine-speed.md, history.
 
 Prefill chunks do not come here: PackedLinear.linear dequantises the matrix for the chunk (``dequantise``, one
 Triton kernel) and multiplies with cuBLAS.
@@ -38,47 +33,24 @@ Triton kernel) and multiplies with cuBLAS.
 from __future__ import annotations
 
 import functools
-import json
 import os
 
 import torch
 
-from engine.core import gemv, quant
+from engine import tuning
+from engine.core import quant
+from engine.kernels import gemv
 
-# (prologue, N, K) -> (BLOCK_N, BLOCK_K, num_warps, split, stages, form): the fastest of a sweep per matrix of the 27B
-# shape at TP1 and TP2, group 128, bf16, words held in tiles of TILE_ROWS rows, measured on an H200 on 2026-12-04
-# (tests/fixtures/engine/h200-int4-2026-12-04-sweep.json, judged by tests/engine/test_engine_int4_sweep_recording.py).
-# Against the 2026-12-03 table, more warps a program and more slices of K: the one-warp programs held 140
-# registers a thread and left an SM 9 warps (Nsight Compute on TP1 down: 14 % occupancy, 41 % of DRAM bandwidth).
-BLOCKS: dict[tuple[str, int, int], tuple[int, ...]] = {
-    ("norm", 34816, 5120): (64, 128, 4, 4, 2, 1),
-    ("silu", 5120, 17408): (32, 128, 2, 8, 2, 1),
-    ("norm", 12288, 5120): (128, 128, 8, 4, 2, 1),
-    ("norm", 1024, 5120): (64, 128, 4, 32, 2, 1),
-    ("plain", 5120, 6144): (64, 128, 4, 8, 1, 1),
-    ("norm", 17408, 5120): (32, 128, 2, 8, 2, 1),
-    ("silu", 5120, 8704): (64, 128, 4, 16, 2, 1),
-    ("norm", 6144, 5120): (64, 128, 4, 8, 1, 1),
-    ("norm", 512, 5120): (64, 128, 4, 32, 2, 1),
-    ("plain", 5120, 3072): (64, 128, 4, 8, 1, 1),
-}
-FORM_PLANES, FORM_PAIRS, FORM_SUBN = 0, 1, 2  # blocks[5]: the loop's form for 16-bit activations (float32 ones:
-# planes); FORM_SUBN (subnormal pairs) needs tiles of 128 inputs (groups of 128 or more, K a multiple of 128) and
-# otherwise runs as FORM_PAIRS
+# Blocks per (prologue, N, K): the tuning table's ``int4`` (engine.tuning; bench: python -m engine.bench.int4
+# --write-table), (BLOCK_N, BLOCK_K, num_warps, split, stages, form); _default_blocks for a matrix it does not list.
+FORM_PLANES, FORM_PAIRS = 0, 1  # blocks[5]: the loop's form for 16-bit activations (float32 ones: planes)
 DEFAULT_FORM = FORM_PAIRS
 PAIR_DTYPES = (torch.bfloat16, torch.float16)
-DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not; 3, 4:
-# Triton's cp.async pipeline (pairs form); AHEAD2: two tiles ahead in registers (pairs form)
-AHEAD2 = 5
+DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
 TILE_ROWS = 32  # packed matrices on a GPU hold their words in tiles of this many rows (quant.PackedLinear.tiled); 0:
 # in rows
 TILE_DEVICES = ("cuda",)  # where loading tiles them (the CPU's products read rows)
-QUADS_ENV = "V100PLAN_ENGINE_INT4_QUADS"  # "1": hold each tile's words in quads of four (PackedLinear.tiled)
-TILE_QUADS = os.environ.get(QUADS_ENV, "0") == "1"  # a warp of the subnormal-pairs form, one row a thread, then
-# reads one quarter of 32 rows' tiles as 512 contiguous bytes instead of 16 bytes every 64
 PDL_ENV = "V100PLAN_ENGINE_INT4_PDL"  # "0": launch the GEMV after the row kernel as any kernel (no overlap)
-BLOCKS_ENV = "V100PLAN_ENGINE_INT4_BLOCKS"  # the bench's JSON: {"best_blocks": {"norm:NxK": [BN, BK, warps, split,
-# stages]}}
 
 
 def _default_blocks(n: int, k: int) -> tuple[int, ...]:
@@ -90,29 +62,11 @@ def _default_blocks(n: int, k: int) -> tuple[int, ...]:
     return 64, 128, 4, max(1, min(split, k // 128)), 2, FORM_PAIRS
 
 
-def _load_blocks() -> None:
-    path = os.environ.get(BLOCKS_ENV)
-    if not path:
-        return
-    with open(path) as fh:
-        raw = json.load(fh)
-    for key, val in raw.get("best_blocks", raw).items():
-        name, shape = key.split(":")
-        n, k = (int(v) for v in shape.split("x"))
-        if len(val) > 3 and isinstance(val[3], bool):  # a table of the earlier loop forms: its blocks only
-            val = val[:3]
-        BLOCKS[(name, n, k)] = tuple(int(v) for v in val[:7])
-
-
-_load_blocks()
-
-
 @functools.cache
 def _kernels():
     # Triton resolves triton.language and the functions a kernel calls through the module's globals
     global tl, rnd, _normed, _norm_stats, _xs_send, _row, _q, _tile_loads, _tile_sum, _f16x2, _pair_word, _pair_loads
-    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _ahead, _tile_exp, _fp16_pair, _int4_item, _ld, _prefetch_l2
-    global _subn_chain, _subn_f32, _subn_loads, _subn_tile, _subn_words
+    global _pair_sum, _woff, _pdl_wait, _pdl_trigger, _ahead, _tile_exp, _fp16_pair, _int4_item
     import triton
     import triton.language as tl
 
@@ -182,8 +136,7 @@ def _kernels():
     @triton.jit
     def int4_row_kernel(x_ptr, d_ptr, nw_ptr, perm_ptr, xo_ptr, hp_ptr, hw_ptr, K, eps, PROLOGUE: tl.constexpr,
                         HAS_PERM: tl.constexpr, SUB: tl.constexpr, EMU: tl.constexpr, STATS_BLOCK: tl.constexpr,
-                        ZC: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False,
-                        SUBN: tl.constexpr = False):
+                        ZC: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
         """The GEMV's input row h for inputs [c SUB, (c + 1) SUB), c = this program, in plane order: hp[c SUB +
         j SUB / 8 + i] = h[c SUB + 8 i + j] x 16^-j' (j' = j for nibbles 0..4, j - 3 for 5..7: the place the
         GEMV leaves nibble j of word i in), float32; hw[c SUB / 8 + i] = the sum of word i's eight h (the zero
@@ -196,7 +149,7 @@ def _kernels():
         rstd = 0.0
         if PROLOGUE == 1:  # statistics of x + delta (rounded), float32, natural order, the whole row
             rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, c, eps, dt, EMU, STATS_BLOCK)
-        if PAIRS or SUBN:
+        if PAIRS:
             # pair plane p of word i: (h[8 i + p], h[8 i + p + 4]) as two fp16 in one int32 (low, high), scaled by
             # a power of two from e = floor(log2 max |h|) over the tile; a 16-bit h is exact in fp16 (bf16's
             # 8-bit mantissa fits in 11) far below the tile's largest
@@ -205,30 +158,11 @@ def _kernels():
             hl = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
             hh = _row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, src2 + 4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU, ZC)
             e = _tile_exp(hl, hh)
-            if SUBN:
-                # the subnormal-pairs form (FORM_SUBN): per tile five planes of SW pairs. Planes p = 0..3: times
-                # 2^(14 - e), divided by 16 for odd p (the GEMV's nibble of an odd plane stays 4 bits up: 16 q);
-                # the GEMV multiplies them by its nibbles read as fp16 subnormals (q 2^-24, exact), so the
-                # product is q h 2^(-10 - e). Plane 4: word i's two zero-point sums (h[8 i] + .. + h[8 i + 3],
-                # h[8 i + 4] + .. + h[8 i + 7]) times 2^(-10 - e), the same scale. |plane| < 2^15: no fp16
-                # overflow anywhere in the GEMV's sums (|q|, |z| <= 16). hw[c] = 2^(10 + e), the factor back.
-                up = tl.exp2(14.0 - e) * tl.where(((dst2 // SW) % 2) == 1, 0.0625, 1.0)
-                base = hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2 + SW)
-                tl.store(base + dst2, _fp16_pair(hl * up, hh * up))
-                w4 = tl.arange(0, SW)[:, None] * 8 + tl.arange(0, 4)[None, :]  # [SW, 4]: word i's low-half inputs
-                zl = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4, K, rstd, dt, PROLOGUE, HAS_PERM, EMU,
-                                 ZC), axis=1)
-                zh = tl.sum(_row(x_ptr, d_ptr, nw_ptr, perm_ptr, c * SUB, w4 + 4, K, rstd, dt, PROLOGUE, HAS_PERM,
-                                 EMU, ZC), axis=1)
-                dn = tl.exp2(-10.0 - e)
-                tl.store(base + SUB // 2 + tl.arange(0, SW), _fp16_pair(zl * dn, zh * dn))
-                tl.store(hw_ptr + c, tl.exp2(e + 10.0))
-            else:
-                # the pairs form: times 2^(5 - e), the largest |h| in [32, 64), so no product or partial sum of
-                # the GEMV's fp16 arithmetic overflows (|q - z| <= 16). hw[c] = 2^(e - 5).
-                up = tl.exp2(5.0 - e)
-                tl.store(hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2) + dst2, _fp16_pair(hl * up, hh * up))
-                tl.store(hw_ptr + c, tl.exp2(e - 5.0))
+            # times 2^(5 - e), the largest |h| in [32, 64), so no product or partial sum of the GEMV's fp16
+            # arithmetic overflows (|q - z| <= 16). hw[c] = 2^(e - 5).
+            up = tl.exp2(5.0 - e)
+            tl.store(hp_ptr.to(tl.pointer_type(tl.int32)) + c * (SUB // 2) + dst2, _fp16_pair(hl * up, hh * up))
+            tl.store(hw_ptr + c, tl.exp2(e - 5.0))
         else:
             dst = tl.arange(0, SUB)
             j = dst // SW
@@ -249,13 +183,9 @@ def _kernels():
     def _woff(kw, TB: tl.constexpr, TW: tl.constexpr, SW: tl.constexpr):
         """Where word kw of a row sits past the row's base pointer: kw in the row layout; in tiles of TB rows
         (quant.PackedLinear.tiled) the tile kw // TW of the row's block, TW (quant.TILE_WORDS) words a row in
-        it. A tile of SW <= TW words never crosses a held tile (SW divides TW, kw a multiple of SW). TB < 0: in
-        tiles of -TB rows whose words are held in quads (quant.PackedLinear.tiled(quads=True)): word kw's quad
-        of four sits (kw % TW) // 4 quads of -TB rows on (SW a multiple of 4)."""
+        it. A tile of SW <= TW words never crosses a held tile (SW divides TW, kw a multiple of SW)."""
         if TB == 0:
             return tl.multiple_of(kw, SW)
-        if TB < 0:
-            return tl.multiple_of((kw // TW) * (TW * -TB) + ((kw % TW) // 4) * (4 * -TB), 4)
         return tl.multiple_of((kw // TW) * (TW * TB) + kw % TW, SW)
 
     @triton.jit
@@ -399,150 +329,12 @@ def _kernels():
         return sc * _pair_word(words, h0, h1, h2, h3, zlo, zhi, ASM)
 
     @triton.jit
-    def _subn_chain(w, h0, h1, h2, h3, hz, zn, acc, ASM: tl.constexpr):
-        """acc + the word's eight (q - z) h as an fp16x2 sum (int32 bits; the interpreter: float32, both halves
-        summed). ``w & 0x000F000F`` read as two fp16 is (q 2^-24, q' 2^-24), subnormals and exact, for nibbles
-        (2m, 2m + 4) of ``w >> 8m``; ``& 0x00F000F0`` gives (16 q 2^-24, ..) for (2m + 1, 2m + 5), whose planes
-        of h come divided by 16 (int4_row_kernel, SUBN): one AND and one fp16x2 multiply-add per two nibbles,
-        no conversion and no zero-point subtraction per nibble. The zero points go in once per word: -z times the
-        word's two sums of h (plane 4). fp16 arithmetic keeps subnormal operands (PTX: unless .ftz)."""
-        if ASM:
-            return tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 %sa, %sb, %sc, %sd, %st, %sq;
-                and.b32 %sa, $1, 0x000F000F;
-                and.b32 %sb, $1, 0x00F000F0;
-                shr.u32 %st, $1, 8;
-                and.b32 %sc, %st, 0x000F000F;
-                and.b32 %sd, %st, 0x00F000F0;
-                fma.rn.f16x2 %sq, %sa, $2, $8;
-                fma.rn.f16x2 %sq, %sb, $3, %sq;
-                fma.rn.f16x2 %sq, %sc, $4, %sq;
-                fma.rn.f16x2 %sq, %sd, $5, %sq;
-                fma.rn.f16x2 $0, $7, $6, %sq;
-                }""",
-                constraints="=r,r,r,r,r,r,r,r,r", args=[w, h0, h1, h2, h3, hz, zn, acc], dtype=tl.int32,
-                is_pure=True, pack=1)
-        else:
-            t = w >> 8
-            a0, a1 = _f16x2(w & 0x000F000F)
-            b0, b1 = _f16x2(w & 0x00F000F0)
-            c0, c1 = _f16x2(t & 0x000F000F)
-            d0, d1 = _f16x2(t & 0x00F000F0)
-            g0, g1 = _f16x2(h0)
-            g2, g3 = _f16x2(h1)
-            g4, g5 = _f16x2(h2)
-            g6, g7 = _f16x2(h3)
-            z0, z1 = _f16x2(hz)
-            n0, _ = _f16x2(zn)
-            s = a0 * g0 + a1 * g1 + b0 * g2 + b1 * g3 + c0 * g4 + c1 * g5 + d0 * g6 + d1 * g7
-            return acc + s + n0 * (z0 + z1)
-
-    @triton.jit
-    def _subn_f32(acc, ASM: tl.constexpr):
-        """An fp16x2 sum (_subn_chain) as one float32: its halves widened and added."""
-        if ASM:
-            return tl.inline_asm_elementwise(
-                asm="""{
-                .reg .f16 %ul, %uh;
-                .reg .f32 %ua, %ub;
-                mov.b32 {%ul, %uh}, $1;
-                cvt.f32.f16 %ua, %ul;
-                cvt.f32.f16 %ub, %uh;
-                add.f32 $0, %ua, %ub;
-                }""",
-                constraints="=f,r", args=[acc], dtype=tl.float32, is_pure=True, pack=1)
-        else:
-            return acc
-
-    @triton.jit
-    def _subn_words(wp, kw, kwend, rmask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, TB: tl.constexpr = 0,
-                    TW: tl.constexpr = 16):
-        """One tile's words in the subnormal-pairs form: four [BLOCK_N, 4] quarters (quarter j: words 4 j ..
-        4 j + 3 of each row), so that one thread may hold a row's whole tile: per row the scale and zero point
-        are read once a tile and the four quarters' sums chain in fp16 (_subn_tile)."""
-        tl.static_assert(EVEN_K, "the subnormal-pairs form takes whole tiles of 16 words (launch)")
-        wo = _woff(kw, TB, TW, 16)
-        QS: tl.constexpr = 4 * -TB if TB < 0 else 4  # from one quarter of a row's tile to the next
-        if EVEN_N:
-            w0 = tl.load(wp + wo, eviction_policy="evict_first")
-            w1 = tl.load(wp + wo + QS, eviction_policy="evict_first")
-            w2 = tl.load(wp + wo + 2 * QS, eviction_policy="evict_first")
-            w3 = tl.load(wp + wo + 3 * QS, eviction_policy="evict_first")
-        else:
-            m2 = rmask[:, None] & ((rmask[:, None] * 0 + kw) < kwend)
-            w0 = tl.load(wp + wo, mask=m2, other=0, eviction_policy="evict_first")
-            w1 = tl.load(wp + wo + QS, mask=m2, other=0, eviction_policy="evict_first")
-            w2 = tl.load(wp + wo + 2 * QS, mask=m2, other=0, eviction_policy="evict_first")
-            w3 = tl.load(wp + wo + 3 * QS, mask=m2, other=0, eviction_policy="evict_first")
-        return w0, w1, w2, w3
-
-    @triton.jit
-    def _subn_loads(hq_ptr, hf_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wq, zshift, N,
-                    GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
-        """The rest of what one tile reads in the subnormal-pairs form (its words: _subn_words): the group's
-        scale times the tile's factor and -z as two fp16, per row, and the tile's five planes of h per quarter."""
-        r2 = rows[:, None]
-        grp = (kw * 8) // GS
-        hb = hq_ptr + kw * 5 + wq[None, :]  # the tile's planes: 5 x 16 int32 (the tile starts at word kw)
-        if EVEN_K and EVEN_N:
-            f = tl.load(hf_ptr + kw // 16)
-            sc = tl.load(s_ptr + grp * N + r2).to(tl.float32) * f
-            zw = tl.load(qz_ptr + grp * (N // 8) + r2 // 8)
-            hm = wq[None, :] >= 0  # not used: no masks
-        else:
-            m2 = rmask[:, None] & ((r2 * 0 + kw) < kwend)
-            f = tl.load(hf_ptr + kw // 16 + r2 * 0, mask=m2, other=0.0)
-            sc = tl.load(s_ptr + grp * N + r2, mask=m2, other=0.0).to(tl.float32) * f
-            zw = tl.load(qz_ptr + grp * (N // 8) + r2 // 8, mask=m2, other=0)
-            hm = (wq[None, :] * 0 + kw) < kwend
-        z = ((zw >> zshift[:, None]) & 0xF) + ZOFF
-        zf = (z + 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + z as fp16, exact (no conversion)
-        zb = (1024.0 - zf).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        zn = zb | (zb << 16)  # -z as two fp16
-        m = not (EVEN_K and EVEN_N)
-        return (sc, zn,
-                _ld(hb, hm, m), _ld(hb + 16, hm, m), _ld(hb + 32, hm, m), _ld(hb + 48, hm, m), _ld(hb + 64, hm, m),
-                _ld(hb + 4, hm, m), _ld(hb + 20, hm, m), _ld(hb + 36, hm, m), _ld(hb + 52, hm, m), _ld(hb + 68, hm, m),
-                _ld(hb + 8, hm, m), _ld(hb + 24, hm, m), _ld(hb + 40, hm, m), _ld(hb + 56, hm, m), _ld(hb + 72, hm, m),
-                _ld(hb + 12, hm, m), _ld(hb + 28, hm, m), _ld(hb + 44, hm, m), _ld(hb + 60, hm, m),
-                _ld(hb + 76, hm, m))
-
-    @triton.jit
-    def _ld(ptr, mask, MASKED: tl.constexpr):
-        if MASKED:
-            return tl.load(ptr, mask=mask, other=0)
-        return tl.load(ptr)
-
-    @triton.jit
-    def _subn_tile(acc, t, ASM: tl.constexpr):
-        """acc [BLOCK_N, 4] float32 + the tile's sum per row and word position: the four quarters' words
-        (_subn_words, t[0..3]) chained in fp16 with the rest of the tile (_subn_loads, t[4..]), widened once,
-        times the row's scale."""
-        if ASM:
-            c = t[5] * 0
-        else:
-            c = t[4] * 0.0
-        c = _subn_chain(t[0], t[6], t[7], t[8], t[9], t[10], t[5], c, ASM)
-        c = _subn_chain(t[1], t[11], t[12], t[13], t[14], t[15], t[5], c, ASM)
-        c = _subn_chain(t[2], t[16], t[17], t[18], t[19], t[20], t[5], c, ASM)
-        c = _subn_chain(t[3], t[21], t[22], t[23], t[24], t[25], t[5], c, ASM)
-        return acc + t[4] * _subn_f32(c, ASM)
-
-    @triton.jit
-    def _prefetch_l2(ptr, mask):
-        """Ask L2 for the lines at ptr where mask (PTX prefetch: no register waits for it; GPU only, as PDL)."""
-        tl.inline_asm_elementwise(asm="{ .reg .pred %pp; setp.ne.b32 %pp, $2, 0; @%pp prefetch.global.L2 [$1]; "
-                                      "mov.u32 $0, 0; }", constraints="=r,l,r", args=[ptr, mask.to(tl.int32)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
     def _int4_item(pid, pk, qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
                    xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
                    SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                    STAGES: tl.constexpr, PAIRS: tl.constexpr, ASM: tl.constexpr, EVEN_N: tl.constexpr,
-                   TB: tl.constexpr, TW: tl.constexpr, PDL: tl.constexpr, SUBN: tl.constexpr):
+                   TB: tl.constexpr, TW: tl.constexpr, PDL: tl.constexpr):
         """One work item of the GEMV: row block pid (BLOCK_N rows), slice pk of K (split-K: words [pk KS, (pk + 1)
         KS) of each row). PDL: launched while the row kernel still runs (programmatic dependent launch):
         everything before _pdl_wait reads only what no kernel still running writes (words, scales, zero points)."""
@@ -555,9 +347,6 @@ def _kernels():
         zshift = (rows % 8) * 4
         if TB == 0:  # the words in rows
             wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
-        elif TB < 0:  # in tiles of -TB rows, each row's TW words in quads of four (PackedLinear.tiled(quads=True))
-            rb = (rows // -TB).to(tl.int64) * (-TB * KW) + (rows % -TB) * 4
-            wp = qw_ptr + rb[:, None] + ((wcols // 4) * (4 * -TB) + wcols % 4)[None, :]
         else:  # in tiles of TB rows x TW words (quant.PackedLinear.tiled)
             rb = (rows // TB).to(tl.int64) * (TB * KW) + (rows % TB) * TW
             wp = qw_ptr + rb[:, None] + wcols[None, :]
@@ -565,37 +354,7 @@ def _kernels():
         # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
         kwbeg = pk * KS
         kwend = tl.minimum(kwbeg + KS, KW)
-        if SUBN:
-            # the subnormal-pairs form (16-bit activations, tiles of 16 words): h in five planes of fp16 pairs a
-            # tile (int4_row_kernel, SUBN), a row's tile in four quarters of four words, whose sums chain in fp16
-            hq_ptr = hp_ptr.to(tl.pointer_type(tl.int32))
-            wq = tl.arange(0, 4)
-            if TB == 0:
-                wp4 = qw_ptr + rows[:, None].to(tl.int64) * KW + wq[None, :]
-            else:
-                wp4 = qw_ptr + rb[:, None] + wq[None, :]
-            acc4 = tl.zeros((BLOCK_N, 4), dtype=tl.float32)
-            if STAGES >= 2:
-                if PDL:  # the first tile's words on their way to L2 while the row kernel finishes h
-                    _prefetch_l2(wp4 + _woff(kwbeg, TB, TW, 16), rmask[:, None] & (wq[None, :] == 0) & (kwbeg < kwend))
-                    _pdl_wait()
-                t = _subn_words(wp4, kwbeg, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
-                    hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N)
-                for kw in range(kwbeg, kwend, 16):
-                    kn = _ahead(kw + 16, kwend, 16, EVEN_K and EVEN_N)
-                    nxt = _subn_words(wp4, kn, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
-                        hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N)
-                    acc4 = _subn_tile(acc4, t, ASM)
-                    t = nxt
-            else:
-                if PDL:
-                    _pdl_wait()
-                for kw in range(kwbeg, kwend, 16):
-                    acc4 = _subn_tile(acc4, _subn_words(wp4, kw, kwend, rmask, EVEN_K, EVEN_N, TB, TW) + _subn_loads(
-                        hq_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wq, zshift, N, GS, ZOFF, EVEN_K, EVEN_N),
-                                      ASM)
-            acc = acc4  # [BLOCK_N, 4]: summed over its word positions below, as the other forms' [BLOCK_N, SW]
-        elif PAIRS:
+        if PAIRS:
             # 16-bit activations: h in fp16 pairs, two nibbles per instruction (_pair_word); hp: the pairs as
             # int32, hw: one factor per tile
             hq_ptr = hp_ptr.to(tl.pointer_type(tl.int32))
@@ -617,32 +376,6 @@ def _kernels():
                                       N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
                     acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
                     t = nxt
-            elif STAGES == 5:  # AHEAD2
-                # two tiles ahead in registers (AHEAD2): twice the bytes in flight a warp of one tile ahead, for
-                # a loop whose warps wait on their loads (Nsight Compute: long-scoreboard stalls)
-                if PDL:
-                    _pdl_wait()
-                t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kwbeg, kwend, rows, rmask, wcols, zshift, N, KW,
-                                SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
-                k1 = _ahead(kwbeg + SW, kwend, SW, EVEN_K and EVEN_N)
-                t1 = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, k1, kwend, rows, rmask, wcols, zshift, N, KW,
-                                 SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
-                for kw in range(kwbeg, kwend, SW):
-                    kn = _ahead(kw + 2 * SW, kwend, SW, EVEN_K and EVEN_N)
-                    t2 = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kn, kwend, rows, rmask, wcols, zshift,
-                                     N, KW, SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
-                    acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
-                    t = t1
-                    t1 = t2
-            elif STAGES > 2:
-                if PDL:
-                    _pdl_wait()
-                # Triton's software pipeliner: the tile loads of STAGES - 1 tiles ahead go to shared memory
-                # asynchronously (cp.async), so the bytes in flight per warp do not cost registers
-                for kw in tl.range(kwbeg, kwend, SW, num_stages=STAGES):
-                    t = _pair_loads(wp, hq_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
-                                    SW, GS, ZOFF, EVEN_K, EVEN_N, TB, TW)
-                    acc += _pair_sum(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], ASM)
             else:
                 if PDL:
                     _pdl_wait()
@@ -694,31 +427,21 @@ def _kernels():
                 y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
             yd = rnd(y, y_ptr.dtype.element_ty, EMU)
             tl.store(y_ptr + rows, yd, mask=rmask)
-            if SEND:  # the same rows, tagged, into the peer's inbox (engine.core.gemv's epilogue)
+            if SEND:  # the same rows, tagged, into the peer's inbox (engine.kernels.gemv's epilogue)
                 _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
     @triton.jit
     def int4_gemv_kernel(qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K, KW, KS,
-                         xs_peer, xs_ser, xs_slot, xs_e, GRID_N, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                         xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EMU: tl.constexpr,
                          SEND: tl.constexpr, EPW: tl.constexpr, SPLIT: tl.constexpr = 1,
                          EVEN_K: tl.constexpr = False, STAGES: tl.constexpr = 1, PAIRS: tl.constexpr = False,
                          ASM: tl.constexpr = True, EVEN_N: tl.constexpr = False, TB: tl.constexpr = 0,
-                         TW: tl.constexpr = 16, PDL: tl.constexpr = False, SUBN: tl.constexpr = False,
-                         PERSIST: tl.constexpr = False):
-        """The GEMV (_int4_item per row block and slice of K). PERSIST: a grid of fewer programs than items (a
-        few per SM, launch), each taking items pid, pid + programs, ... in the order a grid of one program an item
-        would start them (row blocks fastest), so no wave of a few programs ends the kernel alone."""
-        if PERSIST:
-            for item in range(tl.program_id(0), GRID_N * SPLIT, tl.num_programs(0)):
-                _int4_item(item % GRID_N, item // GRID_N, qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr,
-                           part_ptr, count_ptr, N, K, KW, KS, xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS, BLOCK_N,
-                           BLOCK_K, GS, ZOFF, EMU, SEND, EPW, SPLIT, EVEN_K, STAGES, PAIRS, ASM, EVEN_N, TB, TW, PDL,
-                           SUBN)
-        else:
-            _int4_item(tl.program_id(0), tl.program_id(1), qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr,
-                       part_ptr, count_ptr, N, K, KW, KS, xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS, BLOCK_N, BLOCK_K,
-                       GS, ZOFF, EMU, SEND, EPW, SPLIT, EVEN_K, STAGES, PAIRS, ASM, EVEN_N, TB, TW, PDL, SUBN)
+                         TW: tl.constexpr = 16, PDL: tl.constexpr = False):
+        """The GEMV: _int4_item for row block program_id(0), slice program_id(1) of K."""
+        _int4_item(tl.program_id(0), tl.program_id(1), qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr,
+                   part_ptr, count_ptr, N, K, KW, KS, xs_peer, xs_ser, xs_slot, xs_e, HAS_BIAS, BLOCK_N, BLOCK_K,
+                   GS, ZOFF, EMU, SEND, EPW, SPLIT, EVEN_K, STAGES, PAIRS, ASM, EVEN_N, TB, TW, PDL)
 
     @triton.jit
     def dequant_kernel(qw_ptr, qz_ptr, s_ptr, out_ptr, N, K, GS: tl.constexpr, ZOFF: tl.constexpr,
@@ -732,9 +455,6 @@ def _kernels():
         wi = cols // 8
         if TB == 0:
             at = rows[:, None].to(tl.int64) * (K // 8) + wi[None, :]
-        elif TB < 0:  # quads (PackedLinear.tiled(quads=True))
-            at = ((rows // -TB).to(tl.int64) * (-TB * (K // 8)) + (rows % -TB) * 4)[:, None] + (
-                (wi // TW) * (TW * -TB) + ((wi % TW) // 4) * (4 * -TB) + wi % 4)[None, :]
         else:
             at = ((rows // TB).to(tl.int64) * (TB * (K // 8)) + (rows % TB) * TW)[:, None] + (
                 (wi // TW) * (TW * TB) + wi % TW)[None, :]
@@ -772,23 +492,15 @@ def pdl_enabled(device: torch.device) -> bool:
 
 def held(w, device: torch.device):
     """A packed matrix as the GEMV on ``device`` reads it best: in tiles of TILE_ROWS rows on a GPU (words in
-    quads when TILE_QUADS)."""
+."""
     if TILE_ROWS and torch.device(device).type in TILE_DEVICES:
-        return quant.tiled(w, TILE_ROWS, TILE_QUADS)
+        return quant.tiled(w, TILE_ROWS)
     return w
 
 
 def _tb(w) -> int:
-    """The kernels' TB for a packed matrix: 0 in rows, the tile's rows, or minus them for words held in quads."""
-    return -w.tile_rows if w.tile_quads else w.tile_rows
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of the device (the interpreter and the CPU: 4, so persistence is exercised there too)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """The kernels' TB for a packed matrix: 0 in rows, else the tile's rows."""
+    return w.tile_rows
 
 
 def _pow2_at_least(n: int) -> int:
@@ -813,23 +525,21 @@ _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
 
 def row_input(prologue: int, x: torch.Tensor, w, sub: int, delta: torch.Tensor | None = None,
               norm_weight: torch.Tensor | None = None, eps: float = 0.0, x_out: torch.Tensor | None = None,
-              zc: bool = False, pairs: bool = False, pdl: bool = False,
-              subn: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              zc: bool = False, pairs: bool = False, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The GEMV's input (int4_row_kernel): h in plane order per ``sub`` inputs, float32, and each word's sum of
     h; NORM writes x + delta into x_out. ``pairs``: h as fp16 pairs (two in each float32's bits, sub / 2 per
-    tile) and one factor per tile instead. ``pdl``: the next kernel (a GEMV launched with PDL) may start at once.
-    ``subn``: the subnormal-pairs form (FORM_SUBN): five planes of sub / 8 pairs a tile, one factor a tile."""
+    tile) and one factor per tile instead. ``pdl``: the next kernel (a GEMV launched with PDL) may start at once."""
     k = w.in_features
     nchunks = -(-k // sub)
-    per = sub // 2 + sub // 8 if subn else sub // (2 if pairs else 1)  # subn: five planes of sub / 8 pairs
+    per = sub // (2 if pairs else 1)
     hp = torch.empty(nchunks * per, dtype=torch.float32, device=x.device)
     hw = torch.empty(nchunks * (1 if pairs else sub // 8), dtype=torch.float32, device=x.device)
     _kernels()[2][(nchunks,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
                               w.perm if w.perm is not None else w.qweight, x_out if x_out is not None else hp, hp, hw,
                               k, float(eps), PROLOGUE=prologue, HAS_PERM=w.perm is not None, SUB=sub,
                               EMU=gemv.interpreting() and x.dtype == torch.bfloat16,
-                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, PAIRS=pairs and not subn, PDL=pdl,
-                              SUBN=subn, num_warps=4)
+                              STATS_BLOCK=min(8192, _pow2_at_least(k)), ZC=zc, PAIRS=pairs, PDL=pdl,
+                              num_warps=4)
     return hp, hw
 
 
@@ -837,22 +547,21 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
            delta: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
            x_out: torch.Tensor | None = None, blocks: tuple[int, ...] | None = None, send=None,
            zc: bool = False) -> torch.Tensor:
-    """out [N] = W @ h (+ b), h made from x by the prologue (engine.core.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
+    """out [N] = W @ h (+ b), h made from x by the prologue (engine.kernels.gemv's PROLOGUE_PLAIN / NORM / SILU; x: [K],
     or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's.
-    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages[, form[, per_sm]]]]): split = programs along K
+    ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages[, form]]]): split = programs along K
     (split-K, default 1), stages = the depth of the loop's load pipeline (DEFAULT_STAGES), form = FORM_PAIRS (fp16
-    pairs, 16-bit activations only), FORM_SUBN or FORM_PLANES (float32 planes; float32 activations always),
-    DEFAULT_FORM; per_sm > 0: a persistent grid of per_sm programs a multiprocessor, each looping over (row block,
-    slice) items, where that is fewer programs than items (0: one program an item)."""
+    pairs, 16-bit activations only) or FORM_PLANES (float32 planes; float32 activations always), DEFAULT_FORM."""
     n, k = w.shape
     name = gemv.PROLOGUE_NAMES[prologue]
-    cfg = tuple(blocks or BLOCKS.get((name, n, k), _default_blocks(n, k)))
+    cfg = tuple(blocks or tuning.active().int4.get((name, n, k)) or _default_blocks(n, k))
     bn, bk, warps = cfg[:3]
     split = cfg[3] if len(cfg) > 3 else 1
     stages = cfg[4] if len(cfg) > 4 else DEFAULT_STAGES
     form = cfg[5] if len(cfg) > 5 else DEFAULT_FORM
-    per_sm = cfg[6] if len(cfg) > 6 else 0
-    pairs = x.dtype in PAIR_DTYPES and form in (FORM_PAIRS, FORM_SUBN)
+    if stages not in (1, 2) or form not in (FORM_PLANES, FORM_PAIRS):
+        raise ValueError(f"int4 GEMV: blocks {cfg}: stages must be 1 or 2 and form 0 (planes) or 1 (pairs)")
+    pairs = x.dtype in PAIR_DTYPES and form == FORM_PAIRS
     if gemv.interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
     bk = min(bk, _pow2_at_least(k))
@@ -873,20 +582,17 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
     if split > 1:
         part = torch.empty(split * n, dtype=torch.float32, device=out.device)
         counters = _counters(out.device, grid_n)
-    subn = pairs and form == FORM_SUBN and sub == 128 and bk == 128 and k % 128 == 0 and ks % 128 == 0
     pdl = pdl_enabled(out.device)
     hp, hw = row_input(prologue, x, w, sub, delta, norm_weight, eps, x_out if x_out is not None else out, zc, pairs,
-                       pdl, subn)
+                       pdl)
     emu = gemv.interpreting() and x.dtype == torch.bfloat16
-    peer, _, ser, _, slot, e, _, _ = gemv._xs_args(send, out)
-    programs = per_sm * _sm_count(out.device) if per_sm else 0
-    persist = 0 < programs < grid_n * split
-    _kernels()[0][(programs, 1) if persist else (grid_n, split)](
+    peer, ser, slot, e = gemv._xs_args(send, out)
+    _kernels()[0][(grid_n, split)](
         w.qweight, w.qzeros, w.scales, hp, hw, b if b is not None else out, out, part, counters, n, k, k // 8, ks // 8,
-        peer, ser, slot, e, grid_n, PERSIST=persist, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
+        peer, ser, slot, e, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, EMU=emu,
         SEND=send is not None, EPW=gemv._epw(out.dtype), SPLIT=split, EVEN_K=k % bk == 0 and ks % bk == 0,
         STAGES=stages, PAIRS=pairs, ASM=not gemv.interpreting(), EVEN_N=n % bn == 0, TB=_tb(w),
-        TW=quant.TILE_WORDS, PDL=pdl, SUBN=subn, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+        TW=quant.TILE_WORDS, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
     return out
 
 

@@ -3,7 +3,7 @@ spec_graphs): x' = x + delta and h = RMSNorm(x') * weight, rounded as engine.cor
 Face's: x + delta rounded to the dtype, statistics in float32, the normalised row rounded before the weight, or
 zero-centred (1 + w) in float32 with one rounding). The torch form is ten kernels a norm; a layer has two.
 
-The arithmetic is engine.core.gemv's norm prologue (its ``_norm_stats`` and ``_normed``), one program per row.
+The arithmetic is engine.kernels.gemv's norm prologue (its ``_norm_stats`` and ``_normed``), one program per row.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     gemv._prologue_kernel()
     rnd, _normed, _norm_stats = gemv.rnd, gemv._normed, gemv._norm_stats
@@ -56,7 +56,7 @@ def add_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, 
              zc: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x, delta [..., K] (same shape) -> (x + delta, RMSNorm(x + delta) * weight) in x's dtype, every row of K
     values; ``delta`` None: (x, RMSNorm(x) * weight)."""
-    from engine.core.gemv import interpreting
+    from engine.kernels.gemv import interpreting
 
     k = x.shape[-1]
     xc = x.contiguous()

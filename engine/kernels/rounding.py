@@ -1,5 +1,5 @@
-"""Rounding as torch and Hugging Face round, for the decode step's Triton kernels (engine.core.gemv, the TP2 exchange
-in engine.core.exchange, engine.core.attention, engine.core.gdn_fused, engine.core.gemv_int4).
+"""Rounding as torch and Hugging Face round, for the decode step's Triton kernels (engine.kernels.gemv, the TP2 exchange
+in engine.kernels.exchange, engine.core.attention, engine.core.gdn_fused, engine.kernels.gemv_int4).
 
   rnd      float32 -> the dtype, round to nearest even (by hand for bf16 under the interpreter, EMU).
   _normed  RMSNorm's output from float32 r, its 1/rms and the weight, rounded as Hugging Face rounds it.

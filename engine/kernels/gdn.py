@@ -92,7 +92,7 @@ def chunk_parts(q, k, v, g, beta, chunk: int = 64, solve=None):
 def chunked(q, k, v, g, beta, state, chunk: int = 64):
     """The chunked form for prefill; the arguments and results of ``recurrent``. Within a chunk of C tokens
     the C delta-rule updates are one lower-triangular solve (the UT transform, ``chunk_parts``); across chunks
-    one state update each (here a Python loop; engine.core.gdn_chunk runs it as one Triton kernel)."""
+    one state update each (here a Python loop; engine.kernels.gdn_chunk runs it as one Triton kernel)."""
     u, w, attn, qd, kd, last, t = chunk_parts(q, k, v, g, beta, chunk)
     h, n, _, dv = u.shape
     s = state.float().clone()

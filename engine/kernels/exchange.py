@@ -1,8 +1,8 @@
 """The TP2 exchange inside the decode step's GEMVs, the part shared by the GEMVs that send and receive it
-(engine.core.gemv, engine.core.gemv_int4) and the allreduce path that offers it (engine.allreduce.graph_mailbox, whose
+(engine.kernels.gemv, engine.kernels.gemv_int4) and the allreduce path that offers it (engine.allreduce.graph_mailbox, whose
 protocol engine.allreduce.epilogue describes): one rank's buffers and tickets (EpilogueExchange, Ticket, Sent), the
 Triton device functions that tag, send and wait for the 8-byte words, and the kernel that receives an exchange in a
-kernel of its own (exchange mode "send") or finishes the step's last one. Neither engine.core.gemv nor
+kernel of its own (exchange mode "send") or finishes the step's last one. Neither engine.kernels.gemv nor
 engine.allreduce.epilogue imports the other: both import this.
 """
 
@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from engine.core import rounding
-from engine.core.rounding import interpreting
+from engine.kernels import rounding
+from engine.kernels.rounding import interpreting
 
 MAX_EXCHANGES = 256  # per decode step: 2 per layer
 
@@ -33,8 +33,6 @@ class EpilogueExchange:
         self.inbox, self.peer_inbox = inbox, peer_inbox
         self.rank, self.timeout_ns, self.failed = rank, int(timeout_ns), failed
         self.serial = serial if serial is not None else torch.zeros(1, dtype=torch.int32, device=inbox.device)
-        # the receiving GEMV's program 0 raises this (tag << 32) once the summed row is written
-        self.ready = torch.zeros(1, dtype=torch.int64, device=inbox.device)
         self.slot_words = inbox.shape[1]
 
     def words_for(self, n: int, dtype: torch.dtype) -> int:
@@ -75,8 +73,8 @@ class Ticket:
 @dataclass(frozen=True)
 class Sent:
     """A partial output that was sent: this rank's rows (``part``, [1, 1, D]) and the ticket the peer's
-    arrive under. The next norm GEMV receives it (engine.core.gemv.linear_norm); Model.decode_step passes it
-    on where an allreduce result would go."""
+    arrive under. The receive kernel (EpilogueExchange.receive) or the step's finish sums it; Model.decode_step
+    passes it on where an allreduce result would go."""
     part: torch.Tensor
     ticket: Ticket
 
@@ -190,13 +188,11 @@ def kernels() -> Kernels:
 
 
 def ticket_args(ticket, timeout_dummy: torch.Tensor) -> tuple:
-    """(peer inbox, own inbox, serial, failed, slot offset, e, timeout_ns, ready flag) of a ticket, or dummies."""
+    """(peer inbox, serial, slot offset, e) of a ticket, or dummies: what a sending GEMV takes."""
     if ticket is None:
-        t = timeout_dummy
-        return t, t, t, t, 0, 0, 0, t
+        return timeout_dummy, timeout_dummy, 0, 0
     xs = ticket.xs
-    return (xs.peer_inbox, xs.inbox, xs.serial, xs.failed, ticket.slot * xs.slot_words, ticket.e, xs.timeout_ns,
-            xs.ready)
+    return xs.peer_inbox, xs.serial, ticket.slot * xs.slot_words, ticket.e
 
 
 def epw(dtype: torch.dtype) -> int:

@@ -1,8 +1,8 @@
 """The chunked gated delta rule's prefill in Triton (kernel choice ``fused``), the arguments and results of
-engine.core.gdn.chunked, in two launches per layer and prefill chunk:
+engine.kernels.gdn.chunked, in two launches per layer and prefill chunk:
 
   1. ``gdn_chunk_prep_kernel``, one program per (value head, 64-token chunk), all chunks at once: the intra-chunk
-     parts of engine.core.gdn.chunk_parts. q and k L2-normalised (q scaled), the decays from the cumulative gates,
+     parts of engine.kernels.gdn.chunk_parts. q and k L2-normalised (q scaled), the decays from the cumulative gates,
      A = (beta k k^T) decay and attn = (q k^T) decay, the UT transform's (I + A)^-1 (the four 16 x 16 diagonal
      blocks by forward substitution, the blocks below them by products, through a float32 scratch tile), then
      u = (I + A)^-1 beta v and w = (I + A)^-1 beta k exp(cum), q exp(cum) and k exp(cum_last - cum).
@@ -14,7 +14,7 @@ engine.core.gdn.chunked, in two launches per layer and prefill chunk:
 The parts' products are float32 (tf32 tensor cores where the card has them); what they hand to the sequential
 kernel is in the model's dtype, whose products take S and vn rounded to it (as flash-linear-attention's
 chunk_delta_h does), every sum and the state in float32. A float32 model gets IEEE float32 products throughout
-(the CPU tests, under Triton's interpreter, equal engine.core.gdn's forms to float32 noise).
+(the CPU tests, under Triton's interpreter, equal engine.kernels.gdn's forms to float32 noise).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from engine.core import gdn
+from engine.kernels import gdn
 
 
 @functools.cache
@@ -32,7 +32,7 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    from engine.core import gemv
+    from engine.kernels import gemv
 
     gemv._prologue_kernel()
     rnd = gemv.rnd
@@ -69,7 +69,7 @@ def _kernels():
                               scr_ptr, T, N, stride_q, stride_k, stride_v, NV: tl.constexpr, RATIO: tl.constexpr,
                               DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr, IEEE: tl.constexpr,
                               EMU: tl.constexpr):
-        # one (value head, chunk): the intra-chunk parts of engine.core.gdn.chunk_parts in registers, the UT
+        # one (value head, chunk): the intra-chunk parts of engine.kernels.gdn.chunk_parts in registers, the UT
         # transform's (I + A)^-1 through the chunk's scratch tile [C, C] (float32): the four 16 x 16 diagonal
         # blocks by forward substitution (15 steps), the blocks below them by products
         B: tl.constexpr = 16
@@ -178,9 +178,9 @@ def supported(dk: int, dv: int) -> bool:
 
 
 def prepare(q, k, v, g, beta, chunk: int = 64):
-    """The intra-chunk parts in one launch (``gdn_chunk_prep_kernel``): the results of engine.core.gdn.chunk_parts,
+    """The intra-chunk parts in one launch (``gdn_chunk_prep_kernel``): the results of engine.kernels.gdn.chunk_parts,
     in v's dtype (last in float32)."""
-    from engine.core.gemv import interpreting
+    from engine.kernels.gemv import interpreting
 
     t, hk, dk = k.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -201,11 +201,11 @@ def prepare(q, k, v, g, beta, chunk: int = 64):
 
 def chunked(q, k, v, g, beta, state, chunk: int = 64, bv: int | None = None, num_stages: int | None = None,
             prep: str = "kernel"):
-    """engine.core.gdn.chunked in two launches: q, k [T, Hk, dk], v [T, Hv, dv] (the model's dtype), g, beta
+    """engine.kernels.gdn.chunked in two launches: q, k [T, Hk, dk], v [T, Hv, dv] (the model's dtype), g, beta
     [T, Hv], state [Hv, dk, dv] float32 -> (o [T, Hv, dv] float32, the final state). ``bv``: value columns per
-    program (default min(32, dv)); ``prep`` "torch": the intra-chunk parts by engine.core.gdn.chunk_parts instead
+    program (default min(32, dv)); ``prep`` "torch": the intra-chunk parts by engine.kernels.gdn.chunk_parts instead
     (torch's triangular solve; the comparison the bench and the tests make)."""
-    from engine.core.gemv import interpreting
+    from engine.kernels.gemv import interpreting
 
     dtype = v.dtype
     if prep == "torch":
