@@ -1,7 +1,7 @@
 """Judges the H200 recordings of the fused decode kernels (kernel choice "fused") on CPU: the per-kernel
 bench (tests/fixtures/engine/h200-fused-2026-11-30.json, `python -m engine.bench.gemv --fused`) and the
-whole Qwen3-8B step at TP1 and one TP2 rank (h200-variants-fused-tp{1,2}-2026-11-30.json, `python -m
-engine.bench.variants --tp N`, run with that bench's tables). Every figure is recomputed from the ones beside
+whole Qwen3-8B step at TP1 and one TP2 rank (h200-variants-fused-tp{1,2}-2026-11-30.json, recorded by the variants bench the
+engine had then, deleted since with the kernel choices that lost: docs/engine-speed.md). Every figure is recomputed from the ones beside
 it; the tables the engine ships are the recording's; "fused" is the default only because it won at both."""
 
 from __future__ import annotations
