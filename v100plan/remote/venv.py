@@ -18,9 +18,10 @@ from importlib import metadata
 
 # What probes/ needs on a host (torch is optional there: the engine's venv has it).
 PROBE_PACKAGES = ("nvidia-ml-py",)
-# What engine/ and its service need (pyproject extras engine + serve), plus NVML for the probes.
-ENGINE_PACKAGES = ("numpy", "safetensors", "tokenizers", "fastapi", "uvicorn", "supervisor", "prometheus_client",
-                   "nvidia-ml-py")
+# What engine/ and its service need (pyproject extras engine + serve), plus NVML for the probes: jinja2 renders
+# chat templates (sandboxed), xgrammar enforces response_format and tool arguments, pillow decodes images.
+ENGINE_PACKAGES = ("numpy", "safetensors", "tokenizers", "jinja2", "xgrammar", "pillow", "fastapi", "uvicorn",
+                   "supervisor", "prometheus_client", "nvidia-ml-py")
 
 
 def pinned(name: str) -> str:
