@@ -469,9 +469,12 @@ def test_qualify_host_deploys_accepts_and_stops_its_own_deployment(cli, env, ser
     assert r.returncode == 0, r.stderr[-4000:]
     doc = json.loads((out / "report.json").read_text())
     assert doc["verdict"] == "passed" and not doc["partial"]
-    # the demo deploy serves has no MTP layer: the two speculation scenarios are waived, naming the flag
-    assert doc["summary"] == {"passed": 23, "warned": 0, "failed": 0, "waived": 2, "error": 0}
-    assert all("--speculative mtp" in s["reason"] for s in doc["scenarios"] if s["status"] == "waived")
+    # the demo deploy serves has no MTP layer and no vision tower: the two speculation scenarios are
+    # waived naming the flag, and image_input saying there is no tower
+    assert doc["summary"] == {"passed": 25, "warned": 0, "failed": 0, "waived": 3, "error": 0}
+    waived = {s["key"]: s["reason"] for s in doc["scenarios"] if s["status"] == "waived"}
+    assert "no vision tower" in waived.pop("image_input")
+    assert len(waived) == 2 and all("--speculative mtp" in why for why in waived.values()), waived
     assert [p["name"] for p in doc["phases"]] == ["probe", "plan", "deploy", "accept", "stop", "report"]
     assert all(p["status"] in ("passed", "waived") for p in doc["phases"]), doc["phases"]
     # the probe section is the host's, measured there by the bundle (no checkout there: no git revision)

@@ -54,14 +54,25 @@ def test_300_idle_keyless_sockets_do_not_stop_a_keyed_client(svc):
         assert r.status_code == 200, r.text
         assert _keyed_get(kept).startswith(b"HTTP/1.1 200")  # never closed to make room: it showed the key
         took = time.monotonic() - t0
-        closed = 0
-        for s in keyless:
-            s.settimeout(0.01)
-            try:
-                closed += s.recv(1) == b""
-            except (socket.timeout, ConnectionResetError):
-                pass
-        assert closed >= KEYLESS + 2 - 256 - 1, closed  # the oldest keyless ones made room
+        # the oldest keyless ones made room: the service closed them (a FIN, or a reset where the kernel still
+        # held bytes the service had not read), counted until the count is reached or 10 s pass (a busy
+        # machine delivers the closes late)
+        gone: set[int] = set()
+        deadline = time.monotonic() + 10
+        while len(gone) < KEYLESS + 2 - 256 - 1 and time.monotonic() < deadline:
+            for i, s in enumerate(keyless):
+                if i in gone:
+                    continue
+                s.settimeout(0.001)
+                try:
+                    if s.recv(1) == b"":
+                        gone.add(i)
+                except ConnectionResetError:
+                    gone.add(i)
+                except socket.timeout:
+                    pass
+        closed = len(gone)
+        assert closed >= KEYLESS + 2 - 256 - 1, closed
         assert svc.metric("v100plan_connections_evicted_total") >= before + closed
         print(f"\n{KEYLESS} keyless sockets open: the keyed request answered in {took * 1000:.0f} ms; "
               f"{closed} keyless connections closed to make room")
