@@ -101,6 +101,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 "previous_exit": service.previous_exit, "limits": service_limits(cfg),
                 "max_heartbeat_gap_s": [round(link.max_heartbeat_gap_s, 3) for link in pair.links] if pair else None,
                 "decode": service.decode.health() if pair else None,
+                "context": pair.context if pair else None,
                 "speculation": service.decode.speculation(cfg.draft_tokens),
                 "chat_template": text.chat_template(),
                 # MTP drafts are judged without a grammar or penalties: such requests decode one token a step

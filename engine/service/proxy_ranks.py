@@ -218,6 +218,7 @@ class RankPair:
     allreduce: str | None = None
     race: dict | None = None
     max_context: int | None = None
+    context: dict | None = None  # the context served and its bound (engine.service.context_default.choose)
     vocab_size: int | None = None
     started_unix: float = field(default_factory=time.time)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # both ranks' messages, tagged "_rank"
@@ -399,7 +400,11 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
     r0 = links[0].ready or {}
     pair.allreduce = r0.get("allreduce")
     pair.race = r0.get("race")
-    pair.max_context = r0.get("max_context")
+    # Each rank chose its context (engine/service/context_default.py); cards that differ may give two: the smaller.
+    contexts = [link.ready.get("max_context") for link in links]
+    pair.max_context = min(contexts) if all(isinstance(c, int) for c in contexts) else r0.get("max_context")
+    pair.context = dict(next((link.ready.get("context") for link in links
+                              if link.ready.get("max_context") == pair.max_context), None) or {}) or None
     pair.vocab_size = r0.get("vocab_size")
     for link in links:
         if link.ready.get("selftest") != "passed":

@@ -225,7 +225,7 @@ class Service:
                 self.metrics.set_only("v100plan_allreduce_path", 1, path=pair.allreduce)
             self.log.emit("restart" if after_failure is not None else "ranks_up",
                           generation=pair.generation, rank_pids=pair.pids, allreduce=pair.allreduce,
-                          race=pair.race, max_context=pair.max_context, start_s=round(time.monotonic() - t0, 3),
+                          race=pair.race, max_context=pair.max_context, context=pair.context, start_s=round(time.monotonic() - t0, 3),
                           after=after_failure, forked=forks is not None)
             self.decode.ranks_up(pair.links)
             self._write_state()

@@ -50,7 +50,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda:N")
     p.add_argument("--dtype", default=dtype_rule.AUTO, choices=DTYPES)
     p.add_argument("--allreduce", default="auto", choices=ALLREDUCE_CHOICES)
-    p.add_argument("--max-context", type=int, default=2048)
+    p.add_argument("--max-context", type=int, default=None,
+                   help="positions of the K/V cache (default: the model's native context, bounded on a GPU by what "
+                        "fits the card: engine/service/context_default.py)")
+    p.add_argument("--card-share", type=float, default=1.0,
+                   help="this rank's share of its card's memory for the default context (0.5 when both ranks share "
+                        "one card; default: %(default)s)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                    help="auto: the model's dtype; int8: engine.core.kvquant (default: auto)")
     p.add_argument("--no-prefix-cache", action="store_true",
@@ -201,10 +206,13 @@ class Rank:
             from engine.core import mtp
 
             mtp.check_draft_tokens(self.model, self.spec_tokens)  # at start, not at the first request
-        self.model.setup_cache(a.max_context)
         from engine.vision.load import load_vision
 
         self.vision = None if a.no_vision else load_vision(self.model, a.model)  # replicated on both ranks
+        # The context is chosen once what the rank holds is on the card (weights, vision tower).
+        self.context = self._context(cfg, device, dtype)
+        a.max_context = self.context["max_context"]
+        self.model.setup_cache(a.max_context)
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
@@ -228,12 +236,29 @@ class Rank:
         marks.append(("warm_up", time.monotonic()))
         phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
         held = self.model.weights_info()
+        log(self.r, f"context {a.max_context} (bound {self.context['bound']}: {self.context['why']})")
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context}, "
                     f"weights {held['format']} {held['bytes'] / 1e9:.3f} GB, vision {decoder.info['vision']} "
                     f"(start-up {phases})")
         return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size,
                               decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes()},
-                              choice={"why": self.choice.why, "selftest": self.choice.selftest} if self.choice else None)
+                              choice={"why": self.choice.why, "selftest": self.choice.selftest} if self.choice else None,
+                              context=self.context)
+
+    def _context(self, cfg, device, dtype) -> dict:
+        """--max-context, else the native context bounded by this rank's card (engine/service/context_default.py)."""
+        import torch
+
+        from engine.service import context_default
+
+        a = self.args
+        card = None
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            card = context_default.Card(capacity_bytes=props.total_memory * a.card_share,
+                                        held_bytes=torch.cuda.memory_allocated(device), name=props.name)
+        return context_default.choose(a.max_context, cfg, world=a.world, dtype_bytes=dtype.itemsize,
+                                      kv_int8=a.kv_cache_dtype == "int8", card=card)
 
     def _read_bw(self, device) -> dict:
         """The card's read bandwidth for the achieved fraction: the flag's, else measured now (a sum over

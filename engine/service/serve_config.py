@@ -63,7 +63,7 @@ class ServeConfig:
     port: int
     api_key: str | None               # read from --api-key-file; never printed or logged
     allreduce: str
-    max_context: int | None           # None: the ranks' own limit (from the model config)
+    max_context: int | None           # None: the model's native context, bounded by the card (context_default.py)
     queue_cap: int                    # requests allowed to WAIT behind the running one
     stall_timeout_s: float
     max_restarts: int                 # consecutive failed rank starts before serve exits non-zero
@@ -376,6 +376,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
     ]
     if cfg.max_context is not None:
         cmd += ["--max-context", str(cfg.max_context)]
+    elif cfg.devices[0] == cfg.devices[1] and cfg.gpu:  # both ranks on one card: each plans on half of it
+        cmd += ["--card-share", "0.5"]
     if cfg.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.no_prefix_cache:

@@ -165,3 +165,23 @@ def test_the_kernel_model_caps_the_fraction_when_the_alus_cannot_keep_up():
     assert alu_fraction(km, v100, 6.6) == pytest.approx(64 * 80 * 1530e6 / (6.6 * 878e9))
     assert alu_fraction(km, v100, 6.6) > 1.0 and alu_fraction(km, v100, 60.0) < 0.7 > 0
     assert alu_fraction(km, p40, 6.6) == pytest.approx(64 * 30 * 1531e6 / (6.6 * p40.read_bw.value * 1e9))
+
+
+def test_a_multimodal_config_counts_its_vision_tower_in_memory_and_says_its_prefill_is_not_modelled(tmp_path):
+    """The tower (engine.vision.config's parameter count: 0.461 B for the 27B's, at 16 bits) is whole on each rank:
+    memory per GPU grows by its bytes, decode does not read it."""
+    raw = json.loads(MULTIMODAL.read_text())
+    text_only = copy.deepcopy(raw)
+    del text_only["vision_config"]
+    (tmp_path / "text.json").write_text(json.dumps(text_only))
+    docs = [plan_document("v100-sxm2-32gb", 2, str(p), "v100plan", "200K", None, 1, "latency", kv_cache_dtype="int8")
+            for p in (MULTIMODAL, tmp_path / "text.json")]
+    (mm, text) = [next(s for s in d["strategies"] if s["name"] == "tp2") for d in docs]
+    from engine.vision import config as vision_config
+
+    tower_gb = vision_config.from_dict(raw).param_count() * 2 / 1e9
+    assert round(tower_gb, 3) == 0.921
+    assert mm["breakdown"]["memory"]["weights_gb"] - text["breakdown"]["memory"]["weights_gb"] == pytest.approx(tower_gb, abs=2e-3)
+    assert mm["decode_tok_s"] == text["decode_tok_s"]
+    notes = " ".join(docs[0]["notes"])
+    assert "vision tower: 0.461 B parameters" in notes and "prefill (the tower and its tokens) is not modelled" in notes

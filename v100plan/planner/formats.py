@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine import memory_fit  # stdlib-only
+
 GIB = 2**30
 LLAMA3_8B_PARAMS = 8.03e9
 _QUANTIZE = "llama.cpp tools/quantize/quantize.cpp QUANT_OPTIONS (ggml-org/llama.cpp@03161a4)"
@@ -88,7 +90,7 @@ class KvDtype:
 
     def bytes_for(self, head_dim: int) -> float:
         """Bytes per K or V element for vectors of ``head_dim`` values: the element plus its share of the scale."""
-        return self.bytes_per_element + (self.scale_bytes_per_vector / head_dim if head_dim else 0.0)
+        return memory_fit.kv_element_bytes(self.bytes_per_element, self.scale_bytes_per_vector, head_dim)
 
 
 KV_DTYPES: dict[str, KvDtype] = {k.name: k for k in (
@@ -96,7 +98,8 @@ KV_DTYPES: dict[str, KvDtype] = {k.name: k for k in (
     KvDtype("bf16", 2.0, "bfloat16: 2 bytes"),
     KvDtype("fp8", 1.0, "FP8 E4M3/E5M2: 1 byte (vLLM --kv-cache-dtype fp8)"),
     KvDtype("int8", 1.0, "int8 values with one float32 scale per position and KV head: 1 + 4 / head_dim bytes "
-            "(the bundled engine's --kv-cache-dtype int8, engine/core/kvquant.py; the field engine's --kv-dtype int8)", 4.0),
+            "(the bundled engine's --kv-cache-dtype int8, engine/core/kvquant.py; the field engine's --kv-dtype int8)",
+            memory_fit.INT8_SCALE_BYTES),
     KvDtype("q8_0", 34 / 32, "GGML q8_0 block: 32 int8 values + one fp16 scale = 34 bytes per 32 (llama.cpp -ctk/-ctv q8_0)"),
     KvDtype("q4_0", 18 / 32, "GGML q4_0 block: 32 4-bit values + one fp16 scale = 18 bytes per 32 (llama.cpp -ctk/-ctv q4_0)"),
 )}

@@ -211,9 +211,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
     outer = {k: v for k, v in cfg_in.items() if k != "text_config"} if cfg is not cfg_in else None
     assumptions += [f"unmodelled: config.json field {f!r} (not in the planner's known fields: "
                     "v100plan/planner/config_fields.py)" for f in config_fields.unknown(cfg, outer)]
-    if isinstance(cfg_in.get("vision_config"), dict):
-        assumptions.append("vision_config: the vision tower's weights are not counted (it runs on images only, not per "
-                           "decoded token)")
+    vision_gb = _vision_tower_gb(cfg_in, assumptions)
     if not fmt_name:
         assumptions.append(f"no --weights given: {fmt.name}, as the checkpoint's config says ({why})")
     linear_dense = c["attn"] + c["lin"] + c["dense_mlp"] + c["shared"] + c["router"]
@@ -231,12 +229,12 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
     expert_gb = _gb(c["expert_params"], fmt.bits_per_weight)
     embed_gb = _gb(c["embed"], emb_bits)
     head_gb = _gb(c["head"], head_bits) if c["head"] else 0.0
-    total = dense_gb + expert_gb + embed_gb + head_gb
+    total = dense_gb + expert_gb + embed_gb + head_gb + vision_gb
     # Per token the embedding is one row; a tied matrix is read whole as the output head.
     head_read = embed_gb if c["tied"] else head_gb
     decode_read = dense_gb + head_read
     split = dense_gb + expert_gb + head_gb + (embed_gb if c["tied"] else 0.0)
-    replicated = 0.0 if c["tied"] else embed_gb
+    replicated = (0.0 if c["tied"] else embed_gb) + vision_gb  # the vision tower is whole on every rank
     params_total = linear_dense + c["expert_params"] + c["embed"] + c["head"]
     active_linear = linear_dense + c["active_expert_params"] + c["embed"]  # head (or tied embedding) multiplies every token
     native = c["native_context"]
@@ -269,7 +267,8 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
                     "sources": {"total_gb": f"shape x bits: {fmt.name} {fmt.bits_per_weight:g} bits ({fmt.source})",
                                 "head_gb": "output head, vocab x hidden (the tied embedding when the two are one matrix)",
                                 "split_gb": "linear layers, experts and the output head (column/row/vocab parallel)",
-                                "replicated_gb": "token embedding (and norms), whole on every rank",
+                                "replicated_gb": "token embedding (and norms)" + (", and the vision tower" if vision_gb
+                                                                                   else "") + ", whole on every rank",
                                 "decode_read_gb": "every dense linear layer and the output head; experts added per round"}},
         "kv_cache": {"dtype": kvd.name, "bytes_per_element": round(kvd.bytes_for(c["head_dim"]), 6), "overhead_bytes_per_token": 0,
                      "sources": {"bytes_per_element": kvd.source, "overhead_bytes_per_token": "none modelled: the shape only"}},
@@ -300,6 +299,30 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
                         **({"draft": "no MTP layer in config.json"} if not c["mtp"] else {})},
     }
     return doc
+
+
+VISION_BITS = 16  # the tower stays 16-bit in 4-bit checkpoints too (the bundled engine loads it in the model's dtype)
+
+
+def _vision_tower_gb(cfg_in: dict[str, Any], assumptions: list[str]) -> float:
+    """GB of a multimodal config's vision tower (engine.vision.config: the bundled engine's own parameter count) at
+    16 bits, replicated on every rank; 0 for a text-only config. Its cost per image is not modelled (said)."""
+    if not isinstance(cfg_in.get("vision_config"), dict):
+        return 0.0
+    from engine.vision import config as vision_config  # stdlib-only
+
+    try:
+        tower = vision_config.from_dict(cfg_in)
+    except (vision_config.VisionConfigError, TypeError, ValueError) as e:
+        assumptions.append(f"vision_config: a tower the planner cannot size ({e}); its memory is not counted")
+        return 0.0
+    if tower is None:
+        return 0.0
+    gb = _gb(tower.param_count(), VISION_BITS)
+    assumptions.append(f"vision tower: {tower.param_count() / 1e9:.3f} B parameters, {gb:.3f} GB at 16 bits, whole on "
+                       "every rank (counted in memory, not read per decoded token); an image's prefill (the tower and "
+                       "its tokens) is not modelled (docs/vision.md has measured figures); `serve --no-vision` frees it")
+    return gb
 
 
 def _arch(c: dict[str, Any]) -> str:

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import memory_fit  # stdlib-only: the memory arithmetic the engine runs too
+
 GIB_IN_GB = 2**30 / 1e9  # 1 GiB = 1.0737 GB
 
 
@@ -103,17 +105,12 @@ class Hardware:
 
 
 def linear_state_bytes(layers: int, la: dict[str, Any]) -> float:
-    """Gated DeltaNet state of one sequence, over ``layers`` linear-attention layers:
-
-    layers x (value heads x key dim x value dim x state bytes          (the recurrent state, fp32)
-              + (2 x key heads x key dim + value heads x value dim)     (the q, k, v channels the conv sees)
-                x (conv kernel - 1) x conv bytes)                       (its rolling window, 16-bit)
-
-    The 27B hybrid: 48 x (48 x 128 x 128 x 4 + (2 x 16 x 128 + 48 x 128) x 3 x 2) = 153,944,064 B."""
-    nk, nv, dk, dv = la["key_heads"], la["value_heads"], la["key_head_dim"], la["value_head_dim"]
-    conv_channels = 2 * nk * dk + nv * dv
-    return float(layers * (nv * dk * dv * la.get("state_bytes_per_element", 4)
-                           + conv_channels * (la["conv_kernel"] - 1) * la.get("conv_bytes_per_element", 2)))
+    """Gated DeltaNet state of one sequence over ``layers`` linear-attention layers, from a model profile's
+    linear_attention block: engine.memory_fit.linear_state_bytes (the formula the engine's default context uses too),
+    with the conv window the kernel less one. The 27B hybrid: 153,944,064 B."""
+    return memory_fit.linear_state_bytes(layers, la["key_heads"], la["value_heads"], la["key_head_dim"],
+                                         la["value_head_dim"], la["conv_kernel"] - 1,
+                                         la.get("state_bytes_per_element", 4), la.get("conv_bytes_per_element", 2))
 
 
 @dataclass(frozen=True)
@@ -164,7 +161,8 @@ class Model:
         MLA: attention layers x the latent's width x bytes per element (K and V are read from one latent)."""
         if self.kv_latent_dim:
             return self.attention_layers * self.kv_latent_dim * self.kv_bytes_per_element
-        return self.attention_layers * self.kv_heads * self.head_dim * 2 * self.kv_bytes_per_element
+        return memory_fit.kv_bytes_per_position(self.attention_layers, self.kv_heads, self.head_dim,
+                                                self.kv_bytes_per_element)
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -7,9 +7,9 @@ Units: GB = 1e9 bytes; the card's capacity is its GiB x 1.0737.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from engine import memory_fit  # stdlib-only: the engine's default context runs the same arithmetic
 from v100plan.planner.inputs import Model
 from v100plan.planner.strategies import Layout
 
@@ -42,20 +42,22 @@ def memory_per_gpu(model: Model, lay: Layout, context_tokens: int, concurrency: 
 
 
 def max_context(model: Model, lay: Layout, concurrency: int, reserve_gb: float, capacity_gb: float) -> int:
-    """min(native context, floor((capacity - weights - reserve - C x state x share) / (C x KV per token x share))), >= 0."""
-    free_bytes = (capacity_gb - lay.weights_gb_per_gpu - reserve_gb) * 1e9
-    free_bytes -= concurrency * model.state_bytes_per_sequence * lay.kv_share
+    """min(native context, floor((capacity - weights - reserve - C x state x share) / (C x KV per token x share))), >= 0:
+    engine.memory_fit's arithmetic, the one the engine's own default context runs."""
+    free_bytes = memory_fit.free_for_context(capacity_gb * 1e9, lay.weights_gb_per_gpu * 1e9, reserve_gb * 1e9,
+                                             model.state_bytes_per_sequence * lay.kv_share, concurrency)
     if free_bytes <= 0:
         return 0
-    per_token = concurrency * model.kv_bytes_per_token * lay.kv_share
     if model.window_tokens and model.window_layers:
         # Past the window only the full-attention layers (and the overhead) grow: solve the two pieces.
         scale = concurrency * lay.kv_share
         at_window = scale * model.kv_bytes_at(model.window_tokens)
         if free_bytes <= at_window:
-            return min(model.native_context, math.floor(free_bytes / per_token))
+            return min(model.native_context,
+                       memory_fit.positions_that_fit(free_bytes, model.kv_bytes_per_token * lay.kv_share, concurrency))
         growth = scale * (model.kv_bytes_at(model.window_tokens + 1) - model.kv_bytes_at(model.window_tokens))
         if growth <= 0:
             return model.native_context
-        return min(model.native_context, model.window_tokens + math.floor((free_bytes - at_window) / growth))
-    return min(model.native_context, math.floor(free_bytes / per_token))
+        return min(model.native_context, model.window_tokens + memory_fit.positions_that_fit(free_bytes - at_window, growth))
+    return min(model.native_context,
+               memory_fit.positions_that_fit(free_bytes, model.kv_bytes_per_token * lay.kv_share, concurrency))

@@ -62,12 +62,14 @@ from v100plan.remote.supervisor import (  # noqa: F401 - Target, DeployBusy, hel
 
 def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, *, dry_run: bool = False,
            health_timeout_s: float = 180.0, say: Say = lambda s: None, chose: str | None = None,
-           purpose: str = "deploy", switch_mode: str = "auto", probe_sent: int = 0) -> Outcome:
+           purpose: str = "deploy", switch_mode: str = "auto", probe_sent: int = 0,
+           origin: dict[str, Any] | None = None) -> Outcome:
     """``purpose`` other than "deploy" (qualify's own deployment) refuses a deployment that
     `v100plan deploy` made: qualify stops what it deploys, and must never stop a production service.
     ``probe_sent``: bytes the probe that chose the settings uploaded before (the bundle), counted as this
-    deploy's bundle bytes."""
-    out = _deploy(target, model_dir, settings, dry_run, health_timeout_s, say, chose, purpose, switch_mode)
+    deploy's bundle bytes. ``origin``: the plan the settings came from (kept in the manifest, shown by status)."""
+    out = _deploy(target, model_dir, settings, dry_run, health_timeout_s, say, chose, purpose, switch_mode,
+                  origin or {"chosen_by": settings.chosen_by})
     out.uploaded_bytes += probe_sent
     if "uploaded" in out.extra:
         out.extra["uploaded"]["bundle_bytes"] += probe_sent
@@ -75,7 +77,8 @@ def deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, 
 
 
 def _deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings, dry_run: bool,
-            health_timeout_s: float, say: Say, chose: str | None, purpose: str, switch_mode: str) -> Outcome:
+            health_timeout_s: float, say: Say, chose: str | None, purpose: str, switch_mode: str,
+            origin: dict[str, Any]) -> Outcome:
     out = Outcome(host=target.spec.label, deployment=target.deployment, action="deploy", chose=chose,
                   dry_run=dry_run)
     b = bundle_mod.build()
@@ -91,7 +94,8 @@ def _deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings,
     if sp is not None:
         if not dry_run:
             say(sp.sentence())
-        man = rel.manifest(b.sha256, vid, reqs, settings, sp.files, {"tp": sp.tp, "source": sp.source_digest})
+        man = rel.manifest(b.sha256, vid, reqs, settings, sp.files, {"tp": sp.tp, "source": sp.source_digest},
+                           origin={**origin, "why": chose})
         out.release, digest = rel.release_id(man), man["model"]["digest"]
         out.extra["split"] = {"tp": sp.tp, "bytes_per_rank": sp.bytes_per_rank, "cached": sp.cached,
                               "files": len(sp.files), "seconds": round(sp.seconds, 2)}
@@ -104,6 +108,10 @@ def _deploy(target: Target, model_dir: str | Path, settings: rel.EngineSettings,
         if rs.site_packages and st.get("venv"):
             _site_report(out, rs, st.get("venv_from_site"), say if not dry_run else None)
         if dry_run:
+            # The exact command the supervisor will run; what only the host decides is a placeholder.
+            out.extra["serve_command"] = rel.serve_command(settings, paths.release(out.release or "<RELEASE>"),
+                                                           paths.key)
+            say(f"would serve: {' '.join(out.extra['serve_command'])}")
             _plan_actions(remote, target.remote, paths, st, b, vid, reqs, Path(model_dir), source, sp, digest,
                           out.release, settings, out, switch_mode)
             for a in out.actions:
@@ -416,6 +424,8 @@ def deploy_rows(out: Outcome) -> list[tuple[str, object]]:
     if "after_reboot" in out.extra:
         rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
     if out.dry_run:
+        if out.extra.get("serve_command"):
+            rows.append(("serve command", " ".join(out.extra["serve_command"])))
         rows.append(("actions", len(out.actions)))
     elif out.reason:
         rows.append(("note", out.reason))

@@ -181,6 +181,8 @@ def status(target: Target) -> dict[str, Any]:
             "allreduce": health.get("allreduce"), "generation": sup.get("generation"),
             "uptime_s": uptime, "supervisord_pid": sup.get("supervisord_pid"), "proxy_pid": sup.get("proxy_pid"),
             "engine": man.get("engine"), "port": (man.get("engine") or {}).get("port"),
+            # where the settings came from (a plan, the probe, flags); a release made before this was kept has none
+            "origin": man.get("origin"),
             # None: an isolated venv; else what the venv takes from the host's site (--remote-site-packages)
             "site_packages": st.get("current_venv_from_site"),
             "front": front, "serving": live or None, "lock_holder": st.get("lock"),

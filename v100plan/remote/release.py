@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ class EngineSettings:
     fault_injection: bool = False       # /control/* for the acceptance suite (loopback only)
     chosen_by: str = "defaults"         # "plan FILE", "probe of HOST", "defaults"
     serve_extra: tuple[str, ...] = ()   # more `serve` flags (qualify's shortened watchdog limits)
+    kv_cache_dtype: str = "auto"        # auto (the model's dtype) or int8
+    draft_tokens: int = 0               # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "serve_extra", tuple(self.serve_extra))  # a manifest holds a JSON list
@@ -41,6 +43,10 @@ class EngineSettings:
             flags += ["--dtype", self.dtype]
         if self.max_context:
             flags += ["--max-context", str(self.max_context)]
+        if self.kv_cache_dtype != "auto":
+            flags += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.draft_tokens:
+            flags += ["--speculative", "mtp", "--draft-tokens", str(self.draft_tokens)]
         if self.fault_injection:
             flags.append("--enable-fault-injection")
         return flags + list(self.serve_extra)
@@ -50,7 +56,8 @@ class EngineSettings:
         devices = ["cpu", "cpu"] if self.device == "cpu" else ["cuda:0", "cuda:1"]
         dtype = self.dtype or ("float32" if self.device == "cpu" else "float16")
         return {"tp": 2, "devices": devices, "dtype": dtype, "allreduce": self.allreduce,
-                "max_context": self.max_context}
+                "max_context": self.max_context, "kv_cache_dtype": self.kv_cache_dtype,
+                "draft_tokens": self.draft_tokens}
 
     def pinned(self) -> dict[str, Any]:
         """The settings that change what runs (not how they were chosen)."""
@@ -60,7 +67,39 @@ class EngineSettings:
             d.pop("serve_extra")
         else:
             d["serve_extra"] = list(self.serve_extra)
+        for name, default in (("kv_cache_dtype", "auto"), ("draft_tokens", 0)):  # the same: absent at their default
+            if d[name] == default:
+                d.pop(name)
         return d
+
+
+# The bundled engine's K/V cache types (serve --kv-cache-dtype): a plan's 16-bit K/V is the model's own dtype.
+_PLAN_KV = {"int8": "int8", "bf16": "auto", "fp16": "auto", "auto": "auto", None: "auto"}
+
+
+def plan_origin(plan: dict[str, Any], source: str, sha256: str) -> dict[str, Any]:
+    """Where a deploy's settings came from: the plan file, its digest, and what it predicted for the strategy the
+    bundled engine runs (status shows it; the acceptance report holds its predictions against what it measured)."""
+    launch = plan.get("launch") or {}
+    tp2 = next((s for s in plan.get("strategies", []) if s.get("name") == "tp2"), None) or {}
+    inputs = plan.get("inputs") or {}
+    return {"plan": source, "plan_sha256": sha256, "strategy": "tp2", "recommended": plan.get("recommended"),
+            "hardware": inputs.get("hardware"), "gpus": inputs.get("gpus"), "model": inputs.get("model"),
+            "context_tokens": inputs.get("context_tokens"), "workload": launch.get("workload"),
+            "acceptance": launch.get("acceptance"), "decode_tok_s": tp2.get("decode_tok_s"),
+            "max_context": tp2.get("max_context")}
+
+
+SLOT_PORT = "<SLOT_PORT>"   # the port of the slot the release starts in (the front serves --port)
+SLOT_DIR = "<SLOT_DIR>"     # that slot's state directory on the host
+
+
+def serve_command(settings: EngineSettings, release_dir: str, key_file: str) -> list[str]:
+    """`python -m engine serve ...` as the host's supervisor runs it for a release, with placeholders for the
+    slot (its port and state directory) the host picks at the switch."""
+    flags = settings.serve_flags(f"{release_dir}/model", key_file, log_file=f"{SLOT_DIR}/service.log")
+    flags[flags.index("--port") + 1] = SLOT_PORT
+    return [f"{release_dir}/venv/bin/python", "-m", "engine", "serve", *flags]
 
 
 def settings_from_plan(plan: dict[str, Any], source: str, port: int,
@@ -83,12 +122,58 @@ def settings_from_plan(plan: dict[str, Any], source: str, port: int,
         allreduce = tp2["allreduce_path"]
         note = (f" (the plan recommends {launch['strategy']}; the bundled engine runs two tensor-parallel ranks, "
                 f"so its tp2 strategy: {tp2.get('decode_tok_s')} tok/s predicted)")
+    kv = launch.get("kv_cache_dtype")
+    if kv not in _PLAN_KV:
+        raise BadInput(f"{source}: the plan's K/V cache is {kv}, which the bundled engine does not hold "
+                       "(it holds the model's dtype or int8)",
+                       hint="plan again with --kv-cache-dtype int8 (or none), or deploy with --kv-cache-dtype")
+    draft = int(launch.get("draft_tokens") or 0) if launch.get("speculative") == "mtp" else 0
     settings = EngineSettings(device="cuda", dtype=launch["dtype"], allreduce=allreduce,
                               max_context=launch["max_context"], port=port, fault_injection=fault_injection,
-                              chosen_by=f"plan {source}")
+                              chosen_by=f"plan {source}", kv_cache_dtype=_PLAN_KV[kv], draft_tokens=draft)
     why = (f"settings from {source}: ranks on cuda:0 and cuda:1, {settings.dtype}, allreduce {allreduce}, "
-           f"context limit {settings.max_context}" + note)
+           f"context limit {settings.max_context}, K/V {settings.kv_cache_dtype}, "
+           + (f"MTP speculation with {draft} draft tokens" if draft else "no speculation") + note)
     return settings, why
+
+
+def settings_sentence(engine: dict[str, Any], health: dict[str, Any]) -> str:
+    """What the service runs with: the release's settings, and the context /health says the ranks chose."""
+    s = EngineSettings(**engine)
+    ctx = health.get("context") or {}
+    context = (f"context {ctx['max_context']} ({ctx.get('bound')})" if ctx.get("max_context") else
+               f"context {s.max_context}" if s.max_context else "context: the engine's default")
+    return (f"{s.device}, {s.dtype or 'dtype by card'}, allreduce {health.get('allreduce') or s.allreduce}, {context}, "
+            f"K/V {s.kv_cache_dtype}, " + (f"MTP {s.draft_tokens} draft tokens" if s.draft_tokens else "no speculation"))
+
+
+def origin_sentence(origin: dict[str, Any] | None) -> str:
+    """Where a release's settings came from, in a line."""
+    if not origin:
+        return "not recorded (a release made before v100plan kept it)"
+    given = origin.get("given") or {}
+    flags = f"; flags: {', '.join(f'{k} {v}' for k, v in given.items())}" if given else ""
+    if origin.get("plan"):
+        pred = origin.get("decode_tok_s")
+        return (f"plan {origin['plan']} (sha256 {origin['plan_sha256'][:12]}, {origin.get('hardware')} x "
+                f"{origin.get('gpus')}, {origin.get('model')}" + (f", {pred} tok/s predicted" if pred else "")
+                + f"){flags}")
+    return f"{origin.get('chosen_by', 'defaults')}{flags}"
+
+
+def with_overrides(settings: EngineSettings, overrides: dict[str, Any]) -> tuple[EngineSettings, str]:
+    """``settings`` with the flags the user gave (field -> value; None: not given), and a sentence naming them.
+    draft_tokens -K: speculation on, with the settings' own draft tokens where they have some, else K."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return settings, ""
+    if given.get("draft_tokens", 0) < 0:
+        given["draft_tokens"] = settings.draft_tokens or -given["draft_tokens"]
+    flag = {"max_context": "--max-context", "dtype": "--dtype", "kv_cache_dtype": "--kv-cache-dtype",
+            "draft_tokens": "--draft-tokens", "allreduce": "--allreduce"}
+    said = ", ".join("--speculative off" if k == "draft_tokens" and v == 0 else f"{flag[k]} {v}"
+                     for k, v in given.items())
+    return replace(settings, **given), f"; given: {said}"
 
 
 def settings_from_probe(report: dict[str, Any], host: str, port: int, fault_injection: bool,
@@ -108,6 +193,25 @@ def settings_from_probe(report: dict[str, Any], host: str, port: int, fault_inje
            ", allreduce path chosen by the engine's start-up race")
     return EngineSettings(device="cuda", dtype=dtype, allreduce="auto", max_context=max_context, port=port,
                           fault_injection=fault_injection, chosen_by=f"probe of {host}"), why
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_speculation(settings: EngineSettings, model_dir: Path) -> None:
+    """MTP speculation asked for a model without an MTP layer is bad input here, not a release that fails to start."""
+    if not settings.draft_tokens:
+        return
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # check_json_files says what is wrong with it
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    if not (text.get("mtp_num_hidden_layers") or cfg.get("mtp_num_hidden_layers")):
+        raise BadInput(f"MTP speculation ({settings.draft_tokens} draft tokens, {settings.chosen_by}) but "
+                       f"{model_dir}'s config.json declares no MTP layer (mtp_num_hidden_layers)",
+                       hint="deploy with --speculative off, or a checkpoint that carries its MTP layer")
 
 
 JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
@@ -157,18 +261,25 @@ def model_digest(files: dict[str, dict[str, Any]]) -> str:
 
 
 def manifest(bundle_sha256: str, venv_id: str, requirements: list[str], settings: EngineSettings,
-             files: dict[str, dict[str, Any]], sharding: dict[str, Any] | None = None) -> dict[str, Any]:
+             files: dict[str, dict[str, Any]], sharding: dict[str, Any] | None = None,
+             origin: dict[str, Any] | None = None) -> dict[str, Any]:
     """``files``: what is uploaded (the shard directory's files when ``sharding`` says how the model was
     split: {"tp": 2, "source": the unsplit files' digest}), so a different split is a different release."""
     model = {"digest": model_digest(files), "files": {k: v["sha256"] for k, v in sorted(files.items())}}
     if sharding is not None:
         model["sharding"] = dict(sharding)
-    return {"bundle_sha256": bundle_sha256, "venv_id": venv_id, "requirements": sorted(requirements),
-            "engine": settings.pinned(), "model": model}
+    doc = {"bundle_sha256": bundle_sha256, "venv_id": venv_id, "requirements": sorted(requirements),
+           "engine": settings.pinned(), "model": model}
+    if origin is not None:
+        doc["origin"] = origin
+    return doc
 
 
 def release_id(man: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(man, sort_keys=True).encode()).hexdigest()[:16]
+    """The manifest's hash; its ``origin`` (which plan chose the settings) is kept for status, not hashed: the
+    same settings from another plan file run the same release."""
+    pinned = {k: v for k, v in man.items() if k != "origin"}
+    return hashlib.sha256(json.dumps(pinned, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def deployment_name(text: str) -> str:

@@ -1,0 +1,80 @@
+"""The context a rank serves when `serve` is given no --max-context: the model's native context, bounded by what
+fits the card (docs/service.md, "Default context").
+
+  max context = --max-context                                    (bound "flag")
+              = native, on CPU                                   (bound "native": host memory is not planned)
+              = min(native, positions that fit this rank's card)  (bound "native" or "memory")
+
+What fits is engine.memory_fit's arithmetic, the planner's own: the card's memory (this rank's share of it when two
+ranks share one card), less what the rank holds once its weights (and vision tower) are loaded, less the runtime
+reserve from the bundled engine's profile, less the linear-attention state of a sequence, divided by this rank's
+K/V (and RoPE tables) per position. Stdlib only: the rank passes the card's figures in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine import memory_fit
+from engine.core.config import ModelConfig
+
+BOUNDS = ("native", "memory", "flag")
+
+
+@dataclass(frozen=True)
+class Card:
+    """The figures of the rank's card the default needs: bytes it has for this rank and bytes already held."""
+
+    capacity_bytes: float   # total memory x this rank's share of the card
+    held_bytes: float       # allocated by this rank once weights (and the vision tower) are loaded
+    name: str = ""
+
+
+def kv_bytes_per_position(cfg: ModelConfig, world: int, dtype_bytes: int, kv_int8: bool) -> float:
+    """This rank's K/V per position (full-attention layers and the MTP draft layers, its share of the KV heads)
+    plus the RoPE cos/sin tables' row (2 x rotary dim x dtype bytes)."""
+    layers = cfg.layer_types.count("full_attention") + cfg.mtp_layers
+    element = (memory_fit.kv_element_bytes(1, memory_fit.INT8_SCALE_BYTES, cfg.head_dim) if kv_int8
+               else float(dtype_bytes))
+    return (memory_fit.kv_bytes_per_position(layers, cfg.num_kv_heads // world, cfg.head_dim, element)
+            + 2 * cfg.rotary_dim * dtype_bytes)
+
+
+def state_bytes(cfg: ModelConfig, world: int, dtype_bytes: int) -> float:
+    """This rank's Gated DeltaNet state of one sequence (fp32 recurrent state, conv ring of the kernel's width)."""
+    layers = cfg.layer_types.count("linear_attention")
+    if not layers:
+        return 0.0
+    return memory_fit.linear_state_bytes(layers, cfg.linear_num_key_heads // world, cfg.linear_num_value_heads // world,
+                                         cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                                         cfg.linear_conv_kernel_dim, 4, dtype_bytes)
+
+
+def choose(flag: int | None, cfg: ModelConfig, *, world: int, dtype_bytes: int, kv_int8: bool,
+           card: Card | None) -> dict:
+    """{max_context, bound, why, native, fits}: ``card`` None means CPU. Raises ValueError when a GPU rank has no
+    room for even a short context (the message says what to change)."""
+    native = int(cfg.max_position_embeddings)
+    if flag is not None:
+        return {"max_context": flag, "bound": "flag", "native": native, "fits": None,
+                "why": f"--max-context {flag}" + (f" (the model's native context is {native})" if native else "")}
+    if card is None:
+        return {"max_context": native, "bound": "native", "native": native, "fits": None,
+                "why": f"the model's native context ({native}); on CPU host memory is not planned"}
+    reserve_gb, reserve_source = memory_fit.runtime_reserve()
+    per_position = kv_bytes_per_position(cfg, world, dtype_bytes, kv_int8)
+    free = memory_fit.free_for_context(card.capacity_bytes, card.held_bytes, reserve_gb * memory_fit.GB,
+                                       state_bytes(cfg, world, dtype_bytes))
+    fits = memory_fit.positions_that_fit(free, per_position)
+    arithmetic = (f"({card.capacity_bytes / 1e9:.2f} GB of {card.name or 'the card'} - {card.held_bytes / 1e9:.2f} GB "
+                  f"held - {reserve_gb:g} GB runtime reserve - linear-attention state) / "
+                  f"{per_position / 1024:.1f} KiB a position = {fits} positions")
+    if fits < 2:
+        raise ValueError(f"no room for a context on this card: {arithmetic}; give --max-context, --kv-cache-dtype "
+                         "int8 or a smaller (4-bit) checkpoint, or a card with more memory")
+    if fits >= native:
+        return {"max_context": native, "bound": "native", "native": native, "fits": fits,
+                "why": f"the model's native context ({native}) fits: {arithmetic}"}
+    return {"max_context": fits, "bound": "memory", "native": native, "fits": fits,
+            "why": f"the model's native {native} positions do not fit: {arithmetic} (runtime reserve: "
+                   f"{reserve_source.split(' (')[0]})"}
