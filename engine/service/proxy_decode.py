@@ -20,7 +20,7 @@ GAUGES = (("v100plan_decode_ms_per_token", "token_ms"), ("v100plan_decode_step_m
 LOG_EVERY_S = 60.0  # a decode_stats log line after the first request of a pair, then at most this often
 FIELDS = ("mode", "why", "kernels", "kernels_why", "allreduce", "exchange", "exchange_why", "lockstep", "windows",
           "capture_s", "read_bw_gbps", "read_bw_source", "weight_bytes", "steps", "step_ms", "token_ms", "achieved_gbps", "read_bw_fraction",
-          "host_ms", "weights", "speculation", "prefix_cache")
+          "host_ms", "weights", "speculation", "prefix_cache", "memory", "device")
 
 
 class DecodeReport:

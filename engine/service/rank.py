@@ -241,7 +241,8 @@ class Rank:
                     f"weights {held['format']} {held['bytes'] / 1e9:.3f} GB, vision {decoder.info['vision']} "
                     f"(start-up {phases})")
         return protocol.ready(self.r, os.getpid(), a.generation, name, selftest, race, a.max_context, cfg.vocab_size,
-                              decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes()},
+                              decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes(),
+                                      "device": str(device)},
                               choice={"why": self.choice.why, "selftest": self.choice.selftest} if self.choice else None,
                               context=self.context)
 
@@ -278,8 +279,22 @@ class Rank:
         return 2048 if self.model.device.type == "cuda" else 256
 
     def decode_stats(self) -> dict:
-        """Decoder.stats against this card's read bandwidth, with where that figure came from."""
-        return {**self.model.decoder.stats(self.read_bw["read_bw_gbps"]), **self.read_bw}
+        """Decoder.stats against this card's read bandwidth, with where that figure came from; on a GPU the card's
+        memory in use (the acceptance report holds it against the plan's memory per GPU)."""
+        return {**self.model.decoder.stats(self.read_bw["read_bw_gbps"]), **self.read_bw, **self._memory()}
+
+    def _memory(self) -> dict:
+        """{"memory": card memory in use (cudaMemGetInfo: total - free, every process on the card), its total, this
+        rank's share of the card, torch's peak reserved bytes}; {} on CPU."""
+        device = self.model.device
+        if device.type != "cuda":
+            return {}
+        import torch
+
+        free, total = torch.cuda.mem_get_info(device)
+        return {"memory": {"card_used_bytes": total - free, "card_total_bytes": total,
+                           "card_share": self.args.card_share,
+                           "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}}
 
     def _time_waits(self, path) -> None:
         """Record when this rank enters and leaves each exchange with its peer (the heartbeat

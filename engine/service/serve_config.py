@@ -168,7 +168,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "no key asked on loopback)")
     parser.add_argument("--allreduce", choices=ALLREDUCE_PATHS, default="auto",
                         help="allreduce path (default: %(default)s, the start-up self-test and race choose)")
-    parser.add_argument("--max-context", type=int, help="prompt + completion tokens per request (default: the model's native context)")
+    parser.add_argument("--max-context", type=int, help="prompt + completion tokens per request (default: the model's native context, on a GPU "
+                        "bounded by what fits the card; /health's context says which)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                         help="the K/V cache: auto = the model's dtype; int8 = one scale per position and head, "
                              "half the bytes (default: auto)")

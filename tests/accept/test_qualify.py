@@ -56,6 +56,9 @@ def test_qualify_passes_with_every_fault_recovered(qualified):
     assert doc["phases"][0]["status"] == "waived" and "no NVIDIA GPU" in doc["phases"][0]["detail"]
     assert any("no GPU" in n for n in doc["target"]["notes"]) and doc["target"]["server"] == "v100plan engine"
     assert doc["summary"]["failed"] == 0 and doc["summary"]["error"] == 0
+    # no GPU, so no plan: the comparison with the plan is empty and says why (never invented numbers)
+    pvm = doc["plan_vs_measured"]
+    assert pvm["figures"] == [] and pvm["why"].startswith("no GPU") and doc["plan"] is None
     # the one waiver: qualify serves the MTP demo, which has no vision tower (the demo holds one or the other)
     waived = [s for s in doc["scenarios"] if s["status"] == "waived"]
     assert [s["key"] for s in waived] == ["image_input"] and "no vision tower" in waived[0]["reason"], waived

@@ -10,6 +10,7 @@ from typing import Any
 
 from probes.case_runner import STATUSES, Ran, run_contained, waiver
 from profiles.document import SCHEMA_VERSIONS, provenance, utc_now
+from v100plan.accept import plan_vs_measured as pvm
 from v100plan.accept.cases import Case, Outcome, registry, spread
 from v100plan.accept.context import PROMPTS, REF_TOKENS, AcceptOptions, Context, Target
 from v100plan.accept.faults import size_fault_request
@@ -96,21 +97,37 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
                 break
             scenarios.append(_scenario(c, ran.status, ran.outcome, ran.reason, ran.duration_s, started))
             say("case_end", scenarios[-1])
+        compared = _plan_vs_measured(ctx, plan, target, partial_reason)
     except Interrupted as exc:
         partial_reason = str(exc)
         notes = list(target.notes)
+        compared = pvm.empty(f"not measured: {partial_reason}")
     finally:
         if ctx.is_engine and ctx.speculation is not None:
             ctx.note_speculation()  # the acceptance rate over the scenarios' requests
         ctx.close()
     return {"scenarios": scenarios, "load": ctx.shared.get("load"), "notes": notes,
-            "partial_reason": partial_reason,
+            "partial_reason": partial_reason, "plan_vs_measured": compared,
             "target": {"mode": target.mode, "endpoint": target.endpoint, "host": target.host,
                        "model": ctx.model or (target.model or "unknown"), "server": ctx.server,
                        "fault_control": ctx.fault_control, "decode": ctx.decode, "limits": ctx.limits,
                        "speculation": ctx.speculation,
                        "engine": {**target.engine, "max_context": ctx.max_context} if target.engine else None,
                        "notes": notes}}
+
+
+def _plan_vs_measured(ctx: Context, plan: dict | None, target: Target, partial_reason: str | None) -> dict:
+    """The plan against this run's measurements (v100plan/accept/plan_vs_measured.py), after the scenarios."""
+    if partial_reason:
+        return pvm.empty(f"not measured: {partial_reason}")
+    devices = (target.engine or {}).get("devices")
+    gpu = None if not devices else any(str(d).startswith("cuda") for d in devices)
+    try:
+        return pvm.section(ctx, plan, gpu=gpu)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted while measuring the plan's figures") from None
+    except Exception as e:  # noqa: BLE001 - a failed measurement is said in the report, never a lost run
+        return pvm.empty(f"the measurement failed: {type(e).__name__}: {e}")
 
 
 def summarize(scenarios: list[dict]) -> dict[str, int]:
@@ -151,5 +168,6 @@ def assemble(result: dict[str, Any], *, phases: list[dict], probe: dict | None, 
         "partial_reason": partial_reason, "wall_s": None if wall_s is None else round(wall_s, 3),
         "target": result["target"], "summary": summarize(result["scenarios"]), "phases": phases,
         "scenarios": result["scenarios"], "load": result.get("load"), "probe": probe, "plan": plan,
+        "plan_vs_measured": result.get("plan_vs_measured") or pvm.empty("no acceptance run: nothing was measured"),
     }
     return doc

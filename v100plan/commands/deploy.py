@@ -15,12 +15,17 @@ import typer
 
 from v100plan import documents
 from v100plan.commands.remote_options import (
+    AllreduceOpt,
+    DraftTokensOpt,
     DrainTimeoutOpt,
+    DtypeOpt,
     FleetHostArg,
     IndexUrlOpt,
     InventoryOpt,
     KeepReleasesOpt,
+    KvCacheDtypeOpt,
     RemoteArgs,
+    SpeculativeOpt,
     TorchOpt,
     emit,
     emit_fleet,
@@ -33,8 +38,6 @@ from v100plan.demo_model import demo_model_dir
 from v100plan.errors import BadInput
 from v100plan.options import JsonOpt, QuietOpt
 from v100plan.remote.connect import interrupt_on_sigterm
-from v100plan.remote.release import origin_sentence as rel_origin_sentence
-from v100plan.remote.release import settings_sentence as rel_settings_sentence
 
 SwitchOpt = Annotated[str, typer.Option(
     "--switch", metavar="MODE",
@@ -51,28 +54,6 @@ def _switch_mode(text: str) -> str:
     return text
 
 
-def _overrides(max_context: int | None, dtype: str | None, kv: str | None, speculative: str | None,
-               draft: int | None, allreduce: str | None) -> dict:
-    """The engine settings given by flag (None: take the plan's or the probe's), each checked here."""
-    from engine.allreduce.paths import ALLREDUCE_CHOICES  # stdlib-only
-    from engine.core.speculative import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS  # stdlib-only
-
-    for flag, value, choices in (("--dtype", dtype, ("float16", "bfloat16", "float32")),
-                                 ("--kv-cache-dtype", kv, ("auto", "int8")), ("--speculative", speculative, ("mtp", "off")),
-                                 ("--allreduce", allreduce, ALLREDUCE_CHOICES)):
-        if value is not None and value not in choices:
-            raise BadInput(f"{flag} {value!r}: use one of {', '.join(choices)}", hint=f"e.g. {flag} {choices[0]}")
-    if draft is not None and not 1 <= draft <= MAX_DRAFT_TOKENS:
-        raise BadInput(f"--draft-tokens {draft}: give 1 to {MAX_DRAFT_TOKENS}", hint="or --speculative off")
-    if speculative == "off" and draft is not None:
-        raise BadInput("--speculative off and --draft-tokens together", hint="give one of them")
-    # --speculative mtp alone: the plan's draft tokens where it speculates, else the engine's default
-    tokens = 0 if speculative == "off" else draft if draft is not None else -DEFAULT_DRAFT_TOKENS \
-        if speculative == "mtp" else None
-    return {"max_context": max_context, "dtype": dtype, "kv_cache_dtype": kv, "draft_tokens": tokens,
-            "allreduce": allreduce}
-
-
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     @remote_options(command_timeout=900.0)
@@ -86,16 +67,11 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int, typer.Option("--port", help="Port the service binds on the host's 127.0.0.1.")] = 8000,
         max_context: Annotated[Optional[int], typer.Option("--max-context", help="Tokens per request "
                                                            "(default: the plan's, else the model's).")] = None,
-        dtype: Annotated[Optional[str], typer.Option("--dtype", help="float16, bfloat16 or float32 (default: the "
-                                                     "plan's, else by the cards: fp16 on compute capability 7.x).")] = None,
-        kv_cache_dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="auto (the model's dtype) or "
-                                                              "int8 (default: the plan's, else auto).")] = None,
-        speculative: Annotated[Optional[str], typer.Option("--speculative", help="mtp (the model's MTP draft layer) "
-                                                           "or off (default: the plan's, else off).")] = None,
-        draft_tokens: Annotated[Optional[int], typer.Option("--draft-tokens", metavar="K", help="MTP drafts per round "
-                                                            "(implies --speculative mtp; default: the plan's).")] = None,
-        allreduce: Annotated[Optional[str], typer.Option("--allreduce", help="the ranks' allreduce path (default: "
-                                                         "the plan's, else auto: the engine's start-up race).")] = None,
+        dtype: DtypeOpt = None,
+        kv_cache_dtype: KvCacheDtypeOpt = None,
+        speculative: SpeculativeOpt = None,
+        draft_tokens: DraftTokensOpt = None,
+        allreduce: AllreduceOpt = None,
         fault_injection: Annotated[bool, typer.Option("--enable-fault-injection",
                                                       help="Expose /control (loopback) for `accept`.")] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Only read the host and print every action.")] = False,
@@ -132,7 +108,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--max-context {max_context}: a request needs at least one prompt and one generated "
                            "token", hint="e.g. --max-context 4096 (default: the plan's, else the model's)")
         switch_mode = _switch_mode(switch)
-        overrides = _overrides(max_context, dtype, kv_cache_dtype, speculative, draft_tokens, allreduce)
+        overrides = rel.overrides_from_flags(max_context, dtype, kv_cache_dtype, speculative, draft_tokens, allreduce)
         targets = [switch_target(t, drain_timeout, keep_releases)
                    for t in targets_of(remote, host, inventory, index_url, torch_spec)]
         interrupt_on_sigterm()  # a TERM cleans up as Ctrl-C does: the old release serving, or the new one switched
@@ -227,22 +203,10 @@ def register(app: typer.Typer) -> None:
 
     def status(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001
         from v100plan.remote import deploy as dp
+        from v100plan.remote.manage import status_rows
 
         doc = dp.status(target)
-        rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
-                                          "allreduce", "generation", "uptime_s", "port", "releases")]
-        if doc.get("down"):
-            rows.insert(3, ("not running", ", ".join(f"{k} (pid {doc['processes'][k]['pid']})" for k in doc["down"])))
-        if doc.get("engine"):
-            rows.insert(6, ("settings", rel_settings_sentence(doc["engine"], doc.get("health") or {})))
-            rows.insert(7, ("from", rel_origin_sentence(doc.get("origin"))))
-        rows.append(("after a reboot", doc.get("after_reboot") or "nothing brings it back"))
-        if doc.get("lock_holder"):
-            rows.append(("lock held by", doc["lock_holder"]))
-        if doc.get("site_packages") is not None:
-            rows.append(("from the host's site",
-                         ", ".join(f"{p['name']} {p['version']}" for p in doc["site_packages"]) or "nothing"))
-        return doc, rows
+        return doc, status_rows(doc)
 
     def stop(target, quiet: bool) -> tuple[dict, list]:  # noqa: ANN001
         from v100plan.remote import deploy as dp

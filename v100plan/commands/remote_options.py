@@ -21,6 +21,17 @@ import typer
 from v100plan import output
 from v100plan.errors import BadInput
 
+# The engine settings deploy takes from the plan (or the probe) unless given here.
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", help="float16, bfloat16 or float32 (default: the plan's, else by the cards: fp16 on compute capability 7.x).")]
+KvCacheDtypeOpt = Annotated[Optional[str], typer.Option(
+    "--kv-cache-dtype", help="auto (the model's dtype) or int8 (default: the plan's, else auto).")]
+SpeculativeOpt = Annotated[Optional[str], typer.Option(
+    "--speculative", help="mtp (the model's MTP draft layer) or off (default: the plan's, else off).")]
+DraftTokensOpt = Annotated[Optional[int], typer.Option(
+    "--draft-tokens", metavar="K", help="MTP drafts per round (implies --speculative mtp; default: the plan's).")]
+AllreduceOpt = Annotated[Optional[str], typer.Option(
+    "--allreduce", help="the ranks' allreduce path (default: the plan's, else auto: the engine's start-up race).")]
 KnownHostsOpt = Annotated[Optional[str], typer.Option(
     "--known-hosts", metavar="FILE", envvar="V100PLAN_KNOWN_HOSTS",
     help="known_hosts file to trust (default: ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts).")]

@@ -27,8 +27,9 @@ RepeatsOpt = Annotated[int, typer.Option("--repeats", min=1, max=50, help="Repet
 OnlyOpt = Annotated[Optional[str], typer.Option(
     "--only", help="Comma-separated scenario keys or groups (functional, fault, load) to run; the rest are waived.")]
 SkipOpt = Annotated[Optional[str], typer.Option("--skip", help="Comma-separated scenario keys or groups to waive.")]
-PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="A Plan JSON: its predicted decode speed is set "
-                                                                "against the served one.")]
+PlanOpt = Annotated[Optional[Path], typer.Option("--plan", help="A Plan JSON: the report holds its predictions "
+                                                                "(decode at its context, TTFT, memory per GPU, max "
+                                                                "context) against what the run measures.")]
 ProbeOpt = Annotated[Optional[Path], typer.Option("--probe-report", help="A ProbeReport JSON to embed in the report.")]
 
 DEFAULT_OUT = Path("v100plan-report")

@@ -194,6 +194,27 @@ def status(target: Target) -> dict[str, Any]:
         return doc
 
 
+def status_rows(doc: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The status command's table: release, health, processes, the settings the service runs with and where they
+    came from (a plan, the probe, flags)."""
+    from v100plan.remote.release import origin_sentence, settings_sentence
+
+    rows = [(k, doc.get(k)) for k in ("host", "deployment", "state", "release", "health_status", "ranks",
+                                      "allreduce", "generation", "uptime_s", "port", "releases")]
+    if doc.get("down"):
+        rows.insert(3, ("not running", ", ".join(f"{k} (pid {doc['processes'][k]['pid']})" for k in doc["down"])))
+    if doc.get("engine"):
+        rows.insert(6, ("settings", settings_sentence(doc["engine"], doc.get("health") or {})))
+        rows.insert(7, ("from", origin_sentence(doc.get("origin"))))
+    rows.append(("after a reboot", doc.get("after_reboot") or "nothing brings it back"))
+    if doc.get("lock_holder"):
+        rows.append(("lock held by", doc["lock_holder"]))
+    if doc.get("site_packages") is not None:
+        rows.append(("from the host's site",
+                     ", ".join(f"{p['name']} {p['version']}" for p in doc["site_packages"]) or "nothing"))
+    return rows
+
+
 def _processes(sup: dict[str, Any], front: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Every process the deployment runs, each with its PID and whether that very process runs now: the
     front and its keeper (front.json), the serving slot's supervisord, proxy and ranks (service.json,

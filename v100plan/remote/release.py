@@ -161,6 +161,28 @@ def origin_sentence(origin: dict[str, Any] | None) -> str:
     return f"{origin.get('chosen_by', 'defaults')}{flags}"
 
 
+def overrides_from_flags(max_context: int | None, dtype: str | None, kv: str | None, speculative: str | None,
+               draft: int | None, allreduce: str | None) -> dict:
+    """The engine settings given by flag (None: take the plan's or the probe's), each checked here."""
+    from engine.allreduce.paths import ALLREDUCE_CHOICES  # stdlib-only
+    from engine.core.speculative import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS  # stdlib-only
+
+    for flag, value, choices in (("--dtype", dtype, ("float16", "bfloat16", "float32")),
+                                 ("--kv-cache-dtype", kv, ("auto", "int8")), ("--speculative", speculative, ("mtp", "off")),
+                                 ("--allreduce", allreduce, ALLREDUCE_CHOICES)):
+        if value is not None and value not in choices:
+            raise BadInput(f"{flag} {value!r}: use one of {', '.join(choices)}", hint=f"e.g. {flag} {choices[0]}")
+    if draft is not None and not 1 <= draft <= MAX_DRAFT_TOKENS:
+        raise BadInput(f"--draft-tokens {draft}: give 1 to {MAX_DRAFT_TOKENS}", hint="or --speculative off")
+    if speculative == "off" and draft is not None:
+        raise BadInput("--speculative off and --draft-tokens together", hint="give one of them")
+    # --speculative mtp alone: the plan's draft tokens where it speculates, else the engine's default
+    tokens = 0 if speculative == "off" else draft if draft is not None else -DEFAULT_DRAFT_TOKENS \
+        if speculative == "mtp" else None
+    return {"max_context": max_context, "dtype": dtype, "kv_cache_dtype": kv, "draft_tokens": tokens,
+            "allreduce": allreduce}
+
+
 def with_overrides(settings: EngineSettings, overrides: dict[str, Any]) -> tuple[EngineSettings, str]:
     """``settings`` with the flags the user gave (field -> value; None: not given), and a sentence naming them.
     draft_tokens -K: speculation on, with the settings' own draft tokens where they have some, else K."""

@@ -269,6 +269,34 @@ def _plan(report: dict[str, Any]) -> str:
     return "".join(out)
 
 
+_FIGURE_NAMES = {"decode_tok_s": "decode at the served context", "ttft_s": "TTFT of a long prompt",
+                 "memory_per_gpu_gb": "memory per GPU", "max_context": "max context"}
+
+
+def _plan_vs_measured(report: dict[str, Any]) -> str:
+    """Each planned figure beside the measured one: the error, and whether the measurement fell in the interval."""
+    pvm = report.get("plan_vs_measured")
+    head = "<h2>Plan against measurement</h2>"
+    if not pvm or not pvm.get("figures"):
+        why = (pvm or {}).get("why") or "this report predates the comparison"
+        return head + f"<p class=\"muted\">No figures: {esc(why)}</p>"
+
+    def interval(f: dict[str, Any]) -> str:
+        return f"{fmt(f['interval'][0])} - {fmt(f['interval'][1])}" if f["interval"] else "none"
+
+    rows = [(_FIGURE_NAMES.get(f["figure"], f["figure"]), f["unit"], fmt(f["predicted"]), interval(f),
+             fmt(f["measured"]) if f["measured"] is not None else "not measured",
+             f"{f['error'] * 100:+.1f} %" if f["error"] is not None else "n/a",
+             {True: "yes", False: "no", None: "n/a"}[f["inside_interval"]], f["why"] or "")
+            for f in pvm["figures"]]
+    out = [head, f"<p>The plan's {esc(pvm['strategy'])} row at {esc(pvm['context_tokens'])} tokens of context; "
+                 f"measured at {esc(pvm['measured_context_tokens'] or 'n/a')}.</p>",
+           _table(["figure", "unit", "predicted", "interval", "measured", "error", "inside", "note"], rows,
+                  numeric=(2, 4, 5))]
+    out += [f"<p class=\"muted\">{esc(n)}</p>" for n in pvm.get("notes") or []]
+    return "".join(out)
+
+
 def _provenance(report: dict[str, Any]) -> str:
     p = report["provenance"]
     rows = [(k, p[k] if not isinstance(p[k], (dict, list)) else Raw(f"<pre>{esc(json.dumps(p[k], indent=1))}</pre>"))
@@ -295,6 +323,7 @@ def render_html(report: dict[str, Any]) -> str:
         _streams(report),
         _hardware(report),
         _plan(report),
+        _plan_vs_measured(report),
         _provenance(report),
         f"<footer>Written by {esc(report['provenance']['tool'])} {esc(report['provenance']['tool_version'])} from "
         f"an acceptance_report document, schema {esc(report['schema_version'])}.</footer>",
