@@ -185,13 +185,26 @@ def test_the_hybrid_profiles_compute_their_gdn_state_from_the_shape():
 
 
 def test_a_plan_holds_the_gdn_state_per_sequence(cli):
+    # vLLM: an engine that batches (the bundled one decodes one sequence at a time, below)
     one = cli.json("plan", "--hardware", "v100-sxm2-32gb", "--gpus", "1", "--model", "qwen3.8-27b-groupwise-int",
-                   "--context", "8K", "--concurrency", "1")
+                   "--context", "8K", "--concurrency", "1", "--engine", "vllm")
     two = cli.json("plan", "--hardware", "v100-sxm2-32gb", "--gpus", "1", "--model", "qwen3.8-27b-groupwise-int",
-                   "--context", "8K", "--concurrency", "2")
+                   "--context", "8K", "--concurrency", "2", "--engine", "vllm")
     k1 = one["strategies"][0]["breakdown"]["memory"]["kv_gb"]
     k2 = two["strategies"][0]["breakdown"]["memory"]["kv_gb"]
     assert k2 - k1 == pytest.approx(8192 * 45573 / 1e9 + 0.154, abs=0.002)
+
+
+def test_the_bundled_engine_is_not_planned_to_batch_what_it_serves_one_at_a_time(cli):
+    """Its profile says it decodes one sequence at a time: four concurrent requests fit no strategy (they
+    would queue), with the reason and the way out; one request plans as before."""
+    r = cli("plan", "--engine", "v100plan", "--concurrency", "4", "--json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert not any(s["fits"] for s in doc["strategies"])
+    assert all("decodes at most 1 sequence(s) at once: 4 concurrent requests would queue" in s["reason"]
+               for s in doc["strategies"])
+    assert any(s["fits"] for s in cli.json("plan", "--engine", "v100plan", "--concurrency", "1")["strategies"])
 
 
 @pytest.mark.parametrize("card, bw, gib, cc, bf16", [

@@ -212,6 +212,8 @@ class Engine:
     launch_kind: str = ""                      # "vllm" | "sglang" | "llamacpp" | "v100plan" | "" (no launch commands)
     max_tp: int = 2                            # largest tensor-parallel degree the engine runs
     multi_node: bool = False                   # pipeline/tensor parallel across boxes
+    max_concurrency: int | None = None         # most sequences decoded together (None: the engine batches)
+    max_concurrency_source: str = ""
     aliases: tuple[str, ...] = ()
     generic_generations: tuple[str, ...] = ()  # generations the generation-free figures were calibrated on
     # Under tensor parallel: "split" (vocab parallel, each rank reads 1/tp of the output head) or "replicated"
@@ -515,6 +517,8 @@ def engine_from_doc(doc: dict[str, Any], others: Mapping[str, dict[str, Any]] | 
         acceptance_by_workload={k: float(v) for k, v in (spec.get("acceptance_by_workload") or {}).items() if k != "source"},
         kv_cache_dtype=doc.get("kv_cache_dtype"), launch_kind=doc.get("launch_kind", ""),
         max_tp=int(doc.get("max_tp", 2)), multi_node=bool(doc.get("multi_node", False)),
+        max_concurrency=(doc.get("max_concurrency") or {}).get("value"),
+        max_concurrency_source=(doc.get("max_concurrency") or {}).get("source", ""),
         aliases=tuple(doc.get("aliases") or ()), generic_generations=tuple(doc.get("calibrated_generations") or ()),
         tp_output_head=(doc.get("tp_output_head") or {}).get("value", "split"),
         tp_output_head_source=(doc.get("tp_output_head") or {}).get("source", "default: vocab parallel"),
