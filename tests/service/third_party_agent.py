@@ -48,7 +48,7 @@ async def main(base_url: str, model: str, api_key: str, out: str) -> None:
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     agent = Agent(name="forecaster", instructions="Answer weather questions with the tool.",
                   model=OpenAIChatCompletionsModel(model=model, openai_client=client),
-                  model_settings=ModelSettings(tool_choice="get_weather", max_tokens=160, temperature=0.7),
+                  model_settings=ModelSettings(tool_choice="get_weather", max_tokens=160, temperature=0.0),
                   tools=[get_weather], tool_use_behavior="stop_on_first_tool")
     result = await Runner.run(agent, "What is the weather in Paris this week?", max_turns=2)
     with open(out, "w") as fh:
