@@ -225,7 +225,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         answer = Answer(kind, rid, int(time.time()), text, TextAssembler(text, body.stop_strings(), eos_ids), job,
                         output, logprobs=body.top_logprobs_count() is not None)
         if body.stream:
-            return StreamingResponse(_stream(request, job, answer, body.include_usage()),
+            return StreamingResponse(_stream(request, job, answer, body.include_usage(), body.continuous_usage()),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await _complete(request, job, answer)
 
@@ -256,16 +256,16 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         finally:
             gone.cancel()
 
-    async def _stream(request: Request, job: Job, answer: Answer, include_usage: bool):
+    async def _stream(request: Request, job: Job, answer: Answer, include_usage: bool, continuous: bool = False):
         finished = False
         try:
             if answer.kind == "chat":
-                yield _sse(answer.chunk({"role": "assistant", "content": ""}, None))
+                yield _sse(answer.running_usage(answer.chunk({"role": "assistant", "content": ""}, None), continuous))
             while True:
                 event = await job.events.get()
                 if event[0] == "token":
                     for chunk in answer.token(event[1], event[2]) or ():
-                        yield _sse(chunk)
+                        yield _sse(answer.running_usage(chunk, continuous))
                 elif event[0] == "error":
                     finished = True
                     _log(request, job, "error", error=event[2])
@@ -276,7 +276,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 elif event[0] == "done":
                     finished = True
                     for chunk in answer.finish():
-                        yield _sse(chunk)
+                        yield _sse(answer.running_usage(chunk, continuous))
                     reason = answer.finish_reason(event[1])
                     _log(request, job, reason, usage=event[2])
                     yield _sse(answer.last_chunk(reason, event[2]))

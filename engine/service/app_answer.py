@@ -74,6 +74,14 @@ class Answer:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.text.model_id,
                 "choices": [choice]}
 
+    def running_usage(self, chunk: dict, continuous: bool) -> dict:
+        """vLLM's continuous_usage_stats: the chunk carries the tokens so far (the last chunks carry the
+        ranks' final usage)."""
+        if continuous:
+            prompt, done = len(self.job.params.prompt_ids), len(self.assembler.ids)
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        return chunk
+
     def last_chunk(self, reason: str, usage: dict) -> dict:
         last = self.chunk(None, reason)
         last["usage"] = usage_body(usage)

@@ -52,6 +52,9 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
     include_obfuscation: StrictBool = False
+    # vLLM's extension, with vLLM's meaning: with include_usage, every chunk carries the usage so far
+    # (guidellm sends it on every streamed request).
+    continuous_usage_stats: StrictBool = False
 
 
 class _Sampling(_Strict):
@@ -88,6 +91,10 @@ class _Sampling(_Strict):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """vLLM's stream_options.continuous_usage_stats, which counts only with include_usage."""
+        return self.include_usage() and bool(self.stream_options.continuous_usage_stats)
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, reason) of the first requested feature the service does not implement."""

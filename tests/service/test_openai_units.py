@@ -265,6 +265,12 @@ def test_schema_takes_integral_floats_and_refuses_by_name():
     assert _chat(logit_bias={"x": 1}).unsupported()[0] == "logit_bias"
     assert _chat(tool_choice="required").unsupported()[0] == "tool_choice"
     assert _chat(stream_options={"include_usage": True}).unsupported()[0] == "stream_options"
+    # vLLM's continuous_usage_stats (guidellm sends it): taken, and counts only with include_usage
+    both = _chat(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert both.unsupported() is None and both.continuous_usage()
+    assert not _chat(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage()
+    assert _chat(stream=True, stream_options={"continuous_usage": True}).unsupported()[0] == \
+        "stream_options.continuous_usage"
     bad = ChatRequest.model_validate({"model": "m", "messages": [{"role": "tool", "content": "x"}]})
     assert bad.unsupported()[0] == "messages.0.tool_call_id"
     ok = _chat(user="u", metadata={"a": "b"}, service_tier="auto", logprobs=True, top_logprobs=3, top_k=5,
