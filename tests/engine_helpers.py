@@ -228,11 +228,3 @@ def spread_hybrid_weights(hf) -> None:
                 p.normal_(0.0, 0.3)
             else:
                 p.normal_(0.0, 0.08)
-
-
-def junit_suite(path: Path):
-    """The <testsuite> of a pytest JUnit XML file (a GPU-test run recorded on the device)."""
-    import xml.etree.ElementTree as ET
-
-    root = ET.parse(path).getroot()
-    return root if root.tag == "testsuite" else root.find("testsuite")
