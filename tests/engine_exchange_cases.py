@@ -22,7 +22,6 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from engine.allreduce.epilogue import EpilogueExchange
-from engine.core import runner
 from engine.core.model import rms_norm
 from tests.engine_helpers import no_environment_reads, random_small_model
 
@@ -148,9 +147,8 @@ def _cast(model, dtype):
         for dst, src in ((out.embed, model.embed), (out.head, model.head), (out.norm, model.norm)):
             dst.copy_(src)
         for lo, li in zip(out.layers, model.layers):
-            for k, t in li.tensors().items():
-                if t is not None:
-                    getattr(lo, k).copy_(t)
+            for k, t in li.weights().items():
+                getattr(lo.owner(k), k).copy_(t)
     return out
 
 
@@ -177,16 +175,16 @@ def _rank_model(full, rank: int, comm):
             if li.bqkv is not None:
                 bq, bk, bv = li.bqkv.split([li.n_heads * hd, li.n_kv * hd, li.n_kv * hd])
                 lo.bqkv.copy_(torch.cat([half(bq, 0), half(bk, 0), half(bv, 0)]))
-            gate, up = li.w13.chunk(2)
-            lo.w13.copy_(torch.cat([half(gate, 0), half(up, 0)]))
-            if li.b13 is not None:
-                bg, bu = li.b13.chunk(2)
-                lo.b13.copy_(torch.cat([half(bg, 0), half(bu, 0)]))
+            gate, up = li.mlp.w13.chunk(2)
+            lo.mlp.w13.copy_(torch.cat([half(gate, 0), half(up, 0)]))
+            if li.mlp.b13 is not None:
+                bg, bu = li.mlp.b13.chunk(2)
+                lo.mlp.b13.copy_(torch.cat([half(bg, 0), half(bu, 0)]))
             lo.wo.copy_(half(li.wo, 1))
-            lo.w2.copy_(half(li.w2, 1))
+            lo.mlp.w2.copy_(half(li.mlp.w2, 1))
             for name in ("input_norm", "post_norm", "q_norm", "k_norm", "bo", "b2"):
-                if getattr(li, name) is not None:
-                    getattr(lo, name).copy_(getattr(li, name))
+                if getattr(li.owner(name), name) is not None:
+                    getattr(lo.owner(name), name).copy_(getattr(li.owner(name), name))
             lo.k_cache.copy_(half(li.k_cache, 1))
             lo.v_cache.copy_(half(li.v_cache, 1))
     return m
@@ -235,7 +233,7 @@ def _rank_main(rank, name, dtype, override, xs, slots, barrier, results):
     full = _model(name, dtype, **override)
     model = _rank_model(full, rank, _ProcComm(rank, xs, slots, barrier))
     tok, pos = torch.tensor([5]), torch.tensor([40])
-    fused = runner.fused_blocks()
+    fused = "fused"
     assert model.offers_exchange(fused) and model.epilogue_exchange(fused, "send") is xs  # as a Decoder asks
     # the exchange mode comes in with the step (a DecodeMode's), never from the environment
     with torch.inference_mode(), no_environment_reads() as watched:
@@ -277,7 +275,7 @@ def test_two_ranks_decode_with_the_exchange_inside_the_gemvs(name, override, dty
     assert torch.equal(results[0, 3], epi0) and torch.equal(results[1, 3], epi0)
     assert float((epi0 - ar0).norm() / ar0.norm()) < (1e-6 if dtype == torch.float32 else 1e-2)
     with torch.inference_mode():
-        tp1 = full.decode_step(torch.tensor([5]), torch.tensor([40]), 64, runner.fused_blocks())
+        tp1 = full.decode_step(torch.tensor([5]), torch.tensor([40]), 64, "fused")
     err = float((epi0 - tp1).norm() / tp1.norm())
     assert err < (1e-5 if dtype == torch.float32 else 2e-2), err
     assert int(epi0.argmax()) == int(tp1.argmax())

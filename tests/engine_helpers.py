@@ -70,12 +70,10 @@ def random_small_model(name: str, max_context: int, **override):
 
 
 def state_tensors(model) -> list:
-    """Every per-sequence state tensor a model holds after setup_cache (engine.core.model.STATE_KEYS), the MTP
-    draft layers' last: K/V caches (and their int8 scales), conv rings and recurrent states, layer by layer."""
-    from engine.core.model import STATE_KEYS
-
+    """Every per-sequence state pool a model holds after setup_cache (each layer's ``state()``), the MTP draft
+    layers' last: K/V caches (and their int8 scales), conv rings and recurrent states, layer by layer."""
     layers = model.layers + (model.mtp.layers if model.mtp is not None else [])
-    return [t for la in layers for t in (getattr(la, k, None) for k in STATE_KEYS) if t is not None]
+    return [t for la in layers for t in la.state()]
 
 
 def snapshot_state(model) -> list:
@@ -228,11 +226,3 @@ def spread_hybrid_weights(hf) -> None:
                 p.normal_(0.0, 0.3)
             else:
                 p.normal_(0.0, 0.08)
-
-
-def junit_suite(path: Path):
-    """The <testsuite> of a pytest JUnit XML file (a GPU-test run recorded on the device)."""
-    import xml.etree.ElementTree as ET
-
-    root = ET.parse(path).getroot()
-    return root if root.tag == "testsuite" else root.find("testsuite")

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from engine.core import config as ecfg
-from engine.core import runner
 from engine.core.model import Model
 from engine.core.weights import expected_tensors
 from tests.engine_helpers import restore_state, snapshot_state
@@ -64,7 +63,7 @@ def test_fused_hybrid_decode_steps_give_the_plain_ones_and_the_same_states(kv, o
         want = [model.decode_step(torch.tensor([t]), torch.tensor([40 + i]), 64) for i, t in enumerate((5, 9, 77))]
         want_states = snapshot_state(model)
         restore_state(model, start)
-        got = [model.decode_step(torch.tensor([t]), torch.tensor([40 + i]), 64, runner.fused_blocks())
+        got = [model.decode_step(torch.tensor([t]), torch.tensor([40 + i]), 64, "fused")
                for i, t in enumerate((5, 9, 77))]
     for a, b in zip(got, want):
         assert rel(a, b) < 1e-5 and int(a.argmax()) == int(b.argmax())
@@ -82,7 +81,7 @@ def test_fused_decode_at_the_first_positions_reads_zero_padding():
         s = snapshot_state(model)
         want = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64)
         restore_state(model, s)
-        got = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64, runner.fused_blocks())
+        got = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64, "fused")
     assert rel(got, want) < 1e-5
 
 
@@ -101,7 +100,7 @@ def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
         s = snapshot_state(bf)
         plain = bf.decode_step(torch.tensor([5]), torch.tensor([40]), 64)
         restore_state(bf, s)
-        fused = bf.decode_step(torch.tensor([5]), torch.tensor([40]), 64, runner.fused_blocks())
+        fused = bf.decode_step(torch.tensor([5]), torch.tensor([40]), 64, "fused")
     e_plain, e_fused = rel(plain, want), rel(fused, want)
     assert e_fused <= max(1.5 * e_plain, 1e-3), (e_fused, e_plain)
 
@@ -128,7 +127,7 @@ def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step(apart, 
         s = snapshot_state(model)
         want = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64)
         restore_state(model, s)
-        got = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64, runner.fused_blocks())
+        got = model.decode_step(torch.tensor([5]), torch.tensor([50]), 64, "fused")
     assert rel(got, want) < 1e-5
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.core import quant, runner
+from engine.core import quant
 from engine.core.model import rms_norm
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -223,7 +223,7 @@ def test_fused_decode_step_on_packed_weights_is_the_plain_step(method, group, ti
         for lay, (k, v) in zip(model.layers, caches):
             lay.k_cache.copy_(k)
             lay.v_cache.copy_(v)
-        got = model.decode_step(tok, pos, 64, runner.fused_blocks())
+        got = model.decode_step(tok, pos, 64, "fused")
     assert rel(got, want) < 1e-5 and int(got.argmax()) == int(want.argmax())
 
 
@@ -256,7 +256,7 @@ def test_fused_hybrid_decode_step_on_packed_weights_is_the_step_on_their_dequant
         restore_state(model, start)
         for layer, attr, p in swaps:
             setattr(layer, attr, p)
-        got = model.decode_step(tok, pos, 64, runner.fused_blocks())
+        got = model.decode_step(tok, pos, 64, "fused")
     assert rel(got, want) < 1e-4 and int(got.argmax()) == int(want.argmax())
     for a, b in zip(snapshot_state(model), want_states):
         assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4)
@@ -293,7 +293,7 @@ def test_fused_decode_step_on_a_packed_gdn_checkpoint_is_the_plain_step(key, tmp
         for la, k, v in caches:
             la.k_cache.copy_(k)
             la.v_cache.copy_(v)
-        got = model.decode_step(tok, pos, 64, runner.fused_blocks())
+        got = model.decode_step(tok, pos, 64, "fused")
     assert rel(got, want) < 1e-5 and int(got.argmax()) == int(want.argmax())
     for la, (r, c) in zip(lin, want_states):
         assert torch.allclose(la.rec_state, r, rtol=1e-5, atol=1e-5)

@@ -310,10 +310,10 @@ def worker(rank: int, rdv: str, args: argparse.Namespace, out_path: str) -> None
     store = init_control(rdv, 0, rank, 2, float(args.timeout_s))
     torch.set_grad_enabled(False)
     doc: dict = {}
-    from engine.core.runner import _triton_ok, kernel_choice
+    from engine.core.runner import kernel_choice, triton_ok
 
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    KERNELS[0] = kernel_choice(device.type, cap, _triton_ok(), None if args.kernels == "auto" else args.kernels)[0]
+    KERNELS[0] = kernel_choice(device.type, cap, triton_ok(), None if args.kernels == "auto" else args.kernels)[0]
     if args.served:
         SERVED[0] = tuple(int(x) for x in args.served.split(","))
 

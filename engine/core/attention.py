@@ -1,8 +1,8 @@
 """The decode step in five kernels per layer (kernel choice ``fused``): one Triton kernel for the whole
 one-query attention, and the residual add + RMSNorm and SiLU(gate) * up folded into the next GEMV.
 
-Per layer, ``attn_block_fused`` and ``mlp_block_fused`` (the signatures of engine.core.model's
-attn_block and mlp_block, so Model.decode_step runs them unchanged):
+Per layer, as engine.model.attention.FullAttention and engine.model.mlp.DenseMLP run it under kernel choice
+``fused``:
 
   1. GEMV with a norm prologue (engine.kernels.gemv.linear_norm): h = RMSNorm(x + delta), qkv = h @ Wqkv^T (+ b);
      program 0 also writes x + delta, the new residual.
@@ -492,61 +492,3 @@ def supported(hd: int, n_heads: int, n_kv: int) -> bool:
 def rotary_supported(rot: int, hd: int) -> bool:
     """A partial rotary the kernel's halves can hold: the rotary pairs inside the first half of the head."""
     return rot == hd or (rot % 2 == 0 and rot // 2 <= hd // 2)
-
-
-def sends_here(model) -> bool:
-    """Whether model's fused blocks can carry the TP2 exchange inside their GEMVs (engine.allreduce.epilogue):
-    the kernels run here and every layer's attention is decode_attention (the plain fallback adds the
-    reduced delta itself, so it needs it materialised)."""
-    from engine.core import gdn_fused
-
-    rot = model.cfg.rotary_dim
-    return runs_here(model.device) and all(
-        supported(la.hd, la.n_heads, la.n_kv) and rotary_supported(rot, la.hd) if la.kind == "full_attention"
-        else gdn_fused.supported(la.dk, la.dv) for la in model.layers)
-
-
-def attn_block_fused(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache, v_cache,
-                     wo, bo, *, n_heads: int, n_kv: int, hd: int, eps: float, window: int, send=None,
-                     gated: bool = False, zc: bool = False, k_scale=None, v_scale=None):
-    """engine.core.model.attn_block in three kernels: norm + QKV GEMV, decode_attention, o_proj GEMV.
-    ``mask_bias`` is not used: the kernel masks positions past ``pos`` itself. ``send`` (an
-    engine.allreduce.epilogue.Ticket): o_proj's rows also go to the peer (the part returned is a Sent), and
-    ``delta`` may be the previous block's Sent, received by the norm prologue."""
-    from engine.kernels import gemv
-
-    if not runs_here(x.device):
-        from engine.core.model import attn_block
-
-        return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
-                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window, gated=gated,
-                          zc=zc, k_scale=k_scale, v_scale=v_scale)
-    if not supported(hd, n_heads, n_kv) or not rotary_supported(cos.shape[-1], hd):
-        from engine.core.model import attn_block
-
-        return attn_block(x, delta, cos, sin, pos, mask_bias, input_norm, wqkv, bqkv, q_norm, k_norm, k_cache,
-                          v_cache, wo, bo, n_heads=n_heads, n_kv=n_kv, hd=hd, eps=eps, window=window,
-                          linear=gemv.linear, gated=gated, zc=zc, k_scale=k_scale, v_scale=v_scale)
-    qkv, x = gemv.linear_norm(x, delta, input_norm, eps, wqkv, bqkv, zc=zc)
-    a = decode_attention(qkv, cos, sin, pos, q_norm, k_norm, k_cache, v_cache, n_heads=n_heads, n_kv=n_kv, hd=hd,
-                         eps=eps, window=window, gated=gated, zc=zc, k_scale=k_scale, v_scale=v_scale)
-    # o_proj through the prologue kernel with or without the send: the two exchanges give the same bits
-    return x, gemv.linear_send(a, wo, bo, send)
-
-
-def mlp_block_fused(x, delta, post_norm, w13, b13, w2, b2, *, eps: float, send=None, zc: bool = False):
-    """engine.core.model.mlp_block in two kernels: norm + gate/up GEMV, SiLU(gate) * up + down GEMV
-    (``send``: as attn_block_fused's)."""
-    from engine.kernels import gemv
-
-    if not runs_here(x.device):
-        from engine.core.model import mlp_block
-
-        return mlp_block(x, delta, post_norm, w13, b13, w2, b2, eps=eps, zc=zc)
-    gu, x = gemv.linear_norm(x, delta, post_norm, eps, w13, b13, zc=zc)
-    return x, gemv.linear_silu(gu, w2, b2, send=send)
-
-
-# Model.decode_step passes ``send`` tickets to blocks that say they take them
-attn_block_fused.sends = True
-mlp_block_fused.sends = True

@@ -156,10 +156,7 @@ def _moe_mlp(cfg, p: str) -> list[tuple[str, tuple[int, ...], str]]:
 
 
 def _tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
-    if cfg["model_type"] == "qwen3_5":  # the multimodal wrapper (engine.vision.demo: --vision)
-        from engine.vision.demo import tensor_names
-
-        return tensor_names(cfg)
+    # (the multimodal wrapper's names are engine.vision.demo's, which hands them to weights_bytes)
     if cfg["model_type"] == "qwen3_5_text":
         from engine.core import config as ecfg
 
@@ -183,13 +180,14 @@ def _tensor_names(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def weights_bytes(seed: int = SEED, cfg: dict | None = None) -> dict[str, tuple[tuple[int, ...], bytes]]:
+def weights_bytes(seed: int = SEED, cfg: dict | None = None,
+                  names: list | None = None) -> dict[str, tuple[tuple[int, ...], bytes]]:
     """name -> (shape, little-endian float32 bytes), from one PCG64 stream in a fixed tensor order."""
     import numpy as np
 
     bits = np.random.PCG64(seed)
     out = {}
-    for name, shape, family in _tensor_names(cfg or CONFIG):
+    for name, shape, family in names or _tensor_names(cfg or CONFIG):
         n = int(np.prod(shape))
         if family == "one":
             arr = np.ones(n, dtype="<f4")

@@ -1,5 +1,5 @@
-"""A Gated DeltaNet layer's decode step in three kernels (kernel choice ``fused``), the signature of
-engine.core.model.gdn_block:
+"""A Gated DeltaNet layer's decode step in three kernels (kernel choice ``fused``), as
+engine.model.gdn.GatedDeltaNet runs it:
 
   1. GEMV with the norm prologue (engine.kernels.gemv.linear_norm): RMSNorm(x + delta) @ w_in^T, the four input
      projections in one product -> [conv channels q | k | v, z, b, a].
@@ -107,25 +107,3 @@ def gdn_decode(proj: torch.Tensor, conv_ring: torch.Tensor, conv_w: torch.Tensor
                      NK=nk, NV=nv, DK=dk, DV=dv, KSIZE=conv_w.shape[1],
                      EMU=interpreting() and proj.dtype == torch.bfloat16, num_warps=8 if dk * dv >= 8192 else 4)
     return y
-
-
-def gdn_block_fused(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out, *,
-                    nk: int, nv: int, dk: int, dv: int, eps: float, zc: bool = True, send=None):
-    """engine.core.model.gdn_block in three kernels (``send``: out_proj's rows also go to the TP2 peer)."""
-    from engine.core import attention
-    from engine.core.model import gdn_block
-    from engine.kernels import gemv
-
-    if not attention.runs_here(x.device):
-        return gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out,
-                         nk=nk, nv=nv, dk=dk, dv=dv, eps=eps, zc=zc)
-    if not supported(dk, dv):
-        return gdn_block(x, delta, pos, input_norm, w_in, conv_w, a_log, dt_bias, gnorm, conv_ring, rec_state, w_out,
-                         nk=nk, nv=nv, dk=dk, dv=dv, eps=eps, zc=zc, linear=gemv.linear)
-    proj, x = gemv.linear_norm(x, delta, input_norm, eps, w_in, None, zc=zc)
-    y = gdn_decode(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, nk=nk, nv=nv, dk=dk, dv=dv,
-                   eps=eps)
-    return x, gemv.linear_send(y.view(1, 1, -1), w_out, None, send)
-
-
-gdn_block_fused.sends = True

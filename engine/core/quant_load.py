@@ -76,7 +76,8 @@ class Store:
         for prefix, layers in _layer_lists(m):
             for i, layer in enumerate(layers):
                 for attr, modules in MATRICES.items():
-                    if not hasattr(layer, attr):  # a linear-attention layer has no wqkv / wo
+                    blk = layer.owner(attr)  # the mixer, or its MLP (w13, w2)
+                    if not hasattr(blk, attr):  # a linear-attention layer has no wqkv / wo
                         continue
                     packed = [f"{prefix}.{i}.{mod}.qweight" in names for mod in modules]
                     dense = [f"{prefix}.{i}.{mod}.weight" in names for mod in modules]
@@ -89,9 +90,9 @@ class Store:
                             raise quant.QuantError(f"{prefix}.{i}: {', '.join(modules)} are stacked into one matrix "
                                                    f"and must be all quantised or all dense")
                         self.routed.update(f"{prefix}.{i}.{mod}.weight" for mod, d in zip(modules, dense) if d)
-                    t = getattr(layer, attr)
+                    t = getattr(blk, attr)
                     if not any(packed) and isinstance(t, torch.Tensor) and t.is_meta:
-                        setattr(layer, attr, torch.empty(t.shape, dtype=m.dtype, device=m.device))
+                        setattr(blk, attr, torch.empty(t.shape, dtype=m.dtype, device=m.device))
 
     def add(self, name: str, source, pre_sliced: bool) -> None:
         prefix, layer, module, part = _PART.match(name).groups()
@@ -104,8 +105,9 @@ class Store:
         for prefix, layers in _layer_lists(m):
             for i, layer in enumerate(layers):
                 for attr, modules in MATRICES.items():
-                    if hasattr(layer, attr) and any((prefix, i, mod) in self.parts for mod in modules):
-                        setattr(layer, attr, self._built(prefix, i, attr, modules, getattr(layer, attr).shape))
+                    blk = layer.owner(attr)
+                    if hasattr(blk, attr) and any((prefix, i, mod) in self.parts for mod in modules):
+                        setattr(blk, attr, self._built(prefix, i, attr, modules, getattr(blk, attr).shape))
         if self.parts:
             raise quant.QuantError(f"packed tensors with no place in this model: {sorted(self.parts)[:3]}")
 

@@ -33,8 +33,9 @@ import torch
 # the choices themselves live in engine.core.decode_mode (kernel_choice is also read from here)
 from engine import dtype_rule, tuning
 from engine.core import decode_mode
-from engine.core.decode_mode import TRITON_MIN_CC, VOLTA_CC, DecodeMode, kernel_choice  # noqa: F401
-from engine.core.model import Model, attn_block, mlp_block
+from engine.core.decode_mode import DecodeMode, kernel_choice  # noqa: F401
+from engine.core.device import device_kernels, sm70_ptxas, triton_ok  # noqa: F401 (device_kernels re-exported)
+from engine.core.model import Model
 from engine.core.sampling import Sampler
 
 # (phase, index within the phase, tokens of this step, position after it) -> True to cancel
@@ -47,23 +48,6 @@ def dtype_for(device_type: str, capability: tuple[int, int] | None) -> str:
     return dtype_rule.dtype_for(capability if device_type == "cuda" else dtype_rule.CPU)
 
 
-def device_kernels(dev: torch.device, requested: str | None = None) -> tuple[str, str]:
-    """decode_mode.kernel_choice for this device: ``requested``, else V100PLAN_ENGINE_KERNELS, else automatic (on a
-    V100 Triton is pointed at a ptxas that still targets sm_70). The prefill's choice where no Decoder set it."""
-    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
-    req = decode_mode.Request.of(kernels=requested)
-    return kernel_choice(dev.type, cap, _triton_ok(), req.kernels, _sm70_ptxas(dev, cap))
-
-
-def _sm70_ptxas(dev: torch.device, cap) -> tuple[bool, str] | None:
-    """On a 7.x card with Triton: point Triton at a ptxas that still targets sm_70 (engine.core.sm70.use())."""
-    if dev.type == "cuda" and cap is not None and VOLTA_CC <= tuple(cap) < TRITON_MIN_CC and _triton_ok():
-        from engine.core import sm70
-
-        return sm70.use()
-    return None
-
-
 def buckets(max_context: int, first: int = FIRST_BUCKET) -> list[int]:
     """Attention windows with one graph each: doubling from ``first``, the last one the context limit."""
     out, w = [], first
@@ -72,22 +56,6 @@ def buckets(max_context: int, first: int = FIRST_BUCKET) -> list[int]:
         w *= 2
     out.append(max_context)
     return out
-
-
-def _triton_ok() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def fused_blocks() -> tuple:
-    """attn_block and mlp_block as five Triton kernels per layer (engine.core.attention), not compiled."""
-    from engine.core.attention import attn_block_fused, mlp_block_fused
-    from engine.core.gdn_fused import gdn_block_fused
-
-    return attn_block_fused, mlp_block_fused, gdn_block_fused
 
 
 class Decoder:
@@ -105,7 +73,6 @@ class Decoder:
         cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
         self.tuning = tuning.use(tuning.load(cap, os.environ.get(tuning.OVERRIDE_ENV)))
         self.graphs, self.kernels = self.mode.graphs, self.mode.kernels
-        self.blocks = self._blocks(self.kernels)
         model.kernels = self.kernels  # the prefill runs the decoder's kernel choice (no later reads)
         self.windows = bucket_list or buckets(model.max_context)
         self.info = {**self.mode.info(), "windows": self.windows if self.graphs else None,
@@ -143,27 +110,23 @@ class Decoder:
         dev = model.device
         cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
         path = getattr(model.comm, "path", None)
-        ptxas = _sm70_ptxas(dev, cap)
+        ptxas = sm70_ptxas(dev, cap)
         lockstep_kernels = False
         if path is not None:
             from engine.core import lockstep
 
             lockstep_kernels = lockstep.kernels_here(dev)
         return decode_mode.resolve(
-            request, device_type=dev.type, capability=cap, triton_ok=_triton_ok(), sm70_ptxas=ptxas,
+            request, device_type=dev.type, capability=cap, triton_ok=triton_ok(), sm70_ptxas=ptxas,
             path_name=path.name if path is not None else None,
             capturable=model.comm is None or bool(getattr(path, "capturable", False)),
-            exchange_offered=lambda kernels: kernels == "fused" and model.offers_exchange(fused_blocks()),
+            exchange_offered=model.offers_exchange,
             lockstep_kernels=lockstep_kernels)
-
-    @staticmethod
-    def _blocks(kernels: str) -> tuple:
-        return fused_blocks() if kernels == "fused" else (attn_block, mlp_block)
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, tok: torch.Tensor, pos: torch.Tensor, window: int) -> torch.Tensor:
-        """Model.decode_step with this decoder's blocks and exchange (eager call; what the graphs capture)."""
-        return self.model.decode_step(tok, pos, window, self.blocks, self.mode.exchange)
+        """Model.decode_step with this decoder's kernels and exchange (eager call; what the graphs capture)."""
+        return self.model.decode_step(tok, pos, window, self.kernels, self.mode.exchange)
 
     def window_for(self, pos: int) -> int:
         for w in self.windows:

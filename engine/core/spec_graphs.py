@@ -26,8 +26,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.core.model import gdn_mix, rms_norm
 from engine.core.quant import matmul
+from engine.model.base import rms_norm
 
 
 def kernels_here(model) -> bool:
@@ -82,13 +82,7 @@ def attend_rows(model, layer, h: torch.Tensor, cos, sin, pp: torch.Tensor, bias:
     a = a.view(1, layer.n_heads, t, hd).transpose(1, 2).reshape(1, t, layer.n_heads * hd)
     if gate is not None:
         a = a * torch.sigmoid(gate)
-    return matmul(a, layer.wo, model._bias_once(layer.bo))
-
-
-def _fused_gdn(model, layer) -> bool:
-    from engine.core import gdn_fused
-
-    return kernels_here(model) and gdn_fused.supported(layer.dk, layer.dv)
+    return matmul(a, layer.wo, layer.bias_once(layer.bo, model.rank))
 
 
 def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tensor,
@@ -99,15 +93,10 @@ def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tenso
     recs[i] [nv, dk, dv]."""
     t = h.shape[1]
     proj = matmul(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]
-    if _fused_gdn(model, layer):
-        from engine.core.gdn_fused import gdn_decode as mix
-    else:
-        mix = gdn_mix
+    fused = kernels_here(model) and layer.fused_here(model.device, 0)
     ys = []
     for i in range(t):
-        ys.append(mix(proj[i], layer.conv_ring, layer.conv_w, layer.a_log, layer.dt_bias, layer.gnorm,
-                      layer.rec_state, pp[i:i + 1], nk=layer.nk, nv=layer.nv, dk=layer.dk, dv=layer.dv,
-                      eps=model.cfg.rms_norm_eps))
+        ys.append(layer.mix(proj[i], pp[i:i + 1], fused))
         rings[i].copy_(layer.conv_ring)
         recs[i].copy_(layer.rec_state)
     return matmul(torch.stack(ys).view(1, t, -1), layer.w_out)
@@ -131,8 +120,8 @@ def rows_forward(model, x: torch.Tensor, mix) -> torch.Tensor:
     for layer in model.layers:
         x, h = add_norm(model, x, delta, layer.input_norm)
         delta = model._reduce(mix(layer, h))
-        x, h = add_norm(model, x, delta, layer.post_norm)
-        delta = model._reduce(model._mlp(layer, h))
+        x, h = add_norm(model, x, delta, layer.mlp.post_norm)
+        delta = model._reduce(layer.mlp.prefill(h, model.rank))
     return add_norm(model, x, delta, model.norm)[1]
 
 

@@ -69,8 +69,8 @@ def _slot(model: Model, name: str) -> tuple[torch.Tensor, int]:
 
 
 def _layer_slot(model: Model, layer, rest: str, name: str) -> tuple:
-    if layer.mlp == "moe":
-        return _moe_slot(layer, rest, name) or _mixer_slot(model, layer, rest, name)
+    if layer.mlp.kind == "moe":
+        return _moe_slot(layer.mlp, rest, name) or _mixer_slot(model, layer, rest, name)
     return _mixer_slot(model, layer, rest, name)
 
 
@@ -97,15 +97,16 @@ def _moe_slot(layer, rest: str, name: str) -> tuple | None:
 
 
 def _mixer_slot(model: Model, layer, rest: str, name: str) -> tuple[torch.Tensor, int]:
+    mlp = layer.mlp
     common = {
         "input_layernorm.weight": (layer.input_norm, 0),
-        "post_attention_layernorm.weight": (layer.post_norm, 0),
-        "mlp.gate_proj.weight": (layer.w13, 0),
-        "mlp.up_proj.weight": (layer.w13, layer.ff),
-        "mlp.gate_proj.bias": (layer.b13, 0),
-        "mlp.up_proj.bias": (layer.b13, layer.ff),
-        "mlp.down_proj.weight": (layer.w2, 0),
-        "mlp.down_proj.bias": (layer.b2, 0),
+        "post_attention_layernorm.weight": (mlp.post_norm, 0),
+        "mlp.gate_proj.weight": (mlp.w13, 0),
+        "mlp.up_proj.weight": (mlp.w13, mlp.ff),
+        "mlp.gate_proj.bias": (mlp.b13, 0),
+        "mlp.up_proj.bias": (mlp.b13, mlp.ff),
+        "mlp.down_proj.weight": (mlp.w2, 0),
+        "mlp.down_proj.bias": (mlp.b2, 0),
     }
     if layer.kind == "linear_attention":
         vd = layer.nv * layer.dv
@@ -173,6 +174,7 @@ def load_into(model: Model, model_dir: str | Path) -> None:
     from engine.core import random_weights
 
     src, pre_sliced = resolve(model_dir, model.rank, model.world)
+    attach(model)
     cfg = model.cfg
     filled: dict[int, int] = {}
     names: set[str] = set()
@@ -246,9 +248,25 @@ def expected_tensors(model: Model) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def attach(model: Model) -> None:
+    """What the loader adds to a model built from its config: the MTP draft layer (engine.model.mtp) where the
+    config declares one, and the prefill's kernel choice for the model's device (the Decoder sets it again)."""
+    if model.cfg.mtp_layers and model.mtp is None:
+        from engine.model.mtp import MTP
+
+        model.mtp = MTP(model.cfg, model.world, model.dtype, model.device)
+        for layer in model.mtp.layers if model.max_context else ():  # a model whose cache is already set up
+            layer.alloc_state(1, model.max_context, model.dtype, model.device, model.kv_int8)
+    if model.kernels is None:
+        from engine.core.device import device_kernels
+
+        model.kernels = device_kernels(model.device)[0]
+
+
 @torch.inference_mode()
 def init_random(model: Model, seed: int = 0, std: float = 0.02) -> None:
     """Random weights generated where the model lives (the benchmark: shapes and bytes are what matter)."""
+    attach(model)
     g = torch.Generator(device=model.device).manual_seed(seed)
     for label, t in expected_tensors(model):
         if label.endswith(".a_log"):  # decay rates as Qwen3.5 initialises them: A in [1, 16], log stored

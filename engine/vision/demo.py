@@ -70,7 +70,7 @@ def make(out_dir: str | Path, seed: int | None = None) -> dict:
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    tensors = demo.weights_bytes(seed, cfg)
+    tensors = demo.weights_bytes(seed, cfg, tensor_names(cfg))
     demo.write_safetensors(d / "model.safetensors", tensors, {"format": "pt", "model_id": VISION_ID, "seed": str(seed)})
     tok = demo.build_tokenizer()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])

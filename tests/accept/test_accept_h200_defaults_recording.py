@@ -5,7 +5,7 @@ serve's defaults (qualify passes none); the code of commit e9f5cdb (ranks warm u
 imports what GPU ranks need; the report's git_revision is the device copy's stale HEAD). The report
 (qualify-h200-defaults-warm-2026-12-02.json, console in the .txt) is judged by what it measured: the scenarios'
 own statuses and repetitions, the limits the service's keyed /health reported, the event times. kill_proxy after
-the proxy's restart was cut: test_accept_h200_kill_proxy_recording.py."""
+the proxy's restart was cut: tests/fixtures/acceptance/kill-proxy-h200-2026-12-02/."""
 
 from __future__ import annotations
 

@@ -54,13 +54,13 @@ def test_the_exchange_goes_inside_the_gemvs_only_with_fused_blocks_that_run_and_
 
     path = _Path()
     model = _tiny(_Comm(path))
-    fused = runner.fused_blocks()
+    fused = "fused"
     assert model.epilogue_exchange(fused, "send") is None  # CPU: the fused blocks run the plain code here
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
     monkeypatch.setattr(attention, "_interpreting", lambda: True)
     assert model.offers_exchange(fused)
     assert model.epilogue_exchange(None, "send") is None  # plain blocks take no tickets
-    assert model.epilogue_exchange((runner.attn_block, runner.mlp_block), "send") is None
+    assert model.epilogue_exchange("eager", "send") is None
     assert model.epilogue_exchange(fused, "send") == "xs"  # sent by the GEMVs, received by a kernel
     assert model.epilogue_exchange(fused, "kernel") is None  # the allreduce kernels
     assert model.epilogue_exchange(fused, None) is None  # a step given no mode: the path's allreduce

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core import runner
 from tests.engine_helpers import small_config
 
 
@@ -48,9 +47,9 @@ def test_on_the_gpu_fused_steps_match_the_plain_step_in_bf16_and_in_a_graph(name
         ref = models[torch.float32].decode_step(tok, pos, 1024)
         m = models[torch.bfloat16]
         plain = m.decode_step(tok, pos, 1024)
-        fused = m.decode_step(tok, pos, 1024, runner.fused_blocks())
+        fused = m.decode_step(tok, pos, 1024, "fused")
         out = {}
-        graph = timing.capture(lambda: out.__setitem__("y", m.decode_step(tok, pos, 1024, runner.fused_blocks())))
+        graph = timing.capture(lambda: out.__setitem__("y", m.decode_step(tok, pos, 1024, "fused")))
         graph.replay()
         torch.cuda.synchronize()
         first = out["y"].clone()

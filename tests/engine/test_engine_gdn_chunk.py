@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from engine.core import config as ecfg
+from engine.core import weights
 from engine.core.model import Model
 from engine.kernels import gdn_chunk
+from engine.model.base import Chunk
 from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 
@@ -32,6 +34,7 @@ def test_a_cpu_model_prefills_with_the_torch_form(monkeypatch):
     monkeypatch.delenv("V100PLAN_ENGINE_KERNELS", raising=False)
     m = Model(ecfg.from_dict(dict(SMALL, model_type="qwen3_5_text")), dtype=torch.float32, device="cpu")
     layer = next(la for la in m.layers if la.kind == "linear_attention")
-    assert m.kernels is None and not m._gdn_kernel(layer) and m.kernels == "eager"
-    m.kernels = "fused"  # asked for, but the kernels do not run on CPU tensors outside the tests' interpreter
-    assert not m._gdn_kernel(layer)
+    weights.init_random(m)  # the loader hands the model the kernel choice for its device
+    assert m.kernels == "eager" and not layer.chunk_kernel(Chunk(0, None, None, kernels=m.kernels), m.dtype, m.device)
+    # "fused" asked for, but the kernels do not run on CPU tensors outside the tests' interpreter
+    assert not layer.chunk_kernel(Chunk(0, None, None, kernels="fused"), torch.bfloat16, m.device)

@@ -71,11 +71,11 @@ def test_fused_bf16_hybrid_step_is_as_close_to_float32_as_the_plain_one_and_repl
         start = snapshot_state(m)
         plain = m.decode_step(tok, pos, 1024)
         restore_state(m, start)
-        fused = m.decode_step(tok, pos, 1024, runner.fused_blocks())
+        fused = m.decode_step(tok, pos, 1024, "fused")
         after = snapshot_state(m)
         restore_state(m, start)
         out = {}
-        graph = timing.capture(lambda: out.__setitem__("y", m.decode_step(tok, pos, 1024, runner.fused_blocks())))
+        graph = timing.capture(lambda: out.__setitem__("y", m.decode_step(tok, pos, 1024, "fused")))
         restore_state(m, start)  # capture's warm-up ran the step: start again from the same state
         graph.replay()
         torch.cuda.synchronize()

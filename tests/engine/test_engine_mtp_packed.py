@@ -73,7 +73,7 @@ def test_the_draft_layer_is_held_packed_and_counted(checkpoints):
     assert m.mtp is not None and len(m.mtp.layers) == 1
     layer = m.mtp.layers[0]
     for attr in ("wqkv", "wo", "w13", "w2"):
-        w = getattr(layer, attr)
+        w = getattr(layer.owner(attr), attr)
         assert isinstance(w, quant.PackedLinear) and w.qweight.dtype == torch.int32, attr
     assert len(m.packed()) == 4 * (len(m.layers) + 1)  # the decoder's four matrices a layer, and the draft layer's
     held = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.endswith("g_idx"))

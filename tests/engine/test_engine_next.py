@@ -58,11 +58,11 @@ def test_the_mlp_table_and_the_expert_tensors_come_from_the_config(nxt):
     assert m.cfg.model_type == "qwen3_next" and m.cfg.mtp_layers == 0
     assert m.cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
     assert m.cfg.mlp_types == ("moe", "moe", "dense", "moe")  # layer 2 is in mlp_only_layers
-    la = m.layers[0]
+    la = m.layers[0].mlp
     assert la.router.shape == (8, 128) and la.shared_gate.shape == (1, 128)
     assert la.ew13.shape == (8, 128, 128) and la.ew2.shape == (8, 128, 64)
     assert la.w13.shape == (192, 128) and la.w2.shape == (128, 96)  # the shared expert
-    assert m.layers[2].w13.shape == (512, 128) and not hasattr(m.layers[2], "ew13")
+    assert m.layers[2].mlp.w13.shape == (512, 128) and not hasattr(m.layers[2].mlp, "ew13")
     assert m.cfg.param_count() == sum(p.numel() for p in nxt[0].parameters())
 
 
@@ -89,7 +89,7 @@ def test_the_decode_steps_moe_equals_the_prefills(nxt):
     eager, static, _ = eager_and_static_step(m, d, torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32]]), 128)
     assert (eager - static).abs().max().item() < 1e-5
     # one layer's MLP directly: the gathered-experts form against the per-expert loop
-    la = m.layers[0]
+    la = m.layers[0].mlp
     h = torch.randn(1, 1, 128, generator=torch.Generator().manual_seed(9))
     routed = moe.decode(h, la.router, la.shared_gate, la.ew13, la.ew2, k=2, norm_topk=True)
     loop = moe.prefill(h, la.router, la.shared_gate, la.ew13, la.ew2, la.w13, la.w2, k=2, norm_topk=True,
@@ -172,9 +172,9 @@ def test_a_random_weights_model_of_the_shape_loads_every_expert(tmp_path, nxt):
     assert summary["parameters"] == sum(p.numel() for p in hf.parameters())
     r = Model(ecfg.load(tmp_path / "r"))
     weights.load_into(r, tmp_path / "r")  # WeightsError if any expert, router or shared-expert tensor is unfilled
-    assert r.weights_origin == "random" and r.layers[3].ew2.abs().sum() > 0
+    assert r.weights_origin == "random" and r.layers[3].mlp.ew2.abs().sum() > 0
     sparse = r.weight_bytes()  # a step reads the 2 chosen experts of 8
-    moe_layers = [la for la in r.layers if la.mlp == "moe"]
+    moe_layers = [la.mlp for la in r.layers if la.mlp.kind == "moe"]
     for la in moe_layers:
         la.top_k = 8
     try:

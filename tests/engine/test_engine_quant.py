@@ -71,7 +71,7 @@ def test_reference_dequantise_is_the_weight_transformers_holds(checkpoints):
         ref = hf.model.layers[1]
         qkv = torch.cat([ref.self_attn.q_proj.weight, ref.self_attn.k_proj.weight, ref.self_attn.v_proj.weight])
         assert torch.equal(layer.wqkv.dequantise(), qkv)
-        assert torch.equal(layer.w2.dequantise(), ref.mlp.down_proj.weight)
+        assert torch.equal(layer.mlp.w2.dequantise(), ref.mlp.down_proj.weight)
 
 
 def _generate(args: list[str]) -> subprocess.CompletedProcess:

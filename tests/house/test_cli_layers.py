@@ -49,18 +49,9 @@ def _importers_of_commands() -> dict[str, list[str]]:
     return out
 
 
-# Modules still allowed to import commands/ while they are moved (none now: planner/accuracy.py reads
-# the catalogue directly).
-PENDING: set[str] = set()
-
-
 def test_only_the_cli_imports_commands():
-    bad = {m: why for m, why in _importers_of_commands().items() if m not in PENDING}
+    bad = _importers_of_commands()
     assert not bad, f"domain code must not depend on the CLI: {bad}"
-
-
-def test_the_pending_importers_are_fixed():
-    assert not (PENDING & set(_importers_of_commands()))
 
 
 def test_calibrate_has_no_import_cycle():

@@ -1,0 +1,93 @@
+"""What every layer kind shares: the norm and RoPE arithmetic, the inputs of one decode step and of one prefill
+chunk, and the base class (weights, per-sequence state in a pool with a leading slot dimension)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zc: bool = False) -> torch.Tensor:
+    # As Hugging Face does it: statistics in float32, result cast back before the weight multiply (Llama,
+    # Qwen2/3); zero-centred (Qwen3.5, ``zc``): the weight applied as (1 + w) in float32, one rounding at the end.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if zc:
+        return (h * (1.0 + weight.float())).to(x.dtype)
+    return weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin on the first cos.shape[-1] of the last dimension (all of it, or the
+    rotary part of a partial rotary factor); the rest passes through."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    xr, xp = x[..., :rot], x[..., rot:]
+    return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One decode step's inputs, shared by every layer: device tensors only, so the step can be captured.
+    ``fused``: the decoder's kernel choice is "fused" (each kind runs its Triton path where its shapes fit)."""
+    pos: torch.Tensor  # [1] int64
+    cos: torch.Tensor  # [1, rot]
+    sin: torch.Tensor  # [1, rot]
+    mask_bias: torch.Tensor  # [1, 1, 1, W] float32: 0 up to pos, -inf past it
+    window: int  # attention reads cache positions [0, window)
+    rank: int  # biases of row-parallel outputs are added on rank 0 only (the allreduce carries them once)
+    fused: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One prefill chunk's inputs at positions pos0..pos0+T-1. ``kernels``: the model's kernel choice (None:
+    eager); ``states``: the speculative verification's list that Gated DeltaNet layers append their per-position
+    states to (engine.model.gdn)."""
+    pos0: int
+    cos: torch.Tensor  # [T, rot]
+    sin: torch.Tensor  # [T, rot]
+    rank: int = 0
+    kernels: str | None = None
+    states: list | None = None
+
+
+class Block:
+    """A half-layer (a mixer or an MLP): its weights are the attributes named in ``WEIGHTS``, its per-sequence
+    state the pool tensors named in ``STATE`` (leading dimension: the sequence slot; ``slot``: the one decoding)."""
+
+    WEIGHTS: tuple[str, ...] = ()
+    STATE: tuple[str, ...] = ()
+    slot = 0
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The dense weight tensors, a mixer's MLP's included (packed matrices: ``matrices``)."""
+        own = {k: t for k, t in self.matrices().items() if isinstance(t, torch.Tensor)}
+        mlp = getattr(self, "mlp", None)
+        if mlp is None:
+            return own
+        # the order the loaders and init_random walk (its random draws follow it): input norm, MLP, the mixer's own
+        first = {k: own.pop(k) for k in ("input_norm",) if k in own}
+        return {**first, **mlp.weights(), **own}
+
+    def matrices(self) -> dict[str, object]:
+        """Every weight of this block (its MLP's not), dense tensors or packed (engine.core.quant) matrices."""
+        return {k: getattr(self, k) for k in self.WEIGHTS if getattr(self, k, None) is not None}
+
+    def owner(self, name: str) -> Block:
+        """The block that holds weight ``name``: this one, or its MLP (what the loaders fill)."""
+        return self if name in self.WEIGHTS or not hasattr(self, "mlp") else self.mlp
+
+    def state(self) -> list[torch.Tensor]:
+        """The pools (every slot), as allocated by alloc_state; empty before it."""
+        return [t for t in (getattr(self, k, None) for k in self.STATE) if t is not None]
+
+    def bias_once(self, bias: torch.Tensor | None, rank: int) -> torch.Tensor | None:
+        return bias if rank == 0 else None
