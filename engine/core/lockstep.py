@@ -83,42 +83,6 @@ def hash_step_ref(h: int, tok: int, pos: int, corrupt: int = 0) -> int:
     return s64(s64(s64((h ^ tok) * MIX_TOKEN) ^ s64(pos * MIX_POS)) ^ corrupt)
 
 
-def _kernels():
-    # Triton resolves triton.language through the module's globals
-    global tl
-    import functools
-
-    import triton
-    import triton.language as tl
-
-    @functools.cache
-    def build():
-        @triton.jit
-        def pre(tok_ptr, pos_ptr, state_ptr, flags_ptr, msg_ptr, MIX_T: tl.constexpr, MIX_P: tl.constexpr):
-            t = tl.load(tok_ptr).to(tl.int64)
-            h = ((tl.load(state_ptr) ^ t) * MIX_T) ^ (tl.load(pos_ptr) * MIX_P) ^ tl.load(flags_ptr + 1)
-            tl.store(state_ptr, h)
-            tl.store(msg_ptr, t)
-            tl.store(msg_ptr + 1, h)
-            tl.store(msg_ptr + 2, tl.load(flags_ptr))
-
-        @triton.jit
-        def post(msg_ptr, a_ptr, b_ptr, out_ptr):
-            a0, a1, a2 = tl.load(a_ptr), tl.load(a_ptr + 1), tl.load(a_ptr + 2)
-            b0, b1, b2 = tl.load(b_ptr), tl.load(b_ptr + 1), tl.load(b_ptr + 2)
-            tl.store(out_ptr, tl.load(msg_ptr))
-            tl.store(out_ptr + 1, ((a0 == b0) & (a1 == b1)).to(tl.int64))
-            tl.store(out_ptr + 2, a2 | b2)
-            tl.store(out_ptr + 3, a0)
-            tl.store(out_ptr + 4, a1)
-            tl.store(out_ptr + 5, b0)
-            tl.store(out_ptr + 6, b1)
-
-        return pre, post
-
-    return build()
-
-
 def kernels_here(device: torch.device) -> bool:
     """The two-kernel form of in_graph: CUDA devices where Triton targets the card (8.0+, as the engine's
     kernels); elsewhere (the V100, CPUs) the torch ops."""
@@ -138,12 +102,13 @@ def in_graph(tok: torch.Tensor, pos: torch.Tensor, state: torch.Tensor, flags: t
     the path's capturable exchange. Returns int64 [7] in GRAPH_FIELDS order. ``kernels``: the same in two
     Triton kernels around the exchange instead of ~15 small torch ops (default where kernels_here)."""
     if kernels if kernels is not None else kernels_here(tok.device):
-        pre, post = _kernels()
+        from engine.kernels import lockstep_jit
+
         msg = torch.empty(3, dtype=torch.int64, device=tok.device)
-        pre[(1,)](tok, pos, state, flags, msg, MIX_T=MIX_TOKEN, MIX_P=MIX_POS)
+        lockstep_jit.pre[(1,)](tok, pos, state, flags, msg, MIX_T=MIX_TOKEN, MIX_P=MIX_POS)
         a, b = all_gather(msg)
         out = torch.empty(7, dtype=torch.int64, device=tok.device)
-        post[(1,)](msg, a, b, out)
+        lockstep_jit.post[(1,)](msg, a, b, out)
         return out
     t = tok.view(1).to(torch.int64)
     h = hash_step(state, t, pos, flags[1:2])

@@ -39,33 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.quant_config import QuantConfig, QuantError, check_inputs, parse  # noqa: F401 (re-exported)
+from engine.kernels.int4_pack import TILE_WORDS, awq_to_natural, pack, unpack
 
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's packing: nibble i of a word holds column AWQ_ORDER[i]
-AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column j of a word sits in nibble AWQ_REVERSE[j]
 PARTS = ("qweight", "qzeros", "scales", "g_idx")  # a module with a qweight is quantised; one with weight dense
-TILE_WORDS = 16  # words per row of one held tile (128 inputs: a GPTQ / AWQ group of 128, or whole smaller groups)
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble j at bits 4 j
-
-
-# ---- nibbles ----------------------------------------------------------------------------------------------
-def unpack(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., M] -> uint8 [..., 8 M]: nibble j of word m is value 8 m + j. Through the words' bytes (little-
-    endian: byte b holds nibbles 2 b and 2 b + 1), a quarter of the work of shifting int32s."""
-    b = words.to(torch.int32).contiguous().view(torch.uint8)  # [..., 4 M]
-    return torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*words.shape[:-1], words.shape[-1] * 8)
-
-
-def pack(values: torch.Tensor) -> torch.Tensor:
-    """int [..., 8 M] in [0, 16) -> int32 [..., M], the inverse of unpack."""
-    v = values.to(torch.int64).reshape(*values.shape[:-1], -1, 8) << _SHIFTS.to(values.device).to(torch.int64)
-    w = v.sum(-1)  # disjoint bits: the sum is the OR
-    return torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
-
-
-def awq_to_natural(words: torch.Tensor) -> torch.Tensor:
-    """AWQ-ordered words [..., M] -> the same values unpacked in column order [..., 8 M]."""
-    v = unpack(words).reshape(*words.shape[:-1], -1, 8)
-    return v[..., list(AWQ_REVERSE)].reshape(*words.shape[:-1], -1)
 
 
 # ---- the packed weight ------------------------------------------------------------------------------------
@@ -159,6 +135,22 @@ class PackedLinear:
             return F.linear(x, gemv_int4.dequantise(self, x.dtype), b)
         return F.linear(x, self.dequantise_held(x.dtype), b)
 
+    # the decode step's one-row products with a prologue (engine.kernels.gemv's, which hands a packed weight here)
+    def linear_norm(self, x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, b=None, zc: bool = False):
+        from engine.kernels import gemv_int4
+
+        return gemv_int4.linear_norm(x, delta, norm_weight, eps, self, b, zc=zc)
+
+    def linear_silu(self, gu: torch.Tensor, b: torch.Tensor | None = None, send=None):
+        from engine.kernels import gemv_int4
+
+        return gemv_int4.linear_silu(gu, self, b, send)
+
+    def linear_send(self, x: torch.Tensor, b: torch.Tensor | None, send=None):
+        from engine.kernels import gemv_int4
+
+        return gemv_int4.linear_send(x, self, b, send)
+
 
 def cat(parts: list[PackedLinear]) -> PackedLinear:
     """Fused q/k/v or gate/up: the matrices stacked along the output (whole words of zero points each)."""
@@ -202,6 +194,10 @@ class Rows:
 
     def packed_parts(self) -> list[PackedLinear]:
         return [p for p in self.parts if isinstance(p, PackedLinear)]
+
+    def tiled(self, rows: int) -> Rows:
+        """The packed parts' words held in tiles of ``rows`` rows where they can be (PackedLinear.tiled)."""
+        return Rows([p.tiled(rows) if isinstance(p, PackedLinear) else p for p in self.parts])
 
     def dequantise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.cat([p.dequantise(dtype) if isinstance(p, PackedLinear) else p.to(dtype) for p in self.parts])
@@ -303,11 +299,7 @@ def is_packed(w: Any) -> bool:
 def tiled(w: Any, rows: int) -> Any:
     """A packed matrix (PackedLinear, or a Rows' packed parts) with its words held in tiles of ``rows`` rows where
     they can be (PackedLinear.tiled); anything else as it is."""
-    if isinstance(w, PackedLinear):
-        return w.tiled(rows)
-    if isinstance(w, Rows):
-        return Rows([tiled(p, rows) for p in w.parts])
-    return w
+    return w.tiled(rows) if isinstance(w, (PackedLinear, Rows)) else w
 
 
 def matmul(x: torch.Tensor, w: torch.Tensor | PackedLinear | Rows, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,7 +9,8 @@ GEMVs never use and the one-query attention uses on [16, 128]-sized tiles.
 
 ``python -m engine.core.sm70`` compiles every kernel the V100 runs (kernel choice "fused": the dense GEMVs and
 their prologues and exchange, the one-query attention and its combine, the int4 GEMV and the prefill dequantise,
-the Gated DeltaNet decode and prefill kernels) for sm_70 in fp16 and prints, per kernel, the cubin's size, as JSON
+the Gated DeltaNet decode and prefill kernels, the speculative verification's rows norm; the in-graph lockstep's
+kernels run from 8.0 only) for sm_70 in fp16 and prints, per kernel, the cubin's size, as JSON
 (tests/engine/test_engine_sm70.py runs it in CI).
 """
 
@@ -127,14 +128,22 @@ def variants() -> list[tuple[str, object, dict, int]]:
     """(label, triton kernel, constexprs, num_warps[, argument types]) of every kernel the fused decode step runs,
     fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
     zero-centred norms, the Gated DeltaNet decode kernel and its prefill kernels), the int8 K/V cache's attention."""
-    from engine.core import attention, gdn_fused
-    from engine.kernels import exchange, gdn_chunk, gemv, gemv_int4
+    from engine.core import attention
+    from engine.kernels import (
+        attention_jit,
+        exchange_jit,
+        gdn_chunk_jit,
+        gdn_decode_jit,
+        gemv_int4_jit,
+        gemv_jit,
+        rows_norm_jit,
+    )
 
-    pro, finish = gemv._prologue_kernel(), exchange.kernels().finish
-    attn, comb = attention._kernels()
-    int4, deq, int4_row = gemv_int4._kernels()
+    pro, finish = gemv_jit.gemv_prologue_kernel, exchange_jit.exchange_finish_kernel
+    attn, comb = attention_jit.attention_kernel, attention_jit.combine_kernel
+    int4, deq, int4_row = gemv_int4_jit.int4_gemv_kernel, gemv_int4_jit.dequant_kernel, gemv_int4_jit.int4_row_kernel
     silu16 = tuning.load(VOLTA).fp16_silu
-    prep, chunk = gdn_chunk._kernels()
+    prep, chunk = gdn_chunk_jit.gdn_chunk_prep_kernel, gdn_chunk_jit.gdn_chunk_kernel
     base = dict(HAS_BIAS=False, BLOCK_N=8, BLOCK_K=512, EVEN_K=True, EMU=False, STATS_BLOCK=4096, SEND=False,
                 EPW=2)
     q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2,
@@ -162,7 +171,7 @@ def variants() -> list[tuple[str, object, dict, int]]:
          {"kc_ptr": "*i8", "vc_ptr": "*i8", "ksc_ptr": "*fp32", "vsc_ptr": "*fp32"}),
         ("attention:own position apart", attn, {**attn_c, "APART": True}, 8),
         ("attention:combine gated", comb, dict(SPLITS=8, G=6, G_PAD=16, HD=256, EMU=False, GATED=True), 4),
-        ("gdn_decode:27b", gdn_fused._kernel(), dict(NK=16, NV=48, DK=128, DV=128, KSIZE=4, EMU=False), 8,
+        ("gdn_decode:27b", gdn_decode_jit.gdn_decode_kernel, dict(NK=16, NV=48, DK=128, DV=128, KSIZE=4, EMU=False), 8,
          {"state_ptr": "*fp32", "pos_ptr": "*i64"}),
         ("gdn_chunk:27b prefill", chunk, dict(DK=128, DV=128, BV=32, C=64, IEEE=False, EMU=False), 4,
          {"last_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*fp32"}),
@@ -185,6 +194,10 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_gemv:fp16 pairs, words held in tiles", int4, {**q4, "PAIRS": True, "SPLIT": 8, "TB": 32, "TW": 16}, 1),
         ("int4_gemv:words held in tiles, no prefetch", int4, {**q4, "STAGES": 1, "TB": 32, "TW": 16}, 1),
         ("int4_dequant", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128, TB=0, TW=16), 4),
+        ("rows_norm:add + norm, zero-centred (the speculative verification's rows)", rows_norm_jit.add_norm_kernel,
+         dict(EMU=False, ZC=True, DELTA=True, BLOCK=8192), 8),
+        ("rows_norm:q/k heads' norm", rows_norm_jit.add_norm_kernel, dict(EMU=False, ZC=False, DELTA=False, BLOCK=128),
+         4),
         ("int4_dequant:words held in tiles", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128, TB=32, TW=16), 4),
     ]
 

@@ -1,3 +1,3 @@
-"""engine.kernels: the decode and prefill Triton kernels by family (GEMV bf16/fp16, GEMV int4, the exchange,
-Gated DeltaNet chunk, RMSNorm rows, rounding), each beside the plain torch reference its tests use; the bottom floor
-of the engine (docs/engine.md, the layout)."""
+"""engine.kernels: the decode and prefill Triton kernels by family, each a ``*_jit`` module of module-level kernels
+beside its launches and the plain torch reference its tests use (docs/engine.md, the layout); the bottom floor of
+the engine: it imports nothing above it (engine/kernels/ruff.toml)."""

@@ -8,129 +8,24 @@ wide as its N rows, and the sum over K stays in float32 and in a fixed order (de
 on every rank). It is the prologue kernel below with no prologue (PROLOGUE_PLAIN).
 
 Only where engine.core.decode_mode.kernel_choice picks Triton kernels (compute capability 8.0+, and the V100 in fp16
-with an sm_70 ptxas: engine.core.sm70); never on CPU, which keeps F.linear. The block sizes per (N, K) come from the card family's tuning table
-(engine.tuning: ``gemv``, ``prologue``, ``fp16_silu``; bench: ``python -m engine.bench.gemv --write-table``), with a
+with an sm_70 ptxas: engine.core.sm70); never on CPU, which keeps F.linear. The kernel is engine.kernels.gemv_jit's.
+The block sizes per (N, K) come from the card family's tuning table (engine.tuning: ``gemv``, ``prologue``, ``fp16_silu``; bench: ``python -m engine.bench.gemv --write-table``), with a
 default for shapes it does not list.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-
 import torch
 import torch.nn.functional as F
 
 from engine import tuning
-from engine.kernels import exchange, rounding
-from engine.kernels.exchange import as_sent as _sent  # noqa: F401  (the names engine.kernels.gemv_int4 reads from here)
-from engine.kernels.exchange import epw as _epw
-from engine.kernels.exchange import exchange_finish  # noqa: F401
-from engine.kernels.exchange import ticket_args as _xs_args
-from engine.kernels.rounding import interpreting
+from engine.kernels.exchange import as_sent, epw, ticket_args
+from engine.kernels.interpreter import interpreting
+from engine.kernels.prologue import PROLOGUE_NAMES, PROLOGUE_NORM, PROLOGUE_PLAIN, PROLOGUE_SILU
 
-
-# The same GEMV with its input made in the prologue (kernel choice "fused", engine.core.attention): each
-# program computes the input row itself from rows in L2 instead of a separate kernel writing it.
-#   PROLOGUE_NORM: h = RMSNorm(x + delta) * norm_weight (Hugging Face's rounding: x + delta rounded to the
-#                  dtype, statistics in float32, the normalised row rounded before the weight multiply and the
-#                  product rounded); program 0 also writes x + delta, the new residual.
-#   PROLOGUE_SILU: h = SiLU(gate) * up from the gate/up product's row [gate | up] (each rounded, as eager).
+# The same GEMV with its input made in the prologue (kernel choice "fused", engine.core.attention): each program
+# computes the input row itself from rows in L2 instead of a separate kernel writing it (engine.kernels.prologue).
 # Block sizes per (N, K): the tuning table's ``prologue`` (bench: python -m engine.bench.gemv --fused), else ``gemv``.
-class Prologue(enum.IntEnum):
-    """The prologues, by the values the kernels take (PROLOGUE=); inside gemv_prologue_kernel as the constants
-    PRO_PLAIN, PRO_NORM and PRO_SILU (Triton reads only constexpr globals)."""
-    PLAIN = 0
-    NORM = 1
-    SILU = 2
-
-
-# plain ints, as callers pass them (engine.kernels.gemv_int4's kernel compares its PROLOGUE with these values)
-PROLOGUE_PLAIN, PROLOGUE_NORM, PROLOGUE_SILU = (int(p) for p in Prologue)
-PROLOGUE_NAMES = ("plain", "norm", "silu")
-
-
-@functools.cache
-def _prologue_kernel():
-    # Triton resolves triton.language, the functions a kernel calls and its constants through the module's globals
-    global tl, rnd, _normed, _residual, _norm_stats, _xs_send
-    global PRO_PLAIN, PRO_NORM, PRO_SILU
-    import triton
-    import triton.language as tl
-
-    rnd, _normed = rounding.kernels()
-    _xs_send = exchange.kernels().send  # the receive and finish kernels are exchange's own
-    # the prologues inside the kernel: Prologue's values as constants the compiler folds
-    PRO_PLAIN, PRO_NORM, PRO_SILU = (tl.constexpr(int(p)) for p in Prologue)
-
-    @triton.jit
-    def _residual(x_ptr, d_ptr, xo_ptr, offs, mask, pid, dt: tl.constexpr, EMU: tl.constexpr):
-        """x + delta at offs, rounded to the dtype, as float32; program 0 also writes it (the new residual) to xo."""
-        xv = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        dv = tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r = rnd(xv + dv, dt, EMU)
-        if pid == 0:
-            tl.store(xo_ptr + offs, r, mask=mask)
-        return r.to(tl.float32)
-
-    @triton.jit
-    def _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt: tl.constexpr, EMU: tl.constexpr,
-                    STATS_BLOCK: tl.constexpr):
-        """1/rms of x + delta (rounded to the dtype), float32, in a fixed order over the whole row; program 0
-        also writes x + delta (the new residual) to xo."""
-        scols = tl.arange(0, STATS_BLOCK)
-        ss = tl.zeros((STATS_BLOCK,), dtype=tl.float32)
-        for k0 in range(0, K, STATS_BLOCK):
-            r = _residual(x_ptr, d_ptr, xo_ptr, k0 + scols, (k0 + scols) < K, pid, dt, EMU)
-            ss += r * r
-        return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-
-    @triton.jit
-    def gemv_prologue_kernel(w_ptr, x_ptr, d_ptr, nw_ptr, b_ptr, y_ptr, xo_ptr, N, K, stride_w, eps,
-                             xs_peer, xs_ser, xs_slot, xs_e,
-                             PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, EMU: tl.constexpr,
-                             STATS_BLOCK: tl.constexpr, SEND: tl.constexpr = False,
-                             EPW: tl.constexpr = 2, ZC: tl.constexpr = False):
-        pid = tl.program_id(0)
-        dt = x_ptr.dtype.element_ty
-        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        rmask = rows < N
-        cols0 = tl.arange(0, BLOCK_K)
-        rstd = 0.0
-        if PROLOGUE == PRO_NORM:  # statistics of x + delta (rounded), float32, fixed order; the whole row at once
-            rstd = _norm_stats(x_ptr, d_ptr, xo_ptr, K, pid, eps, dt, EMU, STATS_BLOCK)
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        wp = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols0[None, :]
-        for k0 in range(0, K, BLOCK_K):
-            cmask = (k0 + cols0) < K
-            if EVEN_K:
-                w = tl.load(wp + k0, mask=rmask[:, None], other=0.0, eviction_policy="evict_first")
-            else:
-                w = tl.load(wp + k0, mask=rmask[:, None] & cmask[None, :], other=0.0, eviction_policy="evict_first")
-            if PROLOGUE == PRO_NORM:
-                xv = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                dv = tl.load(d_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                nw = tl.load(nw_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                r = rnd(xv + dv, dt, EMU).to(tl.float32)
-                h = _normed(r, rstd, nw, dt, EMU, ZC).to(tl.float32)
-            elif PROLOGUE == PRO_SILU:
-                g = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                u = tl.load(x_ptr + K + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-                sg = rnd(g / (1.0 + tl.exp(-g)), dt, EMU).to(tl.float32)
-                h = rnd(sg * u, dt, EMU).to(tl.float32)
-            else:
-                h = tl.load(x_ptr + k0 + cols0, mask=cmask, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * h[None, :]
-        y = tl.sum(acc, axis=1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-        yd = rnd(y, y_ptr.dtype.element_ty, EMU)
-        tl.store(y_ptr + rows, yd, mask=rmask)
-        if SEND:  # the same rows, tagged, into the peer's inbox: one 64-bit store per word
-            _xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
-
-    return gemv_prologue_kernel
 
 
 def _prologue_default(name: str, n: int, table) -> tuple[int, int, int]:
@@ -172,15 +67,17 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
         bn, bk, warps = blocks or prologue_blocks(name, n, k, x.dtype)
     if interpreting() and blocks is None:
         bn = 32  # the interpreter runs programs one after another: fewer, wider ones
-    peer, ser, slot, e = _xs_args(send, out)
+    peer, ser, slot, e = ticket_args(send, out)
     stats_block = min(8192, 1 << (k - 1).bit_length())
-    _prologue_kernel()[(-(-n // bn),)](
+    from engine.kernels import gemv_jit
+
+    gemv_jit.gemv_prologue_kernel[(-(-n // bn),)](
         w, x, delta if delta is not None else x, norm_weight if norm_weight is not None else x,
         b if b is not None else w, out, x_out if x_out is not None else out, n, k, w.stride(0), float(eps),
         peer, ser, slot, e,
         PROLOGUE=prologue, HAS_BIAS=b is not None, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
         EMU=interpreting() and x.dtype == torch.bfloat16, STATS_BLOCK=stats_block,
-        SEND=send is not None, EPW=_epw(out.dtype), ZC=zc,
+        SEND=send is not None, EPW=epw(out.dtype), ZC=zc,
         num_warps=warps)
     return out
 
@@ -188,15 +85,11 @@ def launch_prologue(prologue: int, x: torch.Tensor, w: torch.Tensor, b: torch.Te
 def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
                 b: torch.Tensor | None = None, zc: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + delta) @ w^T + b, x + delta) for one row x, delta [1, 1, K]: one kernel.
-    ``zc``: the zero-centred norm (weight applied as 1 + w, Qwen3.5). A packed (GPTQ / AWQ) ``w``:
-    engine.kernels.gemv_int4's kernel, the same prologue; packed parts beside dense ones (engine.core.quant.Rows): each
-    part's kernel."""
-    if hasattr(w, "parts"):
-        return w.linear_norm(x, delta, norm_weight, eps, b, zc=zc)
+    ``zc``: the zero-centred norm (weight applied as 1 + w, Qwen3.5). A packed (GPTQ / AWQ) ``w`` runs its own
+    (engine.core.quant's PackedLinear.linear_norm: engine.kernels.gemv_int4's kernel, the same prologue; a Rows of
+    packed parts beside dense ones: each part's kernel)."""
     if not isinstance(w, torch.Tensor):
-        from engine.kernels import gemv_int4
-
-        return gemv_int4.linear_norm(x, delta, norm_weight, eps, w, b, zc=zc)
+        return w.linear_norm(x, delta, norm_weight, eps, b, zc=zc)
     k = w.shape[1]
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     x_out = torch.empty(k, dtype=x.dtype, device=x.device)
@@ -207,26 +100,23 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
 
 def linear_silu(gu: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, send=None):
     """(SiLU(gate) * up) @ w^T + b for one row gu [1, 1, 2K] = [gate | up]: one kernel. With ``send`` (a
-    Ticket) the rows also go to the peer and the result is an engine.allreduce.epilogue.Sent."""
+    Ticket) the rows also go to the peer and the result is an engine.allreduce.epilogue.Sent. A packed ``w`` runs its
+    own (PackedLinear.linear_silu)."""
     if not isinstance(w, torch.Tensor):
-        from engine.kernels import gemv_int4
-
-        return gemv_int4.linear_silu(gu, w, b, send)
+        return w.linear_silu(gu, b, send)
     out = torch.empty(w.shape[0], dtype=gu.dtype, device=gu.device)
     launch_prologue(PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out, send=send)
-    return _sent(out.view(*gu.shape[:-1], w.shape[0]), send)
+    return as_sent(out.view(*gu.shape[:-1], w.shape[0]), send)
 
 
 def linear_send(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, send=None):
     """x [1, 1, K] @ w^T + b (the prologue kernel, plain); with ``send`` (a Ticket) its rows also go to the peer
-    and the result is an engine.allreduce.epilogue.Sent."""
+    and the result is an engine.allreduce.epilogue.Sent. A packed ``w`` runs its own (PackedLinear.linear_send)."""
     if not isinstance(w, torch.Tensor):
-        from engine.kernels import gemv_int4
-
-        return gemv_int4.linear_send(x, w, b, send)
+        return w.linear_send(x, b, send)
     out = torch.empty(w.shape[0], dtype=x.dtype, device=x.device)
     launch_prologue(PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out, send=send)
-    return _sent(out.view(*x.shape[:-1], w.shape[0]), send)
+    return as_sent(out.view(*x.shape[:-1], w.shape[0]), send)
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,

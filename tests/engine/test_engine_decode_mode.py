@@ -155,7 +155,8 @@ def test_the_gemv_and_the_exchange_paths_do_not_import_each_other():
     gemv, epilogue = _imports(REPO / "engine/kernels/gemv.py"), _imports(REPO / "engine/allreduce/epilogue.py")
     assert not [m for m in gemv if m.startswith("engine.allreduce")], gemv
     assert not [m for m in epilogue if m.startswith("engine.kernels.gemv")], epilogue
-    shared = _imports(REPO / "engine/kernels/exchange.py") | _imports(REPO / "engine/kernels/rounding.py")
+    shared = set().union(*(_imports(REPO / "engine/kernels" / f) for f in (
+        "exchange.py", "exchange_jit.py", "rounding_jit.py", "interpreter.py")))
     assert not [m for m in shared if m.startswith(("engine.kernels.gemv", "engine.allreduce"))], shared
     code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.kernels.gemv' in sys.modules; "
             "import engine.kernels.gemv; print(a, e.EpilogueExchange.__module__)")
@@ -166,21 +167,43 @@ def test_the_gemv_and_the_exchange_paths_do_not_import_each_other():
     assert res.returncode == 0 and res.stdout.split() == ["False"], res.stderr[-2000:]
 
 
+def test_every_triton_kernel_is_at_module_level_and_no_engine_module_reads_the_environment_at_import():
+    def at_import(node):  # what runs when the module is imported: not the bodies of its functions
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                yield from (n for d in getattr(child, "decorator_list", []) for n in ast.walk(d))
+            else:
+                yield child
+                yield from at_import(child)
+
+    nested, reads = [], []
+    for path in sorted((REPO / "engine").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            nested += [f"{path.name}:{inner.name}" for inner in ast.walk(fn) if inner is not fn
+                       and isinstance(inner, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in inner.decorator_list)]
+        reads += [f"{path.name}:{n.lineno}" for n in at_import(tree)
+                  if isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv")]
+    assert not nested and not reads, (nested, reads)
+
+
 def test_decode_mode_imports_the_standard_library_only():
     mods = {m.split(".")[0] for m in _imports(REPO / "engine/core/decode_mode.py")}
     assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods
 
 
-def test_the_gemv_kernel_names_its_prologues():
+def test_the_gemv_kernels_name_their_prologues():
     import importlib.util
     import re
 
-    from engine.kernels import gemv
+    from engine.kernels import prologue
 
-    src = (REPO / "engine/kernels/gemv.py").read_text()
-    assert not re.findall(r"PROLOGUE\s*==\s*\d", src)  # named constants, not bare numbers
-    assert [int(p) for p in gemv.Prologue] == [gemv.PROLOGUE_PLAIN, gemv.PROLOGUE_NORM, gemv.PROLOGUE_SILU] == [0, 1, 2]
-    assert [gemv.PROLOGUE_NAMES[p] for p in gemv.Prologue] == ["plain", "norm", "silu"]
-    if importlib.util.find_spec("triton") is not None:  # the kernel's constants are the enum's values
-        gemv._prologue_kernel()
-        assert [c.value for c in (gemv.PRO_PLAIN, gemv.PRO_NORM, gemv.PRO_SILU)] == [0, 1, 2]
+    for f in ("gemv_jit.py", "gemv_int4_jit.py"):  # named constants, not bare numbers
+        assert not re.findall(r"PROLOGUE\s*==\s*\d", (REPO / "engine/kernels" / f).read_text()), f
+    assert [int(p) for p in prologue.Prologue] == [prologue.PROLOGUE_PLAIN, prologue.PROLOGUE_NORM,
+                                                   prologue.PROLOGUE_SILU] == [0, 1, 2]
+    assert [prologue.PROLOGUE_NAMES[p] for p in prologue.Prologue] == ["plain", "norm", "silu"]
+    if importlib.util.find_spec("triton") is not None:  # the kernels' constants are the enum's values
+        from engine.kernels import prologue_jit as pj
+
+        assert [c.value for c in (pj.PRO_PLAIN, pj.PRO_NORM, pj.PRO_SILU)] == [0, 1, 2]

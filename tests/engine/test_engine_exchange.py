@@ -57,7 +57,7 @@ def test_the_exchange_goes_inside_the_gemvs_only_with_fused_blocks_that_run_and_
     fused = "fused"
     assert model.epilogue_exchange(fused, "send") is None  # CPU: the fused blocks run the plain code here
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
-    monkeypatch.setattr(attention, "_interpreting", lambda: True)
+    monkeypatch.setattr(attention, "interpreting", lambda: True)
     assert model.offers_exchange(fused)
     assert model.epilogue_exchange(None, "send") is None  # plain blocks take no tickets
     assert model.epilogue_exchange("eager", "send") is None

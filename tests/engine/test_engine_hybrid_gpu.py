@@ -151,11 +151,11 @@ def test_the_gdn_prefill_kernels_compile_once_whatever_the_prompt_length():
     compiled: Triton specialising on T and N compiled new ones on a user's first follow-up turn (~1.4 s)."""
     from triton.runtime import driver
 
-    from engine.kernels import gdn_chunk
+    from engine.kernels import gdn_chunk, gdn_chunk_jit
 
     g = torch.Generator(device="cuda").manual_seed(3)
     hk, hv, d = 2, 6, 128
-    kernels = gdn_chunk._kernels()
+    kernels = gdn_chunk_jit.gdn_chunk_prep_kernel, gdn_chunk_jit.gdn_chunk_kernel
     dev = driver.active.get_current_device()
     counts = []
     with torch.inference_mode():

@@ -20,9 +20,9 @@ def _ptx(label_kind: str, pdl: bool) -> str:
     from triton.compiler import ASTSource
 
     from engine.core import sm70
-    from engine.kernels import gemv_int4
+    from engine.kernels.gemv_int4_jit import int4_gemv_kernel as int4
+    from engine.kernels.gemv_int4_jit import int4_row_kernel as row
 
-    int4, _, row = gemv_int4._kernels()
     if label_kind == "gemv":
         kern, warps = int4, 4
         cx = dict(HAS_BIAS=False, BLOCK_N=64, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2,
@@ -66,7 +66,7 @@ def test_pdl_only_on_hopper_and_later_with_triton_and_not_when_turned_off(monkey
 
     assert gemv_int4.pdl_enabled(torch.device("cpu")) is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
-    monkeypatch.setattr(gemv_int4.gemv, "interpreting", lambda: False)
+    monkeypatch.setattr(gemv_int4, "interpreting", lambda: False)
     assert gemv_int4.pdl_enabled(torch.device("cuda", 0)) is gemv_int4._triton_pdl() is True
     monkeypatch.setenv(gemv_int4.PDL_ENV, "0")
     assert gemv_int4.pdl_enabled(torch.device("cuda", 0)) is False

@@ -145,6 +145,8 @@ def test_a_bad_quantization_config_exits_2_naming_the_field(tmp_path, change, na
 def test_nibble_packing_round_trips_and_awq_order_is_autoawq_s():
     g = torch.Generator().manual_seed(0)
     v = torch.randint(0, 16, (3, 64), generator=g)
-    assert torch.equal(quant.unpack(quant.pack(v)).long(), v)
-    word = sum(c << (4 * i) for i, c in enumerate(quant.AWQ_ORDER))  # nibble i holds column AWQ_ORDER[i]
-    assert quant.awq_to_natural(torch.tensor([[word]], dtype=torch.int32)).tolist() == [list(range(8))]
+    from engine.kernels import int4_pack
+
+    assert torch.equal(int4_pack.unpack(int4_pack.pack(v)).long(), v)
+    word = sum(c << (4 * i) for i, c in enumerate(int4_pack.AWQ_ORDER))  # nibble i holds column AWQ_ORDER[i]
+    assert int4_pack.awq_to_natural(torch.tensor([[word]], dtype=torch.int32)).tolist() == [list(range(8))]

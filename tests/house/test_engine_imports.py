@@ -8,8 +8,6 @@ import ast
 from tests.paths import REPO
 
 ENGINE = REPO / "engine"
-# circles still left, each as its sorted modules: the GEMV prologues (engine/kernels' own move, issue 41)
-LEFT = {("engine.core.quant", "engine.kernels.gemv", "engine.kernels.gemv_int4")}
 
 
 def _module(path) -> str:
@@ -64,8 +62,8 @@ def _circles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
     return out
 
 
-def test_the_engine_has_no_import_circle_but_those_left():
-    assert _circles(_graph()) <= LEFT
+def test_the_engine_has_no_import_circle():
+    assert _circles(_graph()) == set()
 
 
 def test_the_circle_finder_finds_a_circle():
