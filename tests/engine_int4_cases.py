@@ -239,12 +239,12 @@ def test_fused_hybrid_decode_step_on_packed_weights_is_the_step_on_their_dequant
     swaps = []
     for layer in model.layers:
         for attr in ("wqkv", "wo", "w13", "w2", "w_in", "w_out"):
-            t = getattr(layer, attr, None)
+            t = getattr(layer.owner(attr), attr, None)
             if t is not None and t.shape[0] % 8 == 0:  # zero points come in words of eight outputs
                 n, k = t.shape
                 p = packed(n, k, 32, g)
                 p.scales = (p.scales.float() * 3).half()  # weights of ~0.08, as the dense ones
-                swaps.append((layer, attr, p))
+                swaps.append((layer.owner(attr), attr, p))
     assert {attr for _, attr, _ in swaps} >= {"wqkv", "wo", "w13", "w2", "w_out"}
     start = snapshot_state(model)
     tok, pos = torch.tensor([7]), torch.tensor([40])
