@@ -211,7 +211,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
     outer = {k: v for k, v in cfg_in.items() if k != "text_config"} if cfg is not cfg_in else None
     assumptions += [f"unmodelled: config.json field {f!r} (not in the planner's known fields: "
                     "v100plan/planner/config_fields.py)" for f in config_fields.unknown(cfg, outer)]
-    vision_gb = _vision_tower_gb(cfg_in, assumptions)
+    vision_gb, vision = _vision_tower(cfg_in, assumptions)
     if not fmt_name:
         assumptions.append(f"no --weights given: {fmt.name}, as the checkpoint's config says ({why})")
     linear_dense = c["attn"] + c["lin"] + c["dense_mlp"] + c["shared"] + c["router"]
@@ -284,6 +284,7 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
             "sources": {"max_draft_tokens": f"{src}: MTP layer present; 3 drafts as the field report ran",
                         "read_gb_per_step": "one average layer's dense bytes (+ its active experts) + the output head"}},
         "acceptance": None,
+        **({"vision": vision} if vision else {}),
         "moe": None if not c["experts"] else {
             "experts": c["experts"], "active_experts": c["active"], "expert_gb": round(expert_gb, 4),
             "sources": {"experts": src, "active_experts": src, "expert_gb": f"routed experts at {fmt.name}"}},
@@ -304,25 +305,40 @@ def model_doc(cfg_in: dict[str, Any], source: str, fmt_name: str | None = None, 
 VISION_BITS = 16  # the tower stays 16-bit in 4-bit checkpoints too (the bundled engine loads it in the model's dtype)
 
 
-def _vision_tower_gb(cfg_in: dict[str, Any], assumptions: list[str]) -> float:
-    """GB of a multimodal config's vision tower (engine.vision.config: the bundled engine's own parameter count) at
-    16 bits, replicated on every rank; 0 for a text-only config. Its cost per image is not modelled (said)."""
+IMAGE_SIDE = 1024  # the image an image's prefill is priced for: 1024 x 1024 pixels (docs/vision.md measured one)
+
+
+def _vision_tower(cfg_in: dict[str, Any], assumptions: list[str]) -> tuple[float, dict[str, Any] | None]:
+    """A multimodal config's vision tower (engine.vision.config: the bundled engine's own counts): its GB at 16
+    bits, replicated on every rank, and the model profile's ``vision`` block (its matrix FLOPs and image tokens for
+    one 1024 x 1024 image, which the plan prices as prefill); (0, None) for a text-only config."""
     if not isinstance(cfg_in.get("vision_config"), dict):
-        return 0.0
+        return 0.0, None
     from engine.vision import config as vision_config  # stdlib-only
 
     try:
         tower = vision_config.from_dict(cfg_in)
     except (vision_config.VisionConfigError, TypeError, ValueError) as e:
         assumptions.append(f"vision_config: a tower the planner cannot size ({e}); its memory is not counted")
-        return 0.0
+        return 0.0, None
     if tower is None:
-        return 0.0
+        return 0.0, None
     gb = _gb(tower.param_count(), VISION_BITS)
+    # 1024 is a multiple of patch x merge for the family (16 x 2): the processor keeps the size, no resize
+    side = IMAGE_SIDE // (tower.patch_size * tower.spatial_merge_size) * tower.spatial_merge_size
+    patches = side * side
     assumptions.append(f"vision tower: {tower.param_count() / 1e9:.3f} B parameters, {gb:.3f} GB at 16 bits, whole on "
-                       "every rank (counted in memory, not read per decoded token); an image's prefill (the tower and "
-                       "its tokens) is not modelled (docs/vision.md has measured figures); `serve --no-vision` frees it")
-    return gb
+                       "every rank (counted in memory, not read per decoded token); an image's prefill is priced for "
+                       f"a {IMAGE_SIDE} x {IMAGE_SIDE} image; `serve --no-vision` frees the tower")
+    src = "engine/vision/config.py (the bundled engine's tower)"
+    return gb, {"params_b": round(tower.param_count() / 1e9, 4), "gb": round(gb, 4),
+                "image_pixels": IMAGE_SIDE * IMAGE_SIDE, "patches": patches,
+                "image_tokens": patches // tower.merge_unit, "tower_flops": float(tower.flops(patches)),
+                "sources": {"params_b": src, "gb": f"{src}, at {VISION_BITS} bits",
+                            "patches": f"{IMAGE_SIDE} x {IMAGE_SIDE} pixels in {tower.patch_size}-pixel patches",
+                            "image_tokens": f"patches / {tower.merge_unit} (the merger's {tower.spatial_merge_size} x "
+                                            f"{tower.spatial_merge_size})",
+                            "tower_flops": f"{src}: VisionConfig.flops (linear layers and attention over the patches)"}}
 
 
 def _arch(c: dict[str, Any]) -> str:

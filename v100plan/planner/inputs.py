@@ -149,6 +149,8 @@ class Model:
     kv_latent_dim: int = 0            # MLA: values cached per token and layer (K and V from one latent); 0: not MLA
     window_tokens: int = 0            # sliding-window layers attend to (and cache) this many positions; 0: none
     window_layers: int = 0            # how many of the attention layers are sliding-window layers
+    # a vision tower: its matrix FLOPs and image tokens for one priced image (ModelProfile "vision"); None: text only
+    vision: dict[str, Any] | None = None
 
     @property
     def layers(self) -> int:
@@ -456,6 +458,7 @@ def model_from_doc(doc: dict[str, Any]) -> Model:
         kv_dtype=str(kv.get("dtype", "")), head_gb=float(w.get("head_gb") or 0.0),
         kv_latent_dim=int(att.get("kv_latent_dim") or 0),
         window_tokens=int(att.get("sliding_window") or 0), window_layers=int(att.get("sliding_layers") or 0),
+        vision={k: v for k, v in doc["vision"].items() if k != "sources"} if doc.get("vision") else None,
     )
 
 

@@ -162,6 +162,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         breakdown["prefill"] = prefill_breakdown
     if why_not:
         reason += f"; no prefill estimate: {why_not}"
+    elif model.vision:
+        breakdown["image"] = _image_prefill(hw, model, engine, lay.tp, ratio)
     per_stream = rnd.tok_s
     return StrategyResult(
         fits=True, decode_tok_s=round(per_stream, 2), aggregate_tok_s=round(per_stream * C * lay.streams, 2),
@@ -191,6 +193,18 @@ def _verify_compute_ms(model: Model, engine: Engine, hw: Hardware, tokens: int, 
     if tokens <= 1 or not peak or not frac:
         return 0.0
     return tokens * model.matrix_flops_per_token / (peak * 1e12 * frac) / tp * 1e3
+
+
+def _image_prefill(hw: Hardware, model: Model, engine: Engine, tp: int, ratio: float) -> dict:
+    """What one image adds to a request's time to first token, at the prefill's compute rate: the tower's matrix
+    FLOPs (whole on every rank: not divided by tp) and its image tokens through the decoder's matrices (split).
+    A floor like the prefill's: the H100 measured the tower at 1.54x such a figure (docs/vision.md)."""
+    rate = hw.card.tensor_tflops.value * 1e12 * engine.prefill_compute_fraction.value * ratio
+    v = model.vision or {}
+    tower_ms = v["tower_flops"] / rate * 1e3
+    tokens_ms = v["image_tokens"] * model.matrix_flops_per_token / rate / tp * 1e3
+    return {"image_pixels": v["image_pixels"], "image_tokens": v["image_tokens"], "tower_ms": round(tower_ms, 2),
+            "tokens_ms": round(tokens_ms, 2), "total_ms": round(tower_ms + tokens_ms, 2)}
 
 
 def _prefill(hw: Hardware, model: Model, engine: Engine, target: Target, choice: ar.PathChoice | None, lay: Layout,
@@ -452,6 +466,11 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         if line := calibration.stand_in_line(speeds_record):
             why = [line] + why
         launch = _launch(rec)
+        if img := r.breakdown.get("image"):
+            notes.append(f"an image ({img['image_tokens']} tokens for {img['image_pixels'] / 1e6:.2f} MP) adds about "
+                         f"{img['total_ms']:.0f} ms to the time to first token on {rec}: the vision tower "
+                         f"{img['tower_ms']:.0f} ms + its tokens {img['tokens_ms']:.0f} ms at the prefill's rate (a "
+                         "floor: the tower measured 1.54x its figure on an H100, docs/vision.md)")
     if launch and not engine.bundled:
         notes.append(f"engine {engine.id} is external: not bundled with v100plan; get it from {launch['where']}"
                      + ("" if launch.get("commands") else " (no launch line: run it as its own documentation says)"))
