@@ -171,3 +171,57 @@ def test_prefill_into_a_slot_writes_that_slot_only(tmp_path_factory):
         for t in la.state():
             assert t[1].any() and not t[0].any() and not t[2].any()
     assert m.layers[0].slot == 0  # the call's slot is not left selected
+
+
+# Each rank of a TP2 pair over the gloo path: the hybrid demo's three prompts prefilled into slots, then decoded
+# together; the greedy tokens of each slot written out.
+RANK_SCRIPT = r'''
+import json, sys, threading, torch, torch.distributed as dist
+from engine.core import config, weights
+from engine.allreduce.dist import init_control
+from engine.allreduce.select import build
+from engine.allreduce.comm import Comm
+from engine.core.model import Model
+rank, model_dir, rdv, out, prompts, steps = (int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4],
+                                             json.loads(sys.argv[5]), int(sys.argv[6]))
+torch.set_num_threads(1)
+store = init_control(rdv, 0, rank, 2, 30.0)
+path = build("gloo", rank=rank, device=torch.device("cpu"), timeout_s=30.0, abort=threading.Event(),
+             rendezvous_dir=rdv, generation=0, store=store, shared_device=False)
+m = Model(config.load(model_dir), world=2, rank=rank, comm=Comm(path))
+weights.load_into(m, model_dir)
+m.setup_cache(128, slots=len(prompts))
+slots = list(range(len(prompts)))[::-1]
+last = torch.stack([m.prefill_slot(s, ids, 32) for s, ids in zip(slots, prompts)])
+toks = [[] for _ in prompts]
+for i in range(steps):
+    nxt = last.argmax(-1)
+    for row, t in zip(toks, nxt.tolist()):
+        row.append(t)
+    pos = torch.tensor([len(ids) + i for ids in prompts])
+    last = m.decode_batch(nxt, pos, torch.tensor(slots), 128)
+json.dump(toks, open(out, "w"))
+dist.barrier()
+'''
+
+
+def test_tp2_ranks_decode_three_slots_together_as_tp1_decodes_each_alone(tmp_path, one_thread):
+    import json
+    import subprocess
+    import sys
+
+    from tests.engine_helpers import REPO
+
+    d = tmp_path / "hybrid"
+    demo.make(d, arch="qwen3_5")
+    m = Model(ecfg.load(d))
+    weights.load_into(m, d)
+    want = [_solo(m, ids, STEPS)[0] for ids in PROMPTS]
+    outs = [tmp_path / f"r{r}.json" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(d), str(tmp_path / "rdv"), str(outs[r]),
+                               json.dumps(PROMPTS), str(STEPS)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=180) == 0, p.stderr.read()[-2000:]
+    got = [json.loads(o.read_text()) for o in outs]
+    assert got[0] == got[1] == want
