@@ -18,6 +18,8 @@ Two forward paths share the weights:
                                      captured in a CUDA graph. Everything that decodes calls it (the
                                      runner, ranks, `generate`, the benches); engine/core/runner.py's Decoder
                                      replays it from graphs per context bucket.
+  ``decode_batch(toks, pos, slots, window)``  B sequences, each in its state slot (setup_cache's ``slots``), one
+                                     token each: the torch forms only, no graphs (docs/engine.md, Slots).
 The kernel choice ("fused" or "eager", engine.core.decode_mode) is handed in: to decode_step by the runner's
 Decoder, to the prefill as ``Model.kernels`` (set by the loader and the Decoder).
 """
