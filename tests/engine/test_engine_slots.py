@@ -29,16 +29,24 @@ def _demo(tmp_path_factory, arch: str, **kw) -> Model:
     return m
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3_5", "llama-int8", "qwen2.5-0.5b"])
+@pytest.fixture(scope="module", params=["llama", "qwen3_5", "llama-int8", "qwen2.5-0.5b", "qwen3-next"])
 def model(request, tmp_path_factory, one_thread):
     """The dense and hybrid demos, the dense demo with an int8 K/V cache, and a small random Qwen2.5 (q/k/v
-    biases, o_proj's bias-free rows); each with the relative logits tolerance against the one-sequence path."""
+    biases, o_proj's bias-free rows), a small Qwen3-Next (MoE MLPs: each row routes to its own experts); each with the relative logits tolerance against the one-sequence path."""
     name = request.param
     # an int8 cache turns the last-bit differences of a B-row product (it does not round as the one-row product
     # does) into a neighbouring int8 code now and then: 2.5e-4 relative seen, where 16-bit caches stay below 1e-6
     tol = 1e-3 if name.endswith("-int8") else 1e-5
     if name == "qwen2.5-0.5b":
         return random_small_model(name, CONTEXT), tol
+    if name == "qwen3-next":
+        from tests.engine.test_engine_next import checkpoint
+
+        d = tmp_path_factory.mktemp("slots-next")
+        checkpoint(d)
+        m = Model(ecfg.load(d))
+        weights.load_into(m, d)
+        return m, tol
     arch = name.removesuffix("-int8")
     return _demo(tmp_path_factory, arch, **({"kv_dtype": "int8"} if name.endswith("-int8") else {})), tol
 
@@ -146,6 +154,28 @@ def test_a_stale_linear_attention_state_in_a_reused_slot_changes_the_answer(tmp_
         la.ring_pool[1] += ring
     b.step()
     assert _close(b.seqs[1]["rows"][1], fresh[1][1]) > 1e-3
+
+
+def test_the_row_forms_of_the_delta_rule_and_the_conv_are_the_one_token_forms_row_by_row():
+    from engine.kernels import gdn
+
+    g = torch.Generator().manual_seed(3)
+    b, hk, hv, dk, dv, c, kk = 3, 2, 6, 8, 4, 5, 4
+    q, k = torch.randn(b, hk, dk, generator=g), torch.randn(b, hk, dk, generator=g)
+    v, gate, beta = torch.randn(b, hv, dv, generator=g), -torch.rand(b, hv, generator=g), torch.rand(b, hv, generator=g)
+    states = torch.randn(b + 1, hv, dk, dv, generator=g)
+    rings, w, x = torch.randn(b + 1, c, kk, generator=g), torch.randn(c, kk, generator=g), torch.randn(b, c, generator=g)
+    slots, pos = torch.tensor([3, 0, 2]), torch.tensor([9, 2, 0])
+    want_states, want_rings, idle = states.clone(), rings.clone(), (states[1].clone(), rings[1].clone())
+    want_o = torch.stack([gdn.step(q[i], k[i], v[i], gate[i], beta[i], want_states[s]) for i, s in enumerate(slots)])
+    want_c = torch.stack([gdn.conv_step(x[i], want_rings[s], w, pos[i:i + 1]) for i, s in enumerate(slots)])
+    rows = states[slots]
+    got_o = gdn.step_rows(q, k, v, gate, beta, rows)
+    states[slots] = rows
+    got_c = gdn.conv_rows(x, rings, w, pos, slots)
+    assert torch.allclose(got_o, want_o, rtol=1e-6, atol=1e-6) and torch.allclose(states, want_states, atol=1e-6)
+    assert torch.allclose(got_c, want_c, atol=1e-6) and torch.equal(rings, want_rings)
+    assert torch.equal(states[1], idle[0]) and torch.equal(rings[1], idle[1])  # the slot outside the batch
 
 
 def test_one_slot_is_the_default_and_slots_are_checked(tmp_path_factory):
