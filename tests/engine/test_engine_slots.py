@@ -193,6 +193,19 @@ def test_one_slot_is_the_default_and_slots_are_checked(tmp_path_factory):
         m.setup_cache(16, slots=0)
 
 
+def test_the_mtp_draft_layer_gets_a_k_v_pool_per_slot_however_it_is_attached(mtp_demo_dir):
+    late = Model(ecfg.load(mtp_demo_dir))
+    late.setup_cache(16, slots=3)  # the cache first: the loader attaches the draft layer to a set-up model
+    weights.load_into(late, mtp_demo_dir)
+    early = Model(ecfg.load(mtp_demo_dir))
+    weights.load_into(early, mtp_demo_dir)
+    early.setup_cache(16, slots=3)
+    for m in (late, early):
+        assert [t.shape[0] for la in m.mtp.layers for t in la.state()] == [3, 3]
+        m.use_slot(2)
+        assert m.mtp.layers[0].slot == 2
+
+
 def test_prefill_into_a_slot_writes_that_slot_only(tmp_path_factory):
     m = _demo(tmp_path_factory, "qwen3_5")
     m.setup_cache(32, slots=3)
