@@ -18,6 +18,8 @@ Two forward paths share the weights:
                                      captured in a CUDA graph. Everything that decodes calls it (the
                                      runner, ranks, `generate`, the benches); engine/core/runner.py's Decoder
                                      replays it from graphs per context bucket.
+  ``decode_batch(toks, pos, slots, window)``  B sequences, each in its state slot (setup_cache's ``slots``), one
+                                     token each: the torch forms only, no graphs (docs/engine.md, Slots).
 The kernel choice ("fused" or "eager", engine.core.decode_mode) is handed in: to decode_step by the runner's
 Decoder, to the prefill as ``Model.kernels`` (set by the loader and the Decoder).
 """
@@ -122,6 +124,7 @@ class Model:
         self.mtp = None
         self.weights_origin = "checkpoint"  # or "random": generated at load (engine.core.random_weights)
         self.max_context = 0
+        self.slots = 1  # sequence slots in every state pool (setup_cache)
         self.decoder = None  # engine.core.runner.Decoder, set by runner.prepare(): how decode_step is run
         # the prefill's kernel choice (engine.core.decode_mode.kernel_choice, handed in by the loader and the
         # Decoder): "fused" runs the Gated DeltaNet layers' chunked rule as engine.kernels.gdn_chunk's kernel;
@@ -137,18 +140,39 @@ class Model:
         return [la for la in self.layers if la.kind == "full_attention"]
 
     # ---- cache and per-sequence state ------------------------------------------------------------
-    def setup_cache(self, max_context: int) -> None:
-        """Allocate the per-sequence state for positions [0, max_context): the full-attention layers' K/V
-        cache, the linear-attention layers' conv ring and recurrent state (fixed size), the RoPE tables."""
-        self.max_context = max_context
-        for layer in self._all_layers():  # one sequence slot today: each pool's leading dimension is 1
-            layer.alloc_state(1, max_context, self.dtype, self.device, self.kv_int8)
+    def setup_cache(self, max_context: int, slots: int = 1) -> None:
+        """Allocate the per-sequence state for positions [0, max_context) in ``slots`` sequence slots: the
+        full-attention layers' K/V cache, the linear-attention layers' conv ring and recurrent state (fixed size),
+        the MTP draft layers' K/V; and the RoPE tables. Slot 0 decodes until use_slot picks another."""
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, not {slots}")
+        self.max_context, self.slots = max_context, slots
+        for layer in self._all_layers():  # each pool's leading dimension: the sequence slot
+            layer.alloc_state(slots, max_context, self.dtype, self.device, self.kv_int8)
+            layer.slot = 0
         pos = torch.arange(max_context, device=self.device, dtype=torch.float32)
         freqs = pos[:, None] * self._inv_freq[None, :]  # [S, rot / 2], float32 as Hugging Face does
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, rot]
         af = rope_attention_factor(self.cfg)  # YaRN scales cos and sin (float32, then rounded, as transformers)
         self.cos = (emb.cos() * af).to(self.dtype)
         self.sin = (emb.sin() * af).to(self.dtype)
+
+    def use_slot(self, slot: int) -> int:
+        """Make ``slot`` the one that prefill (forward), decode_step and the MTP rounds read and write; returns
+        the slot used before."""
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is outside the {self.slots} allocated")
+        before = self.layers[0].slot
+        for layer in self._all_layers():
+            layer.slot = slot
+        return before
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero one slot's state in every layer (a finished sequence frees it; the next starts from nothing)."""
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is outside the {self.slots} allocated")
+        for layer in self._all_layers():
+            layer.reset_slot(slot)
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of per-sequence state this rank holds: K/V (for the allocated context) and linear attention."""
@@ -174,11 +198,18 @@ class Model:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, pos0: int, all_logits: bool = False, hidden: bool = False,
-                states: list | None = None):
+                states: list | None = None, slot: int | None = None):
         """tokens [1, T] at positions pos0..pos0+T-1 -> float32 logits [V] of the last position
         (or [T, V] with ``all_logits``). Writes the chunk's K/V (and linear-attention states) into the cache.
         ``hidden``: (logits, the final norm's output [T, D]: what an MTP draft layer reads); ``states``: a list
-        that gets every linear-attention layer's states after each position (engine.model.gdn)."""
+        that gets every linear-attention layer's states after each position (engine.model.gdn); ``slot``: the
+        sequence slot written for this call (default: the one use_slot picked)."""
+        if slot is not None:
+            before = self.use_slot(slot)
+            try:
+                return self.forward(tokens, pos0, all_logits, hidden, states)
+            finally:
+                self.use_slot(before)
         cfg = self.cfg
         t = tokens.shape[1]
         cos, sin = self.chunk_inputs(t, pos0)
@@ -233,6 +264,35 @@ class Model:
         else:
             x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps, self.zc)
         return self._gather(F.linear(x, self.head)).float()[0, -1]  # [V]
+
+    def prefill_slot(self, slot: int, ids: list[int], chunk: int = 2048) -> torch.Tensor:
+        """A whole prompt from position 0 into ``slot`` in chunks of ``chunk`` tokens (the runner's chunked
+        prefill, without prefix reuse) -> float32 logits [V] of its last position."""
+        tokens = torch.tensor([ids], device=self.device)
+        for pos0 in range(0, len(ids), chunk):
+            logits = self.forward(tokens[:, pos0:pos0 + chunk], pos0, slot=slot)
+        return logits
+
+    @torch.inference_mode()
+    def decode_batch(self, toks: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, window: int) -> torch.Tensor:
+        """B sequences one token each: toks [B], pos [B] and slots [B] (device int64, distinct slots) -> float32
+        logits [B, V]; row b is what decode_step gives the sequence in slot slots[b] at pos[b] alone. The torch
+        forms only (no fused kernels, no CUDA graphs, no exchange inside the GEMVs: decode_step stays the
+        one-sequence path the Decoder captures): one product over the B rows per linear layer, attention over each
+        row's own slot up to its position (positions [0, window) gathered; window > every pos), each Gated
+        DeltaNet row updating its slot's conv ring and recurrent state. No host sync."""
+        cfg, b = self.cfg, toks.shape[0]
+        x = F.embedding(toks.view(b, 1), self.embed)  # [B, 1, D]
+        zero = torch.zeros((), dtype=torch.float32, device=self.device)
+        mask_bias = torch.where(torch.arange(window, device=self.device)[None] <= pos[:, None], zero, float("-inf"))
+        step = Step(pos, self.cos.index_select(0, pos), self.sin.index_select(0, pos),  # [B, rot]
+                    mask_bias.view(b, 1, 1, window), window, self.rank, slots=slots)
+        delta = torch.zeros_like(x)
+        for block in (bl for layer in self.layers for bl in (layer, layer.mlp)):
+            x, part = block.decode(x, delta, step)
+            delta = self._reduce(part)
+        x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps, self.zc)
+        return self._gather(F.linear(x, self.head)).float()[:, -1]  # [B, V]
 
     def offers_exchange(self, kernels: str | None) -> bool:
         """Whether the TP2 exchange can run inside the GEMVs (engine.allreduce.epilogue): the fused kernels, a

@@ -256,7 +256,7 @@ def attach(model: Model) -> None:
 
         model.mtp = MTP(model.cfg, model.world, model.dtype, model.device)
         for layer in model.mtp.layers if model.max_context else ():  # a model whose cache is already set up
-            layer.alloc_state(1, model.max_context, model.dtype, model.device, model.kv_int8)
+            layer.alloc_state(model.slots, model.max_context, model.dtype, model.device, model.kv_int8)
     if model.kernels is None:
         from engine.core.device import device_kernels
 

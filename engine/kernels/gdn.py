@@ -119,6 +119,18 @@ def step(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     return (state * q.transpose(-1, -2)).sum(-2)
 
 
+def step_rows(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
+    """``step`` for B sequences at once, one token each: q, k [B, Hk, dk], v [B, Hv, dv], g, beta [B, Hv], state
+    [B, Hv, dk, dv] float32 (row b: sequence b's, updated in place) -> o [B, Hv, dv] float32; row b's arithmetic is
+    step's on row b (the batched decode of several sequence slots)."""
+    q, k, v, g, beta = _prep(q, k, v, g, beta, v.shape[1] // k.shape[1])  # [H, B, d], [H, B]
+    q, k, v, g, beta = (x.transpose(0, 1) for x in (q, k, v, g, beta))  # [B, H, d], [B, H]
+    state.mul_(g.exp()[:, :, None, None])
+    kv = (state * k[..., None]).sum(-2)  # [B, H, dv]
+    state.add_(k[..., None] * ((v - kv) * beta[..., None])[:, :, None, :])
+    return (state * q[..., None]).sum(-2)
+
+
 # ---- the causal depthwise conv and its ring of recent inputs ---------------------------------------------------
 
 def conv_prefill(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, pos0: int) -> torch.Tensor:
@@ -148,3 +160,15 @@ def conv_step(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, pos: to
     out = (window.float() * weight.float()).sum(-1)
     return F.silu(out.to(x.dtype))
 
+
+def conv_rows(x: torch.Tensor, rings: torch.Tensor, weight: torch.Tensor, pos: torch.Tensor,
+              slots: torch.Tensor) -> torch.Tensor:
+    """``conv_step`` for B sequences: x [B, C] at positions pos [B] of the sequences in ring pool rows ``slots``
+    [B] (rings [slots, C, K]) -> SiLU(conv) [B, C]; each row's input written into its own ring."""
+    kk = weight.shape[1]
+    rings[slots, :, torch.remainder(pos, kk)] = x.to(rings.dtype)  # row b: ring slots[b], slot pos[b] % K
+    idx = torch.remainder(pos[:, None] - (kk - 1) + torch.arange(kk, device=pos.device), kk)  # [B, K] oldest ..
+    own = rings[slots]  # [B, C, K]
+    window = own.gather(2, idx[:, None, :].expand(-1, own.shape[1], -1))
+    out = (window.float() * weight.float()).sum(-1)
+    return F.silu(out.to(x.dtype))

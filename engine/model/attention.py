@@ -125,7 +125,10 @@ class FullAttention(Block):
     def decode(self, x: torch.Tensor, delta: torch.Tensor, s: Step, send=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]); this position's K/V written at s.pos.
         Fused: norm + QKV GEMV, engine.core.attention.decode_attention, o_proj GEMV (``send``: an
-        engine.allreduce.epilogue.Ticket, o_proj's rows also go to the peer; ``delta`` may be the last Sent)."""
+        engine.allreduce.epilogue.Ticket, o_proj's rows also go to the peer; ``delta`` may be the last Sent).
+        A batched step (``s.slots``) runs decode_rows."""
+        if s.slots is not None:
+            return self.decode_rows(x, delta, s)
         if s.fused and attention.runs_here(x.device):
             from engine.kernels import gemv
 
@@ -180,6 +183,48 @@ class FullAttention(Block):
         if gate is not None:
             a = a * torch.sigmoid(gate)
         return x, linear(a, self.wo, self.bias_once(self.bo, s.rank))
+
+
+    def decode_rows(self, x, delta, s: Step):
+        """The torch form for B sequences at once: x, delta [B, 1, D] (row b: the sequence in slot s.slots[b] at
+        position s.pos[b]) -> (x + delta, o_proj partial [B, 1, D]). One product over the B rows for QKV and o_proj;
+        each row's K/V written into its slot, each row attending over its own slot's positions [0, pos[b]] (the
+        window gathered per slot, s.mask_bias masking each row past its position: a reused slot's older K/V stay
+        unread)."""
+        n_heads, n_kv, hd, pos, slots, w = self.n_heads, self.n_kv, self.hd, s.pos, s.slots, s.window
+        b = x.shape[0]
+        x = x + delta
+        h = rms_norm(x, self.input_norm, self.eps, self.zc)
+        qkv = matmul(h, self.wqkv, self.bqkv)  # [B, 1, (h [x 2 gated] + 2 kv) * hd]
+        q, k, v = qkv.split([self.q_rows, n_kv * hd, n_kv * hd], dim=-1)
+        gate = None
+        if self.gated:
+            qg = q.view(b, n_heads, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:].reshape(b, 1, n_heads * hd)
+        q = q.reshape(b, n_heads, hd)
+        k = k.view(b, n_kv, hd)
+        v = v.view(b, n_kv, hd)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, self.eps, self.zc)
+            k = rms_norm(k, self.k_norm, self.eps, self.zc)
+        cos, sin = s.cos[:, None], s.sin[:, None]  # [B, 1, rot]
+        q, k = rope(q, cos, sin), rope(k, cos, sin)  # [B, h, hd], [B, kv, hd]
+        if self.k_scale_pool is None:
+            self.k_pool[slots, :, pos] = k  # row b into slot slots[b] at pos[b]
+            self.v_pool[slots, :, pos] = v
+            keys, values = self.k_pool[slots, :, :w], self.v_pool[slots, :, :w]  # [B, kv, W, hd]
+        else:
+            for pool, scales, t in ((self.k_pool, self.k_scale_pool, k), (self.v_pool, self.v_scale_pool, v)):
+                pool[slots, :, pos], scales[slots, :, pos] = kvquant.quantize(t)
+            keys = kvquant.dequantize(self.k_pool[slots, :, :w], self.k_scale_pool[slots, :, :w], q.dtype)
+            values = kvquant.dequantize(self.v_pool[slots, :, :w], self.v_scale_pool[slots, :, :w], q.dtype)
+        qg = q.view(b, n_kv, n_heads // n_kv, hd)  # [B, kv, g, hd]
+        sc = torch.matmul(qg, keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(hd)) + s.mask_bias  # [B, kv, g, W]
+        p = torch.softmax(sc, dim=-1).to(values.dtype)
+        a = torch.matmul(p, values).reshape(b, 1, n_heads * hd)
+        if gate is not None:
+            a = a * torch.sigmoid(gate)
+        return x, matmul(a, self.wo, self.bias_once(self.bo, s.rank))
 
 
 class GatedAttention(FullAttention):

@@ -36,14 +36,17 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One decode step's inputs, shared by every layer: device tensors only, so the step can be captured.
-    ``fused``: the decoder's kernel choice is "fused" (each kind runs its Triton path where its shapes fit)."""
-    pos: torch.Tensor  # [1] int64
-    cos: torch.Tensor  # [1, rot]
-    sin: torch.Tensor  # [1, rot]
-    mask_bias: torch.Tensor  # [1, 1, 1, W] float32: 0 up to pos, -inf past it
+    ``fused``: the decoder's kernel choice is "fused" (each kind runs its Triton path where its shapes fit).
+    ``slots``: a batched step (Model.decode_batch): row b is the sequence in slot slots[b] at position pos[b], and
+    every tensor here has B rows; None: one row, the sequence in each layer's ``slot``."""
+    pos: torch.Tensor  # [B] int64
+    cos: torch.Tensor  # [B, rot]
+    sin: torch.Tensor  # [B, rot]
+    mask_bias: torch.Tensor  # [B, 1, 1, W] float32: 0 up to pos[b], -inf past it
     window: int  # attention reads cache positions [0, window)
     rank: int  # biases of row-parallel outputs are added on rank 0 only (the allreduce carries them once)
     fused: bool = False
+    slots: torch.Tensor | None = None  # [B] int64, distinct
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +91,11 @@ class Block:
     def state(self) -> list[torch.Tensor]:
         """The pools (every slot), as allocated by alloc_state; empty before it."""
         return [t for t in (getattr(self, k, None) for k in self.STATE) if t is not None]
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero one slot's state in every pool (a freed slot; the next sequence there starts clean)."""
+        for t in self.state():
+            t[slot].zero_()
 
     def bias_once(self, bias: torch.Tensor | None, rank: int) -> torch.Tensor | None:
         return bias if rank == 0 else None

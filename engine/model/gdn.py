@@ -42,6 +42,23 @@ def gdn_mix(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, *, n
     return gated_norm(o.to(proj.dtype), z.view(nv, dv), gnorm, eps).reshape(vd)
 
 
+def gdn_mix_rows(proj, rings, conv_w, a_log, dt_bias, gnorm, recs, pos, slots, *, nk: int, nv: int, dk: int,
+                 dv: int, eps: float) -> torch.Tensor:
+    """gdn_mix for B sequences: proj [B, conv channels | z | b | a] (row b: the sequence in pool row slots[b] at
+    pos[b]) -> y [B, nv dv]; each row's conv ring (rings [slots, C, K]) and recurrent state (recs [slots, nv, dk,
+    dv]) updated in place."""
+    kd, vd, n = nk * dk, nv * dv, proj.shape[0]
+    mixed, z, b, a = proj.split([2 * kd + vd, vd, nv, nv], dim=-1)
+    mixed = gdn.conv_rows(mixed, rings, conv_w, pos, slots)
+    q, k, v = mixed.split([kd, kd, vd], dim=-1)
+    beta = torch.sigmoid(b)
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)  # [B, nv]
+    state = recs[slots]  # [B, nv, dk, dv]: the rows' states, gathered
+    o = gdn.step_rows(q.view(n, nk, dk), k.view(n, nk, dk), v.view(n, nv, dv), g, beta, state)  # [B, nv, dv]
+    recs[slots] = state
+    return gated_norm(o.to(proj.dtype), z.view(n, nv, dv), gnorm, eps).reshape(n, vd)
+
+
 class GatedDeltaNet(Block):
     kind = "linear_attention"
     WEIGHTS = ("input_norm", "w_in", "conv_w", "a_log", "dt_bias", "gnorm", "w_out")
@@ -140,7 +157,10 @@ class GatedDeltaNet(Block):
 
     def decode(self, x: torch.Tensor, delta: torch.Tensor, s: Step, send=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x, delta [1, 1, D] -> (x + delta, out_proj partial [1, 1, D]). One token: the conv ring and the
-        recurrent state are updated in place at s.pos; nothing depends on pos's value on the host (capturable)."""
+        recurrent state are updated in place at s.pos; nothing depends on pos's value on the host (capturable).
+        A batched step (``s.slots``) runs decode_rows."""
+        if s.slots is not None:
+            return self.decode_rows(x, delta, s)
         linear = matmul
         if s.fused and attention.runs_here(x.device):
             from engine.kernels import gemv
@@ -155,3 +175,15 @@ class GatedDeltaNet(Block):
         proj = linear(h, self.w_in, None).view(-1)  # [conv channels | z | b | a]
         y = self.mix(proj, s.pos, False)
         return x, linear(y.reshape(1, 1, self.nv * self.dv), self.w_out, None)
+
+    def decode_rows(self, x: torch.Tensor, delta: torch.Tensor, s: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch form for B sequences at once: x, delta [B, 1, D] (row b: the sequence in slot s.slots[b] at
+        s.pos[b]) -> (x + delta, out_proj partial [B, 1, D]); one product over the B rows for each projection, each
+        row's conv ring and recurrent state (its slot's) updated."""
+        b = x.shape[0]
+        x = x + delta
+        h = rms_norm(x, self.input_norm, self.eps, self.zc)
+        proj = matmul(h, self.w_in, None).view(b, -1)  # [B, conv channels | z | b | a]
+        y = gdn_mix_rows(proj, self.ring_pool, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.rec_pool,
+                         s.pos, s.slots, nk=self.nk, nv=self.nv, dk=self.dk, dv=self.dv, eps=self.eps)
+        return x, matmul(y.view(b, 1, self.nv * self.dv), self.w_out, None)

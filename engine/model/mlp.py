@@ -79,6 +79,8 @@ class MoE(DenseMLP):
         exchange is the path's allreduce."""
         x, shared = self.swiglu(x, delta, s, None, None)
         h = rms_norm(x, self.post_norm, self.eps, self.zc)
-        routed = moe.decode(h, self.router, self.shared_gate, self.ew13, self.ew2, k=self.top_k,
-                            norm_topk=self.norm_topk)
+        # a batched step (engine.core.model.Model.decode_batch) routes row by row: each row picks its own experts
+        rows = [moe.decode(h[i:i + 1], self.router, self.shared_gate, self.ew13, self.ew2, k=self.top_k,
+                           norm_topk=self.norm_topk) for i in range(h.shape[0])]
+        routed = rows[0] if len(rows) == 1 else torch.cat(rows)
         return x, routed + moe.gate_scale(h, self.shared_gate) * shared
