@@ -76,6 +76,9 @@ def test_measured_over_http_against_the_plans_tp2_row(ctx, plan, tmp_path):
     mc = by["max_context"]
     assert mc["measured"] == 4096 and mc["predicted"] == tp2["max_context"]
     assert any("1983 prompt tokens, 64 generated" in n for n in sec["notes"])
+    calibrate = [n for n in sec["notes"] if "v100plan calibrate --endpoint" in n]  # the way to a profile that fits
+    assert len(calibrate) == (0 if dec["inside_interval"] else 1)
+    assert all(f"--endpoint {ctx.target.endpoint} " in n for n in calibrate)
 
     # into a report: valid against the schema, drawn in the HTML
     report = json.loads((REPO / "tests/fixtures/acceptance/sample-report.json").read_text())

@@ -60,6 +60,12 @@ def section(ctx, plan: dict[str, Any] | None, *, gpu: bool | None) -> dict[str, 
                       measured.get(f"{key}_why"))
                for key, unit, field, interval in FIGURES]
     notes = list(measured.get("notes", []))
+    if any(f["figure"] == "decode_tok_s" and f["inside_interval"] is False for f in figures):
+        inputs = plan.get("inputs") or {}
+        notes.append("decode fell outside the plan's interval: `v100plan calibrate --endpoint "
+                     f"{ctx.target.endpoint} --model {inputs.get('model', 'MODEL')} --hardware "
+                     f"{inputs.get('hardware', 'HARDWARE')} --out profile.json` measures this service into an engine "
+                     "profile, and `v100plan plan --engine profile.json` plans with it")
     if measured.get("context_tokens") and context and measured["context_tokens"] < context:
         notes.append(f"measured at {measured['context_tokens']} positions, the served context, against the plan's "
                      f"{context}: decode and TTFT predictions are for the plan's context")
