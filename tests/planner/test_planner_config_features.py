@@ -195,6 +195,20 @@ def test_a_plan_holds_the_gdn_state_per_sequence(cli):
     assert k2 - k1 == pytest.approx(8192 * 45573 / 1e9 + 0.154, abs=0.002)
 
 
+def test_each_strategy_says_how_many_sequences_its_cards_hold_and_that_many_fit(cli):
+    """sequences_that_fit is the memory model's own answer: planning that many concurrent sequences fits, one
+    more runs out of memory (vLLM: an engine that batches)."""
+    base = ("plan", "--hardware", "v100-sxm2-32gb", "--model", "qwen3.5-27b", "--context", "64K", "--engine", "vllm")
+    tp2 = next(s for s in cli.json(*base)["strategies"] if s["name"] == "tp2")
+    n = tp2["breakdown"]["memory"]["sequences_that_fit"]
+    assert n >= 2
+    at_n = next(s for s in cli.json(*base, "--concurrency", str(n))["strategies"] if s["name"] == "tp2")
+    assert at_n["fits"]
+    r = cli(*base, "--concurrency", str(n + 1), "--json")
+    over = next(s for s in json.loads(r.stdout)["strategies"] if s["name"] == "tp2")
+    assert not over["fits"] and "per GPU" in over["reason"]
+
+
 def test_the_bundled_engine_is_not_planned_to_batch_what_it_serves_one_at_a_time(cli):
     """Its profile says it decodes one sequence at a time: four concurrent requests fit no strategy (they
     would queue), with the reason and the way out; one request plans as before."""

@@ -61,3 +61,13 @@ def max_context(model: Model, lay: Layout, concurrency: int, reserve_gb: float, 
         return min(model.native_context, model.window_tokens + memory_fit.positions_that_fit(free_bytes - at_window, growth))
     return min(model.native_context,
                memory_fit.positions_that_fit(free_bytes, model.kv_bytes_per_token * lay.kv_share, concurrency))
+
+
+def sequences_that_fit(model: Model, lay: Layout, context_tokens: int, reserve_gb: float, capacity_gb: float) -> int:
+    """How many sequences of ``context_tokens`` each (their K/V and recurrent state) fit beside the weights and the
+    reserve: the slots an engine that batches could serve at that context, >= 0."""
+    per_seq_gb = kv_gb(model, context_tokens, lay.kv_share, 1)
+    free_gb = capacity_gb - lay.weights_gb_per_gpu - reserve_gb
+    if per_seq_gb <= 0:
+        return 0
+    return max(0, int(free_gb // per_seq_gb))

@@ -14,7 +14,7 @@ from v100plan.planner.decode import Round, decode_round, read_ms, round_overhead
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
 from v100plan.planner.launch import launch_commands, launch_dtype
-from v100plan.planner.memory import Memory, max_context, memory_per_gpu
+from v100plan.planner.memory import Memory, max_context, memory_per_gpu, sequences_that_fit
 from v100plan.planner.prefill import Prefill, chunks, prefill_time
 from v100plan.planner.result import Plan, StrategyResult
 from v100plan.planner.strategies import NAMES, Layout, layout, wide_names
@@ -79,7 +79,9 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         problems.append(_memory_reason(mem, maxc, target))
     breakdown = {
         "memory": {"weights_gb": round(mem.weights_gb, 3), "kv_gb": round(mem.kv_gb, 3), "reserve_gb": round(mem.reserve_gb, 3),
-                   "capacity_gb": round(mem.capacity_gb, 3)},
+                   "capacity_gb": round(mem.capacity_gb, 3),
+                   # the concurrent sequences the cards hold at this context (what concurrency could reach)
+                   "sequences_that_fit": sequences_that_fit(model, lay, target.context_tokens, reserve_gb, card.memory_gb)},
     }
     base = dict(name=name, gpus_used=lay.gpus_needed if name != "replicas" else max(2, target.gpus),
                 max_context=maxc, memory_per_gpu_gb=round(mem.total_gb, 2), allreduce_path=path, breakdown=breakdown)
