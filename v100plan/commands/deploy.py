@@ -93,6 +93,7 @@ def register(app: typer.Typer) -> None:
         otherwise the previous release is started again (exit 1, with the reason).
         """
         from v100plan.remote import deploy as dp
+        from v100plan.remote import own_plan
         from v100plan.remote import release as rel
         from v100plan.remote import split as split_mod
         from v100plan.remote.probe import NotPrepared, probe_host
@@ -124,6 +125,7 @@ def register(app: typer.Typer) -> None:
 
         def one(target, tell) -> dp.Outcome:  # noqa: ANN001 - a Target, a Say
             probe_sent: list[int] = []  # the bundle, when the probe that chooses the settings sent it
+            own = None
             if doc is not None:
                 settings, chose = rel.settings_from_plan(doc, str(plan), port, fault_injection)
             else:
@@ -139,16 +141,16 @@ def register(app: typer.Typer) -> None:
                                                   chosen_by="defaults (dry run)")
                     chose = ("CPU settings for this dry run: probing the host would upload the probes and build "
                              "their venv there; a real deploy probes first and may choose GPUs")
-                else:
-                    settings, chose = rel.settings_from_probe(report, target.spec.label, port, fault_injection,
-                                                              max_context)
+                else:  # the probe planned here: the plan's tp2 settings, or the probe's where it cannot run
+                    settings, chose, own = own_plan.settings_for_host(report, model_dir, target.spec.label, port,
+                                                                      fault_injection, max_context)
             settings, given = rel.with_overrides(settings, overrides)
             chose += given
             rel.check_speculation(settings, Path(model_dir))
             tell(f"chose: {chose}")
             return dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout,
                              say=tell, chose=chose, switch_mode=switch_mode, probe_sent=sum(probe_sent),
-                             origin={"chosen_by": settings.chosen_by, **(origin or {}),
+                             origin={"chosen_by": settings.chosen_by, **(origin or own or {}),
                                      "given": {k: v for k, v in overrides.items() if v is not None}})
 
         if inventory is not None:
