@@ -35,7 +35,7 @@ PATIENT = 10 ** 12  # ns (the interpreter counts one microsecond per spin): neve
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
 
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
 
@@ -227,7 +227,7 @@ class _ProcComm:
 
 
 def _rank_main(rank, name, dtype, override, xs, slots, barrier, results):
-    from engine.core import attention
+    from engine.kernels import attention
 
     attention.CPU_KERNELS = True
     full = _model(name, dtype, **override)

@@ -2,7 +2,7 @@
 (TRITON_INTERPRET=1 must be set before triton is first imported, and torch.compile imports it: hence a
 process of its own; the file name keeps the main run from collecting it).
 
-The fused decode kernels (kernel choice "fused", engine/core/attention.py and the prologue GEMVs of
+The fused decode kernels (kernel choice "fused", engine/kernels/attention.py and the prologue GEMVs of
 engine/kernels/gemv.py) against the plain torch blocks on CPU tensors: the norm / SiLU prologues, the one-kernel
 attention (q/k norm, RoPE, cache write, split-window softmax, both ways of combining the splits) and whole
 decode steps of small real architectures. float32 must agree to rounding; bf16 must be as close to float32
@@ -31,7 +31,7 @@ EPS = 1e-6
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
 
     monkeypatch.setattr(attention, "CPU_KERNELS", True)  # the fused blocks run their kernels on CPU tensors
 
@@ -132,7 +132,7 @@ def _torch_attention(qkv, qn, kn, kc, vc, cos, sin, p):
 def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, combine, splits, block_s):
     """q/k norm, RoPE, the K/V write at pos and the masked one-query attention; the kernel never reads
     cache positions at or past pos (they hold NaN here: one read would poison the answer)."""
-    from engine.core import attention
+    from engine.kernels import attention
 
     g = torch.Generator().manual_seed(3 + p)
     qkv, qn, kn, kc, vc, cos, sin = _attn_inputs(dtype, qk_norm, p, g)

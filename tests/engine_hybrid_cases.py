@@ -28,7 +28,7 @@ CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=128, intermedi
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
 
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
 
@@ -107,7 +107,7 @@ def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
 
 @pytest.mark.parametrize("apart", [False, True])
 def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step(apart, monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
     from tests.engine_helpers import small_config
 
     # the step's own position inside its tile, or apart (the default when the loop is pipelined: the interpreter

@@ -25,7 +25,7 @@ EPS = 1e-6
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
 
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
 

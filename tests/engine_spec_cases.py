@@ -28,7 +28,7 @@ CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=96, intermedia
 
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
 
     monkeypatch.setattr(attention, "CPU_KERNELS", True)
 
@@ -53,7 +53,7 @@ def test_the_row_norm_kernel_rounds_as_the_torch_norm(dtype, zc):
 
 
 def test_the_verification_body_with_the_kernels_equals_the_torch_body(kernels_on_cpu, monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
 
     m = Model(ecfg.from_dict(CFG))
     weights.init_random(m, seed=4, std=0.2)

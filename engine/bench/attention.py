@@ -1,4 +1,4 @@
-"""`python -m engine.bench.attention`: the decode step's one-query attention kernel alone (engine.core.attention,
+"""`python -m engine.bench.attention`: the decode step's one-query attention kernel alone (engine.kernels.attention,
 the kernel the service runs) at long contexts, against the card's read bandwidth, per launch configuration.
 
 For each shape (the 27B hybrid's attention: 24 query / 4 KV heads of 256, gated, quarter rotary; the 8B dense
@@ -32,18 +32,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--programs", default="264,528", help="programs in all (the window split over them)")
     p.add_argument("--stages", default="1,2")
     p.add_argument("--apart", default="0,1", help="0,1: the step's own position inside its tile / attended apart "
-                                                   "(engine.core.attention.APART: the default when pipelined)")
+                                                   "(engine.kernels.attention.APART: the default when pipelined)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
                    help="the model's dtype (16-bit caches are in it; float16 is the V100's)")
     p.add_argument("--permute", default=None, help="0,1: int8 caches in float16 widened by Triton / by the byte "
-                                                   "permute (engine.core.attention.I8_PERMUTE); default: the "
+                                                   "permute (engine.kernels.attention.I8_PERMUTE); default: the "
                                                    "engine's choice")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
     import torch
 
-    from engine.core import attention, kvquant, timing
+    from engine.core import kvquant, timing
+    from engine.kernels import attention
 
     dev = torch.device("cuda")
     read = timing.read_bandwidth_gbps(dev, 4 << 30)

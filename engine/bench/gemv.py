@@ -23,7 +23,7 @@ SHAPES = {  # name -> {product: (N, K)}, bf16 weights, per rank
 }
 
 
-# The fused kernels (kernel choice "fused", engine.core.attention) per rank of Qwen3-8B: heads, kv heads, head dim
+# The fused kernels (kernel choice "fused", engine.kernels.attention) per rank of Qwen3-8B: heads, kv heads, head dim
 ATTN = {"qwen3-8b-tp1": (32, 8, 128), "qwen3-8b-tp2": (16, 4, 128)}
 # the fastest five of six on the first H200 run (2026-11-30), and one more
 FUSED_CONFIGS = [(4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8), (16, 256, 8), (32, 256, 8)]
@@ -48,9 +48,8 @@ def fused(args, doc: dict) -> None:
     import torch.nn.functional as F
 
     from engine import tuning
-    from engine.core import attention
     from engine.core.model import rms_norm, rotate_half
-    from engine.kernels import gemv
+    from engine.kernels import attention, gemv
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(0)

@@ -254,8 +254,7 @@ def fp16_vs_bf16(args, doc: dict) -> None:
     """The dense fused kernels of one 27B full-attention layer at TP1, fp16 against bf16 (random weights)."""
     import torch
 
-    from engine.core import attention
-    from engine.kernels import gemv
+    from engine.kernels import attention, gemv
 
     dev = torch.device(args.device)
     d, ff, heads, kv, hd = 5120, 17408, 24, 4, 256

@@ -128,8 +128,8 @@ def variants() -> list[tuple[str, object, dict, int]]:
     """(label, triton kernel, constexprs, num_warps[, argument types]) of every kernel the fused decode step runs,
     fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
     zero-centred norms, the Gated DeltaNet decode kernel and its prefill kernels), the int8 K/V cache's attention."""
-    from engine.core import attention
     from engine.kernels import (
+        attention,
         attention_jit,
         exchange_jit,
         gdn_chunk_jit,

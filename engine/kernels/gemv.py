@@ -23,7 +23,7 @@ from engine.kernels.exchange import as_sent, epw, ticket_args
 from engine.kernels.interpreter import interpreting
 from engine.kernels.prologue import PROLOGUE_NAMES, PROLOGUE_NORM, PROLOGUE_PLAIN, PROLOGUE_SILU
 
-# The same GEMV with its input made in the prologue (kernel choice "fused", engine.core.attention): each program
+# The same GEMV with its input made in the prologue (kernel choice "fused", engine.kernels.attention): each program
 # computes the input row itself from rows in L2 instead of a separate kernel writing it (engine.kernels.prologue).
 # Block sizes per (N, K): the tuning table's ``prologue`` (bench: python -m engine.bench.gemv --fused), else ``gemv``.
 

@@ -2,7 +2,7 @@
 the output scaled by sigmoid(gate) before o_proj). Weights: wqkv (q | k | v rows), wo, q/k norms. State: the K/V
 cache pool [slots, kv heads, context, head dim] (int8 + a float32 scale per position and head with
 ``--kv-cache-dtype int8``). TP2: heads split (q, gate, k, v rows; o columns), o_proj into the exchange.
-Decode: the plain torch form, or (kernel choice "fused", engine.core.attention) norm + QKV GEMV, one-query
+Decode: the plain torch form, or (kernel choice "fused", engine.kernels.attention) norm + QKV GEMV, one-query
 attention kernel, o_proj GEMV; prefill: engine.core.prefill_attention."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import math
 
 import torch
 
-from engine.core import attention, kvquant, prefill_attention
+from engine.core import kvquant, prefill_attention
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul  # F.linear for dense or packed (GPTQ / AWQ) weights
+from engine.kernels import attention
 from engine.model.base import Block, Chunk, Step, rms_norm, rope
 
 
@@ -124,7 +125,7 @@ class FullAttention(Block):
 
     def decode(self, x: torch.Tensor, delta: torch.Tensor, s: Step, send=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]); this position's K/V written at s.pos.
-        Fused: norm + QKV GEMV, engine.core.attention.decode_attention, o_proj GEMV (``send``: an
+        Fused: norm + QKV GEMV, engine.kernels.attention.decode_attention, o_proj GEMV (``send``: an
         engine.allreduce.epilogue.Ticket, o_proj's rows also go to the peer; ``delta`` may be the last Sent).
         A batched step (``s.slots``) runs decode_rows."""
         if s.slots is not None:

@@ -3,7 +3,7 @@ the depthwise conv [channels, kernel], A_log, dt_bias, the gated norm, w_out. St
 [slots, channels, kernel] (slot p % kernel = the input of position p) in the dtype and recurrent states
 [slots, value heads, dk, dv] float32: fixed size per sequence. TP2: key and value heads split (q/k/v conv
 channels, b/a rows, A_log, dt_bias follow), out_proj into the exchange. Decode: the torch form (engine.kernels.gdn)
-or (kernel choice "fused") norm + projection GEMV, engine.core.gdn_fused's decode kernel, out_proj GEMV. Prefill:
+or (kernel choice "fused") norm + projection GEMV, engine.kernels.gdn_fused's decode kernel, out_proj GEMV. Prefill:
 engine.kernels.gdn.chunked, or engine.kernels.gdn_chunk's two kernels under "fused"."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.core import attention, gdn_fused
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul
-from engine.kernels import gdn
+from engine.kernels import attention, gdn, gdn_fused
 from engine.model.base import Block, Chunk, Step, rms_norm
 
 
@@ -30,7 +29,7 @@ def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: floa
 def gdn_mix(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, *, nk: int, nv: int, dk: int, dv: int,
             eps: float) -> torch.Tensor:
     """One token's work between a Gated DeltaNet layer's projections (the signature of
-    engine.core.gdn_fused.gdn_decode, in torch): proj [conv channels | z | b | a] -> y [nv dv] in proj's dtype;
+    engine.kernels.gdn_fused.gdn_decode, in torch): proj [conv channels | z | b | a] -> y [nv dv] in proj's dtype;
     the conv ring and the recurrent state are updated in place at ``pos`` (device [1])."""
     kd, vd = nk * dk, nv * dv
     mixed, z, b, a = proj.split([2 * kd + vd, vd, nv, nv])
@@ -96,7 +95,7 @@ class GatedDeltaNet(Block):
     # ---- prefill ---------------------------------------------------------------------------------
     def chunk_kernel(self, c: Chunk, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether the chunked rule runs engine.kernels.gdn_chunk's kernel: kernel choice "fused" (as the decode
-        step takes engine.core.gdn_fused), where the kernels run and the head sizes fit; float32 (the reference
+        step takes engine.kernels.gdn_fused), where the kernels run and the head sizes fit; float32 (the reference
         dtype) keeps the torch form."""
         from engine.kernels import gdn_chunk
 
@@ -150,7 +149,7 @@ class GatedDeltaNet(Block):
 
     def mix(self, proj: torch.Tensor, pos: torch.Tensor, fused: bool) -> torch.Tensor:
         """proj [conv channels | z | b | a] (one row) -> y [nv dv]; the decoding slot's ring and state updated
-        at pos (engine.core.gdn_fused's kernel where ``fused``, else gdn_mix)."""
+        at pos (engine.kernels.gdn_fused's kernel where ``fused``, else gdn_mix)."""
         fn = gdn_fused.gdn_decode if fused else gdn_mix
         return fn(proj, self.conv_ring, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.rec_state, pos,
                   nk=self.nk, nv=self.nv, dk=self.dk, dv=self.dv, eps=self.eps)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.core import attention, moe
+from engine.core import moe
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul
+from engine.kernels import attention
 from engine.model.base import Block, Step, rms_norm
 
 

@@ -53,7 +53,7 @@ def test_the_27b_bf16_read_reaches_80_percent_at_128k_apart():
 def test_the_engine_now_launches_the_recorded_winner_for_16_bit_and_int8_caches(shape, ctx):
     """What decode_attention launches on an H200 (compute capability 9.0) at these windows is the fastest
     row of the sweep for both cache dtypes: its tile, warps, stages, programs and the own position apart."""
-    from engine.core import attention
+    from engine.kernels import attention
 
     doc = load(shape, ctx)
     kv, hd = HEADS[shape]

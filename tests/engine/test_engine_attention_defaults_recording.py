@@ -1,5 +1,5 @@
 """Judges the H200 recordings of 2026-12-04 (bash docs/h200_defaults_run.sh a|b), the first with the apart attention
-and int8's long-window blocks as the engine's defaults (engine.core.attention.launch_config), on CPU:
+and int8's long-window blocks as the engine's defaults (engine.kernels.attention.launch_config), on CPU:
 
 - the one-query attention's default row is the launch it is said to be: its output equals the forced row of the
   same configuration exactly (err 0.0; another tile sums in another order and differs), and its fraction follows
@@ -35,7 +35,7 @@ ATTN = {"bfloat16": load("h200-attention-2026-12-04-defaults.json"),
 
 @pytest.mark.parametrize("dtype", list(ATTN))
 def test_each_default_row_is_the_launch_config_it_names_and_its_fraction_follows(dtype):
-    from engine.core import attention
+    from engine.kernels import attention
 
     doc = ATTN[dtype]
     assert doc["device"] == "NVIDIA H200" and doc["dtype"] == dtype and 4000 < doc["read_bw_gbps"] < 4800

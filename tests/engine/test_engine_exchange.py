@@ -50,7 +50,7 @@ def _tiny(comm=None) -> Model:
 
 
 def test_the_exchange_goes_inside_the_gemvs_only_with_fused_blocks_that_run_and_a_path_that_offers_it(monkeypatch):
-    from engine.core import attention
+    from engine.kernels import attention
 
     path = _Path()
     model = _tiny(_Comm(path))

@@ -68,7 +68,7 @@ def test_long_window_attention_takes_its_pipelined_configuration_and_stays_as_cl
     as close to the earlier configuration's as that one is to itself in another tiling, and bit-identical on
     replay."""
     from engine.bench.attention import SHAPES
-    from engine.core import attention
+    from engine.kernels import attention
 
     sh = SHAPES[shape]
     h, kv, hd, ctx = sh["n_heads"], sh["n_kv"], sh["hd"], 131072
@@ -108,7 +108,8 @@ def test_int8_cache_attention_in_both_forms_is_the_dequantised_caches_attention(
     lost them would be off by more than the bound (the reference's own position is not quantised: about 0.4 %
     per value)."""
     from engine.bench.attention import SHAPES
-    from engine.core import attention, kvquant
+    from engine.core import kvquant
+    from engine.kernels import attention
 
     sh = SHAPES[shape]
     h, kv, hd, ctx = sh["n_heads"], sh["n_kv"], sh["hd"], 8192

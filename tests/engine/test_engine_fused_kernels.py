@@ -1,4 +1,4 @@
-"""The fused decode kernels (kernel choice "fused": engine/core/attention.py, the prologue GEMVs of
+"""The fused decode kernels (kernel choice "fused": engine/kernels/attention.py, the prologue GEMVs of
 engine/kernels/gemv.py) on CPU: where the choice is made, how the window is split, and every kernel against the
 plain torch blocks under Triton's interpreter, in a child pytest (tests/engine_fused_cases.py; the
 interpreter must be on before triton is first imported, and torch.compile in other tests imports it).
@@ -10,7 +10,8 @@ import importlib.util
 
 import pytest
 
-from engine.core import attention, runner
+from engine.core import runner
+from engine.kernels import attention
 from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from engine import tuning
-from engine.core import attention, runner
+from engine.core import runner
+from engine.kernels import attention
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "engine"

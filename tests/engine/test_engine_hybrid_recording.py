@@ -119,7 +119,7 @@ def _attention_rows(shape):
 
 @pytest.mark.parametrize("shape", ["27b", "8b"])
 def test_the_long_window_attention_configuration_is_the_fastest_measured_and_its_fraction(shape):
-    from engine.core import attention
+    from engine.kernels import attention
 
     doc, rows = _attention_rows(shape)
     hd = 256 if shape == "27b" else 128
