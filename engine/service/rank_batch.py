@@ -1,0 +1,196 @@
+"""A rank's continuous-batching loop (``--max-concurrency N`` > 1; docs/service.md, "Concurrent requests").
+
+N sequence slots (Model.setup_cache(context, slots=N)). Each round: both ranks agree which of the requests and
+cancels they have received are taken now, then every admitted request is prefilled into a free slot (its
+whole prompt, in chunks, between two decode steps), then every running sequence decodes one token together
+(Model.decode_batch: the torch forms). A finished or cancelled request frees its slot at once (reset_slot).
+
+Agreement: the proxy sends every generate and cancel message to both ranks in one order, so each rank holds
+a prefix of the same two sequences; each round both ranks exchange how many of each they hold and take the
+shorter prefix of each. Everything after that is deterministic, so both ranks run the identical schedule
+(the same rows in the same slots at every step); after every step both exchange a lockstep record of all the
+step's tokens (engine.core.lockstep), and a difference ends the pair as for one sequence.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.service import protocol
+
+
+@dataclass
+class Seq:
+    rid: str
+    slot: int
+    sampler: object
+    prompt_len: int
+    max_tokens: int
+    stop_ids: set
+    pos: int = 0                 # the position the next decoded token is written at
+    logits: torch.Tensor | None = None
+    pending: int | None = None   # the last token handed out, not yet decoded
+    out: list = field(default_factory=list)
+
+
+class BatchLoop:
+    """Runs on the rank's main thread in place of Rank.serve's one-at-a-time loop."""
+
+    def __init__(self, rank, server, n: int):
+        self.rank, self.server, self.n = rank, server, n
+        self.model = rank.model
+        self.arrived: list[dict] = []     # generate messages received, in order
+        self.taken = 0                    # how many of them both ranks have taken
+        self.cancels_taken = 0
+        self.cancelled: set[str] = set()  # ids whose cancel both ranks have taken
+        self.waiting: deque[dict] = deque()
+        self.running: dict[int, Seq] = {}  # slot -> sequence
+        self.step = 0
+
+    # ---- agreement ------------------------------------------------------------------------------------
+    def _drain(self, block: bool) -> None:
+        try:
+            if block:
+                self.arrived.append(self.rank.requests.get())
+            while True:
+                self.arrived.append(self.rank.requests.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _agree(self) -> None:
+        """Take the requests and cancels both ranks hold (the shorter prefix of each sequence)."""
+        n_gen, n_cancel = len(self.arrived), len(self.rank.cancel_log)
+        path = self.rank.path
+        if path is not None:
+            mine = torch.tensor([n_gen, n_cancel], dtype=torch.int64, device=self.model.device)
+            both = [t.to("cpu").tolist() for t in path.all_gather(mine)]
+            n_gen, n_cancel = min(b[0] for b in both), min(b[1] for b in both)
+        self.waiting.extend(self.arrived[self.taken:n_gen])
+        self.taken = n_gen
+        self.cancelled.update(self.rank.cancel_log[self.cancels_taken:n_cancel])
+        self.cancels_taken = n_cancel
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            idle = not self.running and len(self.waiting) == 0
+            self._drain(block=idle and self.taken == len(self.arrived))
+            self._agree()
+            for seq in list(self.running.values()):
+                if seq.rid in self.cancelled:
+                    self._finish(seq, "cancelled")
+            while self.waiting and len(self.running) < self.n:
+                self._admit(self.waiting.popleft())
+            self.rank.busy = bool(self.running)
+            self._sample()
+            self._decode()
+
+    def _admit(self, req: dict) -> None:
+        from engine.allreduce.base import PathError
+        from engine.core.lockstep import LockstepFailure
+        from engine.core.logits_processors import Processing
+        from engine.core.sampling import Sampler
+
+        rid = req["id"]
+        if rid in self.cancelled:
+            self._send(protocol.done(rid, "cancelled", len(req["prompt_ids"]), 0))
+            return
+        try:
+            if req.get("images"):
+                raise ValueError("images are not served with --max-concurrency above 1 yet")
+            ids = [int(t) for t in req["prompt_ids"]]
+            if not ids:
+                raise ValueError("the prompt is empty: give at least one token")
+            if len(ids) >= self.model.max_context:
+                raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.model.max_context}")
+            sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0),
+                              processing=Processing.from_message(req.get("sampling"), ids),
+                              constraint=self.rank.constraint_for(req.get("grammar")))
+        except (ValueError, TypeError, OverflowError) as e:
+            self._send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+            return
+        slot = min(set(range(self.n)) - set(self.running))
+        seq = Seq(rid, slot, sampler, len(ids), min(int(req["max_tokens"]), self.model.max_context - len(ids)),
+                  set(req.get("stop_token_ids") or []), pos=len(ids))
+        self.model.reset_slot(slot)
+        self.running[slot] = seq
+        try:
+            self._prefill(seq, ids)
+        except (LockstepFailure, PathError):
+            raise  # a fault of the rank pair: the proxy restarts both
+        except Exception as e:  # noqa: BLE001 - both ranks fail the same way on the same input; the pair stays up
+            del self.running[slot]
+            self.model.reset_slot(slot)
+            self._send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+            return
+        if seq.max_tokens <= 0:
+            self._finish(seq, "length")
+
+    def _prefill(self, seq: Seq, ids: list[int]) -> None:
+        """The whole prompt into the sequence's slot, in chunks (a progress message after each)."""
+        chunk = self.rank.prefill_chunk()
+        tokens = torch.tensor([ids], device=self.model.device)
+        for start in range(0, len(ids), chunk):
+            end = min(start + chunk, len(ids))
+            seq.logits = self.model.forward(tokens[:, start:end], start, slot=seq.slot)
+            self.rank.counter += 1
+            self._send(protocol.progress(seq.rid, end, self.rank.counter))
+
+    def _sample(self) -> None:
+        """Each sequence with fresh logits draws its token (its own sampler); then one lockstep record."""
+        from engine.core.lockstep import Record, token_hash
+
+        drawn = []
+        for slot in sorted(self.running):
+            seq = self.running[slot]
+            if seq.logits is None:
+                continue
+            tok = seq.sampler(seq.logits)
+            seq.logits = None
+            drawn.append((seq, tok))
+        if not drawn:
+            return
+        self.rank.counter += 1
+        if self.rank.lockstep is not None:
+            flat = [v for seq, tok in drawn for v in (seq.slot, tok)]
+            h = token_hash(flat, sum(seq.sampler.offset for seq, _ in drawn))
+            self.rank.lockstep.exchange(Record(self.step, len(drawn), h, sum(s.pos for s, _ in drawn), 0))
+        self.step += 1
+        for seq, tok in drawn:
+            k = len(seq.out)
+            seq.out.append(tok)
+            self._send(protocol.token(seq.rid, k, tok, self.rank.counter, seq.sampler.logprobs))
+            if tok in seq.stop_ids:
+                self._finish(seq, "stop")
+            elif len(seq.out) >= seq.max_tokens:
+                self._finish(seq, "length")
+            else:
+                seq.pending = tok
+
+    def _decode(self) -> None:
+        rows = [self.running[s] for s in sorted(self.running) if self.running[s].pending is not None]
+        if not rows:
+            return
+        dev = self.model.device
+        toks = torch.tensor([s.pending for s in rows], dtype=torch.int64, device=dev)
+        pos = torch.tensor([s.pos for s in rows], dtype=torch.int64, device=dev)
+        slots = torch.tensor([s.slot for s in rows], dtype=torch.int64, device=dev)
+        logits = self.model.decode_batch(toks, pos, slots, max(s.pos for s in rows) + 1)
+        for i, seq in enumerate(rows):
+            seq.logits, seq.pending = logits[i], None
+            seq.pos += 1
+
+    def _finish(self, seq: Seq, reason: str) -> None:
+        del self.running[seq.slot]
+        self.model.reset_slot(seq.slot)  # the slot is free at once; the next request starts from nothing
+        self.cancelled.discard(seq.rid)
+        self.rank.log_line(f"request {seq.rid} finish={reason} slot={seq.slot} tokens={len(seq.out)}")
+        self._send(protocol.done(seq.rid, reason, seq.prompt_len, len(seq.out)))
+
+    def _send(self, msg: dict) -> None:
+        self.server.send(msg)
+

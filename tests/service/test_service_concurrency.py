@@ -1,0 +1,178 @@
+"""serve --max-concurrency N > 1 (docs/service.md, "Concurrent requests"): real `serve`, two CPU ranks, HTTP.
+
+Requests sent at once decode together in the ranks' slots and each answers exactly what it answers alone;
+their first tokens arrive before the earlier ones finished (stream timestamps); a cancelled stream leaves the
+others unchanged; past N running and the queue bound, 429 with Retry-After; /health and /metrics say it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.test_service_support import _TMP, MODEL_ID, REPO, ServiceProcess, prompt_ids, wait_until
+
+N = 4
+PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there lived",
+           "1 2 3 4 5 6 7 8", "Hello"]
+MAX_TOKENS = 24
+
+
+def _hybrid() -> str:
+    out = os.path.join(_TMP, "demo-qwen3_5-plain")
+    if not os.path.exists(out):
+        subprocess.run([sys.executable, "-m", "engine", "make-demo-model", out, "--arch", "qwen3_5"], cwd=REPO,
+                       check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def svc(request):
+    s = ServiceProcess("--max-concurrency", str(N), "--queue-cap", "0", "--max-context", "256",
+                       model=_hybrid() if request.param == "hybrid" else None, stall_timeout_s=60,
+                       allreduce_timeout_s=30)
+    try:
+        s.wait_healthy(timeout_s=300)
+        s.kind = request.param
+        yield s
+    finally:
+        s.stop()
+
+
+def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int | None = None,
+            started: threading.Event | None = None) -> None:
+    """One streamed greedy completion: token texts with their arrival times, the finish reason, the status."""
+    times, texts, finish = [], [], None
+    body = {"model": MODEL_ID, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "ignore_eos": True, "logprobs": 0}
+    with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
+        out["status"] = r.status_code
+        if r.status_code != 200:
+            out["body"] = r.read().decode()
+            out["retry_after"] = r.headers.get("retry-after")
+            return
+        if started is not None:
+            started.set()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            choice = event["choices"][0]
+            lp = choice.get("logprobs") or {}
+            for tok in lp.get("tokens") or []:
+                times.append(time.monotonic())
+                texts.append(tok)
+            finish = choice.get("finish_reason") or finish
+            if cancel_after is not None and len(texts) >= cancel_after:
+                break  # the client goes away mid-stream
+    out.update(times=times, tokens=texts, finish=finish)
+
+
+def _solo(svc, text: str) -> list[str]:
+    out: dict = {}
+    _stream(svc, prompt_ids(text), MAX_TOKENS, out)
+    assert out["status"] == 200, out
+    return out["tokens"]
+
+
+@pytest.fixture(scope="module")
+def solos(svc):
+    return [_solo(svc, p) for p in PROMPTS]
+
+
+def _together(svc, cancel: int | None = None) -> list[dict]:
+    outs = [{} for _ in PROMPTS]
+    threads = []
+    for i, p in enumerate(PROMPTS):
+        t = threading.Thread(target=_stream, args=(svc, prompt_ids(p), MAX_TOKENS, outs[i],
+                                                    4 if i == cancel else None))
+        t.start()
+        threads.append(t)
+        time.sleep(0.05)  # in this order
+    for t in threads:
+        t.join(180)
+    return outs
+
+
+def test_requests_at_once_each_answer_their_solo_tokens_and_overlap(svc, solos):
+    assert all(len(s) == MAX_TOKENS for s in solos)
+    t0 = time.monotonic()
+    outs = _together(svc)
+    for i, out in enumerate(outs):
+        assert out["status"] == 200, out
+        assert out["tokens"] == solos[i], (svc.kind, i)
+    firsts = [o["times"][0] - t0 for o in outs]
+    lasts = [o["times"][-1] - t0 for o in outs]
+    # each request's first token came before every earlier request had finished: they decoded together
+    for i in range(1, N):
+        assert firsts[i] < min(lasts[:i]), (firsts, lasts)
+    print(f"\n[{svc.kind}] first tokens at {[round(f, 2) for f in firsts]} s, last at "
+          f"{[round(v, 2) for v in lasts]} s")
+
+
+def test_health_and_metrics_say_the_slots(svc, solos):
+    seen = {"running": 0, "busy": 0}
+    outs = [{} for _ in PROMPTS]
+    threads = [threading.Thread(target=_stream, args=(svc, prompt_ids(p), MAX_TOKENS * 3, outs[i]))
+               for i, p in enumerate(PROMPTS)]
+    for t in threads:
+        t.start()
+
+    def all_running():
+        seen["running"] = max(seen["running"], svc.metric("v100plan_requests_running"))
+        seen["busy"] = max(seen["busy"], svc.health().json()["slots_busy"])
+        return seen["running"] == N and seen["busy"] == N
+
+    wait_until(all_running, 60, 0.05, "all slots busy")
+    for t in threads:
+        t.join(180)
+    body = svc.health().json()
+    assert body["max_concurrency"] == N and body["slots_busy"] == 0
+    assert svc.metric("v100plan_requests_running") == 0
+
+
+def test_a_cancelled_stream_leaves_the_others_unchanged(svc, solos):
+    outs = _together(svc, cancel=1)
+    assert len(outs[1]["tokens"]) < MAX_TOKENS
+    for i in (0, 2, 3):
+        assert outs[i]["status"] == 200 and outs[i]["tokens"] == solos[i], (svc.kind, i)
+    wait_until(lambda: svc.health().json()["slots_busy"] == 0, 30, what="the cancelled slot freed")
+    assert _solo(svc, PROMPTS[1]) == solos[1]  # the freed slot serves a request as if new
+
+
+def test_past_n_running_and_the_queue_429_with_retry_after(svc, solos):
+    outs = [{} for _ in range(N)]
+    started = [threading.Event() for _ in range(N)]
+    threads = [threading.Thread(target=_stream, args=(svc, prompt_ids(p), MAX_TOKENS * 4, outs[i], None,
+                                                      started[i])) for i, p in enumerate(PROMPTS)]
+    for t in threads:
+        t.start()
+    for e in started:
+        assert e.wait(60)
+    wait_until(lambda: svc.health().json()["slots_busy"] == N, 30, what="all slots busy")
+    r = svc.complete(prompt_ids("one too many"), 4)
+    assert r.status_code == 429, r.text
+    assert int(r.headers["retry-after"]) >= 1 and "--queue-cap 0" in r.json()["error"]["message"]
+    for t in threads:
+        t.join(180)
+    assert all(o["status"] == 200 and len(o["tokens"]) == MAX_TOKENS * 4 for o in outs)
+    assert svc.complete(prompt_ids("one too many"), 4).status_code == 200  # slots free again
+
+
+def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
+    for extra, says in ((["--max-concurrency", "0"], "between 1 and 64"),
+                        (["--max-concurrency", "65"], "between 1 and 64"),
+                        (["--max-concurrency", "2", "--speculative", "mtp", "--draft-tokens", "2"],
+                         "--speculative mtp")):
+        p = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", _hybrid(), "--tp", "2",
+                            "--state-dir", str(tmp_path / "s"), *extra], cwd=REPO, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2, (extra, p.stderr)
+        assert says in p.stderr and "Traceback" not in p.stderr, p.stderr
