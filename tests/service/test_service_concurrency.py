@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from tests.test_service_support import _TMP, MODEL_ID, REPO, ServiceProcess, prompt_ids, wait_until
+from tests.test_service_support import _TMP, REPO, ServiceProcess, prompt_ids, wait_until
 
 N = 4
 PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there lived",
@@ -41,6 +41,7 @@ def svc(request):
     try:
         s.wait_healthy(timeout_s=300)
         s.kind = request.param
+        s.model_id = s.client.get("/v1/models").json()["data"][0]["id"]
         yield s
     finally:
         s.stop()
@@ -50,7 +51,7 @@ def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int |
             started: threading.Event | None = None) -> None:
     """One streamed greedy completion: token texts with their arrival times, the finish reason, the status."""
     times, texts, finish = [], [], None
-    body = {"model": MODEL_ID, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+    body = {"model": svc.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "ignore_eos": True, "logprobs": 0}
     with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
         out["status"] = r.status_code
@@ -157,13 +158,13 @@ def test_past_n_running_and_the_queue_429_with_retry_after(svc, solos):
     for e in started:
         assert e.wait(60)
     wait_until(lambda: svc.health().json()["slots_busy"] == N, 30, what="all slots busy")
-    r = svc.complete(prompt_ids("one too many"), 4)
+    r = svc.complete(prompt_ids("one too many"), 4, model=svc.model_id)
     assert r.status_code == 429, r.text
     assert int(r.headers["retry-after"]) >= 1 and "--queue-cap 0" in r.json()["error"]["message"]
     for t in threads:
         t.join(180)
     assert all(o["status"] == 200 and len(o["tokens"]) == MAX_TOKENS * 4 for o in outs)
-    assert svc.complete(prompt_ids("one too many"), 4).status_code == 200  # slots free again
+    assert svc.complete(prompt_ids("one too many"), 4, model=svc.model_id).status_code == 200  # slots free again
 
 
 def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
