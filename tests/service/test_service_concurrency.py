@@ -168,10 +168,15 @@ def test_past_n_running_and_the_queue_429_with_retry_after(svc, solos):
 
 
 def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("sk-test-concurrency\n")
+    key.chmod(0o600)
     for extra, says in ((["--max-concurrency", "0"], "between 1 and 64"),
                         (["--max-concurrency", "65"], "between 1 and 64"),
                         (["--max-concurrency", "2", "--speculative", "mtp", "--draft-tokens", "2"],
-                         "--speculative mtp")):
+                         "--speculative mtp"),
+                        (["--max-concurrency", "2", "--enable-fault-injection", "--api-key-file",
+                          str(key)], "--enable-fault-injection")):
         p = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", _hybrid(), "--tp", "2",
                             "--state-dir", str(tmp_path / "s"), *extra], cwd=REPO, capture_output=True, text=True,
                            timeout=60)
