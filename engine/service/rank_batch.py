@@ -35,6 +35,7 @@ class Seq:
     logits: torch.Tensor | None = None
     pending: int | None = None   # the last token handed out, not yet decoded
     out: list = field(default_factory=list)
+    chunks: int = 0              # prefill chunks run
 
 
 class BatchLoop:
@@ -138,6 +139,7 @@ class BatchLoop:
             end = min(start + chunk, len(ids))
             seq.logits = self.model.forward(tokens[:, start:end], start, slot=seq.slot)
             self.rank.counter += 1
+            seq.chunks += 1
             self._send(protocol.progress(seq.rid, end, self.rank.counter))
 
     def _sample(self) -> None:
@@ -188,7 +190,11 @@ class BatchLoop:
         del self.running[seq.slot]
         self.model.reset_slot(seq.slot)  # the slot is free at once; the next request starts from nothing
         self.cancelled.discard(seq.rid)
-        self.rank.log_line(f"request {seq.rid} finish={reason} slot={seq.slot} tokens={len(seq.out)}")
+        from engine.core.lockstep import token_hash
+
+        # the one-at-a-time loop's line (the acceptance suite compares the two ranks' lines), and the slot
+        self.rank.log_line(f"request {seq.rid} finish={reason} steps={seq.chunks + len(seq.out)} "
+                           f"tokens={len(seq.out)} hash={token_hash(seq.out, 0):016x} slot={seq.slot}")
         self._send(protocol.done(seq.rid, reason, seq.prompt_len, len(seq.out)))
 
     def _send(self, msg: dict) -> None:
