@@ -1,9 +1,9 @@
 """A rank's continuous-batching loop (``--max-concurrency N`` > 1; docs/service.md, "Concurrent requests").
 
 N sequence slots (Model.setup_cache(context, slots=N)). Each round: both ranks agree which of the requests and
-cancels they have received are taken now, then every admitted request is prefilled into a free slot (its
-whole prompt, in chunks, between two decode steps), then every running sequence decodes one token together
-(Model.decode_batch: the torch forms). A finished or cancelled request frees its slot at once (reset_slot).
+cancels they have received are taken now, admitted requests get a free slot, one prefill chunk of the oldest
+admitted prompt runs (the prefill budget between two decode steps), then every running sequence with a
+token to decode decodes it together (Model.decode_batch: the torch forms). A finished or cancelled request frees its slot at once (reset_slot).
 
 Agreement: the proxy sends every generate and cancel message to both ranks in one order, so each rank holds
 a prefix of the same two sequences; each round both ranks exchange how many of each they hold and take the
@@ -23,7 +23,7 @@ import torch
 from engine.service import protocol
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (it holds tensors)
 class Seq:
     rid: str
     slot: int
@@ -36,6 +36,8 @@ class Seq:
     pending: int | None = None   # the last token handed out, not yet decoded
     out: list = field(default_factory=list)
     chunks: int = 0              # prefill chunks run
+    ids: list = field(default_factory=list)  # the prompt
+    filled: int = 0              # prompt positions prefilled so far
 
 
 class BatchLoop:
@@ -49,6 +51,7 @@ class BatchLoop:
         self.cancels_taken = 0
         self.cancelled: set[str] = set()  # ids whose cancel both ranks have taken
         self.waiting: deque[dict] = deque()
+        self.admitted: deque[Seq] = deque()  # admitted, prompt not yet wholly prefilled (oldest first)
         self.running: dict[int, Seq] = {}  # slot -> sequence
         self.step = 0
 
@@ -87,12 +90,11 @@ class BatchLoop:
             while self.waiting and len(self.running) < self.n:
                 self._admit(self.waiting.popleft())
             self.rank.busy = bool(self.running)
+            self._prefill_some()
             self._sample()
             self._decode()
 
     def _admit(self, req: dict) -> None:
-        from engine.allreduce.base import PathError
-        from engine.core.lockstep import LockstepFailure
         from engine.core.logits_processors import Processing
         from engine.core.sampling import Sampler
 
@@ -117,30 +119,48 @@ class BatchLoop:
         slot = min(set(range(self.n)) - set(self.running))
         seq = Seq(rid, slot, sampler, len(ids), min(int(req["max_tokens"]), self.model.max_context - len(ids)),
                   set(req.get("stop_token_ids") or []), pos=len(ids))
+        seq.ids = ids
         self.model.reset_slot(slot)
         self.running[slot] = seq
+        self.admitted.append(seq)
+
+    def _prefill_some(self) -> None:
+        """The prefill budget between two decode steps: one chunk (the rank's --prefill-chunk) of the prompt
+        admitted first, so running streams wait at most one chunk per step. A prompt's last chunk gives its
+        first logits; a request that fails there is answered with an error and frees its slot."""
+        from engine.allreduce.base import PathError
+        from engine.core.lockstep import LockstepFailure
+
+        if not self.admitted:
+            return
+        seq = self.admitted[0]
         try:
-            self._prefill(seq, ids)
+            self._prefill_chunk(seq)
         except (LockstepFailure, PathError):
             raise  # a fault of the rank pair: the proxy restarts both
         except Exception as e:  # noqa: BLE001 - both ranks fail the same way on the same input; the pair stays up
-            del self.running[slot]
-            self.model.reset_slot(slot)
-            self._send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+            self.admitted.popleft()
+            del self.running[seq.slot]
+            self.model.reset_slot(seq.slot)
+            self._send(protocol.error(seq.rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
             return
-        if seq.max_tokens <= 0:
-            self._finish(seq, "length")
+        if seq.filled == len(seq.ids):
+            self.admitted.popleft()
+            if seq.max_tokens <= 0:
+                self._finish(seq, "length")
 
-    def _prefill(self, seq: Seq, ids: list[int]) -> None:
-        """The whole prompt into the sequence's slot, in chunks (a progress message after each)."""
-        chunk = self.rank.prefill_chunk()
-        tokens = torch.tensor([ids], device=self.model.device)
-        for start in range(0, len(ids), chunk):
-            end = min(start + chunk, len(ids))
-            seq.logits = self.model.forward(tokens[:, start:end], start, slot=seq.slot)
-            self.rank.counter += 1
-            seq.chunks += 1
-            self._send(protocol.progress(seq.rid, end, self.rank.counter))
+    def _prefill_chunk(self, seq: Seq) -> None:
+        """The next chunk of the prompt into the sequence's slot (a progress message after it)."""
+        start = seq.filled
+        end = min(start + self.rank.prefill_chunk(), len(seq.ids))
+        logits = self.model.forward(torch.tensor([seq.ids[start:end]], device=self.model.device), start,
+                                    slot=seq.slot)
+        seq.filled = end
+        if end == len(seq.ids):
+            seq.logits = logits
+        self.rank.counter += 1
+        seq.chunks += 1
+        self._send(protocol.progress(seq.rid, end, self.rank.counter))
 
     def _sample(self) -> None:
         """Each sequence with fresh logits draws its token (its own sampler); then one lockstep record."""
@@ -188,6 +208,8 @@ class BatchLoop:
 
     def _finish(self, seq: Seq, reason: str) -> None:
         del self.running[seq.slot]
+        if seq in self.admitted:  # cancelled while its prompt was being prefilled
+            self.admitted.remove(seq)
         self.model.reset_slot(seq.slot)  # the slot is free at once; the next request starts from nothing
         self.cancelled.discard(seq.rid)
         from engine.core.lockstep import token_hash

@@ -22,7 +22,7 @@ from tests.test_service_support import _TMP, REPO, ServiceProcess, prompt_ids, w
 N = 4
 PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there lived",
            "1 2 3 4 5 6 7 8", "Hello"]
-MAX_TOKENS = 24
+MAX_TOKENS = 64
 
 
 def _hybrid() -> str:
@@ -35,7 +35,7 @@ def _hybrid() -> str:
 
 @pytest.fixture(scope="module", params=["dense", "hybrid"])
 def svc(request):
-    s = ServiceProcess("--max-concurrency", str(N), "--queue-cap", "0", "--max-context", "256",
+    s = ServiceProcess("--max-concurrency", str(N), "--queue-cap", "0", "--max-context", "2048",
                        model=_hybrid() if request.param == "hybrid" else None, stall_timeout_s=60,
                        allreduce_timeout_s=30)
     try:
@@ -96,7 +96,7 @@ def _together(svc, cancel: int | None = None) -> list[dict]:
                                                     4 if i == cancel else None))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # in this order
+        time.sleep(0.02)  # in this order
     for t in threads:
         t.join(180)
     return outs
@@ -182,3 +182,31 @@ def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
                            timeout=60)
         assert p.returncode == 2, (extra, p.stderr)
         assert says in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_streams_steps(svc, solos):
+    """A 1500-token prompt (six 256-token chunks on CPU) admitted while a stream runs: the stream keeps getting
+    tokens while that prompt is prefilled (one chunk per step), and both answer their solo tokens."""
+    long_ids = (prompt_ids(" ".join(PROMPTS)) * 200)[:1500]
+    alone: dict = {}
+    _stream(svc, long_ids, 8, alone)
+    assert alone["status"] == 200 and len(alone["tokens"]) == 8
+    runner, late = {}, {}
+    t = threading.Thread(target=_stream, args=(svc, prompt_ids(PROMPTS[0]), 200, runner))
+    t.start()
+    wait_until(lambda: svc.health().json()["slots_busy"] == 1, 30, 0.01, "the first stream running")
+    time.sleep(0.1)
+    sent = time.monotonic()
+    _stream(svc, long_ids, 8, late)
+    t.join(180)
+    assert late["tokens"] == alone["tokens"]
+    assert runner["tokens"][:MAX_TOKENS] == solos[0] and len(runner["tokens"]) == 200
+    between = [x for x in runner["times"] if sent < x < late["times"][0]]
+    gaps = sorted(b - a for a, b in zip(runner["times"], runner["times"][1:]))
+    # six chunks give it one step each (plus the steps before the prompt was admitted: 4 measured on the 2-core
+    # machine with the whole prompt prefilled at once, the behaviour this rules out)
+    assert len(between) >= 8, (len(between), late["times"][0] - sent)
+    print(f"\n[{svc.kind}] long prompt's first token {late['times'][0] - sent:.2f} s after it was sent; the "
+          f"running stream got {len(between)} tokens meanwhile; its token gaps: median "
+          f"{gaps[len(gaps) // 2] * 1e3:.1f} ms, p99 {gaps[int(len(gaps) * 0.99)] * 1e3:.1f} ms, "
+          f"max {gaps[-1] * 1e3:.1f} ms")
