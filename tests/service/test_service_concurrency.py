@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from tests.test_service_support import _TMP, REPO, ServiceProcess, prompt_ids, wait_until
+from tests.test_service_support import _TMP, REPO, ServiceProcess, prompt_ids, tp1_reference, wait_until
 
 N = 4
 PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there lived",
@@ -41,6 +41,7 @@ def svc(request):
     try:
         s.wait_healthy(timeout_s=300)
         s.kind = request.param
+        s.model_dir = _hybrid() if request.param == "hybrid" else None
         s.model_id = s.client.get("/v1/models").json()["data"][0]["id"]
         yield s
     finally:
@@ -49,10 +50,10 @@ def svc(request):
 
 def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int | None = None,
             started: threading.Event | None = None) -> None:
-    """One streamed greedy completion: token texts with their arrival times, the finish reason, the status."""
-    times, texts, finish = [], [], None
+    """One streamed greedy completion: token ids with their arrival times, the finish reason, the status."""
+    times, texts, finish = [], [], None  # texts: the token ids
     body = {"model": svc.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "ignore_eos": True, "logprobs": 0}
+            "ignore_eos": True}
     with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
         out["status"] = r.status_code
         if r.status_code != 200:
@@ -66,17 +67,19 @@ def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int |
                 continue
             event = json.loads(line[6:])
             choice = event["choices"][0]
-            lp = choice.get("logprobs") or {}
-            for tok in lp.get("tokens") or []:
+            if choice.get("finish_reason"):  # the last event repeats every token id
+                finish = choice["finish_reason"]
+                assert event["v100plan"]["token_ids"] == texts
+                continue
+            for tok in (event.get("v100plan") or {}).get("token_ids") or []:
                 times.append(time.monotonic())
                 texts.append(tok)
-            finish = choice.get("finish_reason") or finish
             if cancel_after is not None and len(texts) >= cancel_after:
                 break  # the client goes away mid-stream
     out.update(times=times, tokens=texts, finish=finish)
 
 
-def _solo(svc, text: str) -> list[str]:
+def _solo(svc, text: str) -> list[int]:
     out: dict = {}
     _stream(svc, prompt_ids(text), MAX_TOKENS, out)
     assert out["status"] == 200, out
@@ -100,6 +103,13 @@ def _together(svc, cancel: int | None = None) -> list[dict]:
     for t in threads:
         t.join(180)
     return outs
+
+
+def test_solo_answers_are_the_one_sequence_engine_s(svc, solos):
+    """A request alone in the batch loop answers what `generate --tp 1` (the one-sequence decoder) answers."""
+    for i in (0, 1):
+        ref = tp1_reference(tuple(prompt_ids(PROMPTS[i])), MAX_TOKENS, model=svc.model_dir)["token_ids"]
+        assert ref and solos[i][:len(ref)] == ref, (svc.kind, i)
 
 
 def test_requests_at_once_each_answer_their_solo_tokens_and_overlap(svc, solos):
