@@ -138,7 +138,7 @@ class Rank:
         self.busy = False
         self.requests: queue.Queue = queue.Queue()
         self.cancelled: set[str] = set()
-        self.cancel_log: list[str] = []  # every cancel received, in order (rank_batch agrees on its prefix)
+        self.cancel_log: list[str] = []  # --max-concurrency > 1: cancels received, not yet taken (rank_batch)
         self.faults: list[dict] = []
         self.abort = threading.Event()
         self.wait_since: float | None = None  # monotonic start of the current allreduce wait
@@ -351,9 +351,10 @@ class Rank:
             if t == "ping":
                 server.send(protocol.pong(self.counter, self.busy))
             elif t == "cancel":
-                self.cancelled.add(msg["id"])
                 if self.args.max_concurrency > 1:
-                    self.cancel_log.append(msg["id"])
+                    self.cancel_log.append(msg["id"])  # the batch loop takes them in order (rank_batch)
+                else:
+                    self.cancelled.add(msg["id"])
             elif t == "generate":
                 self.requests.put(msg)
             elif t == "fault":

@@ -46,9 +46,9 @@ class BatchLoop:
     def __init__(self, rank, server, n: int):
         self.rank, self.server, self.n = rank, server, n
         self.model = rank.model
-        self.arrived: list[dict] = []     # generate messages received, in order
-        self.taken = 0                    # how many of them both ranks have taken
-        self.cancels_taken = 0
+        self.arrived: deque[dict] = deque()  # generate messages received and not yet taken, in order
+        self.taken = 0                    # how many generate messages both ranks have taken
+        self.cancels_taken = 0            # ... and cancels (rank.cancel_log holds those not yet taken)
         self.cancelled: set[str] = set()  # ids whose cancel both ranks have taken
         self.waiting: deque[dict] = deque()
         self.admitted: deque[Seq] = deque()  # admitted, prompt not yet wholly prefilled (oldest first)
@@ -67,22 +67,29 @@ class BatchLoop:
 
     def _agree(self) -> None:
         """Take the requests and cancels both ranks hold (the shorter prefix of each sequence)."""
-        n_gen, n_cancel = len(self.arrived), len(self.rank.cancel_log)
+        log = self.rank.cancel_log  # the reader thread appends; only this thread takes from the front
+        n_gen, n_cancel = self.taken + len(self.arrived), self.cancels_taken + len(log)
         path = self.rank.path
         if path is not None:
             mine = torch.tensor([n_gen, n_cancel], dtype=torch.int64, device=self.model.device)
             both = [t.to("cpu").tolist() for t in path.all_gather(mine)]
             n_gen, n_cancel = min(b[0] for b in both), min(b[1] for b in both)
-        self.waiting.extend(self.arrived[self.taken:n_gen])
+        for _ in range(n_gen - self.taken):
+            self.waiting.append(self.arrived.popleft())
         self.taken = n_gen
-        self.cancelled.update(self.rank.cancel_log[self.cancels_taken:n_cancel])
+        for _ in range(n_cancel - self.cancels_taken):
+            self.cancelled.add(log.pop(0))
         self.cancels_taken = n_cancel
+        # a cancel always follows its request on both sockets, so a taken cancel whose request is neither
+        # waiting nor running came after that request ended: nothing to keep
+        live = {seq.rid for seq in self.running.values()} | {req["id"] for req in self.waiting}
+        self.cancelled &= live
 
     # ---- the loop -------------------------------------------------------------------------------------
     def serve(self) -> None:
         while True:
             idle = not self.running and len(self.waiting) == 0
-            self._drain(block=idle and self.taken == len(self.arrived))
+            self._drain(block=idle and not self.arrived)
             self._agree()
             for seq in list(self.running.values()):
                 if seq.rid in self.cancelled:
