@@ -369,6 +369,20 @@ class Rank:
             else:
                 server.send(protocol.error(msg.get("id"), f"a rank does not accept {t!r} messages"))
 
+    def step_faults(self, k: int) -> bool:
+        """The fault hooks armed for batch step ``k`` (rank_batch): exit, stall the allreduce; returns whether to
+        corrupt this step's lockstep hash."""
+        if self._fault("exit", k):
+            log(self.r, f"fault injection: exiting at step {k}")
+            os._exit(EXIT_INJECTED)
+        if self._fault("stall_allreduce", k):
+            log(self.r, f"fault injection: stalling the allreduce at step {k}")
+            self.comm.stall_s = self.args.allreduce_timeout_s * 2 + 5
+        corrupt = self._fault("corrupt_hash", k)
+        if corrupt:
+            log(self.r, f"fault injection: corrupting this rank's hash at step {k}")
+        return corrupt
+
     def _fault(self, what: str, k: int) -> bool:
         for f in self.faults:
             if f["what"] == what and (f["at_step"] is None or f["at_step"] == k):

@@ -186,7 +186,7 @@ class BatchLoop:
         self.rank.counter += 1
         if self.rank.lockstep is not None:
             flat = [v for seq, tok in drawn for v in (seq.slot, tok)]
-            h = token_hash(flat, sum(seq.sampler.offset for seq, _ in drawn))
+            h = token_hash(flat, sum(seq.sampler.offset for seq, _ in drawn)) ^ int(self.rank.step_faults(self.step))
             self.rank.lockstep.exchange(Record(self.step, len(drawn), h, sum(s.pos for s, _ in drawn), 0))
         self.step += 1
         for seq, tok in drawn:

@@ -276,9 +276,6 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     why = concurrency_problem(args.max_concurrency, _draft_tokens(args))
     if why:
         raise ServeConfigError(why)
-    if args.max_concurrency > 1 and args.enable_fault_injection:
-        raise ServeConfigError("--enable-fault-injection does not run with --max-concurrency above 1 yet (the rank "
-                               "fault hooks fire at one sequence's steps): leave one of the two out")
     if args.max_context is not None and args.max_context < 2:
         raise ServeConfigError("--max-context must be at least 2 tokens")
     if args.stall_timeout_s <= 0 or args.start_timeout_s <= 0:

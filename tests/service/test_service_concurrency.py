@@ -36,6 +36,7 @@ def _hybrid() -> str:
 @pytest.fixture(scope="module", params=["dense", "hybrid"])
 def svc(request):
     s = ServiceProcess("--max-concurrency", str(N), "--queue-cap", "0", "--max-context", "2048",
+                       "--enable-fault-injection",
                        model=_hybrid() if request.param == "hybrid" else None, stall_timeout_s=60,
                        allreduce_timeout_s=30)
     try:
@@ -54,7 +55,7 @@ def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int |
     times, texts, finish = [], [], None  # texts: the token ids
     body = {"model": svc.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "ignore_eos": True}
-    with httpx.Client(base_url=svc.url, timeout=120) as c, c.stream("POST", "/v1/completions", json=body) as r:
+    with httpx.Client(base_url=svc.url, timeout=120, headers=dict(svc.client.headers)) as c, c.stream("POST", "/v1/completions", json=body) as r:
         out["status"] = r.status_code
         if r.status_code != 200:
             out["body"] = r.read().decode()
@@ -66,6 +67,9 @@ def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int |
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])
+            if "error" in event:
+                out["error"] = event["error"]
+                continue
             choice = event["choices"][0]
             if choice.get("finish_reason"):  # the last event repeats every token id
                 finish = choice["finish_reason"]
@@ -79,9 +83,9 @@ def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int |
     out.update(times=times, tokens=texts, finish=finish)
 
 
-def _solo(svc, text: str) -> list[int]:
+def _solo(svc, text: str, max_tokens: int = MAX_TOKENS) -> list[int]:
     out: dict = {}
-    _stream(svc, prompt_ids(text), MAX_TOKENS, out)
+    _stream(svc, prompt_ids(text), max_tokens, out)
     assert out["status"] == 200, out
     return out["tokens"]
 
@@ -178,15 +182,10 @@ def test_past_n_running_and_the_queue_429_with_retry_after(svc, solos):
 
 
 def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
-    key = tmp_path / "key"
-    key.write_text("sk-test-concurrency\n")
-    key.chmod(0o600)
     for extra, says in ((["--max-concurrency", "0"], "between 1 and 64"),
                         (["--max-concurrency", "65"], "between 1 and 64"),
                         (["--max-concurrency", "2", "--speculative", "mtp", "--draft-tokens", "2"],
-                         "--speculative mtp"),
-                        (["--max-concurrency", "2", "--enable-fault-injection", "--api-key-file",
-                          str(key)], "--enable-fault-injection")):
+                         "--speculative mtp")):
         p = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", _hybrid(), "--tp", "2",
                             "--state-dir", str(tmp_path / "s"), *extra], cwd=REPO, capture_output=True, text=True,
                            timeout=60)
@@ -220,3 +219,26 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_streams_steps(
           f"running stream got {len(between)} tokens meanwhile; its token gaps: median "
           f"{gaps[len(gaps) // 2] * 1e3:.1f} ms, p99 {gaps[int(len(gaps) * 0.99)] * 1e3:.1f} ms, "
           f"max {gaps[-1] * 1e3:.1f} ms")
+
+
+def test_a_lockstep_failure_in_a_batched_step_serves_no_wrong_token_to_any_request(svc, solos):
+    """Rank 1's hash of one batched step corrupted while four requests run: every one of them ends with an error
+    event, none got a token its solo answer does not have there, and the restarted pair answers them again."""
+    before = svc.wait_healthy()
+    outs = [{} for _ in PROMPTS]
+    started = [threading.Event() for _ in PROMPTS]
+    threads = [threading.Thread(target=_stream, args=(svc, prompt_ids(p), 400, outs[i], None, started[i]))
+               for i, p in enumerate(PROMPTS)]
+    for t in threads:
+        t.start()
+    for e in started:
+        assert e.wait(60)
+    wait_until(lambda: svc.health().json()["slots_busy"] == N, 30, 0.01, "all slots busy")
+    svc.inject("corrupt_hash", rank=1)
+    for t in threads:
+        t.join(180)
+    after = svc.wait_healthy(newer_than=before["generation"])
+    assert "LOCKSTEP FAILURE" in after["last_failure"]
+    for i, out in enumerate(outs):
+        assert "error" in out and len(out["tokens"]) < 400, (i, out.get("error"), len(out["tokens"]))
+        assert out["tokens"] == _solo(svc, PROMPTS[i], 400)[:len(out["tokens"])], i
