@@ -50,11 +50,11 @@ def svc(request):
 
 
 def _stream(svc, ids: list[int], max_tokens: int, out: dict, cancel_after: int | None = None,
-            started: threading.Event | None = None) -> None:
+            started: threading.Event | None = None, **params) -> None:
     """One streamed greedy completion: token ids with their arrival times, the finish reason, the status."""
     times, texts, finish = [], [], None  # texts: the token ids
     body = {"model": svc.model_id, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "ignore_eos": True}
+            "ignore_eos": True, **params}
     with httpx.Client(base_url=svc.url, timeout=120, headers=dict(svc.client.headers)) as c, c.stream("POST", "/v1/completions", json=body) as r:
         out["status"] = r.status_code
         if r.status_code != 200:
@@ -242,3 +242,29 @@ def test_a_lockstep_failure_in_a_batched_step_serves_no_wrong_token_to_any_reque
     for i, out in enumerate(outs):
         assert "error" in out and len(out["tokens"]) < 400, (i, out.get("error"), len(out["tokens"]))
         assert out["tokens"] == _solo(svc, PROMPTS[i], 400)[:len(out["tokens"])], i
+
+
+SAMPLING = [{"temperature": 0.9, "top_p": 0.9, "seed": 11},
+            {"temperature": 0.7, "top_k": 20, "seed": 12},
+            {"temperature": 0.0, "presence_penalty": 1.5, "repetition_penalty": 1.3},
+            {"temperature": 1.1, "min_p": 0.05, "seed": 13}]
+
+
+def test_each_row_samples_with_its_own_parameters(svc, solos):
+    """Seeded sampling, top_k, min_p and penalties per request: four such requests at once each answer what they
+    answer alone (each row has its own sampler and generator)."""
+    alone = []
+    for p, params in zip(PROMPTS, SAMPLING):
+        out: dict = {}
+        _stream(svc, prompt_ids(p), MAX_TOKENS, out, **params)
+        assert out["status"] == 200, out
+        alone.append(out["tokens"])
+    outs = [{} for _ in PROMPTS]
+    threads = [threading.Thread(target=_stream, args=(svc, prompt_ids(p), MAX_TOKENS, outs[i]), kwargs=SAMPLING[i])
+               for i, p in enumerate(PROMPTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert [o["tokens"] for o in outs] == alone
+    assert alone[2] != solos[2]  # the penalties did change that answer (greedy otherwise)
