@@ -38,7 +38,7 @@ SERIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "v100plan_ranks_up": ("gauge", "1 when both ranks are up and their self-test passed", ()),
     "v100plan_rank_generation": ("gauge", "generation number of the current rank pair", ()),
     "v100plan_queue_depth": ("gauge", "requests waiting behind the running one", ()),
-    "v100plan_requests_running": ("gauge", "requests the ranks are working on (0 or 1: one sequence at a time)", ()),
+    "v100plan_requests_running": ("gauge", "requests the ranks are working on (up to serve --max-concurrency)", ()),
     "v100plan_allreduce_path": ("gauge", "1 for the allreduce path the ranks negotiated", ("path",)),
     # Reported by the ranks (engine/service/proxy_decode.py); absent until a rank has reported them.
     "v100plan_decode_mode": ("gauge", "1 for how each rank runs the decode step (graphs or eager; compiled or "

@@ -99,6 +99,7 @@ class Service:
         self.last_cause: Cause | None = None
         self.queue: deque[Job] = deque()
         self.running: Job | None = None
+        self.active: dict[str, Job] = {}  # --max-concurrency above 1: the requests on the ranks (proxy_batch)
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -120,7 +121,13 @@ class Service:
         self.loop = loop
         if self.previous_exit is not None:
             self.log.emit("previous_exit", **self.previous_exit)
-        self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(self._worker())]
+        if self.cfg.max_concurrency > 1:
+            from engine.service.proxy_batch import Batch
+
+            work = Batch(self).worker()
+        else:
+            work = self._worker()
+        self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(work)]
 
     async def drain(self, timeout_s: float) -> None:
         """SIGTERM/SIGINT: take no new request (503), let the running and queued ones finish for
@@ -134,9 +141,9 @@ class Service:
         self.log.emit("drain", running=self.running.id if self.running else None, queued=len(self.queue),
                       timeout_s=timeout_s)
         deadline = time.monotonic() + timeout_s
-        while (self.running is not None or self.queue) and time.monotonic() < deadline:
+        while (self.running is not None or self.active or self.queue) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = (1 if self.running is not None else 0) + len(self.queue)
+        left = (1 if self.running is not None else 0) + len(self.active) + len(self.queue)
         self._fail_pending(503, "the service is shutting down")
         self.log.emit("drained", unfinished=left)
 
@@ -309,7 +316,7 @@ class Service:
         self._publish_down("restarting" if self.state not in ("draining", "exiting") else self.state)
         self.log.emit("rank_failure", generation=pair.generation, rank_pids=pair.pids, reason=reason,
                       cause=failure.cause.value, rank=failure.rank,
-                      in_flight=self.running.id if self.running else None)
+                      in_flight=self.running.id if self.running else sorted(self.active) or None)
         self._fail_pending(503, _restarting(reason) if self.state == "restarting" else
                            "the service is shutting down")
         await pair.close()
@@ -323,12 +330,17 @@ class Service:
     def _fail_pending(self, status: int, message: str) -> None:
         if self.running is not None:
             self.running.finish(("error", status, message))
+        for job in list(self.active.values()):
+            job.finish(("error", status, message))
         while self.queue:
             self.queue.popleft().finish(("error", status, message))
         self.metrics.set("v100plan_queue_depth", 0)
 
     def _busy_since(self) -> float | None:
         job = self.running
+        if self.active:  # several: the latest start (the ranks' counter moves while any of them runs)
+            starts = [j.started_monotonic for j in self.active.values() if j.state == "running" and j.started_monotonic]
+            return max(starts) if starts else None
         return job.started_monotonic if job is not None and job.state == "running" else None
 
     def _write_state(self) -> None:
@@ -371,7 +383,8 @@ class Service:
                    if self.last_failure and self.state != "draining" else ""),
                 retry_after_s=10 if self.state == "starting" else 5,
             )
-        if len(self.queue) >= self.cfg.queue_cap and (self.running is not None or self.queue):
+        free = max(0, self.cfg.max_concurrency - len(self.active)) if self.cfg.max_concurrency > 1 else 0
+        if len(self.queue) >= self.cfg.queue_cap + free and (self.running is not None or self.active or self.queue):
             self._count_outcome("queue_full")
             raise QueueFull(f"{len(self.queue)} requests are already waiting (--queue-cap {self.cfg.queue_cap})",
                             retry_after_s=self.retry_after_s())
@@ -380,6 +393,10 @@ class Service:
         self.metrics.set("v100plan_queue_depth", len(self.queue))
         self._wake.set()
         return job
+
+    def slots_busy(self) -> int:
+        """Requests on the ranks now (/health)."""
+        return len(self.active) if self.cfg.max_concurrency > 1 else int(self.running is not None)
 
     def _count_outcome(self, outcome: str) -> None:
         self.metrics.inc("v100plan_request_outcomes_total", outcome=outcome)

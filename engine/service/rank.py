@@ -34,7 +34,7 @@ from engine.allreduce.paths import ALLREDUCE_CHOICES
 from engine.core import speculative
 from engine.service import protocol
 from engine.service.causes import RANK_HOOKS, Cause
-from engine.service.serve_config import DEFAULT_ALLREDUCE_TIMEOUT_S, HEARTBEAT_INTERVAL_S
+from engine.service.serve_config import DEFAULT_ALLREDUCE_TIMEOUT_S, HEARTBEAT_INTERVAL_S, concurrency_problem
 
 EXIT_STARTUP, EXIT_LOCKSTEP, EXIT_ALLREDUCE, EXIT_INJECTED = 1, 3, 4, 17
 DTYPES = (*dtype_rule.DTYPES, dtype_rule.AUTO)  # auto: engine.dtype_rule for this rank's card
@@ -69,6 +69,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt tokens per prefill step (default: 2048 on a GPU, as the field's engine, 256 on CPU)")
+    p.add_argument("--max-concurrency", type=int, default=1,
+                   help="sequence slots; above 1 requests decode together (engine/service/rank_batch.py; default: 1)")
     p.add_argument("--heartbeat-interval-s", type=float, default=HEARTBEAT_INTERVAL_S,
                    help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
@@ -136,6 +138,7 @@ class Rank:
         self.busy = False
         self.requests: queue.Queue = queue.Queue()
         self.cancelled: set[str] = set()
+        self.cancel_log: list[str] = []  # --max-concurrency > 1: cancels received, not yet taken (rank_batch)
         self.faults: list[dict] = []
         self.abort = threading.Event()
         self.wait_since: float | None = None  # monotonic start of the current allreduce wait
@@ -151,6 +154,9 @@ class Rank:
         from engine.core.model import Model
 
         a = self.args
+        why = concurrency_problem(a.max_concurrency, speculative.draft_tokens(a))
+        if why:
+            raise ValueError(why)
         marks = [("begin", time.monotonic())]  # the start-up phases' times go to the ready log line
         if a.fail_selftest and not a.enable_fault_injection:
             raise ValueError("--fail-selftest needs --enable-fault-injection")
@@ -212,7 +218,7 @@ class Rank:
         # The context is chosen once what the rank holds is on the card (weights, vision tower).
         self.context = self._context(cfg, device, dtype)
         a.max_context = self.context["max_context"]
-        self.model.setup_cache(a.max_context)
+        self.model.setup_cache(a.max_context, slots=a.max_concurrency)
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
@@ -272,6 +278,17 @@ class Rank:
         nbytes = (1 << 30) if device.type == "cuda" else (32 << 20)
         gbps = timing.read_bandwidth_gbps(device, nbytes, iters=10 if device.type == "cuda" else 3)
         return {"read_bw_gbps": round(gbps, 1), "read_bw_source": "measured"}
+
+    def constraint_for(self, spec):
+        """A request's grammar constraint (engine.core.grammar), or None."""
+        if not spec:
+            return None
+        from engine.core import grammar
+
+        return grammar.Constraint(grammar.compiler_for(self.args.model), spec)
+
+    def log_line(self, msg: str) -> None:
+        log(self.r, msg)
 
     def prefill_chunk(self) -> int:
         if self.args.prefill_chunk:
@@ -334,7 +351,10 @@ class Rank:
             if t == "ping":
                 server.send(protocol.pong(self.counter, self.busy))
             elif t == "cancel":
-                self.cancelled.add(msg["id"])
+                if self.args.max_concurrency > 1:
+                    self.cancel_log.append(msg["id"])  # the batch loop takes them in order (rank_batch)
+                else:
+                    self.cancelled.add(msg["id"])
             elif t == "generate":
                 self.requests.put(msg)
             elif t == "fault":
@@ -348,6 +368,20 @@ class Rank:
                 server.send(protocol.fault_armed(msg["what"], msg.get("at_step")))
             else:
                 server.send(protocol.error(msg.get("id"), f"a rank does not accept {t!r} messages"))
+
+    def step_faults(self, k: int) -> bool:
+        """The fault hooks armed for batch step ``k`` (rank_batch): exit, stall the allreduce; returns whether to
+        corrupt this step's lockstep hash."""
+        if self._fault("exit", k):
+            log(self.r, f"fault injection: exiting at step {k}")
+            os._exit(EXIT_INJECTED)
+        if self._fault("stall_allreduce", k):
+            log(self.r, f"fault injection: stalling the allreduce at step {k}")
+            self.comm.stall_s = self.args.allreduce_timeout_s * 2 + 5
+        corrupt = self._fault("corrupt_hash", k)
+        if corrupt:
+            log(self.r, f"fault injection: corrupting this rank's hash at step {k}")
+        return corrupt
 
     def _fault(self, what: str, k: int) -> bool:
         for f in self.faults:
@@ -365,13 +399,6 @@ class Rank:
         from engine.core.sampling import Sampler
         from engine.vision import serve as vserve
 
-        def constraint_for(spec):
-            if not spec:
-                return None
-            from engine.core import grammar
-
-            return grammar.Constraint(grammar.compiler_for(self.args.model), spec)
-
         while True:
             req = self.requests.get()
             rid = req["id"]
@@ -379,7 +406,7 @@ class Rank:
             try:
                 sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0),
                                   processing=Processing.from_message(req.get("sampling"), req["prompt_ids"]),
-                                  constraint=constraint_for(req.get("grammar")))
+                                  constraint=self.constraint_for(req.get("grammar")))
             except (ValueError, TypeError, OverflowError) as e:
                 self.busy = False
                 server.send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
@@ -518,7 +545,12 @@ def main(args: argparse.Namespace) -> int:
     from engine.core.lockstep import LockstepFailure
 
     try:
-        rank.serve(server)
+        if args.max_concurrency > 1:
+            from engine.service.rank_batch import BatchLoop
+
+            BatchLoop(rank, server, args.max_concurrency).serve()
+        else:
+            rank.serve(server)
     except LockstepFailure as e:
         log(args.rank, str(e))
         server.send(protocol.fatal(str(e), Cause.LOCKSTEP))

@@ -64,7 +64,7 @@ class ServeConfig:
     api_key: str | None               # read from --api-key-file; never printed or logged
     allreduce: str
     max_context: int | None           # None: the model's native context, bounded by the card (context_default.py)
-    queue_cap: int                    # requests allowed to WAIT behind the running one
+    queue_cap: int                    # requests allowed to WAIT behind the running one(s)
     stall_timeout_s: float
     max_restarts: int                 # consecutive failed rank starts before serve exits non-zero
     enable_fault_injection: bool
@@ -95,6 +95,7 @@ class ServeConfig:
     allow_image_urls: bool = False     # True: image_url parts may name http(s) URLs the proxy fetches
     max_images: int = 4                # image parts per request
     max_image_pixels: int = 16_777_216  # width x height of one image (engine.service.images)
+    max_concurrency: int = 1           # sequence slots per rank; above 1: continuous batching (rank_batch.py)
 
     @property
     def is_loopback(self) -> bool:
@@ -186,6 +187,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-images", type=int, default=4, help="image parts per request (default: %(default)s)")
     parser.add_argument("--max-image-pixels", type=int, default=16_777_216,
                         help="width x height of one image, checked from its header before decoding (default: %(default)s)")
+    parser.add_argument("--max-concurrency", type=int, default=1,
+                        help=f"requests decoded at once, 1-{MAX_CONCURRENCY} (each rank holds that many sequence "
+                             "slots; above 1 the plain torch decode runs them together, docs/service.md "
+                             "'Concurrent requests'; default: %(default)s, one at a time)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a rank making no progress this long during a request (or not answering an "
@@ -268,6 +273,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     for name in ("queue_cap", "max_restarts"):
         if getattr(args, name) < 0:
             raise ServeConfigError(f"--{name.replace('_', '-')} must be 0 or more")
+    why = concurrency_problem(args.max_concurrency, _draft_tokens(args))
+    if why:
+        raise ServeConfigError(why)
     if args.max_context is not None and args.max_context < 2:
         raise ServeConfigError("--max-context must be at least 2 tokens")
     if args.stall_timeout_s <= 0 or args.start_timeout_s <= 0:
@@ -358,6 +366,19 @@ def _draft_tokens(args: argparse.Namespace) -> int:
         raise ServeConfigError(str(e)) from None
 
 
+MAX_CONCURRENCY = 64
+
+
+def concurrency_problem(n: int, draft_tokens: int) -> str | None:
+    """Why --max-concurrency ``n`` cannot be served with these flags, or None."""
+    if not 1 <= n <= MAX_CONCURRENCY:
+        return f"--max-concurrency must be between 1 and {MAX_CONCURRENCY}, not {n}"
+    if n > 1 and draft_tokens:
+        return ("--max-concurrency above 1 does not run with --speculative mtp yet (MTP drafting per slot is a "
+                "later slice): leave one of the two out")
+    return None
+
+
 def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, socket_path: str,
                  extra: tuple[str, ...] = ()) -> list[str]:
     """The `python -m engine rank ...` line for one rank (docs/engine.md, rank <-> proxy protocol).
@@ -387,6 +408,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd.append("--no-vision")
     if cfg.draft_tokens:
         cmd += ["--speculative", "mtp", "--draft-tokens", str(cfg.draft_tokens)]
+    if cfg.max_concurrency > 1:
+        cmd += ["--max-concurrency", str(cfg.max_concurrency)]
     if cfg.enable_fault_injection:
         cmd.append("--enable-fault-injection")
     cmd += ["--allreduce-timeout-s", str(cfg.allreduce_timeout_s or DEFAULT_ALLREDUCE_TIMEOUT_S)]

@@ -48,6 +48,7 @@ def test_health_metrics_and_models(svc, client):
     body = h.json()
     assert body["status"] == "ok" and body["selftest"] == "passed" and len(body["rank_pids"]) == 2
     assert body["allreduce"] in ("gloo", "host_mailbox")
+    assert body["max_concurrency"] == 1 and body["slots_busy"] == 0  # the default: one request at a time
     metrics = svc.client.get("/metrics").text
     assert "v100plan_ranks_up 1" in metrics
     assert f'v100plan_allreduce_path{{path="{body["allreduce"]}"}} 1' in metrics

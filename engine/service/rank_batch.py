@@ -1,0 +1,231 @@
+"""A rank's continuous-batching loop (``--max-concurrency N`` > 1; docs/service.md, "Concurrent requests").
+
+N sequence slots (Model.setup_cache(context, slots=N)). Each round: both ranks agree which of the requests and
+cancels they have received are taken now, admitted requests get a free slot, one prefill chunk of the oldest
+admitted prompt runs (the prefill budget between two decode steps), then every running sequence with a
+token to decode decodes it together (Model.decode_batch: the torch forms). A finished or cancelled request frees its slot at once (reset_slot).
+
+Agreement: the proxy sends every generate and cancel message to both ranks in one order, so each rank holds
+a prefix of the same two sequences; each round both ranks exchange how many of each they hold and take the
+shorter prefix of each. Everything after that is deterministic, so both ranks run the identical schedule
+(the same rows in the same slots at every step); after every step both exchange a lockstep record of all the
+step's tokens (engine.core.lockstep), and a difference ends the pair as for one sequence.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.service import protocol
+
+
+@dataclass(eq=False)  # compared by identity (it holds tensors)
+class Seq:
+    rid: str
+    slot: int
+    sampler: object
+    prompt_len: int
+    max_tokens: int
+    stop_ids: set
+    pos: int = 0                 # the position the next decoded token is written at
+    logits: torch.Tensor | None = None
+    pending: int | None = None   # the last token handed out, not yet decoded
+    out: list = field(default_factory=list)
+    chunks: int = 0              # prefill chunks run
+    ids: list = field(default_factory=list)  # the prompt
+    filled: int = 0              # prompt positions prefilled so far
+
+
+class BatchLoop:
+    """Runs on the rank's main thread in place of Rank.serve's one-at-a-time loop."""
+
+    def __init__(self, rank, server, n: int):
+        self.rank, self.server, self.n = rank, server, n
+        self.model = rank.model
+        self.arrived: deque[dict] = deque()  # generate messages received and not yet taken, in order
+        self.taken = 0                    # how many generate messages both ranks have taken
+        self.cancels_taken = 0            # ... and cancels (rank.cancel_log holds those not yet taken)
+        self.cancelled: set[str] = set()  # ids whose cancel both ranks have taken
+        self.waiting: deque[dict] = deque()
+        self.admitted: deque[Seq] = deque()  # admitted, prompt not yet wholly prefilled (oldest first)
+        self.running: dict[int, Seq] = {}  # slot -> sequence
+        self.step = 0
+
+    # ---- agreement ------------------------------------------------------------------------------------
+    def _drain(self, block: bool) -> None:
+        try:
+            if block:
+                self.arrived.append(self.rank.requests.get())
+            while True:
+                self.arrived.append(self.rank.requests.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _agree(self) -> None:
+        """Take the requests and cancels both ranks hold (the shorter prefix of each sequence)."""
+        log = self.rank.cancel_log  # the reader thread appends; only this thread takes from the front
+        n_gen, n_cancel = self.taken + len(self.arrived), self.cancels_taken + len(log)
+        path = self.rank.path
+        if path is not None:
+            mine = torch.tensor([n_gen, n_cancel], dtype=torch.int64, device=self.model.device)
+            both = [t.to("cpu").tolist() for t in path.all_gather(mine)]
+            n_gen, n_cancel = min(b[0] for b in both), min(b[1] for b in both)
+        for _ in range(n_gen - self.taken):
+            self.waiting.append(self.arrived.popleft())
+        self.taken = n_gen
+        for _ in range(n_cancel - self.cancels_taken):
+            self.cancelled.add(log.pop(0))
+        self.cancels_taken = n_cancel
+        # a cancel always follows its request on both sockets, so a taken cancel whose request is neither
+        # waiting nor running came after that request ended: nothing to keep
+        live = {seq.rid for seq in self.running.values()} | {req["id"] for req in self.waiting}
+        self.cancelled &= live
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            idle = not self.running and len(self.waiting) == 0
+            self._drain(block=idle and not self.arrived)
+            self._agree()
+            for seq in list(self.running.values()):
+                if seq.rid in self.cancelled:
+                    self._finish(seq, "cancelled")
+            while self.waiting and len(self.running) < self.n:
+                self._admit(self.waiting.popleft())
+            self.rank.busy = bool(self.running)
+            self._prefill_some()
+            self._sample()
+            self._decode()
+
+    def _admit(self, req: dict) -> None:
+        from engine.core.logits_processors import Processing
+        from engine.core.sampling import Sampler
+
+        rid = req["id"]
+        if rid in self.cancelled:
+            self._send(protocol.done(rid, "cancelled", len(req["prompt_ids"]), 0))
+            return
+        try:
+            if req.get("images"):
+                raise ValueError("images are not served with --max-concurrency above 1 yet")
+            ids = [int(t) for t in req["prompt_ids"]]
+            if not ids:
+                raise ValueError("the prompt is empty: give at least one token")
+            if len(ids) >= self.model.max_context:
+                raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.model.max_context}")
+            sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0),
+                              processing=Processing.from_message(req.get("sampling"), ids),
+                              constraint=self.rank.constraint_for(req.get("grammar")))
+        except (ValueError, TypeError, OverflowError) as e:
+            self._send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+            return
+        slot = min(set(range(self.n)) - set(self.running))
+        seq = Seq(rid, slot, sampler, len(ids), min(int(req["max_tokens"]), self.model.max_context - len(ids)),
+                  set(req.get("stop_token_ids") or []), pos=len(ids))
+        seq.ids = ids
+        self.model.reset_slot(slot)
+        self.running[slot] = seq
+        self.admitted.append(seq)
+
+    def _prefill_some(self) -> None:
+        """The prefill budget between two decode steps: one chunk (the rank's --prefill-chunk) of the prompt
+        admitted first, so running streams wait at most one chunk per step. A prompt's last chunk gives its
+        first logits; a request that fails there is answered with an error and frees its slot."""
+        from engine.allreduce.base import PathError
+        from engine.core.lockstep import LockstepFailure
+
+        if not self.admitted:
+            return
+        seq = self.admitted[0]
+        try:
+            self._prefill_chunk(seq)
+        except (LockstepFailure, PathError):
+            raise  # a fault of the rank pair: the proxy restarts both
+        except Exception as e:  # noqa: BLE001 - both ranks fail the same way on the same input; the pair stays up
+            self.admitted.popleft()
+            del self.running[seq.slot]
+            self.model.reset_slot(seq.slot)
+            self._send(protocol.error(seq.rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
+            return
+        if seq.filled == len(seq.ids):
+            self.admitted.popleft()
+            if seq.max_tokens <= 0:
+                self._finish(seq, "length")
+
+    def _prefill_chunk(self, seq: Seq) -> None:
+        """The next chunk of the prompt into the sequence's slot (a progress message after it)."""
+        start = seq.filled
+        end = min(start + self.rank.prefill_chunk(), len(seq.ids))
+        logits = self.model.forward(torch.tensor([seq.ids[start:end]], device=self.model.device), start,
+                                    slot=seq.slot)
+        seq.filled = end
+        if end == len(seq.ids):
+            seq.logits = logits
+        self.rank.counter += 1
+        seq.chunks += 1
+        self._send(protocol.progress(seq.rid, end, self.rank.counter))
+
+    def _sample(self) -> None:
+        """Each sequence with fresh logits draws its token (its own sampler); then one lockstep record."""
+        from engine.core.lockstep import Record, token_hash
+
+        drawn = []
+        for slot in sorted(self.running):
+            seq = self.running[slot]
+            if seq.logits is None:
+                continue
+            tok = seq.sampler(seq.logits)
+            seq.logits = None
+            drawn.append((seq, tok))
+        if not drawn:
+            return
+        self.rank.counter += 1
+        if self.rank.lockstep is not None:
+            flat = [v for seq, tok in drawn for v in (seq.slot, tok)]
+            h = token_hash(flat, sum(seq.sampler.offset for seq, _ in drawn)) ^ int(self.rank.step_faults(self.step))
+            self.rank.lockstep.exchange(Record(self.step, len(drawn), h, sum(s.pos for s, _ in drawn), 0))
+        self.step += 1
+        for seq, tok in drawn:
+            k = len(seq.out)
+            seq.out.append(tok)
+            self._send(protocol.token(seq.rid, k, tok, self.rank.counter, seq.sampler.logprobs))
+            if tok in seq.stop_ids:
+                self._finish(seq, "stop")
+            elif len(seq.out) >= seq.max_tokens:
+                self._finish(seq, "length")
+            else:
+                seq.pending = tok
+
+    def _decode(self) -> None:
+        rows = [self.running[s] for s in sorted(self.running) if self.running[s].pending is not None]
+        if not rows:
+            return
+        dev = self.model.device
+        toks = torch.tensor([s.pending for s in rows], dtype=torch.int64, device=dev)
+        pos = torch.tensor([s.pos for s in rows], dtype=torch.int64, device=dev)
+        slots = torch.tensor([s.slot for s in rows], dtype=torch.int64, device=dev)
+        logits = self.model.decode_batch(toks, pos, slots, max(s.pos for s in rows) + 1)
+        for i, seq in enumerate(rows):
+            seq.logits, seq.pending = logits[i], None
+            seq.pos += 1
+
+    def _finish(self, seq: Seq, reason: str) -> None:
+        del self.running[seq.slot]
+        if seq in self.admitted:  # cancelled while its prompt was being prefilled
+            self.admitted.remove(seq)
+        self.model.reset_slot(seq.slot)  # the slot is free at once; the next request starts from nothing
+        self.cancelled.discard(seq.rid)
+        from engine.core.lockstep import token_hash
+
+        # the one-at-a-time loop's line (the acceptance suite compares the two ranks' lines), and the slot
+        self.rank.log_line(f"request {seq.rid} finish={reason} steps={seq.chunks + len(seq.out)} "
+                           f"tokens={len(seq.out)} hash={token_hash(seq.out, 0):016x} slot={seq.slot}")
+        self._send(protocol.done(seq.rid, reason, seq.prompt_len, len(seq.out)))
+
+    def _send(self, msg: dict) -> None:
+        self.server.send(msg)
+
