@@ -110,8 +110,14 @@ def test_an_independent_server_is_calibrated_from_its_own_token_counts(cli, inde
     the profile it writes plans each point as printed (the error beside it is reported, not bounded: the 10 %
     target is the bundled engine's, whose steps do not wait on Python's generate loop)."""
     out = tmp_path / "independent.json"
-    doc = cli.json("calibrate", "--endpoint", independent_server.url, "--model", str(independent_server.model_dir),
-                   "--hardware", cpu_host, "--weights", "fp32", *SIZES, "--out", str(out))
+    args = ("calibrate", "--endpoint", independent_server.url, "--model", str(independent_server.model_dir),
+            "--hardware", cpu_host, "--weights", "fp32", *SIZES, "--out", str(out), "--json")
+    for _ in range(3):  # a busy shared host can make one run's long-minus-short timing read faster than memory
+        r = cli(*args)  # allows (calibrate then refuses it, exit 2); a server calibrated wrongly fails every run
+        if r.exit_code == 0 or "decodes faster than" not in r.stderr:
+            break
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
     assert doc["measurement"]["ignore_eos"] is False
     assert doc["measurement"]["served_model"] == independent_server.model
     rows = doc["side_by_side"]
