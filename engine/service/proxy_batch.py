@@ -29,14 +29,7 @@ class Batch:
     async def worker(self) -> None:
         svc = self.svc
         while True:
-            while (not svc.queue or len(svc.active) >= self.n or svc.state not in ("up", "draining")
-                   or svc.pair is None or svc.pair.failure is not None):
-                svc._wake.clear()
-                await svc._wake.wait()
-            job = svc.queue.popleft()
-            svc.metrics.set("v100plan_queue_depth", len(svc.queue))
-            if job.state != "queued":
-                continue
+            job = await svc.take_job(full=lambda: len(svc.active) >= self.n)
             pair = svc.pair
             if self._dispatch_pair is not pair:
                 if self._dispatch is not None:

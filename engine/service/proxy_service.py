@@ -414,16 +414,21 @@ class Service:
 
     # ----- the one worker ------------------------------------------------------------
 
-    async def _worker(self) -> None:
+    async def take_job(self, full=None):  # noqa: ANN001, ANN201 - () -> bool; a Job
+        """The next queued job, once the pair is up to run it (and ``full()``, when given, says there is room)."""
         while True:
-            while (not self.queue or self.state not in ("up", "draining") or self.pair is None
-                   or self.pair.failure is not None):
+            while (not self.queue or (full is not None and full()) or self.state not in ("up", "draining")
+                   or self.pair is None or self.pair.failure is not None):
                 self._wake.clear()
                 await self._wake.wait()
             job = self.queue.popleft()
             self.metrics.set("v100plan_queue_depth", len(self.queue))
-            if job.state != "queued":
-                continue
+            if job.state == "queued":
+                return job
+
+    async def _worker(self) -> None:
+        while True:
+            job = await self.take_job()
             pair = self.pair
             self.running = job
             self.metrics.set("v100plan_requests_running", 1)
