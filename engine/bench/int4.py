@@ -378,12 +378,15 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("Error: this bench needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 4
-    from engine.core import timing
+    from engine.core import decode_mode, timing
+    from engine.kernels import gemv_int4
     from profiles.document import utc_now
 
     dev = torch.device(args.device)
     torch.cuda.set_device(dev)
     torch.set_grad_enabled(False)
+    # the matrices' launches as a decoder built now would make them (V100PLAN_ENGINE_INT4_PDL=0: without PDL)
+    gemv_int4.use_pdl(decode_mode.Request.of().int4_pdl is not False)
     doc: dict = {"kind": "engine_bench_int4", "created_utc": utc_now(), "device": torch.cuda.get_device_name(dev),
                  "capability": list(torch.cuda.get_device_capability(dev)), "torch": torch.__version__,
                  "group_size": args.group, "dtype": args.dtype, "method": __doc__.strip(),

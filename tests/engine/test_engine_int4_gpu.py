@@ -213,7 +213,8 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
         graph.replay()
         got.append((gu.clone(), y.clone()))
     torch.cuda.synchronize()
-    monkeypatch.setenv(gemv_int4.PDL_ENV, "0")
+    monkeypatch.setattr(gemv_int4, "_PDL", [True])  # put back after the test
+    gemv_int4.use_pdl(False)
     assert not gemv_int4.pdl_enabled(torch.device("cuda"))
     for v, (gu_pdl, y_pdl) in zip(inputs, got):
         x.copy_(v)
