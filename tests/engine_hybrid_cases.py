@@ -14,6 +14,7 @@ import torch
 from engine.core import config as ecfg
 from engine.core.model import Model
 from engine.core.weights import expected_tensors
+from engine.kernels import decode
 from tests.engine_helpers import restore_state, snapshot_state
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -28,9 +29,7 @@ CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=128, intermedi
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.kernels import attention
-
-    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+    monkeypatch.setattr(decode, "CPU_KERNELS", True)
 
 
 def rel(a, b) -> float:
@@ -107,13 +106,12 @@ def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
 
 @pytest.mark.parametrize("apart", [False, True])
 def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step(apart, monkeypatch):
-    from engine.kernels import attention
     from tests.engine_helpers import small_config
 
     # the step's own position inside its tile, or apart (the default when the loop is pipelined: the interpreter
     # ignores num_stages, so STAGES 3 only selects the apart path here)
-    monkeypatch.setattr(attention, "APART", apart)
-    monkeypatch.setattr(attention, "STAGES", 3 if apart else 1)
+    monkeypatch.setattr(decode, "APART", apart)
+    monkeypatch.setattr(decode, "STAGES", 3 if apart else 1)
 
     raw = small_config("qwen3-8b")
     raw.update(head_dim=64)

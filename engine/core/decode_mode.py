@@ -4,7 +4,7 @@ capture and exchange. Nothing that runs during a step reads the environment. Std
 functions of plain facts, tested without a GPU.
 
   graphs    CUDA graphs per context bucket (with the allreduce inside when the path can be captured), or eager steps.
-  kernels   the decode step's blocks (KERNELS): "fused" (engine.kernels.attention: five Triton kernels per layer) or
+  kernels   the decode step's blocks (KERNELS): "fused" (engine.kernels.decode: five Triton kernels per layer) or
             "eager" (the plain blocks).
   exchange  where a TP2 layer's two partial outputs meet (EXCHANGES): "kernel" (an allreduce between the GEMVs) or
             "send" (the GEMVs send their rows, a small kernel receives); None at TP1.
@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | fused: overrides the automatic choice
 KERNELS = ("eager", "fused")
-# "fused" (engine.kernels.attention: five kernels per layer) is the choice on cards that run Triton: an H200
+# "fused" (engine.kernels.decode: five kernels per layer) is the choice on cards that run Triton: an H200
 # measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against the deleted
 # "gemv" blocks (docs/engine-speed.md).
 TRITON_MIN_CC = (8, 0)  # bf16 and the fused kernels from Ampere on; 7.x through engine.core.sm70
@@ -136,7 +136,7 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
                          f"sm_{capability[0]}{capability[1]} by {why}; FMA instead of tensor-core MMA, which the "
                          f"one-row products do not need")
     return "fused", ("requested: " if requested == "fused" else "") + (
-        "five Triton kernels per layer (engine.kernels.attention): the norm and SiLU in the GEMVs' prologues, "
+        "five Triton kernels per layer (engine.kernels.decode): the norm and SiLU in the GEMVs' prologues, "
         "one kernel for q/k norm, RoPE, the cache write and the one-query attention (0.93x the step of the "
         "Triton GEMV with compiled blocks at TP1, 0.87x at TP2 on an H200, docs/engine-speed.md)")
 

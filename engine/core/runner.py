@@ -9,7 +9,7 @@ step) and passes it into every step, capture and exchange:
   graphs   CUDA: one graph per context bucket (window = 256, 512, 1024, ... up to the context limit),
            captured at start-up over the static K/V cache, with the allreduce inside when the path can
            be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
-  kernels  "fused": five Triton kernels per layer (engine.kernels.attention: norm + QKV GEMV, one kernel for
+  kernels  "fused": five Triton kernels per layer (engine.kernels.decode: norm + QKV GEMV, one kernel for
            q/k norm, RoPE, the cache write and the attention, o_proj GEMV, norm + gate/up GEMV, SiLU + down
            GEMV) where Triton targets the card; "eager" (by request, or without Triton): the plain blocks. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
            else the plain blocks; CPUs run the plain blocks. The prefill takes the same choice for this device

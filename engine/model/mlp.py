@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from engine.core import moe
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul
-from engine.kernels import attention
+from engine.kernels import decode
 from engine.model.base import Block, Step, rms_norm
 
 
@@ -44,11 +44,9 @@ class DenseMLP(Block):
         return self.swiglu(x, delta, s, self.b13, self.bias_once(self.b2, s.rank), send)
 
     def swiglu(self, x, delta, s: Step, b13, b2, send=None):
-        if s.fused and attention.runs_here(x.device):
-            from engine.kernels import gemv
-
-            gu, x = gemv.linear_norm(x, delta, self.post_norm, self.eps, self.w13, b13, zc=self.zc)
-            return x, gemv.linear_silu(gu, self.w2, b2, send=send)
+        if s.fused and decode.runs_here(x.device):
+            gu, x = decode.linear_norm(x, delta, self.post_norm, self.eps, self.w13, b13, zc=self.zc)
+            return x, decode.linear_silu(gu, self.w2, b2, send=send)
         x = x + delta  # the mixer's reduced output
         h = rms_norm(x, self.post_norm, self.eps, self.zc)
         gate, up = matmul(h, self.w13, b13).chunk(2, dim=-1)  # [1, 1, ff] each

@@ -156,17 +156,17 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_gemv_and_the_exchange_paths_do_not_import_each_other():
-    gemv, epilogue = _imports(REPO / "engine/kernels/gemv.py"), _imports(REPO / "engine/allreduce/epilogue.py")
+    gemv, epilogue = _imports(REPO / "engine/kernels/decode.py"), _imports(REPO / "engine/allreduce/epilogue.py")
     assert not [m for m in gemv if m.startswith("engine.allreduce")], gemv
-    assert not [m for m in epilogue if m.startswith("engine.kernels.gemv")], epilogue
+    assert not [m for m in epilogue if m.startswith("engine.kernels.decode")], epilogue
     shared = set().union(*(_imports(REPO / "engine/kernels" / f) for f in (
         "exchange.py", "exchange_jit.py", "rounding_jit.py", "interpreter.py")))
-    assert not [m for m in shared if m.startswith(("engine.kernels.gemv", "engine.allreduce"))], shared
-    code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.kernels.gemv' in sys.modules; "
-            "import engine.kernels.gemv; print(a, e.EpilogueExchange.__module__)")
+    assert not [m for m in shared if m.startswith(("engine.kernels.decode", "engine.allreduce"))], shared
+    code = ("import sys, engine.allreduce.epilogue as e; a = 'engine.kernels.decode' in sys.modules; "
+            "import engine.kernels.decode; print(a, e.EpilogueExchange.__module__)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split() == ["False", "engine.kernels.exchange"], res.stderr[-2000:]
-    code = "import sys, engine.kernels.gemv; print('engine.allreduce.epilogue' in sys.modules)"
+    code = "import sys, engine.kernels.decode; print('engine.allreduce.epilogue' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.split() == ["False"], res.stderr[-2000:]
 

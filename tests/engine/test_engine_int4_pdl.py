@@ -74,14 +74,11 @@ def test_pdl_only_on_hopper_and_later_with_triton_and_not_when_the_decoder_turne
     monkeypatch.setattr(gemv_int4, "interpreting", lambda: False)
     hopper = torch.device("cuda", 0)
     assert gemv_int4.pdl_enabled(hopper) is gemv_int4._triton_pdl() is True
-    # the operator's switch: a decoder's argument, else the environment, read when the decoder is built, not again
+    # the operator's switch: a decoder's argument, else the environment, read when the decoder is built, not later
     model = Model(config.from_dict(small_config("qwen3-8b")), dtype=torch.float32, device="cpu")
     model.setup_cache(16)
     monkeypatch.setenv(decode_mode.INT4_PDL_ENV, "0")
-    assert runner.Decoder(model).mode.int4_pdl is False
-    monkeypatch.delenv(decode_mode.INT4_PDL_ENV)
-    assert gemv_int4.pdl_enabled(hopper) is False
-    monkeypatch.setenv(decode_mode.INT4_PDL_ENV, "0")
+    assert runner.Decoder(model).mode.int4_pdl is False and gemv_int4.pdl_enabled(hopper) is False
     assert runner.Decoder(model, int4_pdl=True).mode.int4_pdl is True and gemv_int4.pdl_enabled(hopper) is True
     for cap in ((7, 0), (8, 0), (8, 9)):  # V100, A100, L40: no grid dependency control
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=cap: c)
