@@ -7,6 +7,7 @@ rounding; bf16 must be as close to float32 as the plain bf16 blocks are (at most
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -82,6 +83,23 @@ def test_fused_decode_at_the_first_positions_reads_zero_padding():
         restore_state(model, s)
         got = model.decode_step(torch.tensor([4]), torch.tensor([1]), 64, "fused")
     assert rel(got, want) < 1e-5
+
+
+def test_one_fused_decode_token_enters_the_files_docs_engine_md_lists():
+    """docs/engine.md, "One decode token": the hybrid step's six product files and two lookups (*_jit.py apart)."""
+    from engine.core import runner
+    from tests.paths import REPO
+
+    dec, seen = runner.Decoder(_model()), set()
+    dec.kernels = "fused"  # (a CPU decoder chooses the plain blocks; the interpreter runs the kernels here)
+    with torch.inference_mode():
+        dec.logits(5, 40)  # the first step imports and compiles
+        sys.setprofile(lambda frame, event, arg: seen.add(frame.f_code.co_filename))
+        dec.logits(9, 41)
+        sys.setprofile(None)
+    engine = {f.removeprefix(f"{REPO}/") for f in seen if f.startswith(f"{REPO}/engine/") and not f.endswith("_jit.py")}
+    assert engine == {f"engine/{f}.py" for f in ("core/runner", "core/model", "model/attention", "model/gdn", "model/base",
+                                                 "kernels/decode", "tuning/__init__", "kernels/exchange")}, engine
 
 
 def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
