@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device calls on a lent H200 of 2026-12-04: the engine with the apart attention and int8's long-window blocks
-# as its defaults (engine.kernels.attention.launch_config). Results in $OUT, also packed into $OUT/run-<part>.tgz (the
+# as its defaults (engine.kernels.decode.launch_config). Results in $OUT, also packed into $OUT/run-<part>.tgz (the
 # device returns only a few files per call).
 #   bash docs/h200_defaults_run.sh a   the 27B hybrid decode step (bf16 and int8 K/V) at 1K / 128K / 256K; the
 #                                      one-query attention's default launch against one forced configuration at

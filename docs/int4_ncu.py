@@ -7,19 +7,19 @@ import torch  # noqa: TID253 - a device script, not part of the package
 
 from engine import tuning
 from engine.bench.int4 import _packed
-from engine.kernels import gemv, gemv_int4
+from engine.kernels import decode, gemv_int4
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(0)
-for name, (n, k), pro in (("gate_up", (34816, 5120), gemv.PROLOGUE_NORM), ("down", (5120, 17408), gemv.PROLOGUE_SILU)):
+for name, (n, k), pro in (("gate_up", (34816, 5120), decode.PROLOGUE_NORM), ("down", (5120, 17408), decode.PROLOGUE_SILU)):
     w = gemv_int4.held(_packed(n, k, 128, dev, g), dev)
-    x = torch.randn(2 * k if pro == gemv.PROLOGUE_SILU else k, device=dev, generator=g).bfloat16()
+    x = torch.randn(2 * k if pro == decode.PROLOGUE_SILU else k, device=dev, generator=g).bfloat16()
     d, nw = torch.randn(k, device=dev, generator=g).bfloat16(), torch.ones(k, device=dev, dtype=torch.bfloat16)
     out, xo = torch.empty(n, device=dev, dtype=torch.bfloat16), torch.empty(k, device=dev, dtype=torch.bfloat16)
     for _ in range(3):
-        if pro == gemv.PROLOGUE_NORM:
+        if pro == decode.PROLOGUE_NORM:
             gemv_int4.launch(pro, x, w, None, out, d, nw, 1e-6, xo)
         else:
             gemv_int4.launch(pro, x, w, None, out)
     torch.cuda.synchronize()
-    print(name, n, k, w.nbytes, "bytes", tuning.active().int4.get((gemv.PROLOGUE_NAMES[pro], n, k)))
+    print(name, n, k, w.nbytes, "bytes", tuning.active().int4.get((decode.PROLOGUE_NAMES[pro], n, k)))

@@ -2,7 +2,7 @@
 before triton is first imported; the file name keeps the main run from collecting it).
 
 The TP2 exchange inside the decode step's GEMVs (engine/allreduce/epilogue.py, the SEND / RECV parts of
-engine/kernels/gemv.py's prologue kernel and its finish kernel) on CPU tensors:
+engine/kernels/decode.py's prologue kernel and its finish kernel) on CPU tensors:
   - kernel by kernel, the two ranks' inboxes cross-wired in one process: what a norm GEMV receives is bit for
     bit what it computes from torch's ``part0 + part1``; the finish kernel gives the sum and bumps the serial;
     a receive whose peer has not sent this step's words (stale words of an earlier step in the slot) does not
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from engine.allreduce.epilogue import EpilogueExchange
 from engine.core.model import rms_norm
+from engine.kernels import decode
 from tests.engine_helpers import no_environment_reads, random_small_model
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -35,9 +36,7 @@ PATIENT = 10 ** 12  # ns (the interpreter counts one microsecond per spin): neve
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.kernels import attention
-
-    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+    monkeypatch.setattr(decode, "CPU_KERNELS", True)
 
 
 def _pair(timeout_ns: int = PATIENT, shared: bool = False) -> list[EpilogueExchange]:
@@ -57,18 +56,16 @@ def _t(*shape, dtype, g, scale=1.0, mean=0.0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
-    from engine.kernels import gemv
-
     g = torch.Generator().manual_seed(3)
     d, k_heads, ff = 128, 96, 80
     xs = _pair()
     # o_proj of each rank's heads, sent (exchange 0 of the step)
     a = [_t(1, 1, k_heads, dtype=dtype, g=g) for _ in range(2)]
     wo = [_t(d, k_heads, dtype=dtype, g=g, scale=0.1) for _ in range(2)]
-    sent = [gemv.linear_send(a[r], wo[r], None, xs[r].ticket(0, d, dtype)) for r in (0, 1)]
+    sent = [decode.linear_send(a[r], wo[r], None, xs[r].ticket(0, d, dtype)) for r in (0, 1)]
     for r in (0, 1):
-        plain = gemv.launch_prologue(gemv.PROLOGUE_PLAIN, a[r].reshape(-1), wo[r], None,
-                                     torch.empty(d, dtype=dtype))
+        plain = decode.launch_prologue(decode.PROLOGUE_PLAIN, a[r].reshape(-1), wo[r], None,
+                                       torch.empty(d, dtype=dtype))
         assert torch.equal(sent[r].part.reshape(-1), plain)  # the local rows are the plain GEMV's
         assert float((sent[r].part.float() - F.linear(a[r].float(), wo[r].float())).norm()) < 0.05 * float(
             sent[r].part.float().norm())
@@ -82,9 +79,9 @@ def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
     # SiLU + down, sent (exchange 1), received by the finish kernel: the sum, and the serial bumped
     gu = [_t(1, 1, 2 * ff, dtype=dtype, g=g) for _ in range(2)]
     w2 = [_t(d, ff, dtype=dtype, g=g, scale=0.1) for _ in range(2)]
-    sent = [gemv.linear_silu(gu[r], w2[r], None, send=xs[r].ticket(1, d, dtype)) for r in (0, 1)]
+    sent = [decode.linear_silu(gu[r], w2[r], None, send=xs[r].ticket(1, d, dtype)) for r in (0, 1)]
     for r in (0, 1):
-        assert torch.equal(sent[r].part, gemv.linear_silu(gu[r], w2[r]))
+        assert torch.equal(sent[r].part, decode.linear_silu(gu[r], w2[r]))
     want = sent[0].part + sent[1].part
     for r in (0, 1):
         got = xs[r].receive(sent[r])  # mode "send": a kernel of its own, the serial left alone
@@ -94,7 +91,7 @@ def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
         assert got.shape == want.shape and torch.equal(got, want)
         assert int(xs[r].serial) == 1
     # the step's last exchange with the model's final norm folded in
-    sent = [gemv.linear_silu(gu[r], w2[r], None, send=xs[r].ticket(1, d, dtype)) for r in (0, 1)]
+    sent = [decode.linear_silu(gu[r], w2[r], None, send=xs[r].ticket(1, d, dtype)) for r in (0, 1)]
     want = rms_norm(x + (sent[0].part + sent[1].part), nw, EPS)
     ref = rms_norm(x.float() + (sent[0].part + sent[1].part).float(), nw.float(), EPS)
     normed = [xs[r].finish(sent[r], x, nw, EPS) for r in (0, 1)]
@@ -106,26 +103,24 @@ def test_a_layer_exchanged_inside_the_gemvs_is_torch_sum_bit_for_bit(dtype):
 
 
 def test_a_receive_never_takes_an_earlier_steps_words_it_waits_and_fails():
-    from engine.kernels import gemv
-
     g = torch.Generator().manual_seed(4)
     dtype, d = torch.bfloat16, 64
     xs = _pair()
     parts = [_t(1, 1, 16, dtype=dtype, g=g) for _ in range(2)]
     wo = [_t(d, 16, dtype=dtype, g=g) for _ in range(2)]
-    step0 = [gemv.linear_send(parts[r], wo[r], None, xs[r].ticket(0, d, dtype)) for r in (0, 1)]
+    step0 = [decode.linear_send(parts[r], wo[r], None, xs[r].ticket(0, d, dtype)) for r in (0, 1)]
     for r in (0, 1):
         xs[r].receive(step0[r])
         xs[r].serial.add_(1)  # the next step (the finish kernel's bump)
     assert xs[0].failed.item() == 0
     # step 1: rank 1 has not sent yet; slot 0 still holds its step-0 words
     xs[0].timeout_ns = 50_000  # 50 spins
-    mine = gemv.linear_send(parts[0], wo[0], None, xs[0].ticket(0, d, dtype))
+    mine = decode.linear_send(parts[0], wo[0], None, xs[0].ticket(0, d, dtype))
     xs[0].receive(mine)
     assert xs[0].failed.item() == 1  # waited, gave up, told the host
     # the finish kernel gives up the same way
     xs[0].failed.zero_()
-    out = xs[0].finish(gemv.linear_send(parts[0], wo[0], None, xs[0].ticket(1, d, dtype)))
+    out = xs[0].finish(decode.linear_send(parts[0], wo[0], None, xs[0].ticket(1, d, dtype)))
     assert xs[0].failed.item() == 1 and out.shape == (1, 1, d)
 
 
@@ -227,9 +222,7 @@ class _ProcComm:
 
 
 def _rank_main(rank, name, dtype, override, xs, slots, barrier, results):
-    from engine.kernels import attention
-
-    attention.CPU_KERNELS = True
+    decode.CPU_KERNELS = True
     full = _model(name, dtype, **override)
     model = _rank_model(full, rank, _ProcComm(rank, xs, slots, barrier))
     tok, pos = torch.tensor([5]), torch.tensor([40])

@@ -2,8 +2,8 @@
 (TRITON_INTERPRET=1 must be set before triton is first imported, and torch.compile imports it: hence a
 process of its own; the file name keeps the main run from collecting it).
 
-The fused decode kernels (kernel choice "fused", engine/kernels/attention.py and the prologue GEMVs of
-engine/kernels/gemv.py) against the plain torch blocks on CPU tensors: the norm / SiLU prologues, the one-kernel
+The fused decode kernels (kernel choice "fused", engine/kernels/decode.py: the one-query attention and the prologue
+GEMVs) against the plain torch blocks on CPU tensors: the norm / SiLU prologues, the one-kernel
 attention (q/k norm, RoPE, cache write, split-window softmax, both ways of combining the splits) and whole
 decode steps of small real architectures. float32 must agree to rounding; bf16 must be as close to float32
 as the plain bf16 blocks are (at most 1.5x their error, floor 1e-3: the variants bench's bar). The interpreter
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.model import rms_norm, rotate_half
+from engine.kernels import decode
 from tests.engine_helpers import random_small_model
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -31,9 +32,7 @@ EPS = 1e-6
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.kernels import attention
-
-    monkeypatch.setattr(attention, "CPU_KERNELS", True)  # the fused blocks run their kernels on CPU tensors
+    monkeypatch.setattr(decode, "CPU_KERNELS", True)  # the fused blocks run their kernels on CPU tensors
 
 
 def rel(a, b) -> float:
@@ -48,15 +47,13 @@ def _t(*shape, dtype, g, scale=1.0, mean=0.0):
 @pytest.mark.parametrize("bias", [False, True])
 def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, bias):
     """Statistics first, then the product of the normalised row (Hugging Face's rounding)."""
-    from engine.kernels import gemv
-
     g = torch.Generator().manual_seed(1)
     n = 96  # not a multiple of the rows per program
     x, d = _t(1, 1, D, dtype=dtype, g=g), _t(1, 1, D, dtype=dtype, g=g)
     nw = _t(D, dtype=dtype, g=g, scale=0.1, mean=1.0)
     w = _t(n, D, dtype=dtype, g=g, scale=0.05)
     b = _t(n, dtype=dtype, g=g, scale=0.1) if bias else None
-    y, x_new = gemv.linear_norm(x, d, nw, EPS, w, b)
+    y, x_new = decode.linear_norm(x, d, nw, EPS, w, b)
     assert y.shape == (1, 1, n) and x_new.shape == x.shape and y.dtype == dtype
     want = F.linear(rms_norm(x + d, nw, EPS), w, b)
     ref = F.linear(rms_norm(x.float() + d.float(), nw.float(), EPS), w.float(), None if b is None else b.float())
@@ -67,21 +64,19 @@ def test_norm_prologue_gemv_is_rmsnorm_of_the_residual_then_the_product(dtype, b
         assert (x_new.float() - (x + d).float()).abs().max() <= (x + d).float().abs().max() * 2 ** -7
         assert rel(y, ref) <= max(1.5 * rel(want, ref), 1e-3)
     # a K that is not a multiple of the block: the masked tail
-    y2, _ = gemv.linear_norm(x[..., :200], d[..., :200], nw[:200], EPS, w[:, :200].contiguous(), b)
+    y2, _ = decode.linear_norm(x[..., :200], d[..., :200], nw[:200], EPS, w[:, :200].contiguous(), b)
     want2 = F.linear(rms_norm((x + d)[..., :200], nw[:200], EPS), w[:, :200], b)
     assert rel(y2, want2) < (1e-6 if dtype is torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_prologue_gemv_is_the_down_product_of_silu_gate_times_up(dtype):
-    from engine.kernels import gemv
-
     g = torch.Generator().manual_seed(2)
     ff, n = 192, 80
     gu = _t(1, 1, 2 * ff, dtype=dtype, g=g, scale=2.0)
     w = _t(n, ff, dtype=dtype, g=g, scale=0.05)
     b = _t(n, dtype=dtype, g=g, scale=0.1)
-    y = gemv.linear_silu(gu, w, b)
+    y = decode.linear_silu(gu, w, b)
     gate, up = gu.chunk(2, dim=-1)
     want = F.linear(F.silu(gate) * up, w, b)
     ref = F.linear(F.silu(gate.float()) * up.float(), w.float(), b.float())
@@ -132,15 +127,13 @@ def _torch_attention(qkv, qn, kn, kc, vc, cos, sin, p):
 def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, combine, splits, block_s):
     """q/k norm, RoPE, the K/V write at pos and the masked one-query attention; the kernel never reads
     cache positions at or past pos (they hold NaN here: one read would poison the answer)."""
-    from engine.kernels import attention
-
     g = torch.Generator().manual_seed(3 + p)
     qkv, qn, kn, kc, vc, cos, sin = _attn_inputs(dtype, qk_norm, p, g)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     kc[:, :, p:], vc[:, :, p:] = float("nan"), float("nan")
-    out = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
-                                     eps=EPS, window=W, combine=combine, splits=splits,
-                                     block_s=block_s)
+    out = decode.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
+                                  eps=EPS, window=W, combine=combine, splits=splits,
+                                  block_s=block_s)
     want = _torch_attention(qkv, qn, kn, kc_ref, vc_ref, cos, sin, p)
     assert out.shape == (1, 1, H * HD) and out.dtype == dtype and torch.isfinite(out).all()
     # the cache: position p written (K after norm and RoPE, V as is), the rest untouched
@@ -154,14 +147,14 @@ def test_one_kernel_attention_matches_the_torch_attention(dtype, qk_norm, p, com
         ref = _torch_attention(*f32, kc_ref.float(), vc_ref.float(), cos.float(), sin.float(), p)
         assert (kc[:, :, p].float() - kc_ref[:, :, p].float()).abs().max() <= 2 ** -6 * kc_ref.float().abs().max()
         assert rel(out, ref) <= max(1.5 * rel(want, ref), 1e-3)
-    again = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
-                                       eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s)
+    again = decode.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc, vc, n_heads=H, n_kv=KV, hd=HD,
+                                    eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s)
     assert torch.equal(out, again)  # fixed reduction order
     kc2, vc2 = kc_ref.clone(), vc_ref.clone()
     kc2[:, :, p:], vc2[:, :, p:] = float("nan"), float("nan")
-    apart = attention.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc2, vc2, n_heads=H, n_kv=KV,
-                                       hd=HD, eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s,
-                                       apart=True)
+    apart = decode.decode_attention(qkv, cos, sin, torch.tensor([p]), qn, kn, kc2, vc2, n_heads=H, n_kv=KV,
+                                    hd=HD, eps=EPS, window=W, combine=combine, splits=splits, block_s=block_s,
+                                    apart=True)
     # position p attended apart from its tile: the same cache write, the same answer to the summation order
     assert torch.equal(kc2[:, :, :p + 1].isnan(), kc[:, :, :p + 1].isnan()) and torch.equal(vc2[:, :, p], vc[:, :, p])
     assert torch.isfinite(apart).all()

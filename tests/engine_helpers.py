@@ -177,7 +177,7 @@ class _WatchedEnviron(collections.abc.MutableMapping):
 
 
 @contextlib.contextmanager
-def no_environment_reads(packages: tuple[str, ...] = ("engine.core", "engine.allreduce")):
+def no_environment_reads(packages: tuple[str, ...] = ("engine.",)):
     """Within: a read of os.environ by code under ``packages`` raises AssertionError (and is listed in the yielded
     object's ``reads``, in case the code swallowed the error)."""
     watched = _WatchedEnviron(os.environ, packages)

@@ -7,6 +7,7 @@ rounding; bf16 must be as close to float32 as the plain bf16 blocks are (at most
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch
 from engine.core import config as ecfg
 from engine.core.model import Model
 from engine.core.weights import expected_tensors
+from engine.kernels import decode
 from tests.engine_helpers import restore_state, snapshot_state
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -28,9 +30,7 @@ CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=128, intermedi
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.kernels import attention
-
-    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+    monkeypatch.setattr(decode, "CPU_KERNELS", True)
 
 
 def rel(a, b) -> float:
@@ -85,6 +85,23 @@ def test_fused_decode_at_the_first_positions_reads_zero_padding():
     assert rel(got, want) < 1e-5
 
 
+def test_one_fused_decode_token_enters_the_files_docs_engine_md_lists():
+    """docs/engine.md, "One decode token": the hybrid step's six product files and two lookups (*_jit.py apart)."""
+    from engine.core import runner
+    from tests.paths import REPO
+
+    dec, seen = runner.Decoder(_model()), set()
+    dec.kernels = "fused"  # (a CPU decoder chooses the plain blocks; the interpreter runs the kernels here)
+    with torch.inference_mode():
+        dec.logits(5, 40)  # the first step imports and compiles
+        sys.setprofile(lambda frame, event, arg: seen.add(frame.f_code.co_filename))
+        dec.logits(9, 41)
+        sys.setprofile(None)
+    engine = {f.removeprefix(f"{REPO}/") for f in seen if f.startswith(f"{REPO}/engine/") and not f.endswith("_jit.py")}
+    assert engine == {f"engine/{f}.py" for f in ("core/runner", "core/model", "model/attention", "model/gdn", "model/base",
+                                                 "kernels/decode", "tuning/__init__", "kernels/exchange")}, engine
+
+
 def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
     ref = _model(torch.float32)
     bf = _model(torch.bfloat16)
@@ -107,13 +124,12 @@ def test_fused_bf16_is_as_close_to_float32_as_the_plain_bf16_blocks():
 
 @pytest.mark.parametrize("apart", [False, True])
 def test_fused_int8_attention_of_a_dense_model_gives_the_plain_int8_step(apart, monkeypatch):
-    from engine.kernels import attention
     from tests.engine_helpers import small_config
 
     # the step's own position inside its tile, or apart (the default when the loop is pipelined: the interpreter
     # ignores num_stages, so STAGES 3 only selects the apart path here)
-    monkeypatch.setattr(attention, "APART", apart)
-    monkeypatch.setattr(attention, "STAGES", 3 if apart else 1)
+    monkeypatch.setattr(decode, "APART", apart)
+    monkeypatch.setattr(decode, "STAGES", 3 if apart else 1)
 
     raw = small_config("qwen3-8b")
     raw.update(head_dim=64)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from engine.core import quant
 from engine.core.model import rms_norm
+from engine.kernels import decode, gemv_int4
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/engine/test_engine_int4_kernels.py with TRITON_INTERPRET=1", allow_module_level=True)
@@ -25,9 +26,7 @@ EPS = 1e-6
 
 @pytest.fixture(autouse=True)
 def kernels_on_cpu(monkeypatch):
-    from engine.kernels import attention
-
-    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+    monkeypatch.setattr(decode, "CPU_KERNELS", True)
 
 
 def rel(a, b) -> float:
@@ -52,8 +51,6 @@ def packed(n: int, k: int, group: int, g, zero_offset: int = 1, desc_act: bool =
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("split,stages", [(1, 2), (2, 2), (2, 1)])  # split-K in two; next tile prefetched or not
 def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k, blocks, dtype, split, stages):
-    from engine.kernels import gemv, gemv_int4
-
     g = torch.Generator().manual_seed(n + k)
     w = packed(n, k, group, g, desc_act=desc_act)
     wd = w.dequantise(torch.float32)  # the module's weight, its own input order
@@ -62,18 +59,18 @@ def test_int4_gemv_prologues_match_dequantise_then_matmul(group, desc_act, n, k,
     nw = (1.0 + 0.1 * torch.randn(k, generator=g)).to(dtype)
     tol = 1e-5 if dtype is torch.float32 else 1e-2
     out = torch.empty(n, dtype=dtype)
-    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, b, out, blocks=(*blocks, split, stages))
+    gemv_int4.launch(decode.PROLOGUE_PLAIN, x, w, b, out, blocks=(*blocks, split, stages))
     assert rel(out, F.linear(x.float(), wd, b.float())) < tol
     xo = torch.empty(k, dtype=dtype)
-    gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, out, d, nw, EPS, xo, blocks=(*blocks, split, stages))
+    gemv_int4.launch(decode.PROLOGUE_NORM, x, w, None, out, d, nw, EPS, xo, blocks=(*blocks, split, stages))
     assert torch.equal(xo, x + d)
     assert rel(out, F.linear(rms_norm(x + d, nw, EPS).float(), wd)) < tol
     gu = torch.randn(2 * k, generator=g).to(dtype)
-    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=(*blocks, split, stages))
+    gemv_int4.launch(decode.PROLOGUE_SILU, gu, w, None, out, blocks=(*blocks, split, stages))
     gate, up = gu.chunk(2)
     assert rel(out, F.linear((F.silu(gate) * up).float(), wd)) < tol
     again = torch.empty(n, dtype=dtype)
-    gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, again, blocks=(*blocks, split, stages))
+    gemv_int4.launch(decode.PROLOGUE_SILU, gu, w, None, again, blocks=(*blocks, split, stages))
     assert torch.equal(out, again)  # fixed reduction order
 
 
@@ -83,8 +80,6 @@ def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_s
     taken off as fp16 pairs) and the float32-planes form against dequantise-then-matmul, for activations of
     order 1 and of order 3000 (without the per-tile scale fp16 products and sums of such h would overflow), with
     both GPTQ's zero offset 1 and AWQ's 0; on the interpreter the pairs form runs its float32 form."""
-    from engine.kernels import gemv, gemv_int4
-
     g = torch.Generator().manual_seed(11)
     for zoff in (1, 0):
         w = packed(64, 256, 128, g, zero_offset=zoff)
@@ -95,7 +90,7 @@ def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_s
             got = {}
             for form, stages in ((gemv_int4.FORM_PAIRS, 1), (gemv_int4.FORM_PAIRS, 2), (gemv_int4.FORM_PLANES, 1)):
                 out = torch.full((64,), float("nan"), dtype=dtype)
-                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=(32, 128, 4, 2, stages, form))
+                gemv_int4.launch(decode.PROLOGUE_PLAIN, x, w, None, out, blocks=(32, 128, 4, 2, stages, form))
                 assert torch.isfinite(out).all() and rel(out, want) < 1e-2, (zoff, scale, form, stages)
                 got[form, stages] = out
             pairs = got[gemv_int4.FORM_PAIRS, 1]
@@ -105,13 +100,11 @@ def test_int4_gemv_16_bit_forms_match_dequantise_then_matmul_at_any_activation_s
 def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
     """int4_row_kernel's pairs form: word i's pair p holds h[8 i + p] (low half) and h[8 i + p + 4] (high half)
     times 2^(5 - e) with e = floor(log2 max |h|) over the tile, and the tile's factor is 2^(e - 5)."""
-    from engine.kernels import gemv, gemv_int4
-
     g = torch.Generator().manual_seed(12)
     k, sub = 256, 128
     w = packed(16, k, 128, g)
     x = (torch.randn(k, generator=g) * torch.tensor([0.01, 500.0]).repeat_interleave(128)).to(torch.bfloat16)
-    hp, hf = gemv_int4.row_input(gemv.PROLOGUE_PLAIN, x, w, sub, pairs=True)
+    hp, hf = gemv_int4.row_input(decode.PROLOGUE_PLAIN, x, w, sub, pairs=True)
     bits = hp.view(torch.int32)
     halves = torch.stack([(bits << 16) >> 16, bits >> 16], -1).to(torch.int16).view(torch.float16).float()
     sw = sub // 8
@@ -126,8 +119,6 @@ def test_the_pairs_row_kernel_writes_fp16_pairs_and_a_power_of_two_per_tile():
 
 
 def test_prefill_dequantise_kernel_is_the_reference_dequantise():
-    from engine.kernels import gemv_int4
-
     g = torch.Generator().manual_seed(5)
     for group, zoff in ((32, 1), (128, 0), (-1, 0)):
         w = packed(40, 256, group, g, zero_offset=zoff)
@@ -148,8 +139,6 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, grou
     """quant.PackedLinear.tiled: the GEMV on the words held in tiles reads the same words and sums them in the
     same order as on rows, for every loop form (no prefetch, one tile ahead; planes and fp16
     pairs), split-K, and row blocks smaller and larger than the held tile."""
-    from engine.kernels import gemv, gemv_int4
-
     g = torch.Generator().manual_seed(n + k + tb)
     w = packed(n, k, group, g, desc_act=desc_act)
     t = w.tiled(tb)
@@ -158,7 +147,7 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, grou
     gu = torch.randn(2 * k, generator=g).to(dtype)
     for blocks in ((32, 128, 4, 1, 1, 1), (64, 128, 4, 2, 2, 1), (16, 64, 4, 2, 1, 1), (32, 128, 4, 2, 2, 0),
                    (64, 32, 4, 1, 1, 0)):
-        for pro, inp in ((gemv.PROLOGUE_PLAIN, x), (gemv.PROLOGUE_SILU, gu)):
+        for pro, inp in ((decode.PROLOGUE_PLAIN, x), (decode.PROLOGUE_SILU, gu)):
             want = torch.full((n,), float("nan"), dtype=dtype)
             got = torch.full((n,), float("nan"), dtype=dtype)
             gemv_int4.launch(pro, inp, w, None, want, blocks=blocks)
@@ -168,8 +157,6 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_bit_for_bit(n, k, grou
 
 def test_send_epilogue_writes_the_rows_tagged_into_the_peer_inbox():
     """The TP2 exchange from the int4 GEMV (mode "send"): 8-byte words, tag above, two bf16 values below."""
-    from engine.kernels import gemv, gemv_int4
-
     class Xs:  # the fields engine.allreduce.epilogue's exchange hands the kernels
         def __init__(self):
             self.peer_inbox = torch.zeros(64, dtype=torch.int64)
@@ -188,7 +175,7 @@ def test_send_epilogue_writes_the_rows_tagged_into_the_peer_inbox():
     x = torch.randn(128, generator=g).to(torch.bfloat16)
     xs = Xs()
     out = torch.empty(64, dtype=torch.bfloat16)
-    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, send=Ticket(xs), blocks=(16, 64, 4))
+    gemv_int4.launch(decode.PROLOGUE_PLAIN, x, w, None, out, send=Ticket(xs), blocks=(16, 64, 4))
     words = xs.peer_inbox[32:64]
     tag = ((41 & 0x3FFFFF) + 1) << 8 | 3
     assert ((words >> 32) == tag).all()
@@ -203,7 +190,6 @@ def test_fused_decode_step_on_packed_weights_is_the_plain_step(method, group, ti
     from engine.core import config as ecfg
     from engine.core import weights
     from engine.core.model import Model
-    from engine.kernels import gemv_int4
     from tests.quant_helpers import make_quantised
 
     if tiles:

@@ -14,7 +14,7 @@ from engine.core import config as ecfg
 from engine.core import weights
 from engine.core.model import Model, rms_norm
 from engine.core.spec_graphs import SpecGraphs
-from engine.kernels import rows_norm
+from engine.kernels import decode, rows_norm
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run by tests/engine/test_engine_spec_graphs.py with TRITON_INTERPRET=1", allow_module_level=True)
@@ -28,9 +28,7 @@ CFG = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=96, intermedia
 
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
-    from engine.kernels import attention
-
-    monkeypatch.setattr(attention, "CPU_KERNELS", True)
+    monkeypatch.setattr(decode, "CPU_KERNELS", True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -53,8 +51,6 @@ def test_the_row_norm_kernel_rounds_as_the_torch_norm(dtype, zc):
 
 
 def test_the_verification_body_with_the_kernels_equals_the_torch_body(kernels_on_cpu, monkeypatch):
-    from engine.kernels import attention
-
     m = Model(ecfg.from_dict(CFG))
     weights.init_random(m, seed=4, std=0.2)
     m.setup_cache(64)
@@ -66,7 +62,7 @@ def test_the_verification_body_with_the_kernels_equals_the_torch_body(kernels_on
     saved = [t.clone() for t in state]
     out = {}
     for fused in (True, False):
-        monkeypatch.setattr(attention, "CPU_KERNELS", fused)
+        monkeypatch.setattr(decode, "CPU_KERNELS", fused)
         for t, s in zip(state, saved):
             t.copy_(s)
         sg = SpecGraphs(m, 3, [64])

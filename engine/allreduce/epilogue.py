@@ -4,7 +4,7 @@ GPU-side mailbox, ``device_mailbox_graph``).
 A layer's two partial outputs (o_proj's and down's, each rank's share of the heads / MLP columns) meet in the
 GEMVs around them instead of in an allreduce kernel between them:
 
-  send     the producing GEMV (o_proj, SiLU + down: engine.kernels.gemv) writes its output rows as usual and, in
+  send     the producing GEMV (o_proj, SiLU + down: engine.kernels.decode) writes its output rows as usual and, in
            its epilogue, the same values tagged into the peer's inbox: 8-byte words (tag << 32 | 4 data
            bytes), one 64-bit store each, so a reader that sees the tag sees that word's data (no fence, no
            flag), as the graph mailbox's words.
@@ -31,7 +31,7 @@ and receives in a small kernel (the default); "norm-receive" receives in the nex
 programs wait behind program 0; V100PLAN_ENGINE_EXCHANGE=gemv, its earlier name, still selects it); "kernel" is
 the graph mailbox's allreduce kernel.
 
-The buffers, tickets and kernels live in engine.kernels.exchange, which engine.kernels.gemv imports as well: neither
+The buffers, tickets and kernels live in engine.kernels.exchange, which engine.kernels.decode imports as well: neither
 this module nor the GEMV imports the other.
 """
 

@@ -1,4 +1,4 @@
-"""`python -m engine.bench.attention`: the decode step's one-query attention kernel alone (engine.kernels.attention,
+"""`python -m engine.bench.attention`: the decode step's one-query attention kernel alone (engine.kernels.decode,
 the kernel the service runs) at long contexts, against the card's read bandwidth, per launch configuration.
 
 For each shape (the 27B hybrid's attention: 24 query / 4 KV heads of 256, gated, quarter rotary; the 8B dense
@@ -32,11 +32,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--programs", default="264,528", help="programs in all (the window split over them)")
     p.add_argument("--stages", default="1,2")
     p.add_argument("--apart", default="0,1", help="0,1: the step's own position inside its tile / attended apart "
-                                                   "(engine.kernels.attention.APART: the default when pipelined)")
+                                                   "(engine.kernels.decode.APART: the default when pipelined)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
                    help="the model's dtype (16-bit caches are in it; float16 is the V100's)")
     p.add_argument("--permute", default=None, help="0,1: int8 caches in float16 widened by Triton / by the byte "
-                                                   "permute (engine.kernels.attention.I8_PERMUTE); default: the "
+                                                   "permute (engine.kernels.decode.I8_PERMUTE); default: the "
                                                    "engine's choice")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from engine.core import kvquant, timing
-    from engine.kernels import attention
+    from engine.kernels import decode
 
     dev = torch.device("cuda")
     read = timing.read_bandwidth_gbps(dev, 4 << 30)
@@ -76,9 +76,9 @@ def main(argv: list[str]) -> int:
             nbytes = sum(t.numel() * t.element_size() for t in caches[0] if t is not None)
 
             def call(c, **kw):
-                return attention.decode_attention(qkv, cos, sin, pos, qn, kn, c[0], c[1], n_heads=h, n_kv=kv, hd=hd,
-                                                  eps=1e-6, window=ctx, gated=sh["gated"], zc=sh["zc"],
-                                                  k_scale=c[2], v_scale=c[3], **kw)
+                return decode.decode_attention(qkv, cos, sin, pos, qn, kn, c[0], c[1], n_heads=h, n_kv=kv, hd=hd,
+                                               eps=1e-6, window=ctx, gated=sh["gated"], zc=sh["zc"],
+                                               k_scale=c[2], v_scale=c[3], **kw)
 
             ref = call(caches[0]).float()
             perms = [None] if args.permute is None else [bool(int(v)) for v in args.permute.split(",")]
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
                 if cfg is None:  # what the service runs at this shape and window: decode_attention's defaults
                     kw = {}
                     row = {"shape": shape, "kv": kvd, "context": ctx, "config": "default",
-                           "apart": "pipelined" if attention.APART else False}
+                           "apart": "pipelined" if decode.APART else False}
                 else:
                     bs, warps, progs, stages, apart, perm = cfg
                     splits = max(1, progs // kv)
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
                               apart=bool(apart), permute=perm)
                     row = {"shape": shape, "kv": kvd, "context": ctx, "block_s": bs, "warps": warps,
                            "programs": progs, "stages": stages, "apart": bool(apart),
-                           "permute": attention.I8_PERMUTE if perm is None else perm}
+                           "permute": decode.I8_PERMUTE if perm is None else perm}
                 try:
                     out = call(caches[0], **kw).float()
                     err = float((out - ref).norm() / ref.norm())

@@ -1,5 +1,5 @@
 """`python -m engine.bench.gemv`: the decode step's one-row products, cuBLAS (F.linear) against the Triton
-GEMV (engine.kernels.gemv) at each block configuration, on the shapes of the 8B models at TP1 and TP2.
+GEMV (engine.kernels.decode) at each block configuration, on the shapes of the 8B models at TP1 and TP2.
 
 Per product shape, L distinct random weight matrices (one per layer, so nothing stays in the 60 MB L2)
 are multiplied in one CUDA graph; time = median of 5 batches of 20 replays / L. Each configuration's
@@ -23,7 +23,7 @@ SHAPES = {  # name -> {product: (N, K)}, bf16 weights, per rank
 }
 
 
-# The fused kernels (kernel choice "fused", engine.kernels.attention) per rank of Qwen3-8B: heads, kv heads, head dim
+# The fused kernels (kernel choice "fused", engine.kernels.decode) per rank of Qwen3-8B: heads, kv heads, head dim
 ATTN = {"qwen3-8b-tp1": (32, 8, 128), "qwen3-8b-tp2": (16, 4, 128)}
 # the fastest five of six on the first H200 run (2026-11-30), and one more
 FUSED_CONFIGS = [(4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 512, 8), (16, 256, 8), (32, 256, 8)]
@@ -49,7 +49,7 @@ def fused(args, doc: dict) -> None:
 
     from engine import tuning
     from engine.core.model import rms_norm, rotate_half
-    from engine.kernels import attention, gemv
+    from engine.kernels import decode
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -72,20 +72,20 @@ def fused(args, doc: dict) -> None:
         x = torch.randn(1, 1, d, **bf, generator=g)
         delta = torch.randn(1, 1, d, **bf, generator=g)
         nw = (1 + 0.1 * torch.randn(d, **bf, generator=g))
-        for prod, prologue in (("qkv", gemv.PROLOGUE_NORM), ("gate_up", gemv.PROLOGUE_NORM),
-                               ("down", gemv.PROLOGUE_SILU)):
+        for prod, prologue in (("qkv", decode.PROLOGUE_NORM), ("gate_up", decode.PROLOGUE_NORM),
+                               ("down", decode.PROLOGUE_SILU)):
             n, k = prods[prod]
             ws = [torch.empty(n, k, **bf).normal_(0, 0.02, generator=g) for _ in range(L)]
             outs = [torch.empty(n, **bf) for _ in range(L)]
             xo = torch.empty(k, **bf)
-            if prologue == gemv.PROLOGUE_NORM:
+            if prologue == decode.PROLOGUE_NORM:
                 h32 = (x.float() + delta.float())
                 h32 = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps) * nw.float()
                 eager = F.linear(rms_norm(x + delta, nw, eps), ws[0])
                 xin = x.reshape(-1)
 
                 def run(c, w=ws, o=outs):
-                    return [gemv.launch_prologue(prologue, xin, wi, None, oi, delta.reshape(-1), nw, eps, xo, c)
+                    return [decode.launch_prologue(prologue, xin, wi, None, oi, delta.reshape(-1), nw, eps, xo, c)
                             for wi, oi in zip(w, o)]
             else:
                 gu = torch.randn(2 * k, **bf, generator=g)
@@ -94,14 +94,14 @@ def fused(args, doc: dict) -> None:
                 eager = F.linear((F.silu(gu[:k]) * gu[k:]).view(1, -1), ws[0])
 
                 def run(c, w=ws, o=outs, gu=gu):
-                    return [gemv.launch_prologue(prologue, gu, wi, None, oi, blocks=c) for wi, oi in zip(w, o)]
+                    return [decode.launch_prologue(prologue, gu, wi, None, oi, blocks=c) for wi, oi in zip(w, o)]
             ref = ws[0].float() @ h32.reshape(-1)
             e_eager = rel(eager, ref)
             tol = max(1.5 * e_eager, 1e-3)
             nbytes = n * k * 2
-            row = {"n": n, "k": k, "prologue": gemv.PROLOGUE_NAMES[prologue], "eager_rel_err": round(e_eager, 6)}
+            row = {"n": n, "k": k, "prologue": decode.PROLOGUE_NAMES[prologue], "eager_rel_err": round(e_eager, 6)}
             hin = torch.randn(k, **bf, generator=g)
-            us = _us(lambda: [gemv.launch(hin, wi, None, oi) for wi, oi in zip(ws, outs)], L)
+            us = _us(lambda: [decode.launch(hin, wi, None, oi) for wi, oi in zip(ws, outs)], L)
             row["plain_gemv"] = {"us": round(us, 3), "gbps": round(nbytes / (us * 1e-6) / 1e9, 1),
                                  "blocks": list(table.gemv.get((n, k), table.gemv_default))}
             row["configs"] = {}
@@ -164,14 +164,14 @@ def fused(args, doc: dict) -> None:
             kw = dict(n_heads=nh, n_kv=nkv, hd=hd, eps=eps, window=window, combine=comb, splits=splits, block_s=bs,
                       num_warps=warps)
             try:
-                o = attention.decode_attention(qkv, cos, sin, pos, qn, kn, kcs[0], vcs[0], **kw)
+                o = decode.decode_attention(qkv, cos, sin, pos, qn, kn, kcs[0], vcs[0], **kw)
                 e = rel(o, ref)
-                again = attention.decode_attention(qkv, cos, sin, pos, qn, kn, kcs[0], vcs[0], **kw)
+                again = decode.decode_attention(qkv, cos, sin, pos, qn, kn, kcs[0], vcs[0], **kw)
                 row = {"rel_err": round(e, 6), "bit_identical_rerun": bool(torch.equal(o, again))}
                 if not e <= tol:
                     out["attention"]["configs"][name] = {**row, "status": f"error {e:.3g} > {tol:.3g}"}
                     continue
-                us = _us(lambda kw=kw: [attention.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, **kw)
+                us = _us(lambda kw=kw: [decode.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, **kw)
                                         for kc, vc in zip(kcs, vcs)], L)
                 out["attention"]["configs"][name] = {**row, "us": round(us, 3),
                                                      "gbps": round(kv_bytes / (us * 1e-6) / 1e9, 1)}
@@ -239,7 +239,7 @@ def main(argv: list[str]) -> int:
 
     from engine import tuning
     from engine.core import timing
-    from engine.kernels import gemv
+    from engine.kernels import decode
     from profiles.document import utc_now
 
     dev = torch.device("cuda:0")
@@ -278,11 +278,11 @@ def main(argv: list[str]) -> int:
             for cfg in tuning.active().gemv_configs:
                 name = "x".join(map(str, cfg))
                 try:
-                    e = err(gemv.launch(xv, ws[0], None, outs[0], cfg))
+                    e = err(decode.launch(xv, ws[0], None, outs[0], cfg))
                     if e > tol:
                         row["triton"][name] = {"rel_err": round(e, 6), "status": f"error {e:.3g} > {tol:.3g}"}
                         continue
-                    us = _us(lambda c=cfg: [gemv.launch(xv, w, None, o, c) for w, o in zip(ws, outs)], args.layers)
+                    us = _us(lambda c=cfg: [decode.launch(xv, w, None, o, c) for w, o in zip(ws, outs)], args.layers)
                     row["triton"][name] = {"rel_err": round(e, 6), "us": round(us, 3),
                                            "gbps": round(nbytes / args.layers / (us * 1e-6) / 1e9, 1)}
                 except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result

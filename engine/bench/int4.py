@@ -120,7 +120,7 @@ def int4_gemv(args, doc: dict) -> None:
     import torch
     import torch.nn.functional as F
 
-    from engine.kernels import gemv, gemv_int4
+    from engine.kernels import decode, gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -151,12 +151,12 @@ def int4_gemv(args, doc: dict) -> None:
                     row["configs"][key] = {"skipped": f"cannot be held in tiles of {tb} rows"}
                     continue
                 try:
-                    gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
+                    gemv_int4.launch(decode.PROLOGUE_PLAIN, x, one, None, outs[0], blocks=cfg)
                     err = float((outs[0].float() - ref).norm() / ref.norm())
                     if err > 1e-2:
                         row["configs"][key] = {"rel_err": round(err, 6), "skipped": "error over 1e-2"}
                         continue
-                    us = _us(lambda c=cfg: [gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, o, blocks=c)
+                    us = _us(lambda c=cfg: [gemv_int4.launch(decode.PROLOGUE_PLAIN, x, w, None, o, blocks=c)
                                             for w, o in zip(ws, outs)], count)
                 except Exception as e:  # noqa: BLE001 - a configuration that does not compile is reported
                     row["configs"][key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -180,18 +180,18 @@ def int4_gemv(args, doc: dict) -> None:
                 gu = torch.randn(2 * k, device=dev, generator=g).to(act)
                 xo = torch.empty(k, device=dev, dtype=act)
                 if pro == "norm":
-                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg)
+                    us_p = _us(lambda: [gemv_int4.launch(decode.PROLOGUE_NORM, x, w, None, o, d, nw, 1e-6, xo, blocks=cfg)
                                     for w, o in zip(ws, outs)], count)
                 elif pro == "silu":
-                    us_p = _us(lambda: [gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, o, blocks=cfg)
+                    us_p = _us(lambda: [gemv_int4.launch(decode.PROLOGUE_SILU, gu, w, None, o, blocks=cfg)
                                     for w, o in zip(ws, outs)], count)
                 else:
                     us_p = us
                 sub = min(cfg[1], args.group)
                 form = cfg[5] if len(cfg) > 5 else gemv_int4.DEFAULT_FORM
                 pairs = form == gemv_int4.FORM_PAIRS and act in gemv_int4.PAIR_DTYPES
-                row_us = _us(lambda: [gemv_int4.row_input(gemv.PROLOGUE_NORM if pro == "norm" else gemv.PROLOGUE_SILU
-                                                          if pro == "silu" else gemv.PROLOGUE_PLAIN,
+                row_us = _us(lambda: [gemv_int4.row_input(decode.PROLOGUE_NORM if pro == "norm" else decode.PROLOGUE_SILU
+                                                          if pro == "silu" else decode.PROLOGUE_PLAIN,
                                                           gu if pro == "silu" else x, w, sub, d, nw, 1e-6, xo,
                                                           pairs=pairs)
                                       for w in ws], count)
@@ -254,7 +254,7 @@ def fp16_vs_bf16(args, doc: dict) -> None:
     """The dense fused kernels of one 27B full-attention layer at TP1, fp16 against bf16 (random weights)."""
     import torch
 
-    from engine.kernels import attention, gemv
+    from engine.kernels import decode
 
     dev = torch.device(args.device)
     d, ff, heads, kv, hd = 5120, 17408, 24, 4, 256
@@ -275,14 +275,14 @@ def fp16_vs_bf16(args, doc: dict) -> None:
         cos, sin = torch.ones(1, hd, **e), torch.zeros(1, hd, **e)
         pos = torch.tensor([window - 1], device=dev)
         qn = kn = torch.ones(hd, **e)
-        attention.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6,
-                                   window=window)  # the counters, before capture
+        decode.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6,
+                                window=window)  # the counters, before capture
         name = str(dt).removeprefix("torch.")
         out[name] = {
-            "norm_qkv_us": round(_us(lambda: [gemv.linear_norm(x, dl, nw, 1e-6, w) for w in wqkv], count), 2),
-            "norm_gate_up_us": round(_us(lambda: [gemv.linear_norm(x, dl, nw, 1e-6, w) for w in w13], count), 2),
-            "silu_down_us": round(_us(lambda: [gemv.linear_silu(gu, w) for w in w2], count), 2),
-            "attention_us": round(_us(lambda: attention.decode_attention(
+            "norm_qkv_us": round(_us(lambda: [decode.linear_norm(x, dl, nw, 1e-6, w) for w in wqkv], count), 2),
+            "norm_gate_up_us": round(_us(lambda: [decode.linear_norm(x, dl, nw, 1e-6, w) for w in w13], count), 2),
+            "silu_down_us": round(_us(lambda: [decode.linear_silu(gu, w) for w in w2], count), 2),
+            "attention_us": round(_us(lambda: decode.decode_attention(
                 qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=heads, n_kv=kv, hd=hd, eps=1e-6, window=window), 1), 2)}
         if args.silu_blocks:  # SiLU + down under other blocks (BLOCK_N, BLOCK_K, warps), each dtype: the 27B
             # shape's down (5120 x 17408) and the 8B dense one's (4096 x 12288, TP1; 4096 x 6144, TP2)
@@ -292,7 +292,7 @@ def fp16_vs_bf16(args, doc: dict) -> None:
                     torch.empty(n_out, k_in, **e).normal_(0, 0.02, generator=g) for _ in range(count)]
                 gx, o = torch.randn(2 * k_in, **e), torch.empty(n_out, **e)
                 by[f"{n_out}x{k_in}"] = {"x".join(map(str, b)): round(_us(lambda b=b, ws=ws, gx=gx, o=o: [
-                    gemv.launch_prologue(gemv.PROLOGUE_SILU, gx, w, None, o, blocks=b) for w in ws], count), 2)
+                    decode.launch_prologue(decode.PROLOGUE_SILU, gx, w, None, o, blocks=b) for w in ws], count), 2)
                     for b in args.silu_blocks}
                 ws = None
         wqkv = w13 = w2 = None
@@ -386,12 +386,15 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("Error: this bench needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 4
-    from engine.core import timing
+    from engine.core import decode_mode, timing
+    from engine.kernels import gemv_int4
     from profiles.document import utc_now
 
     dev = torch.device(args.device)
     torch.cuda.set_device(dev)
     torch.set_grad_enabled(False)
+    # the matrices' launches as a decoder built now would make them (V100PLAN_ENGINE_INT4_PDL=0: without PDL)
+    gemv_int4.use_pdl(decode_mode.Request.of().int4_pdl is not False)
     doc: dict = {"kind": "engine_bench_int4", "created_utc": utc_now(), "device": torch.cuda.get_device_name(dev),
                  "capability": list(torch.cuda.get_device_capability(dev)), "torch": torch.__version__,
                  "group_size": args.group, "dtype": args.dtype, "method": __doc__.strip(),

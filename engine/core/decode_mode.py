@@ -4,7 +4,7 @@ capture and exchange. Nothing that runs during a step reads the environment. Std
 functions of plain facts, tested without a GPU.
 
   graphs    CUDA graphs per context bucket (with the allreduce inside when the path can be captured), or eager steps.
-  kernels   the decode step's blocks (KERNELS): "fused" (engine.kernels.attention: five Triton kernels per layer) or
+  kernels   the decode step's blocks (KERNELS): "fused" (engine.kernels.decode: five Triton kernels per layer) or
             "eager" (the plain blocks).
   exchange  where a TP2 layer's two partial outputs meet (EXCHANGES): "kernel" (an allreduce between the GEMVs) or
             "send" (the GEMVs send their rows, a small kernel receives); None at TP1.
@@ -13,6 +13,8 @@ Measured slower and deleted (docs/engine-speed.md, history): the kernel choices 
 the Triton GEMV) and "compiled" (the same with cuBLAS products), the exchange "norm-receive" (earlier "gemv").
   lockstep  how the two ranks check each other (LOCKSTEP): inside the step's graph as two Triton kernels or as torch
             ops around the exchange, or a record the rank exchanges after each step; None at TP1.
+  int4_pdl  whether the int4 GEMV may launch while its row kernel still runs (programmatic dependent launch; it does
+            where the card and Triton have it: engine.kernels.gemv_int4.pdl_enabled); INT4_PDL_ENV=0 turns it off.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from typing import Callable, Mapping
 
 KERNELS_ENV = "V100PLAN_ENGINE_KERNELS"  # eager | fused: overrides the automatic choice
 KERNELS = ("eager", "fused")
-# "fused" (engine.kernels.attention: five kernels per layer) is the choice on cards that run Triton: an H200
+# "fused" (engine.kernels.decode: five kernels per layer) is the choice on cards that run Triton: an H200
 # measured the Qwen3-8B step at 4.35 vs 4.67 ms (TP1) and 2.52 vs 2.89 ms (one TP2 rank) against the deleted
 # "gemv" blocks (docs/engine-speed.md).
 TRITON_MIN_CC = (8, 0)  # bf16 and the fused kernels from Ampere on; 7.x through engine.core.sm70
 VOLTA_CC = (7, 0)  # the V100: the fused kernels only (fp16, compiled for sm_70 by a CUDA 12 ptxas: engine.core.sm70)
 
 EXCHANGE_ENV = "V100PLAN_ENGINE_EXCHANGE"
+INT4_PDL_ENV = "V100PLAN_ENGINE_INT4_PDL"  # "0": the int4 GEMV launched after its row kernel as any kernel (no overlap)
 EXCHANGES = {
     "kernel": "an allreduce kernel between the GEMVs (the graph mailbox's: send, wait, add in one kernel)",
     "send": ("o_proj / down send their rows to the peer in their epilogue; a small kernel waits for and adds "
@@ -54,10 +57,11 @@ class Request:
     graphs: bool | None = None
     kernels: str | None = None
     exchange: str | None = None
+    int4_pdl: bool | None = None
 
     @classmethod
     def of(cls, graphs: bool | None = None, kernels: str | None = None, exchange: str | None = None,
-           environ: Mapping[str, str] | None = None) -> "Request":
+           int4_pdl: bool | None = None, environ: Mapping[str, str] | None = None) -> "Request":
         env = os.environ if environ is None else environ
         kernels = kernels or env.get(KERNELS_ENV) or None
         if kernels is not None and kernels not in KERNELS:
@@ -65,7 +69,9 @@ class Request:
         asked = exchange or env.get(EXCHANGE_ENV) or None
         if asked is not None and asked not in EXCHANGES:
             raise ValueError(f"{EXCHANGE_ENV}={asked!r}: expected one of {', '.join(EXCHANGES)}")
-        return cls(graphs, kernels, asked)
+        if int4_pdl is None and env.get(INT4_PDL_ENV) == "0":
+            int4_pdl = False
+        return cls(graphs, kernels, asked, int4_pdl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +85,7 @@ class DecodeMode:
     exchange_why: str | None = None
     lockstep: str | None = None  # None: one rank, nothing to check
     lockstep_why: str | None = None
+    int4_pdl: bool = True  # False: engine.kernels.gemv_int4 never launches with PDL (Request.int4_pdl)
 
     @property
     def lockstep_kernels(self) -> bool | None:
@@ -129,7 +136,7 @@ def kernel_choice(device_type: str, capability: tuple[int, int] | None, triton_o
                          f"sm_{capability[0]}{capability[1]} by {why}; FMA instead of tensor-core MMA, which the "
                          f"one-row products do not need")
     return "fused", ("requested: " if requested == "fused" else "") + (
-        "five Triton kernels per layer (engine.kernels.attention): the norm and SiLU in the GEMVs' prologues, "
+        "five Triton kernels per layer (engine.kernels.decode): the norm and SiLU in the GEMVs' prologues, "
         "one kernel for q/k norm, RoPE, the cache write and the one-query attention (0.93x the step of the "
         "Triton GEMV with compiled blocks at TP1, 0.87x at TP2 on an H200, docs/engine-speed.md)")
 
@@ -167,4 +174,5 @@ def resolve(request: Request, *, device_type: str, capability: tuple[int, int] |
     offered = path_name is not None and exchange_offered(kernels)
     exchange, exchange_why = exchange_choice(path_name, offered, request.exchange)
     lockstep, lockstep_why = lockstep_choice(path_name, graphs, lockstep_kernels)
-    return DecodeMode(graphs, graphs_why, kernels, kernels_why, exchange, exchange_why, lockstep, lockstep_why)
+    return DecodeMode(graphs, graphs_why, kernels, kernels_why, exchange, exchange_why, lockstep, lockstep_why,
+                      int4_pdl=request.int4_pdl is not False)

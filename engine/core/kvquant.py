@@ -3,7 +3,7 @@
     scale = max |x| / 127 over the head's dimensions,   q = clamp(floor(x / scale + 0.5), -127, 127)
 
 written once when a position's K/V are made (prefill or the decode step) and dequantised where they are
-read (x ~ q * scale, in the model's dtype). The fused attention kernel (engine.kernels.attention) does the same
+read (x ~ q * scale, in the model's dtype). The fused attention kernel (engine.kernels.decode.decode_attention) does the same
 arithmetic in registers, so the plain blocks and the kernel see the same cache. Half the bytes of a 16-bit
 cache (plus 4 bytes per position and head for the scale: 1.6 % at head dim 256): at long context the decode
 step reads K/V at the same rate, so the attention part halves.

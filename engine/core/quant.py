@@ -135,7 +135,7 @@ class PackedLinear:
             return F.linear(x, gemv_int4.dequantise(self, x.dtype), b)
         return F.linear(x, self.dequantise_held(x.dtype), b)
 
-    # the decode step's one-row products with a prologue (engine.kernels.gemv's, which hands a packed weight here)
+    # the decode step's one-row products with a prologue (engine.kernels.decode's, which hands a packed weight here)
     def linear_norm(self, x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, b=None, zc: bool = False):
         from engine.kernels import gemv_int4
 
@@ -206,20 +206,20 @@ class Rows:
         return [None] * len(self.parts) if b is None else list(b.split([p.shape[0] for p in self.parts], -1))
 
     def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T + b, part by part (engine.kernels.gemv.linear: the GEMV for a row on a GPU)."""
-        from engine.kernels import gemv
+        """x [..., K] @ W^T + b, part by part (engine.kernels.decode.linear: the GEMV for a row on a GPU)."""
+        from engine.kernels import decode
 
-        return torch.cat([gemv.linear(x, p, pb) for p, pb in zip(self.parts, self._biases(b))], -1)
+        return torch.cat([decode.linear(x, p, pb) for p, pb in zip(self.parts, self._biases(b))], -1)
 
     def linear_norm(self, x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, b=None, zc: bool = False):
-        """engine.kernels.gemv.linear_norm part by part: the first part's kernel adds delta, the others normalise its
+        """engine.kernels.decode.linear_norm part by part: the first part's kernel adds delta, the others normalise its
         x + delta again (the norm prologue costs one read of the row)."""
-        from engine.kernels import gemv
+        from engine.kernels import decode
 
         bs = self._biases(b)
-        first, x_out = gemv.linear_norm(x, delta, norm_weight, eps, self.parts[0], bs[0], zc=zc)
+        first, x_out = decode.linear_norm(x, delta, norm_weight, eps, self.parts[0], bs[0], zc=zc)
         zero = torch.zeros_like(x_out)
-        rest = [gemv.linear_norm(x_out, zero, norm_weight, eps, p, pb, zc=zc)[0]
+        rest = [decode.linear_norm(x_out, zero, norm_weight, eps, p, pb, zc=zc)[0]
                 for p, pb in zip(self.parts[1:], bs[1:])]
         return torch.cat([first, *rest], -1), x_out
 

@@ -9,7 +9,7 @@ step) and passes it into every step, capture and exchange:
   graphs   CUDA: one graph per context bucket (window = 256, 512, 1024, ... up to the context limit),
            captured at start-up over the static K/V cache, with the allreduce inside when the path can
            be captured (nccl, device_mailbox_graph); else (CPU, a path that waits on the host) eager.
-  kernels  "fused": five Triton kernels per layer (engine.kernels.attention: norm + QKV GEMV, one kernel for
+  kernels  "fused": five Triton kernels per layer (engine.kernels.decode: norm + QKV GEMV, one kernel for
            q/k norm, RoPE, the cache write and the attention, o_proj GEMV, norm + gate/up GEMV, SiLU + down
            GEMV) where Triton targets the card; "eager" (by request, or without Triton): the plain blocks. The V100 (7.0, fp16) runs "fused" where a ptxas still targets sm_70 (engine.core.sm70),
            else the plain blocks; CPUs run the plain blocks. The prefill takes the same choice for this device
@@ -19,6 +19,8 @@ step) and passes it into every step, capture and exchange:
            and the device mailbox take it, else "kernel" (the path's allreduce); V100PLAN_ENGINE_EXCHANGE overrides.
   lockstep (TP2) inside the step's graph (two Triton kernels from compute capability 8.0, else torch ops), or
            after each step without graphs.
+  int4_pdl packed (int4) weights: the GEMV launched while its row kernel runs where the card has it (engine.kernels.
+           gemv_int4.use_pdl, set here); V100PLAN_ENGINE_INT4_PDL=0 turns it off.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from engine.core.decode_mode import DecodeMode, kernel_choice  # noqa: F401
 from engine.core.device import device_kernels, sm70_ptxas, triton_ok  # noqa: F401 (device_kernels re-exported)
 from engine.core.model import Model
 from engine.core.sampling import Sampler
+from engine.kernels import gemv_int4
 
 # (phase, index within the phase, tokens of this step, position after it) -> True to cancel
 StepHook = Callable[[str, int, list[int], int], bool]
@@ -63,15 +66,16 @@ class Decoder:
     token ``tok`` at position ``pos`` (its K/V written into the cache)."""
 
     def __init__(self, model: Model, *, graphs: bool | None = None, kernels: str | None = None,
-                 exchange: str | None = None, bucket_list: list[int] | None = None):
+                 exchange: str | None = None, bucket_list: list[int] | None = None, int4_pdl: bool | None = None):
         self.model = model
         dev = model.device
         comm = model.comm
         path = getattr(comm, "path", None)
-        self.mode = self._resolve(decode_mode.Request.of(graphs, kernels, exchange))
-        # the card family's tuning table, read once here and made the one the kernels launch with
+        self.mode = self._resolve(decode_mode.Request.of(graphs, kernels, exchange, int4_pdl))
+        # the card family's tuning table, read once here and made the one the kernels launch with; so is PDL's switch
         cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
         self.tuning = tuning.use(tuning.load(cap, os.environ.get(tuning.OVERRIDE_ENV)))
+        gemv_int4.use_pdl(self.mode.int4_pdl)
         self.graphs, self.kernels = self.mode.graphs, self.mode.kernels
         model.kernels = self.kernels  # the prefill runs the decoder's kernel choice (no later reads)
         self.windows = bucket_list or buckets(model.max_context)

@@ -129,8 +129,8 @@ def variants() -> list[tuple[str, object, dict, int]]:
     fp16: the dense models' and the hybrid's (27B shape: gated attention of head dim 256 with a quarter rotary and
     zero-centred norms, the Gated DeltaNet decode kernel and its prefill kernels), the int8 K/V cache's attention."""
     from engine.kernels import (
-        attention,
         attention_jit,
+        decode,
         exchange_jit,
         gdn_chunk_jit,
         gdn_decode_jit,
@@ -161,9 +161,9 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("exchange_finish:sum", finish, dict(BLOCK=512, EPW=2, EMU=False, INTERP=False, BUMP=False, NORM=False), 4),
         ("attention", attn, attn_c, 8),
         ("attention:combine", comb, dict(SPLITS=8, G=4, G_PAD=16, HD=128, EMU=False), 4),
-        ("attention:27b gated, rotary 64, zero-centred (tiles of attention.VOLTA_TILE / 256 positions)", attn,
+        ("attention:27b gated, rotary 64, zero-centred (tiles of decode.VOLTA_TILE / 256 positions)", attn,
          {**attn_c, "N_HEADS": 24, "N_KV": 4, "G": 6, "HD": 256, "ROT": 64, "GATED": True, "ZC": True,
-          "BLOCK_S": attention.VOLTA_TILE // 256, "CHUNK": attention.VOLTA_TILE // 256}, 8),
+          "BLOCK_S": decode.VOLTA_TILE // 256, "CHUNK": decode.VOLTA_TILE // 256}, 8),
         ("attention:int8 K/V", attn, {**attn_c, "INT8": True}, 8,
          {"kc_ptr": "*i8", "vc_ptr": "*i8", "ksc_ptr": "*fp32", "vsc_ptr": "*fp32"}),
         ("attention:int8 K/V, own position apart, fp16 by byte permute", attn,

@@ -31,12 +31,12 @@ from engine.model.base import rms_norm
 
 
 def kernels_here(model) -> bool:
-    """Whether the verification runs Triton kernels (engine.kernels.rows_norm, gdn_fused's decode kernel): where the
+    """Whether the verification runs Triton kernels (engine.kernels.rows_norm, engine.kernels.decode's Gated DeltaNet kernel): where the
     decoder's blocks do (its kernel choice is not "eager": Triton present, a card it targets, not asked off), and
     on CPU tensors under Triton's interpreter (the tests)."""
-    from engine.kernels import attention
+    from engine.kernels import decode
 
-    if not attention.runs_here(model.device):
+    if not decode.runs_here(model.device):
         return False
     dec = getattr(model, "decoder", None)
     return model.device.type != "cuda" or dec is None or dec.kernels != "eager"
@@ -89,7 +89,7 @@ def gdn_rows(model, layer, h: torch.Tensor, pp: torch.Tensor, rings: torch.Tenso
              recs: torch.Tensor) -> torch.Tensor:
     """A Gated DeltaNet layer over T rows: h [1, T, D] -> out_proj partial [1, T, D]. The four projections of all
     rows in one product (the weights read once), then position by position the decode step's conv and delta rule
-    (engine.kernels.gdn_fused's kernel on a GPU), the ring and state after row i copied into rings[i] [C, K] and
+    (engine.kernels.decode.gdn_decode's kernel on a GPU), the ring and state after row i copied into rings[i] [C, K] and
     recs[i] [nv, dk, dv]."""
     t = h.shape[1]
     proj = matmul(h[0], layer.w_in)  # [T, conv channels + vd + 2 nv]

@@ -1,5 +1,5 @@
 """The one-query attention of the decode step in one Triton kernel, and its combine as a kernel of its own
-(engine.kernels.attention launches them and says what they compute): per kv head, q/k RMSNorm, RoPE at pos, K/V written
+(engine.kernels.decode launches them and says what they compute): per kv head, q/k RMSNorm, RoPE at pos, K/V written
 into the cache, the window split over programs (flash-decoding) and the partials combined in a fixed order."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The TP2 exchange inside the decode step's GEMVs, the part shared by the GEMVs that send and receive it
-(engine.kernels.gemv, engine.kernels.gemv_int4) and the allreduce path that offers it (engine.allreduce.graph_mailbox,
+(engine.kernels.decode, engine.kernels.gemv_int4) and the allreduce path that offers it (engine.allreduce.graph_mailbox,
 whose protocol engine.allreduce.epilogue describes): one rank's buffers and tickets (EpilogueExchange, Ticket, Sent)
 and the launch of the kernel that receives an exchange in a kernel of its own (exchange mode "send") or finishes the
 step's last one; the device side (the functions that tag, send and wait for the 8-byte words, and that kernel) is
-engine.kernels.exchange_jit. Neither engine.kernels.gemv nor engine.allreduce.epilogue imports the other: both
+engine.kernels.exchange_jit. Neither engine.kernels.decode nor engine.allreduce.epilogue imports the other: both
 import this.
 """
 

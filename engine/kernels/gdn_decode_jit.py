@@ -1,4 +1,4 @@
-"""A Gated DeltaNet layer's decode step between its two GEMVs in one kernel (engine.kernels.gdn_fused launches it and
+"""A Gated DeltaNet layer's decode step between its two GEMVs in one kernel (engine.kernels.decode launches it and
 says what it computes): one program per value head, the causal conv over the ring, the gates, the delta rule on
 the float32 state and the gated RMSNorm; engine.kernels.gdn's ``step`` is its torch reference."""
 

@@ -34,7 +34,6 @@ Triton kernel) and multiplies with cuBLAS.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -52,7 +51,6 @@ PAIR_DTYPES = (torch.bfloat16, torch.float16)
 DEFAULT_STAGES = 2  # 2: the next tile's loads issued before this tile's arithmetic (registers); 1: not
 TILE_ROWS = 32  # packed matrices on a GPU hold their words in tiles of this many rows (PackedLinear.tiled); 0: rows
 TILE_DEVICES = ("cuda",)  # where loading tiles them (the CPU's products read rows)
-PDL_ENV = "V100PLAN_ENGINE_INT4_PDL"  # "0": launch the GEMV after the row kernel as any kernel (no overlap)
 
 
 def _default_blocks(n: int, k: int) -> tuple[int, ...]:
@@ -75,11 +73,22 @@ def _triton_pdl() -> bool:
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
+_PDL = [True]  # use_pdl's switch: this module reads no environment
+
+
+def use_pdl(on: bool) -> bool:
+    """Allow (the default) or forbid PDL in every launch from now on: engine.core.runner's Decoder sets it once, when
+    it is built, from its DecodeMode (its argument, else V100PLAN_ENGINE_INT4_PDL read then), as it makes its tuning
+    table active."""
+    _PDL[0] = bool(on)
+    return _PDL[0]
+
+
 def pdl_enabled(device: torch.device) -> bool:
     """The GEMV launched while its row kernel still runs (programmatic dependent launch): on compute capability
     9.0 and later (Hopper's grid dependency control), with a Triton that has it, not under the interpreter, and
-    unless V100PLAN_ENGINE_INT4_PDL=0. The GEMV loads its first tile's words, then waits for the row kernel."""
-    if device.type != "cuda" or interpreting() or os.environ.get(PDL_ENV, "1") == "0":
+    unless use_pdl(False). The GEMV loads its first tile's words, then waits for the row kernel."""
+    if not _PDL[0] or device.type != "cuda" or interpreting():
         return False
     return torch.cuda.get_device_capability(device) >= (9, 0) and _triton_pdl()
 

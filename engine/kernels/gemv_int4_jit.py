@@ -382,7 +382,7 @@ def _int4_item(pid, pk, qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, par
             y += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
         yd = rnd(y, y_ptr.dtype.element_ty, EMU)
         tl.store(y_ptr + rows, yd, mask=rmask)
-        if SEND:  # the same rows, tagged, into the peer's inbox (engine.kernels.gemv's epilogue)
+        if SEND:  # the same rows, tagged, into the peer's inbox (engine.kernels.gemv_jit's epilogue)
             xs_send(yd, pid, rows, rmask, N, xs_peer, xs_ser, xs_slot, xs_e, BLOCK_N, EPW)
 
 

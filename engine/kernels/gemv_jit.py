@@ -1,4 +1,4 @@
-"""The decode step's one-row GEMV in Triton (engine.kernels.gemv launches it): y [N] = W [N, K] @ h [K] (+ b), each
+"""The decode step's one-row GEMV in Triton (engine.kernels.decode launches it): y [N] = W [N, K] @ h [K] (+ b), each
 program BLOCK_N whole rows, K walked in 16-byte vector loads, the sum in float32 in a fixed order; h made from x by
 the prologue (engine.kernels.prologue: plain, norm, SiLU); SEND: the rows also go, tagged, into the TP2 peer's inbox."""
 

@@ -1,4 +1,4 @@
-"""The prologues a GEMV can run on its input row before the product (engine.kernels.gemv, engine.kernels.gemv_int4),
+"""The prologues a GEMV can run on its input row before the product (engine.kernels.decode, engine.kernels.gemv_int4),
 by the values their kernels take (PROLOGUE=); the kernels' device side is engine.kernels.prologue_jit.
 
   NORM:  h = RMSNorm(x + delta) * norm_weight (Hugging Face's rounding: x + delta rounded to the dtype, statistics in

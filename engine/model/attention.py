@@ -2,7 +2,7 @@
 the output scaled by sigmoid(gate) before o_proj). Weights: wqkv (q | k | v rows), wo, q/k norms. State: the K/V
 cache pool [slots, kv heads, context, head dim] (int8 + a float32 scale per position and head with
 ``--kv-cache-dtype int8``). TP2: heads split (q, gate, k, v rows; o columns), o_proj into the exchange.
-Decode: the plain torch form, or (kernel choice "fused", engine.kernels.attention) norm + QKV GEMV, one-query
+Decode: the plain torch form, or (kernel choice "fused", engine.kernels.decode) norm + QKV GEMV, one-query
 attention kernel, o_proj GEMV; prefill: engine.core.prefill_attention."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from engine.core import kvquant, prefill_attention
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul  # F.linear for dense or packed (GPTQ / AWQ) weights
-from engine.kernels import attention
+from engine.kernels import decode
 from engine.model.base import Block, Chunk, Step, rms_norm, rope
 
 
@@ -120,35 +120,33 @@ class FullAttention(Block):
     # ---- the decode step ---------------------------------------------------------------------------
     def fused_here(self, device: torch.device, rot: int) -> bool:
         """Whether the fused path runs this layer's attention as one kernel (and so can carry the TP2 exchange)."""
-        return (attention.runs_here(device) and attention.supported(self.hd, self.n_heads, self.n_kv)
-                and attention.rotary_supported(rot, self.hd))
+        return (decode.runs_here(device) and decode.attention_supported(self.hd, self.n_heads, self.n_kv)
+                and decode.rotary_supported(rot, self.hd))
 
     def decode(self, x: torch.Tensor, delta: torch.Tensor, s: Step, send=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]); this position's K/V written at s.pos.
-        Fused: norm + QKV GEMV, engine.kernels.attention.decode_attention, o_proj GEMV (``send``: an
+        Fused: norm + QKV GEMV, engine.kernels.decode.decode_attention, o_proj GEMV (``send``: an
         engine.allreduce.epilogue.Ticket, o_proj's rows also go to the peer; ``delta`` may be the last Sent).
         A batched step (``s.slots``) runs decode_rows."""
         if s.slots is not None:
             return self.decode_rows(x, delta, s)
-        if s.fused and attention.runs_here(x.device):
-            from engine.kernels import gemv
-
+        if s.fused and decode.runs_here(x.device):
             if not self.fused_here(x.device, s.cos.shape[-1]):
-                return self.decode_plain(x, delta, s, linear=gemv.linear)
-            qkv, x = gemv.linear_norm(x, delta, self.input_norm, self.eps, self.wqkv, self.bqkv, zc=self.zc)
-            a = attention.decode_attention(
+                return self.decode_plain(x, delta, s, linear=decode.linear)
+            qkv, x = decode.linear_norm(x, delta, self.input_norm, self.eps, self.wqkv, self.bqkv, zc=self.zc)
+            a = decode.decode_attention(
                 qkv, s.cos, s.sin, s.pos, self.q_norm, self.k_norm, self.k_cache, self.v_cache, n_heads=self.n_heads,
                 n_kv=self.n_kv, hd=self.hd, eps=self.eps, window=s.window, gated=self.gated, zc=self.zc,
                 k_scale=self.k_scale, v_scale=self.v_scale)
             # o_proj through the prologue kernel with or without the send: the two exchanges give the same bits
-            return x, gemv.linear_send(a, self.wo, self.bias_once(self.bo, s.rank), send)
+            return x, decode.linear_send(a, self.wo, self.bias_once(self.bo, s.rank), send)
         return self.decode_plain(x, delta, s)
 
     def decode_plain(self, x, delta, s: Step, linear=matmul):
         """The torch form: the g query heads of one kv head become g query rows against that kv head (no K/V
         copies), as two batched matrix products that spread the window over the whole GPU (a fused SDPA kernel
         parallelises over the g x kv query rows only and read the cache at ~5 % of the H200's bandwidth, bench
-        2026-11-29). ``linear``: F.linear, or engine.kernels.gemv.linear where Triton targets the card."""
+        2026-11-29). ``linear``: F.linear, or engine.kernels.decode.linear where Triton targets the card."""
         n_heads, n_kv, hd, pos, window = self.n_heads, self.n_kv, self.hd, s.pos, s.window
         x = x + delta  # the previous block's reduced output
         h = rms_norm(x, self.input_norm, self.eps, self.zc)

@@ -1,11 +1,19 @@
 """What every layer kind shares: the norm and RoPE arithmetic, the inputs of one decode step and of one prefill
-chunk, and the base class (weights, per-sequence state in a pool with a leading slot dimension)."""
+chunk, the base class (weights, per-sequence state in a pool with a leading slot dimension), and the MLP every
+layer holds unless the config's mlp_types names another kind (``dense``, DenseMLP: the SwiGLU MLP, weights w13 =
+gate | up rows, w2; TP2: gate/up rows and down columns split, down into the exchange; decode: the torch form, or
+(kernel choice "fused", engine.kernels.decode) norm + gate/up GEMV and SiLU(gate) * up + down GEMV)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import torch
+import torch.nn.functional as F
+
+from engine.core.config import ModelConfig
+from engine.core.quant import matmul
+from engine.kernels import decode
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zc: bool = False) -> torch.Tensor:
@@ -99,3 +107,40 @@ class Block:
 
     def bias_once(self, bias: torch.Tensor | None, rank: int) -> torch.Tensor | None:
         return bias if rank == 0 else None
+
+
+class DenseMLP(Block):
+    kind = "dense"
+    WEIGHTS = ("post_norm", "w13", "b13", "w2", "b2")
+
+    def __init__(self, cfg: ModelConfig, world: int, e: dict, m: dict, ff: int | None = None):
+        d = cfg.hidden_size
+        self.eps, self.zc = cfg.rms_norm_eps, cfg.zero_centred_norm
+        self.ff = (ff or cfg.intermediate_size) // world
+        self.post_norm = torch.empty(d, **e)
+        self.w13 = torch.empty(2 * self.ff, d, **m)  # rows: [gate | up] of this rank
+        self.b13 = torch.empty(2 * self.ff, **e) if cfg.mlp_bias else None
+        self.w2 = torch.empty(d, self.ff, **m)
+        self.b2 = torch.empty(d, **e) if cfg.mlp_bias else None  # added by rank 0 only
+
+    def prefill(self, h: torch.Tensor, rank: int) -> torch.Tensor:
+        """h [B, T, D] (normed) -> down_proj partial."""
+        return self.dense(h, self.w13, self.b13, self.w2, self.bias_once(self.b2, rank))
+
+    @staticmethod
+    def dense(h, w13, b13, w2, b2) -> torch.Tensor:
+        gate, up = matmul(h, w13, b13).chunk(2, dim=-1)  # [B, T, ff] each
+        return matmul(F.silu(gate) * up, w2, b2)
+
+    def decode(self, x: torch.Tensor, delta: torch.Tensor, s: Step, send=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, delta [1, 1, D] -> (x + delta, down_proj partial [1, 1, D]) (``send``: as FullAttention.decode's)."""
+        return self.swiglu(x, delta, s, self.b13, self.bias_once(self.b2, s.rank), send)
+
+    def swiglu(self, x, delta, s: Step, b13, b2, send=None):
+        if s.fused and decode.runs_here(x.device):
+            gu, x = decode.linear_norm(x, delta, self.post_norm, self.eps, self.w13, b13, zc=self.zc)
+            return x, decode.linear_silu(gu, self.w2, b2, send=send)
+        x = x + delta  # the mixer's reduced output
+        h = rms_norm(x, self.post_norm, self.eps, self.zc)
+        gate, up = matmul(h, self.w13, b13).chunk(2, dim=-1)  # [1, 1, ff] each
+        return x, matmul(F.silu(gate) * up, self.w2, b2)

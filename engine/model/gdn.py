@@ -3,7 +3,7 @@ the depthwise conv [channels, kernel], A_log, dt_bias, the gated norm, w_out. St
 [slots, channels, kernel] (slot p % kernel = the input of position p) in the dtype and recurrent states
 [slots, value heads, dk, dv] float32: fixed size per sequence. TP2: key and value heads split (q/k/v conv
 channels, b/a rows, A_log, dt_bias follow), out_proj into the exchange. Decode: the torch form (engine.kernels.gdn)
-or (kernel choice "fused") norm + projection GEMV, engine.kernels.gdn_fused's decode kernel, out_proj GEMV. Prefill:
+or (kernel choice "fused", engine.kernels.decode) norm + projection GEMV, the decode kernel, out_proj GEMV. Prefill:
 engine.kernels.gdn.chunked, or engine.kernels.gdn_chunk's two kernels under "fused"."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul
-from engine.kernels import attention, gdn, gdn_fused
+from engine.kernels import decode, gdn
 from engine.model.base import Block, Chunk, Step, rms_norm
 
 
@@ -29,7 +29,7 @@ def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: floa
 def gdn_mix(proj, conv_ring, conv_w, a_log, dt_bias, gnorm, rec_state, pos, *, nk: int, nv: int, dk: int, dv: int,
             eps: float) -> torch.Tensor:
     """One token's work between a Gated DeltaNet layer's projections (the signature of
-    engine.kernels.gdn_fused.gdn_decode, in torch): proj [conv channels | z | b | a] -> y [nv dv] in proj's dtype;
+    engine.kernels.decode.gdn_decode, in torch): proj [conv channels | z | b | a] -> y [nv dv] in proj's dtype;
     the conv ring and the recurrent state are updated in place at ``pos`` (device [1])."""
     kd, vd = nk * dk, nv * dv
     mixed, z, b, a = proj.split([2 * kd + vd, vd, nv, nv])
@@ -95,11 +95,11 @@ class GatedDeltaNet(Block):
     # ---- prefill ---------------------------------------------------------------------------------
     def chunk_kernel(self, c: Chunk, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether the chunked rule runs engine.kernels.gdn_chunk's kernel: kernel choice "fused" (as the decode
-        step takes engine.kernels.gdn_fused), where the kernels run and the head sizes fit; float32 (the reference
+        step takes engine.kernels.decode.gdn_decode), where the kernels run and the head sizes fit; float32 (the reference
         dtype) keeps the torch form."""
         from engine.kernels import gdn_chunk
 
-        return (c.kernels == "fused" and dtype != torch.float32 and attention.runs_here(device)
+        return (c.kernels == "fused" and dtype != torch.float32 and decode.runs_here(device)
                 and gdn_chunk.supported(self.dk, self.dv))
 
     def prefill(self, h: torch.Tensor, c: Chunk) -> torch.Tensor:
@@ -145,12 +145,12 @@ class GatedDeltaNet(Block):
 
     # ---- the decode step ---------------------------------------------------------------------------
     def fused_here(self, device: torch.device, rot: int) -> bool:
-        return attention.runs_here(device) and gdn_fused.supported(self.dk, self.dv)
+        return decode.runs_here(device) and decode.gdn_supported(self.dk, self.dv)
 
     def mix(self, proj: torch.Tensor, pos: torch.Tensor, fused: bool) -> torch.Tensor:
         """proj [conv channels | z | b | a] (one row) -> y [nv dv]; the decoding slot's ring and state updated
-        at pos (engine.kernels.gdn_fused's kernel where ``fused``, else gdn_mix)."""
-        fn = gdn_fused.gdn_decode if fused else gdn_mix
+        at pos (engine.kernels.decode.gdn_decode's kernel where ``fused``, else gdn_mix)."""
+        fn = decode.gdn_decode if fused else gdn_mix
         return fn(proj, self.conv_ring, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.rec_state, pos,
                   nk=self.nk, nv=self.nv, dk=self.dk, dv=self.dv, eps=self.eps)
 
@@ -161,14 +161,12 @@ class GatedDeltaNet(Block):
         if s.slots is not None:
             return self.decode_rows(x, delta, s)
         linear = matmul
-        if s.fused and attention.runs_here(x.device):
-            from engine.kernels import gemv
-
-            linear = gemv.linear
+        if s.fused and decode.runs_here(x.device):
+            linear = decode.linear
             if self.fused_here(x.device, 0):
-                proj, x = gemv.linear_norm(x, delta, self.input_norm, self.eps, self.w_in, None, zc=self.zc)
+                proj, x = decode.linear_norm(x, delta, self.input_norm, self.eps, self.w_in, None, zc=self.zc)
                 y = self.mix(proj, s.pos, True)
-                return x, gemv.linear_send(y.view(1, 1, -1), self.w_out, None, send)
+                return x, decode.linear_send(y.view(1, 1, -1), self.w_out, None, send)
         x = x + delta
         h = rms_norm(x, self.input_norm, self.eps, self.zc)
         proj = linear(h, self.w_in, None).view(-1)  # [conv channels | z | b | a]

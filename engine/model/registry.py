@@ -7,8 +7,9 @@ import torch
 
 from engine.core.config import ModelConfig
 from engine.model.attention import FullAttention, GatedAttention
+from engine.model.base import DenseMLP
 from engine.model.gdn import GatedDeltaNet
-from engine.model.mlp import DenseMLP, MoE
+from engine.model.moe import MoE
 
 LAYER_KINDS = {
     "full_attention": FullAttention,

@@ -50,7 +50,7 @@ def _preload(gpu: bool = False) -> None:
     from engine.core import model, runner, weights  # noqa: F401
 
     # With what a rank imports later, on its own, each time (none of it touches a GPU).
-    for name in ("kernels.attention", "kernels.gdn", "kernels.gdn_chunk", "kernels.gdn_fused", "kernels.gemv", "core.kvquant",
+    for name in ("kernels.decode", "kernels.gdn", "kernels.gdn_chunk", "core.kvquant",
                  "core.lockstep", "core.mtp", "core.prefill_attention", "core.prefix", "core.quant", "core.spec_graphs",
                  "core.speculative"):
         try:

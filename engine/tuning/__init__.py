@@ -6,7 +6,7 @@ A table holds, per product shape, the block sizes each kernel launches with: ``g
 -> [BLOCK_N, BLOCK_K, num_warps]) and ``gemv_default``, ``gemv_configs`` (what the bench sweeps), ``prologue`` (the
 GEMVs with a norm or SiLU prologue, "norm:NxK"), ``fp16_silu`` (SiLU + down in fp16), ``int4`` (the packed GEMV,
 "norm:NxK" -> [BLOCK_N, BLOCK_K, num_warps, split, stages, form]) and ``attention`` (null: the attention kernel's own
-defaults, engine.kernels.attention.launch_config). A card whose family has no file gets DEFAULT_FAMILY's table and
+defaults, engine.kernels.decode.launch_config). A card whose family has no file gets DEFAULT_FAMILY's table and
 says so (``Table.note``, reported in the decoder's info and so in /health). Stdlib only; reads no environment.
 """
 

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from engine.kernels import decode
 from tests.paths import FIXTURES
 
 RUNS = [(s, c) for s in ("27b", "8b") for c in (131072, 262144)]
@@ -53,16 +54,14 @@ def test_the_27b_bf16_read_reaches_80_percent_at_128k_apart():
 def test_the_engine_now_launches_the_recorded_winner_for_16_bit_and_int8_caches(shape, ctx):
     """What decode_attention launches on an H200 (compute capability 9.0) at these windows is the fastest
     row of the sweep for both cache dtypes: its tile, warps, stages, programs and the own position apart."""
-    from engine.kernels import attention
-
     doc = load(shape, ctx)
     kv, hd = HEADS[shape]
-    bs, warps, splits, stages, apart = attention.launch_config(hd, ctx, (9, 0))
-    n_split, _ = attention.splits_for(ctx, kv, bs) if not splits else (splits, None)
+    bs, warps, splits, stages, apart = decode.launch_config(hd, ctx, (9, 0))
+    n_split, _ = decode.splits_for(ctx, kv, bs) if not splits else (splits, None)
     for kvd in ("auto", "int8"):
         best = doc["best"][f"{doc['rows'][0]['shape']}:{kvd}:{ctx}"]
         assert (bs, warps, stages, apart) == (best["block_s"], best["warps"], best["stages"], best["apart"])
         assert n_split * kv == best["programs"]
     # and not with a single stage, where apart was measured slower (27B 128K bf16: 194.6 against 224.8 us)
-    assert attention.launch_config(hd, ctx, (9, 0), stages=1)[4] is False
-    assert attention.launch_config(hd, ctx, None)[4] is False  # the interpreter's default: one stage
+    assert decode.launch_config(hd, ctx, (9, 0), stages=1)[4] is False
+    assert decode.launch_config(hd, ctx, None)[4] is False  # the interpreter's default: one stage

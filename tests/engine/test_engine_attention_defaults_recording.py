@@ -1,5 +1,5 @@
 """Judges the H200 recordings of 2026-12-04 (bash docs/h200_defaults_run.sh a|b), the first with the apart attention
-and int8's long-window blocks as the engine's defaults (engine.kernels.attention.launch_config), on CPU:
+and int8's long-window blocks as the engine's defaults (engine.kernels.decode.launch_config), on CPU:
 
 - the one-query attention's default row is the launch it is said to be: its output equals the forced row of the
   same configuration exactly (err 0.0; another tile sums in another order and differs), and its fraction follows
@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from engine.kernels import decode
 from tests.paths import FIXTURES
 
 E = FIXTURES / "engine"
@@ -35,8 +36,6 @@ ATTN = {"bfloat16": load("h200-attention-2026-12-04-defaults.json"),
 
 @pytest.mark.parametrize("dtype", list(ATTN))
 def test_each_default_row_is_the_launch_config_it_names_and_its_fraction_follows(dtype):
-    from engine.kernels import attention
-
     doc = ATTN[dtype]
     assert doc["device"] == "NVIDIA H200" and doc["dtype"] == dtype and 4000 < doc["read_bw_gbps"] < 4800
     rows = [r for r in doc["rows"] if "us" in r]
@@ -49,7 +48,7 @@ def test_each_default_row_is_the_launch_config_it_names_and_its_fraction_follows
         assert r["err"] < 1e-2
     for d in defaults:
         kv, hd = HEADS[d["shape"]]
-        bs, warps, _, stages, apart = attention.launch_config(hd, d["context"], (9, 0))
+        bs, warps, _, stages, apart = decode.launch_config(hd, d["context"], (9, 0))
         twin = [r for r in rows if r.get("config") != "default" and (r["shape"], r["kv"], r["context"]) ==
                 (d["shape"], d["kv"], d["context"]) and (r["block_s"], r["warps"], r["stages"], r["apart"]) ==
                 (bs, warps, stages, apart)]

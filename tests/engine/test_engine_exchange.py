@@ -12,6 +12,7 @@ import torch
 from engine.allreduce import epilogue
 from engine.core import decode_mode, runner
 from engine.core.model import Model
+from engine.kernels import decode
 from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 
@@ -50,14 +51,12 @@ def _tiny(comm=None) -> Model:
 
 
 def test_the_exchange_goes_inside_the_gemvs_only_with_fused_blocks_that_run_and_a_path_that_offers_it(monkeypatch):
-    from engine.kernels import attention
-
     path = _Path()
     model = _tiny(_Comm(path))
     fused = "fused"
     assert model.epilogue_exchange(fused, "send") is None  # CPU: the fused blocks run the plain code here
-    monkeypatch.setattr(attention, "CPU_KERNELS", True)
-    monkeypatch.setattr(attention, "interpreting", lambda: True)
+    monkeypatch.setattr(decode, "CPU_KERNELS", True)
+    monkeypatch.setattr(decode, "interpreting", lambda: True)
     assert model.offers_exchange(fused)
     assert model.epilogue_exchange(None, "send") is None  # plain blocks take no tickets
     assert model.epilogue_exchange("eager", "send") is None

@@ -1,7 +1,7 @@
 """Judges the H200 recording of SiLU + down in fp16 and bf16 under several blocks (python -m engine.bench.int4 --skip
 int4,prefill,step --silu-blocks ..., tests/fixtures/engine/h200-fp16-silu-blocks-2026-12-04.json) on CPU: the blocks
 the bf16 table picks, (8, 512, 4), ran 14-18 % slower in fp16 on every down shape, and the engine's fp16 choice
-(gemv.FP16_SILU_BLOCKS) brings fp16 within 5 % of bf16's choice on each, the V100 path's fp16 target."""
+(the tuning table's fp16_silu, engine.kernels.decode.prologue_blocks) brings fp16 within 5 % of bf16's choice on each, the V100 path's fp16 target."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import tuning
-from engine.kernels import gemv
+from engine.kernels import decode
 from tests.paths import FIXTURES
 
 REC = json.loads((FIXTURES / "engine" / "h200-fp16-silu-blocks-2026-12-04.json").read_text())
@@ -38,8 +38,8 @@ def test_recorded_on_an_h200_for_the_27b_and_8b_down_shapes():
 def test_the_engine_s_fp16_blocks_put_fp16_within_5_percent_of_bf16(shape):
     n, k = (int(v) for v in shape.split("x"))
     bf, fp = F["bfloat16"]["silu_down_by_blocks"][shape], F["float16"]["silu_down_by_blocks"][shape]
-    b_bf = key(gemv.prologue_blocks("silu", n, k, torch.bfloat16))
-    b_fp = key(gemv.prologue_blocks("silu", n, k, torch.float16))
+    b_bf = key(decode.prologue_blocks("silu", n, k, torch.bfloat16))
+    b_fp = key(decode.prologue_blocks("silu", n, k, torch.float16))
     assert b_bf == "8x512x4" and b_fp == key(tuning.load((7, 0)).fp16_silu)
     assert fp["8x512x4"] > 1.1 * bf["8x512x4"]  # the bf16 blocks in fp16: 14-18 % slower
     assert fp[b_fp] <= 1.05 * bf[b_bf]  # 1.008, 1.014, 1.022

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.kernels import decode
 from tests.engine_helpers import small_config
 
 
@@ -64,11 +65,10 @@ def test_on_the_gpu_fused_steps_match_the_plain_step_in_bf16_and_in_a_graph(name
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("shape", ["qwen3.5-27b", "qwen3-8b"])
 def test_long_window_attention_takes_its_pipelined_configuration_and_stays_as_close(shape):
-    """At 128K positions the one-query attention runs attention.LONG_CONFIG (three tiles in flight): its output is
+    """At 128K positions the one-query attention runs decode.LONG_CONFIG (three tiles in flight): its output is
     as close to the earlier configuration's as that one is to itself in another tiling, and bit-identical on
     replay."""
     from engine.bench.attention import SHAPES
-    from engine.kernels import attention
 
     sh = SHAPES[shape]
     h, kv, hd, ctx = sh["n_heads"], sh["n_kv"], sh["hd"], 131072
@@ -82,14 +82,14 @@ def test_long_window_attention_takes_its_pipelined_configuration_and_stays_as_cl
     pos = torch.tensor([ctx - 1], device="cuda")
 
     def call(**kw):
-        return attention.decode_attention(qkv, cos, sin, pos, qn, kn, k, v, n_heads=h, n_kv=kv, hd=hd, eps=1e-6,
-                                          window=ctx, gated=sh["gated"], zc=sh["zc"], **kw).float()
+        return decode.decode_attention(qkv, cos, sin, pos, qn, kn, k, v, n_heads=h, n_kv=kv, hd=hd, eps=1e-6,
+                                       window=ctx, gated=sh["gated"], zc=sh["zc"], **kw).float()
 
-    old_bs, old_w = attention.HD256_CONFIG[:2] if hd >= 256 else (attention.BLOCK_S, attention.NUM_WARPS)
+    old_bs, old_w = decode.HD256_CONFIG[:2] if hd >= 256 else (decode.BLOCK_S, decode.NUM_WARPS)
     new = call()
     old = call(block_s=old_bs, num_warps=old_w, stages=1)
     other = call(block_s=old_bs // 2, num_warps=old_w, stages=1)
-    bs, warps, stages = attention.LONG_CONFIG[hd]
+    bs, warps, stages = decode.LONG_CONFIG[hd]
     assert torch.equal(new, call(block_s=bs, num_warps=warps, stages=stages))  # the default is the long one
     assert torch.equal(new, call())
     assert rel(new, old) <= max(1.5 * rel(other, old), 5e-3), (rel(new, old), rel(other, old))
@@ -109,7 +109,6 @@ def test_int8_cache_attention_in_both_forms_is_the_dequantised_caches_attention(
     per value)."""
     from engine.bench.attention import SHAPES
     from engine.core import kvquant
-    from engine.kernels import attention
 
     sh = SHAPES[shape]
     h, kv, hd, ctx = sh["n_heads"], sh["n_kv"], sh["hd"], 8192
@@ -124,9 +123,9 @@ def test_int8_cache_attention_in_both_forms_is_the_dequantised_caches_attention(
     pos = torch.tensor([at], device="cuda")
 
     def call(kc, vc, ksc=None, vsc=None, **kw):
-        return attention.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=h, n_kv=kv, hd=hd, eps=1e-6,
-                                          window=ctx, gated=sh["gated"], zc=sh["zc"], k_scale=ksc, v_scale=vsc,
-                                          **kw).float()
+        return decode.decode_attention(qkv, cos, sin, pos, qn, kn, kc, vc, n_heads=h, n_kv=kv, hd=hd, eps=1e-6,
+                                       window=ctx, gated=sh["gated"], zc=sh["zc"], k_scale=ksc, v_scale=vsc,
+                                       **kw).float()
 
     outs = {}
     for apart, permute in ((False, False), (True, False), (False, True), (True, True)):
@@ -150,19 +149,17 @@ def test_int8_cache_attention_in_both_forms_is_the_dequantised_caches_attention(
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n,k", [(5120, 17408), (4096, 12288)])
 def test_silu_down_with_each_dtypes_blocks_is_the_eager_product(dtype, n, k):
-    """SiLU + down as the step runs it (gemv.linear_silu: fp16 takes gemv.FP16_SILU_BLOCKS, bf16 the table's)
+    """SiLU + down as the step runs it (decode.linear_silu: fp16 takes the table's fp16_silu, bf16 its prologue blocks)
     against the eager product in float32 on the same rounded h, and the same answer on a second call."""
     import torch.nn.functional as F
-
-    from engine.kernels import gemv
 
     g = torch.Generator(device="cuda").manual_seed(11)
     w = (0.02 * torch.randn(n, k, device="cuda", generator=g)).to(dtype)
     gu = torch.randn(1, 1, 2 * k, device="cuda", generator=g).to(dtype)
     gate, up = gu.chunk(2, dim=-1)
     h = (F.silu(gate.float()).to(dtype).float() * up.float()).to(dtype).float()
-    got = gemv.linear_silu(gu, w)
+    got = decode.linear_silu(gu, w)
     assert got.dtype == dtype and got.shape == (1, 1, n)
     ref = F.linear(h, w.float())
     assert float((got.float() - ref).norm() / ref.norm()) < 5e-3
-    assert torch.equal(got, gemv.linear_silu(gu, w))
+    assert torch.equal(got, decode.linear_silu(gu, w))

@@ -1,5 +1,5 @@
-"""The fused decode kernels (kernel choice "fused": engine/kernels/attention.py, the prologue GEMVs of
-engine/kernels/gemv.py) on CPU: where the choice is made, how the window is split, and every kernel against the
+"""The fused decode kernels (kernel choice "fused": engine/kernels/decode.py, the one-query attention and the
+prologue GEMVs) on CPU: where the choice is made, how the window is split, and every kernel against the
 plain torch blocks under Triton's interpreter, in a child pytest (tests/engine_fused_cases.py; the
 interpreter must be on before triton is first imported, and torch.compile in other tests imports it).
 The same kernels on a GPU, bf16 and in a CUDA graph: tests/engine/test_engine_fused_gpu.py."""
@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 
 from engine.core import runner
-from engine.kernels import attention
+from engine.kernels import decode
 from tests.engine_helpers import interpreter_spec, run_interpreter_cases
 
 
@@ -23,15 +23,15 @@ def test_every_fused_kernel_matches_the_plain_blocks_under_the_triton_interprete
 
 
 def test_window_is_split_into_whole_tiles_for_about_two_programs_per_sm():
-    assert attention.splits_for(1024, 8, 32) == (32, 32)  # Qwen3-8B TP1: 256 programs of one tile
-    assert attention.splits_for(1024, 4, 32) == (32, 32)  # TP2
-    assert attention.splits_for(1024, 8, 128) == (8, 128)  # the tiles limit the programs
-    n, chunk = attention.splits_for(32768, 8)
-    assert n * chunk >= 32768 and chunk % attention.BLOCK_S == 0 and n * 8 <= attention.TARGET_PROGRAMS
-    assert attention.splits_for(48, 2, 32) == (2, 32)
-    assert attention.splits_for(10, 2, 32) == (1, 32)
-    assert attention.supported(128, 32, 8) and attention.supported(64, 14, 2)
-    assert not attention.supported(48, 4, 2)  # a head dimension that is not a power of two: plain attention
+    assert decode.splits_for(1024, 8, 32) == (32, 32)  # Qwen3-8B TP1: 256 programs of one tile
+    assert decode.splits_for(1024, 4, 32) == (32, 32)  # TP2
+    assert decode.splits_for(1024, 8, 128) == (8, 128)  # the tiles limit the programs
+    n, chunk = decode.splits_for(32768, 8)
+    assert n * chunk >= 32768 and chunk % decode.BLOCK_S == 0 and n * 8 <= decode.TARGET_PROGRAMS
+    assert decode.splits_for(48, 2, 32) == (2, 32)
+    assert decode.splits_for(10, 2, 32) == (1, 32)
+    assert decode.attention_supported(128, 32, 8) and decode.attention_supported(64, 14, 2)
+    assert not decode.attention_supported(48, 4, 2)  # a head dimension that is not a power of two: plain attention
 
 
 @pytest.mark.parametrize("device,cap,triton,requested,want,why", [

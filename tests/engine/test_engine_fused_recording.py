@@ -12,7 +12,7 @@ import pytest
 
 from engine import tuning
 from engine.core import runner
-from engine.kernels import attention
+from engine.kernels import decode
 from tests.paths import FIXTURES
 
 FIX = FIXTURES / "engine"
@@ -73,7 +73,7 @@ def test_the_engine_ships_the_recorded_tables():
             n, k = (int(x) for x in shape.split("x"))
             assert tuning.load((9, 0)).prologue[(name, n, k)] == tuple(val), key
     bs, warps, splits = best["attention"]
-    assert (attention.BLOCK_S, attention.NUM_WARPS, splits) == (bs, warps, 0)
+    assert (decode.BLOCK_S, decode.NUM_WARPS, splits) == (bs, warps, 0)
     us = KERNELS["fused_us_by_prologue"]
     assert us["norm1"] > us["norm"]  # the one-pass prologue lost (deleted), so the engine keeps Hugging Face's rounding
 

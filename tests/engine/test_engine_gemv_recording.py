@@ -1,4 +1,4 @@
-"""Judges the H200 recordings of the Triton GEMV (engine.kernels.gemv) on CPU: the per-shape bench
+"""Judges the H200 recordings of the Triton GEMV (engine.kernels.decode) on CPU: the per-shape bench
 (tests/fixtures/engine/h200-gemv-2026-11-30.json) and the whole step with and without it
 (h200-variants-gemv-2026-11-30.json). Every figure is recomputed from the ones beside it; the block
 table the engine ships is the recording's fastest per shape, and the GEMV is kept only because it won."""

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from engine import tuning
+from engine.kernels import decode
 from tests import engine_helpers
 from tests.engine_helpers import REPO
 
@@ -92,8 +93,6 @@ def test_triton_gemv_matches_the_float32_product(dtype):
     import torch
     import torch.nn.functional as F
 
-    from engine.kernels import gemv
-
     dt = getattr(torch, dtype)
     g = torch.Generator(device="cuda").manual_seed(3)
     for n, k in ((333, 1000), (4096, 4096), (75, 4100)):
@@ -106,8 +105,8 @@ def test_triton_gemv_matches_the_float32_product(dtype):
             tol = max(1.5 * float((cub - ref).norm() / ref.norm()), 1e-3 if dt != torch.float32 else 1e-5)
             for cfg in tuning.active().gemv_configs:
                 out = torch.empty(n, device="cuda", dtype=dt)
-                y = gemv.launch(x.view(-1), w, bias, out, cfg).float()
+                y = decode.launch(x.view(-1), w, bias, out, cfg).float()
                 assert float((y - ref).norm() / ref.norm()) <= tol, (n, k, cfg, bias is None)
-                again = gemv.launch(x.view(-1), w, bias, torch.empty_like(out), cfg).float()
+                again = decode.launch(x.view(-1), w, bias, torch.empty_like(out), cfg).float()
                 assert torch.equal(y, again)
-            assert gemv.linear(x, w, bias).shape == (1, 1, n)
+            assert decode.linear(x, w, bias).shape == (1, 1, n)

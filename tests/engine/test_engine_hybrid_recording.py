@@ -9,6 +9,7 @@ import json
 import pytest
 
 from engine.core import config as ecfg
+from engine.kernels import decode
 from tests.conftest import FIXTURES, REPO
 
 BENCH = FIXTURES / "engine" / "h200-hybrid-27b-bench-2026-12-01.json"
@@ -119,25 +120,23 @@ def _attention_rows(shape):
 
 @pytest.mark.parametrize("shape", ["27b", "8b"])
 def test_the_long_window_attention_configuration_is_the_fastest_measured_and_its_fraction(shape):
-    from engine.kernels import attention
-
     doc, rows = _attention_rows(shape)
     hd = 256 if shape == "27b" else 128
-    bs, warps, stages = attention.LONG_CONFIG[hd]
+    bs, warps, stages = decode.LONG_CONFIG[hd]
     for ctx in (131072, 262144):
         at = [r for r in rows if r["context"] == ctx]
         best = min(at, key=lambda r: r["us"])
         chosen = [r for r in at if (r["block_s"], r["warps"], r["stages"], r["programs"], r["prefetch"]) ==
-                  (bs, warps, stages, attention.TARGET_PROGRAMS, False)]
+                  (bs, warps, stages, decode.TARGET_PROGRAMS, False)]
         assert len(chosen) == 1 and chosen[0]["us"] == best["us"]  # the engine runs the fastest of the sweep
         assert chosen[0]["err"] < 1e-2
         kv_bytes = 2 * {"27b": 4, "8b": 8}[shape] * ctx * hd * 2
         frac = kv_bytes / (best["us"] * 1e-6) / (doc["read_bw_gbps"] * 1e9)
         assert abs(frac - best["of_read"]) < 2e-3  # the fraction is the bytes over the time measured
         old = [r for r in at if (r["block_s"], r["stages"], r["prefetch"]) == (
-            (attention.HD256_CONFIG[0], 1, False) if hd == 256 else (attention.BLOCK_S, 1, False))
-            and r["warps"] == (attention.HD256_CONFIG[1] if hd == 256 else attention.NUM_WARPS)
-            and r["programs"] == attention.TARGET_PROGRAMS]
+            (decode.HD256_CONFIG[0], 1, False) if hd == 256 else (decode.BLOCK_S, 1, False))
+            and r["warps"] == (decode.HD256_CONFIG[1] if hd == 256 else decode.NUM_WARPS)
+            and r["programs"] == decode.TARGET_PROGRAMS]
         # at least 10 % faster than the configuration before (the 8B sweep was cut by its time limit before it
         # reached that configuration at 256K)
         assert old or (shape, ctx) == ("8b", 262144)
@@ -145,6 +144,6 @@ def test_the_long_window_attention_configuration_is_the_fastest_measured_and_its
     # what the targets say (docs/engine-speed.md): >= 80 % of read bandwidth at 128K and 256K; the 27B shape's
     # 128K is short of it (74 %), the rest reach it
     fr = {r["context"]: r["of_read"] for r in rows if (r["block_s"], r["warps"], r["stages"]) == (bs, warps, stages)
-          and r["programs"] == attention.TARGET_PROGRAMS and not r["prefetch"]}
+          and r["programs"] == decode.TARGET_PROGRAMS and not r["prefetch"]}
     assert fr[262144] >= 0.80
     assert (fr[131072] >= 0.80) == (shape == "8b")

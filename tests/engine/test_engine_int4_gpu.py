@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core import quant
+from engine.kernels import decode, gemv_int4
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -30,7 +31,6 @@ def _packed(n: int, k: int, g, zoff: int = 1) -> quant.PackedLinear:
 @pytest.mark.parametrize("group", [32, 128, -1])
 def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
     from engine.core.model import rms_norm
-    from engine.kernels import gemv, gemv_int4
 
     g = torch.Generator().manual_seed(3)
     n, k = 5120, 2048
@@ -42,11 +42,11 @@ def test_int4_gemv_on_the_gpu_matches_dequantise_then_matmul(dtype, group):
     x, d = torch.randn(1, 1, k, device="cuda").to(dtype), torch.randn(1, 1, k, device="cuda").to(dtype)
     nw = torch.ones(k, device="cuda", dtype=dtype)
     assert rel(w.linear(x), F.linear(x.float(), wd)) < 1e-2
-    y, x_new = gemv.linear_norm(x, d, nw, 1e-6, w)  # dispatches to the int4 kernel
+    y, x_new = decode.linear_norm(x, d, nw, 1e-6, w)  # dispatches to the int4 kernel
     assert rel(y, F.linear(rms_norm(x + d, nw, 1e-6).float(), wd)) < 1e-2 and torch.equal(x_new, x + d)
     gu = torch.randn(1, 1, 2 * k, device="cuda").to(dtype)
     gate, up = gu.chunk(2, dim=-1)
-    assert rel(gemv.linear_silu(gu, w), F.linear((F.silu(gate) * up).float(), wd)) < 1e-2
+    assert rel(decode.linear_silu(gu, w), F.linear((F.silu(gate) * up).float(), wd)) < 1e-2
     assert torch.equal(gemv_int4.dequantise(w, torch.float32), w.dequantise_held(torch.float32))
     chunk = torch.randn(1, 64, k, device="cuda").to(dtype)  # a prefill chunk: dequantised, then cuBLAS
     assert rel(w.linear(chunk), F.linear(chunk.float(), wd)) < 1e-2
@@ -57,8 +57,6 @@ def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activatio
     """On a GPU the pairs form runs its inline PTX (LOP3 nibble pairs, f16x2 arithmetic, an fp16x2 partial per
     word): against dequantise-then-matmul and the float32-planes form, for activations of order 1 and 3000
     (fp16 products of unscaled h would overflow), GPTQ (zero offset 1) and AWQ (0), split-K and not."""
-    from engine.kernels import gemv, gemv_int4
-
     g = torch.Generator().manual_seed(7)
     n, k = 5120, 2048
     for zoff in (1, 0):
@@ -70,7 +68,7 @@ def test_the_fp16_pairs_assembly_matches_dequantise_then_matmul_at_any_activatio
             outs = {}
             for blocks in ((32, 128, 1, 8, 1, 1), (128, 128, 4, 1, 2, 1), (64, 128, 2, 4, 1, 1), (32, 128, 1, 8, 2, 0)):
                 out = torch.full((n,), float("nan"), device="cuda", dtype=dtype)
-                gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, out, blocks=blocks)
+                gemv_int4.launch(decode.PROLOGUE_PLAIN, x, w, None, out, blocks=blocks)
                 assert torch.isfinite(out).all() and rel(out, want) < 1e-2, (zoff, scale, blocks)
                 outs[blocks] = out
             pairs, planes = outs[(32, 128, 1, 8, 1, 1)], outs[(32, 128, 1, 8, 2, 0)]
@@ -108,8 +106,6 @@ def test_a_packed_checkpoint_on_the_gpu_gives_transformers_tokens(method, group,
 def test_split_k_sums_are_the_same_on_every_graph_replay(form):
     """Split-K: the last program of a row block adds the slices in slice order, so the result does not depend on
     which program finishes last; the arrival counters are left at zero for the next replay."""
-    from engine.kernels import gemv, gemv_int4
-
     g = torch.Generator().manual_seed(4)
     n, k = 5120, 8704
     w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
@@ -121,10 +117,10 @@ def test_split_k_sums_are_the_same_on_every_graph_replay(form):
     for split in (1, 4, 8):
         blocks = (128, 128, 4, split, 2, form)
         out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=blocks)  # counters made
+        gemv_int4.launch(decode.PROLOGUE_SILU, gu, w, None, out, blocks=blocks)  # counters made
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w, None, out, blocks=blocks)
+            gemv_int4.launch(decode.PROLOGUE_SILU, gu, w, None, out, blocks=blocks)
         first = None
         for _ in range(20):
             graph.replay()
@@ -152,8 +148,6 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
     """quant.PackedLinear.tiled on the card (the inline PTX, 16-byte loads): bit-identical to
     the row layout for every loop form and a row block under and over the held tile, and the prefill dequantise
     the same matrix."""
-    from engine.kernels import gemv, gemv_int4
-
     g = torch.Generator().manual_seed(8)
     n, k = 5120, 4096
     w = quant.PackedLinear(quant.pack(torch.randint(0, 16, (n, k), generator=g)),
@@ -165,8 +159,8 @@ def test_words_held_in_tiles_give_the_row_layouts_outputs_on_the_gpu(dtype):
     for blocks in ((32, 128, 1, 4, 1, 1), (32, 128, 1, 8, 2, 1), (16, 128, 1, 8, 1, 1), (64, 128, 2, 8, 2, 1),
                    (128, 128, 4, 4, 2, 1), (64, 128, 2, 8, 2, 0), (128, 128, 4, 4, 1, 0)):
         want, got = torch.empty(n, device="cuda", dtype=dtype), torch.empty(n, device="cuda", dtype=dtype)
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
-        gemv_int4.launch(gemv.PROLOGUE_PLAIN, x, t, None, got, blocks=blocks)
+        gemv_int4.launch(decode.PROLOGUE_PLAIN, x, w, None, want, blocks=blocks)
+        gemv_int4.launch(decode.PROLOGUE_PLAIN, x, t, None, got, blocks=blocks)
         assert torch.equal(got, want), blocks
     assert torch.equal(gemv_int4.dequantise(t, torch.float32), w.dequantise_held(torch.float32))
 
@@ -179,8 +173,6 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
     in one graph (norm + gate/up, then SiLU + down of its output), the input changed before every replay: each
     replay's outputs equal, bit for bit, the same products launched one after another without PDL. A GEMV that
     read h before the row kernel finished would give the previous replay's answer."""
-    from engine.kernels import gemv, gemv_int4
-
     assert gemv_int4.pdl_enabled(torch.device("cuda"))
     g = torch.Generator().manual_seed(5)
     k, inter = 2048, 4096
@@ -198,9 +190,9 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
                  torch.empty(k, device="cuda", dtype=torch.bfloat16), torch.empty(k, device="cuda", dtype=torch.bfloat16))
 
     def chain():
-        gemv_int4.launch(gemv.PROLOGUE_NORM, x, w13, None, gu, d, nw, 1e-6, xo,
+        gemv_int4.launch(decode.PROLOGUE_NORM, x, w13, None, gu, d, nw, 1e-6, xo,
                          blocks=(*gemv_int4._default_blocks(2 * inter, k)[:5], form))
-        gemv_int4.launch(gemv.PROLOGUE_SILU, gu, w2, None, y, blocks=(*gemv_int4._default_blocks(k, inter)[:5], form))
+        gemv_int4.launch(decode.PROLOGUE_SILU, gu, w2, None, y, blocks=(*gemv_int4._default_blocks(k, inter)[:5], form))
 
     chain()
     graph = torch.cuda.CUDAGraph()
@@ -213,7 +205,8 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
         graph.replay()
         got.append((gu.clone(), y.clone()))
     torch.cuda.synchronize()
-    monkeypatch.setenv(gemv_int4.PDL_ENV, "0")
+    monkeypatch.setattr(gemv_int4, "_PDL", [True])  # put back after the test
+    gemv_int4.use_pdl(False)
     assert not gemv_int4.pdl_enabled(torch.device("cuda"))
     for v, (gu_pdl, y_pdl) in zip(inputs, got):
         x.copy_(v)

@@ -1,7 +1,8 @@
 """The int4 GEMV launched while its row kernel still runs (programmatic dependent launch, engine.kernels.gemv_int4):
 compiled for sm_90 without a GPU, the GEMV issues its first tile's weight loads, then waits on grid dependency
 control before it reads anything the row kernel writes; the row kernel lets it launch at once; neither carries
-the instructions with PDL off; and where PDL is on at all."""
+the instructions with PDL off; and where PDL is on at all (the card, Triton, and the switch a decoder sets when it
+is built)."""
 
 from __future__ import annotations
 
@@ -61,16 +62,24 @@ def test_the_row_kernel_lets_the_gemv_launch_at_once():
     assert "griddepcontrol" not in _ptx("row", False)
 
 
-def test_pdl_only_on_hopper_and_later_with_triton_and_not_when_turned_off(monkeypatch):
+def test_pdl_only_on_hopper_and_later_with_triton_and_not_when_the_decoder_turned_it_off(monkeypatch):
+    from engine.core import config, decode_mode, runner
+    from engine.core.model import Model
     from engine.kernels import gemv_int4
+    from tests.engine_helpers import small_config
 
+    monkeypatch.setattr(gemv_int4, "_PDL", [True])  # the switch as a process starts, put back after the test
     assert gemv_int4.pdl_enabled(torch.device("cpu")) is False
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     monkeypatch.setattr(gemv_int4, "interpreting", lambda: False)
-    assert gemv_int4.pdl_enabled(torch.device("cuda", 0)) is gemv_int4._triton_pdl() is True
-    monkeypatch.setenv(gemv_int4.PDL_ENV, "0")
-    assert gemv_int4.pdl_enabled(torch.device("cuda", 0)) is False
-    monkeypatch.delenv(gemv_int4.PDL_ENV)
+    hopper = torch.device("cuda", 0)
+    assert gemv_int4.pdl_enabled(hopper) is gemv_int4._triton_pdl() is True
+    # the operator's switch: a decoder's argument, else the environment, read when the decoder is built, not later
+    model = Model(config.from_dict(small_config("qwen3-8b")), dtype=torch.float32, device="cpu")
+    model.setup_cache(16)
+    monkeypatch.setenv(decode_mode.INT4_PDL_ENV, "0")
+    assert runner.Decoder(model).mode.int4_pdl is False and gemv_int4.pdl_enabled(hopper) is False
+    assert runner.Decoder(model, int4_pdl=True).mode.int4_pdl is True and gemv_int4.pdl_enabled(hopper) is True
     for cap in ((7, 0), (8, 0), (8, 9)):  # V100, A100, L40: no grid dependency control
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=cap: c)
-        assert gemv_int4.pdl_enabled(torch.device("cuda", 0)) is False
+        assert gemv_int4.pdl_enabled(hopper) is False
