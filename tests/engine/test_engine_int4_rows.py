@@ -105,3 +105,24 @@ def test_the_bench_parses_its_arguments_and_names_its_matrices_without_a_gpu(cap
     if not torch.cuda.is_available():
         assert int4_rows.main(["--rows", "1,8", "--matrices", "w2"]) == 4
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_bench_summary_weighs_each_matrix_by_its_bytes_and_prints_every_row_count():
+    """summary / table on a made-up document (no timing here): per M, all bytes over all us, against the M = 1 GEMV's."""
+    from engine.bench import int4_rows
+
+    def entry(us, m1_us, nbytes):
+        return {**int4_rows._entry(nbytes, us, 1000.0, nbytes / (m1_us * 1e-6) / 1e9), "rel_err": 0.001}
+
+    doc = {"device": "made up", "read_bw_gbps": 1000.0, "dtype": "bfloat16", "group_size": 128, "matrices": {}}
+    for name, nbytes, m1_us in (("a", 10 ** 6, 2.0), ("b", 3 * 10 ** 6, 4.0)):
+        doc["matrices"][name] = {"n": 8, "k": 8, "bytes": nbytes, "m1_gemv": int4_rows._entry(nbytes, m1_us, 1000.0, None),
+                                 "rows": {"1": {"blocks": [64, 128, 4, 1, 1], **entry(m1_us, m1_us, nbytes)},
+                                          "8": {"blocks": [64, 128, 4, 1, 1], **entry(2 * m1_us, m1_us, nbytes)}},
+                                 "dequant_linear": {"rows": 8, **entry(10 * m1_us, m1_us, nbytes)}}
+    s = int4_rows.summary(doc, 1000.0)
+    assert s["m1_fraction_of_read"] == round(4e6 / 6e-6 / 1e9 / 1000.0, 4)
+    assert s["rows"]["1"]["vs_m1"] == 1.0 and s["m8_vs_m1"] == 0.5 and s["rows"]["8"]["us"] == 12.0
+    doc["summary"] = s
+    text = int4_rows.table(doc)
+    assert "rows M= 8" in text and "dequantise + F.linear M=8" in text and "0.500 x M=1" in text
