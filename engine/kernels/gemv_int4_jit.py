@@ -1,7 +1,7 @@
 """The int4 GEMV's kernels in Triton (engine.kernels.gemv_int4 launches them and says what they compute): the row
 kernel that makes the input h once (``int4_row_kernel``), the GEMV on the packed words (``int4_gemv_kernel``, planes
-or fp16 pairs, split-K, one tile ahead, programmatic dependent launch) and the prefill's dequantise
-(``dequant_kernel``)."""
+or fp16 pairs, split-K, one tile ahead, programmatic dependent launch), the prefill's dequantise
+(``dequant_kernel``) and the batched decode step's GEMV on 1..16 rows (``int4_rows_kernel``)."""
 
 from __future__ import annotations
 
@@ -496,9 +496,10 @@ def int4_rows_kernel(qw_ptr, qz_ptr, s_ptr, x_ptr, perm_ptr, b_ptr, y_ptr, part_
     times the group's scale:
     - DOT: the tile's nibbles in the input order (a [BLOCK_N, BLOCK_K] tile), made 16-bit without an int-to-float
       conversion (``q | 0x6400`` read as fp16 is 1024 + q, ``q | 0x4300`` as bf16 is 128 + q; minus the same
-      for z: q - z exactly) and multiplied with x's tile [BLOCK_K, M_PAD] by tl.dot, float32 accumulation
-      (tensor cores from sm_80; FMA code on sm_70). M_PAD >= 16 (tl.dot's least). DOT_F32: both operands
-      float32 (IEEE), for float32 activations and for the interpreter (it multiplies 16-bit tiles wrongly).
+      for z: q - z exactly) and multiplied with x's tile [BLOCK_K, M_PAD] by tl.dot with float32 accumulation
+      (tensor cores from sm_80, summing as the hardware sums; FMA code on sm_70). M_PAD >= 16 (tl.dot's least).
+      DOT_F32: both operands float32 (IEEE), for float32 activations and for the interpreter (it multiplies
+      16-bit tiles wrongly).
     - else (FMA): per nibble plane j ``(w >> 4j & 0xF) | 2^23`` as a float minus 2^23 + z (q - z exactly)
       times x's inputs 8 i + j, a [BLOCK_N, M_PAD, BLOCK_K / 8] broadcast multiply-add summed over the words,
       M_PAD a power of two >= M (float32 throughout: no tensor cores needed, M_PAD FMAs per weight).
