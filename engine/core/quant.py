@@ -121,12 +121,19 @@ class PackedLinear:
         return out
 
     def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T + b. One row on a GPU: the dequantising GEMV (engine.kernels.gemv_int4); otherwise (a
-        prefill chunk, the CPU) the chunk's product through the weight dequantised for this call only."""
+        """x [..., K] @ W^T + b. On a GPU, one row: the dequantising GEMV (engine.kernels.gemv_int4.linear); 2 to
+        gemv_int4.ROWS_MAX (16) rows (a batched decode step): the batched GEMV (gemv_int4.linear_rows, each weight
+        word read once for all rows); otherwise (a prefill chunk, the CPU) the chunk's product through the weight
+        dequantised for this call only."""
         if x.device.type == "cuda" and x.numel() == self.in_features:
             from engine.kernels import gemv_int4
 
             return gemv_int4.linear(x, self, b)
+        if x.device.type == "cuda" and x.numel() and x.shape[-1] == self.in_features:
+            from engine.kernels import gemv_int4
+
+            if x.numel() // self.in_features <= gemv_int4.ROWS_MAX:
+                return gemv_int4.linear_rows(x, self, b)
         if self.perm is not None:
             x = x.index_select(-1, self.perm.long())
         if x.device.type == "cuda":
@@ -206,7 +213,8 @@ class Rows:
         return [None] * len(self.parts) if b is None else list(b.split([p.shape[0] for p in self.parts], -1))
 
     def linear(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T + b, part by part (engine.kernels.decode.linear: the GEMV for a row on a GPU)."""
+        """x [..., K] @ W^T + b, part by part (engine.kernels.decode.linear: the GEMV for a row on a GPU; a packed
+        part's rows through PackedLinear.linear, so 2..16 rows on a GPU take the batched int4 GEMV)."""
         from engine.kernels import decode
 
         return torch.cat([decode.linear(x, p, pb) for p, pb in zip(self.parts, self._biases(b))], -1)

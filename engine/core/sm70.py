@@ -8,10 +8,10 @@ Triton's NVIDIA backend makes FMA code instead of MMA for tl.dot (no mma.m16n8k1
 GEMVs never use and the one-query attention uses on [16, 128]-sized tiles.
 
 ``python -m engine.core.sm70`` compiles every kernel the V100 runs (kernel choice "fused": the dense GEMVs and
-their prologues and exchange, the one-query attention and its combine, the int4 GEMV and the prefill dequantise,
-the Gated DeltaNet decode and prefill kernels, the speculative verification's rows norm; the in-graph lockstep's
-kernels run from 8.0 only) for sm_70 in fp16 and prints, per kernel, the cubin's size, as JSON
-(tests/engine/test_engine_sm70.py runs it in CI).
+their prologues and exchange, the one-query attention and its combine, the int4 GEMV, its batched form for 2..16
+rows and the prefill dequantise, the Gated DeltaNet decode and prefill kernels, the speculative verification's
+rows norm; the in-graph lockstep's kernels run from 8.0 only) for sm_70 in fp16 and prints, per kernel, the
+cubin's size, as JSON (tests/engine/test_engine_sm70.py runs it in CI).
 """
 
 from __future__ import annotations
@@ -149,6 +149,9 @@ def variants() -> list[tuple[str, object, dict, int]]:
     q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2,
               PAIRS=False, ASM=True, EVEN_N=False, EVEN_K=True, SPLIT=1, TB=0, TW=16)
     q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192, PAIRS=False)
+    rows4 = gemv_int4_jit.int4_rows_kernel  # the batched GEMV (continuous batching's 2..16 rows), words in tiles
+    q4rows = dict(HAS_BIAS=False, HAS_PERM=False, M_PAD=16, BLOCK_N=64, BLOCK_K=128, GS=128, ZOFF=1, DOT=False,
+                  DOT_F32=False, EMU=False, SPLIT=1, EVEN_K=True, EVEN_N=True, TB=32, TW=16)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
                   DOT_F32=False, ONE_KERNEL=True, EMU=False)
     return [
@@ -199,6 +202,10 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("rows_norm:q/k heads' norm", rows_norm_jit.add_norm_kernel, dict(EMU=False, ZC=False, DELTA=False, BLOCK=128),
          4),
         ("int4_dequant:words held in tiles", deq, dict(GS=128, ZOFF=1, BLOCK_N=32, BLOCK_K=128, TB=32, TW=16), 4),
+        ("int4_rows:FMA form, 2 rows, bias", rows4, {**q4rows, "M_PAD": 2, "BLOCK_N": 64, "HAS_BIAS": True}, 4),
+        ("int4_rows:FMA form, 16 rows, split-K, desc_act order", rows4,
+         {**q4rows, "M_PAD": 16, "BLOCK_N": 8, "SPLIT": 8, "HAS_PERM": True, "EVEN_N": False}, 4),
+        ("int4_rows:DOT form, 16 rows (FMA code on sm_70), split-K", rows4, {**q4rows, "DOT": True, "SPLIT": 8}, 4),
     ]
 
 

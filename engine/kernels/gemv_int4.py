@@ -5,7 +5,7 @@ and a scale per (group, output):
     y[n] = sum over groups g of s[g, n] * sum over the group's words i of (sum_j q[n, 8i + j] h[8i + j] - z[g, n] hw[i])
 so the bytes read are the packed weights, the zero points and the scales, nothing dequantised. Two kernels a call:
 - ``int4_row_kernel`` makes the input row h once (K / SUB programs, SUB = min(BLOCK_K, group)): the same prologues as
-  engine.kernels.gemv's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
+  engine.kernels.decode's bf16 GEMV (kernel choice "fused": residual add + RMSNorm with Hugging Face's rounding, or
   SiLU(gate) * up, or h = x; a desc_act input order read at perm[k]), written in "plane order" (per tile, the j-th
   input of every word together, scaled by 16^-j') as float32, with each word's sum of h (hw, for the zero points).
 - ``int4_gemv_kernel``: each program owns BLOCK_N rows and a slice of K (split-K: ``split`` programs along K) and
@@ -152,7 +152,7 @@ def launch(prologue: int, x: torch.Tensor, w, b: torch.Tensor | None, out: torch
            x_out: torch.Tensor | None = None, blocks: tuple[int, ...] | None = None, send=None,
            zc: bool = False) -> torch.Tensor:
     """out [N] = W @ h (+ b), h made from x by the prologue (engine.kernels.prologue's PLAIN / NORM / SILU; x: [K],
-    or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as gemv.launch_prologue's.
+    or [2K] = [gate | up] for SiLU); NORM writes x + delta into x_out [K]. ``send``: as decode.launch_prologue's.
     ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[, stages[, form]]]): split = programs along K
     (split-K, default 1), stages = the depth of the loop's load pipeline (DEFAULT_STAGES), form = FORM_PAIRS (fp16
     pairs, 16-bit activations only) or FORM_PLANES (float32 planes; float32 activations always), DEFAULT_FORM."""
@@ -211,7 +211,7 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
 
 def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w, b: torch.Tensor | None = None,
                 zc: bool = False):
-    """gemv.linear_norm for a packed weight: (RMSNorm(x + delta) @ W^T + b, x + delta), one kernel. ``delta`` must
+    """decode.linear_norm for a packed weight: (RMSNorm(x + delta) @ W^T + b, x + delta), one kernel. ``delta`` must
     be a tensor: the receiving exchange (mode "gemv") is not offered for packed weights. ``zc``: the zero-centred
     norm (Qwen3.5)."""
     if not isinstance(delta, torch.Tensor):
@@ -226,14 +226,14 @@ def linear_norm(x: torch.Tensor, delta, norm_weight: torch.Tensor, eps: float, w
 
 
 def linear_silu(gu: torch.Tensor, w, b: torch.Tensor | None = None, send=None):
-    """gemv.linear_silu for a packed weight."""
+    """decode.linear_silu for a packed weight."""
     out = torch.empty(w.out_features, dtype=gu.dtype, device=gu.device)
     launch(PROLOGUE_SILU, gu.reshape(-1).contiguous(), w, b, out, send=send)
     return as_sent(out.view(*gu.shape[:-1], w.out_features), send)
 
 
 def linear_send(x: torch.Tensor, w, b: torch.Tensor | None, send=None):
-    """gemv.linear_send for a packed weight."""
+    """decode.linear_send for a packed weight."""
     out = torch.empty(w.out_features, dtype=x.dtype, device=x.device)
     launch(PROLOGUE_PLAIN, x.reshape(-1).contiguous(), w, b, out, send=send)
     return as_sent(out.view(*x.shape[:-1], w.out_features), send)
@@ -250,3 +250,95 @@ def dequantise(w, dtype: torch.dtype, blocks: tuple[int, int] = (32, 128)) -> to
         w.qweight, w.qzeros, w.scales, out, n, k, GS=gs, ZOFF=w.zero_offset, BLOCK_N=blocks[0], BLOCK_K=blocks[1],
         TB=_tb(w), TW=TILE_WORDS)
     return out
+
+
+# ---- the batched GEMV: 2..16 rows (continuous batching's decode step), each weight word read once ----------------
+ROWS_MAX = 16  # PackedLinear.linear on a GPU: 2..ROWS_MAX rows here, more (a prefill chunk) dequantise + cuBLAS
+ROWS_FMA, ROWS_DOT = 0, 1  # launch_rows' blocks[4]: float32 broadcast multiply-adds, or tl.dot on 16-bit tiles
+DOT_MIN_ROWS = 16  # tl.dot's least dimension: the DOT form pads the rows to 16 whatever M is
+ROWS_PROGRAMS = 512  # the default split-K aims at this many programs (about four per SM of an H100's 132)
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _rows_default_blocks(n: int, k: int, m: int, dtype: torch.dtype, device: torch.device) -> tuple[int, ...]:
+    """Blocks (BLOCK_N, BLOCK_K, num_warps, split, form) of the batched GEMV for a matrix of n x k and m rows. NOT
+    MEASURED YET (no sweep of this kernel has been run; engine.bench.int4_rows times these and a few others): the
+    DOT form (tensor cores) for 16-bit activations on compute capability 8.0 and later and under the interpreter,
+    tiles of 64 rows x 128 inputs, four warps; the FMA form for float32 activations and on the V100 (its tl.dot is
+    FMA code over 16 padded rows: M_PAD FMAs per weight instead), with BLOCK_N x M_PAD x 16 words = 2048 products
+    a tile. Split-K only to reach about ROWS_PROGRAMS programs (each slice's partial sums are M x N float32 written
+    and read back), never past the tiles of 128 inputs."""
+    dot = dtype in PAIR_DTYPES and (device.type != "cuda" or _capability(device.index) >= (8, 0))
+    if dot:
+        bn = 64
+    else:
+        bn = max(8, min(64, 2048 // (_pow2_at_least(m) * 16)))
+    grid_n = -(-n // bn)
+    split = max(1, min(-(-ROWS_PROGRAMS // grid_n), k // 128))
+    return bn, 128, 4, split, ROWS_DOT if dot else ROWS_FMA
+
+
+def launch_rows(x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
+                blocks: tuple[int, ...] | None = None) -> torch.Tensor:
+    """out [M, N] = x [M, K] @ W^T (+ b) for 1 <= M <= ROWS_MAX rows (x contiguous, in the module's input order; a
+    desc_act order is applied in the kernel): engine.kernels.gemv_int4_jit.int4_rows_kernel, one launch, each
+    weight word, zero point and scale read once for all M rows. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[,
+    form]]) with form ROWS_DOT (tl.dot, rows padded to 16; float32 activations multiply in IEEE float32) or
+    ROWS_FMA (the default form when blocks name none); blocks None: _rows_default_blocks. Each output is a float32
+    sum of the exact products (q - z) x per tile, times the group's scale, summed over tiles and split-K slices in a
+    fixed order, plus the bias, rounded once to out's dtype: the M = 1 GEMV's rounding. Row m differs from the M = 1
+    GEMV's output on that row only through the float32 summation order (and, on a GPU in 16 bits, the M = 1 pairs
+    form's fp16 partial per word), so by at most a unit in the last place of out's dtype where the float32 sums
+    straddle a rounding boundary (tests/engine_int4_rows_cases.py)."""
+    m, k = x.shape
+    n = w.out_features
+    if not 1 <= m <= ROWS_MAX or k != w.in_features:
+        raise ValueError(f"int4 rows GEMV: x {tuple(x.shape)} for a {n} x {w.in_features} matrix (1..{ROWS_MAX} rows)")
+    cfg = tuple(blocks or _rows_default_blocks(n, k, m, x.dtype, x.device))
+    bn, bk, warps = cfg[:3]
+    split = cfg[3] if len(cfg) > 3 else 1
+    form = cfg[4] if len(cfg) > 4 else ROWS_FMA
+    if form not in (ROWS_FMA, ROWS_DOT):
+        raise ValueError(f"int4 rows GEMV: blocks {cfg}: form must be 0 (FMA) or 1 (DOT)")
+    dot = form == ROWS_DOT
+    bk = min(bk, _pow2_at_least(k))
+    if w.tile_rows:
+        bk = min(bk, 8 * TILE_WORDS)  # a tile inside one held tile
+    gs = w.group_size if w.group_size < k else -(-k // bk) * bk  # one group over all inputs: whole tiles of it
+    bk = min(bk, gs)  # a tile inside one group: its scale and zero point apply to the whole tile
+    if gs % bk or bk % 8 or bk & (bk - 1) or (dot and bk < 16):
+        raise ValueError(f"int4 rows GEMV: BLOCK_K {bk} and group size {gs} must nest (powers of two, at least 8; "
+                         f"16 for the DOT form)")
+    tiles = -(-k // bk)
+    split = max(1, min(split, tiles))
+    ks = -(-tiles // split) * bk
+    split = -(-k // ks)
+    grid_n = -(-n // bn)
+    part = counters = out
+    if split > 1:
+        part = torch.empty(split * m * n, dtype=torch.float32, device=out.device)
+        counters = _counters(out.device, grid_n)
+    m_pad = max(DOT_MIN_ROWS if dot else 1, _pow2_at_least(m))
+    interp = interpreting()
+    from engine.kernels import gemv_int4_jit
+
+    gemv_int4_jit.int4_rows_kernel[(grid_n, split)](
+        w.qweight, w.qzeros, w.scales, x, w.perm if w.perm is not None else w.qweight, b if b is not None else out,
+        out, part, counters, m, n, k, k // 8, ks // 8, HAS_BIAS=b is not None, HAS_PERM=w.perm is not None,
+        M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, DOT=dot,
+        DOT_F32=dot and (interp or x.dtype == torch.float32), EMU=interp and x.dtype == torch.bfloat16, SPLIT=split,
+        EVEN_K=k % bk == 0, EVEN_N=n % bn == 0, TB=_tb(w), TW=TILE_WORDS, num_warps=warps)
+    return out
+
+
+def linear_rows(x: torch.Tensor, w, b: torch.Tensor | None = None, blocks: tuple[int, ...] | None = None):
+    """x [..., K] with 1..ROWS_MAX rows @ W^T + b through the batched GEMV (launch_rows), [..., N] in x's dtype."""
+    k = w.in_features
+    x2 = x.reshape(-1, k).contiguous()
+    out = torch.empty(x2.shape[0], w.out_features, dtype=x.dtype, device=x.device)
+    launch_rows(x2, w, b, out, blocks)
+    return out.view(*x.shape[:-1], w.out_features)

@@ -215,3 +215,47 @@ def test_the_gemv_launched_during_its_row_kernel_reads_this_calls_input_on_every
         assert torch.equal(gu, gu_pdl) and torch.equal(y, y_pdl)
     assert not torch.equal(got[0][1], got[1][1])  # the inputs differ, so do the answers: the check can fail
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_batched_int4_gemv_matches_dequantise_then_matmul_and_the_one_row_gemv_on_the_gpu(dtype):
+    """PackedLinear.linear with 2..16 rows on a GPU: the batched GEMV (gemv_int4.linear_rows; tl.dot on tensor
+    cores for 16-bit activations from sm_80) on words held in tiles, against dequantise-then-matmul in float32 (the
+    output's rounding: rel < 4e-3 in 16 bits; float32 sums in another order: 1e-5) and, row by row, against the
+    one-row GEMV (whose fp16-pairs form rounds per word in fp16: rel < 4e-3); every blocks form and split-K the same
+    way; the same output on a second call (fixed reduction order)."""
+    from engine.kernels import gemv_int4
+
+    g = torch.Generator().manual_seed(5)
+    n, k = 5120, 2048
+    w = gemv_int4.held(_packed(n, k, g), torch.device("cuda"))
+    assert w.tile_rows == gemv_int4.TILE_ROWS
+    wd = w.dequantise(torch.float32)
+    b = torch.randn(n, device="cuda").to(dtype)
+    tol = 1e-5 if dtype is torch.float32 else 4e-3
+    for m in (2, 3, 8, 16):
+        x = torch.randn(m, 1, k, device="cuda").to(dtype)
+        ref = F.linear(x.float(), wd, b.float())
+        y = w.linear(x, b)
+        assert y.shape == (m, 1, n) and y.dtype == dtype and rel(y, ref) < tol, m
+        assert torch.equal(w.linear(x, b), y)
+        for r in range(m):
+            assert rel(y[r], w.linear(x[r:r + 1], b)) < max(tol, 4e-3), (m, r)
+        for blocks in ((64, 128, 4, 1, 1), (128, 128, 8, 4, 1), (16, 128, 4, 4, 0), (32, 64, 4, 1, 0)):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            gemv_int4.launch_rows(x.view(m, k), w, b, out, blocks=blocks)
+            assert rel(out, ref.view(m, n)) < tol, (m, blocks)
+
+
+def test_a_rows_matrix_of_packed_and_dense_parts_takes_the_batched_gemv_for_its_packed_part_on_the_gpu():
+    from engine.kernels import gemv_int4
+
+    g = torch.Generator().manual_seed(6)
+    p = gemv_int4.held(_packed(1024, 1024, g), torch.device("cuda"))
+    dense = (0.02 * torch.randn(48, 1024, generator=g)).to("cuda", torch.bfloat16)
+    rows = quant.Rows([p, dense])
+    x = torch.randn(4, 1, 1024, device="cuda").to(torch.bfloat16)
+    want = F.linear(x.float(), torch.cat([p.dequantise(torch.float32), dense.float()]))
+    got = rows.linear(x)
+    assert got.shape == (4, 1, 1072) and rel(got, want) < 4e-3
+    assert torch.equal(got[..., :1024], gemv_int4.linear_rows(x, p))

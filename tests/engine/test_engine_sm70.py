@@ -46,6 +46,7 @@ def test_every_v100_kernel_compiles_to_sm70_sass_in_fp16():
     names = {k["kernel"] for k in out["kernels"]}
     assert {"gemv_prologue:norm", "gemv_prologue:silu+send", "attention", "int4_row:norm", "int4_row:silu",
             "int4_gemv:send", "int4_gemv:split-K", "int4_dequant", "exchange_finish:norm", "gdn_decode:27b",
+            "int4_rows:FMA form, 2 rows, bias", "int4_rows:DOT form, 16 rows (FMA code on sm_70), split-K",
             "gdn_chunk:27b prefill", "gdn_chunk:27b prefill parts",
             "attention:int8 K/V"} <= names and any(n.startswith("attention:27b gated") for n in names)
     for k in out["kernels"]:
