@@ -2,7 +2,8 @@
 
 Requests sent at once decode together in the ranks' slots and each answers exactly what it answers alone;
 their first tokens arrive before the earlier ones finished (stream timestamps); a cancelled stream leaves the
-others unchanged; past N running and the queue bound, 429 with Retry-After; /health and /metrics say it.
+others unchanged; a follow-up reuses its conversation's slot while another stream runs; past N running and the
+queue bound, 429 with Retry-After; /health and /metrics say it.
 """
 
 from __future__ import annotations
@@ -196,10 +197,7 @@ def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
 def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_streams_steps(svc, solos):
     """A 1500-token prompt (six 256-token chunks on CPU) admitted while a stream runs: the stream keeps getting
     tokens while that prompt is prefilled (one chunk per step), and both answer their solo tokens."""
-    long_ids = (prompt_ids(" ".join(PROMPTS)) * 200)[:1500]
-    alone: dict = {}
-    _stream(svc, long_ids, 8, alone)
-    assert alone["status"] == 200 and len(alone["tokens"]) == 8
+    long_ids = (prompt_ids(" ".join(PROMPTS)) * 200)[:1500]  # never sent before: prefilled from (nearly) nothing
     runner, late = {}, {}
     t = threading.Thread(target=_stream, args=(svc, prompt_ids(PROMPTS[0]), 200, runner))
     t.start()
@@ -208,7 +206,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_streams_steps(
     sent = time.monotonic()
     _stream(svc, long_ids, 8, late)
     t.join(180)
-    assert late["tokens"] == alone["tokens"]
+    alone: dict = {}  # the same prompt alone, after (before, its slot's prefix cache would spare the chunks above)
+    _stream(svc, long_ids, 8, alone)
+    assert alone["status"] == 200 and late["tokens"] == alone["tokens"] and len(alone["tokens"]) == 8
     assert runner["tokens"][:MAX_TOKENS] == solos[0] and len(runner["tokens"]) == 200
     between = [x for x in runner["times"] if sent < x < late["times"][0]]
     gaps = sorted(b - a for a, b in zip(runner["times"], runner["times"][1:]))
@@ -268,3 +268,35 @@ def test_each_row_samples_with_its_own_parameters(svc, solos):
         t.join(180)
     assert [o["tokens"] for o in outs] == alone
     assert alone[2] != solos[2]  # the penalties did change that answer (greedy otherwise)
+
+
+def _complete(svc, ids: list[int], max_tokens: int) -> tuple[list[int], int]:
+    r = svc.client.post("/v1/completions", json={"model": svc.model_id, "prompt": ids, "max_tokens": max_tokens,
+                                                 "temperature": 0.0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["v100plan"]["token_ids"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_a_follow_up_reuses_its_conversation_while_another_stream_runs(svc, solos):
+    """Prefix reuse per slot: a conversation's next turn, sent while another stream decodes, prefills only its new
+    tokens (usage's cached_tokens, /metrics) and answers what a cold `generate --tp 1` answers."""
+    ids = prompt_ids("A conversation about the weather in Paris, which")
+    first, _ = _complete(svc, ids, 16)
+    assert first == tp1_reference(tuple(ids), 16, model=svc.model_dir)["token_ids"]
+    follow = ids + first + prompt_ids(" And what about Rome")[1:]
+    want = tp1_reference(tuple(follow), 16, model=svc.model_dir)["token_ids"]
+    reused = svc.metric("v100plan_prefix_cache_reused_tokens_total")
+    runner: dict = {}
+    t = threading.Thread(target=_stream, args=(svc, prompt_ids(PROMPTS[0]), 300, runner))
+    t.start()
+    wait_until(lambda: svc.health().json()["slots_busy"] == 1, 30, 0.01, "the other stream running")
+    got, cached = _complete(svc, follow, 16)
+    done_at = time.monotonic()
+    t.join(180)
+    assert cached == len(ids) + len(first) - 1  # the whole first exchange but its answer's last token
+    assert got == want
+    # (the other stream may have reused a token or so of whichever slot it took)
+    assert svc.metric("v100plan_prefix_cache_reused_tokens_total") - reused >= cached
+    assert runner["times"][0] < done_at < runner["times"][-1]  # the other stream ran meanwhile
+    assert runner["tokens"][:MAX_TOKENS] == solos[0] and len(runner["tokens"]) == 300
