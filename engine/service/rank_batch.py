@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.service import protocol
+from engine.service import protocol, rank_batch_spec
 
 
 @dataclass(eq=False)  # compared by identity (it holds tensors)
@@ -46,6 +46,7 @@ class Seq:
     filled: int = 0              # prompt positions prefilled so far
     cached: int = 0              # prompt positions reused from the slot's prefix cache (not prefilled)
     bounds: list = field(default_factory=list)  # the prefill chunks' bounds still to run
+    spec: object = None          # engine.service.rank_batch_spec.SlotSpec of a speculating sequence
 
 
 class BatchLoop:
@@ -68,6 +69,7 @@ class BatchLoop:
         self.stores = None if prefix is None else [PrefixCache(self.model, prefix.budget // n) for _ in range(n)]
         self.ended = [-1] * n  # when each slot's last request ended (a count), to pick the free slot to overwrite
         self.ends = 0
+        self.spec_k = getattr(rank, "spec_tokens", 0) or 0  # --speculative mtp: drafts per round (rank_batch_spec)
 
     # ---- agreement ------------------------------------------------------------------------------------
     def _drain(self, block: bool) -> None:
@@ -118,6 +120,7 @@ class BatchLoop:
         self.rank.busy = bool(self.running)
         self._prefill_some()
         self._sample()
+        self._speculate()
         self._decode()
 
     def _admit(self, req: dict) -> None:
@@ -142,10 +145,15 @@ class BatchLoop:
         except (ValueError, TypeError, OverflowError) as e:
             self._send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
             return
-        slot, first = self._slot_for(ids)
+        # a request with penalties, a bias or a grammar is not speculated (its drafts would be judged without
+        # them), as one request at a time does
+        drafting = bool(self.spec_k) and sampler.plain
+        slot, first = self._slot_for(ids, drafting)
         seq = Seq(rid, slot, sampler, len(ids), min(int(req["max_tokens"]), self.model.max_context - len(ids)),
                   set(req.get("stop_token_ids") or []), pos=len(ids))
         seq.ids, seq.filled, seq.cached, seq.bounds = ids, first, first, self._bounds(len(ids), first)
+        if drafting:
+            seq.spec = rank_batch_spec.start(self, seq, ids, first)
         self.running[slot] = seq
         self.admitted.append(seq)
 
@@ -163,22 +171,23 @@ class BatchLoop:
         """The slot's engine.core.prefix.PrefixCache (None: --no-prefix-cache)."""
         return self.stores[slot] if self.stores else None
 
-    def _slot_for(self, ids: list[int]) -> tuple[int, int]:
+    def _slot_for(self, ids: list[int], drafting: bool) -> tuple[int, int]:
         """(the free slot for this prompt, the positions it reuses there). The free slot whose prefix cache reuses
         most of the prompt, where that is at least half of what the slot holds (a shared first token or system
         prompt does not throw a stored conversation away while an empty slot is free); else the free slot whose
-        request ended longest ago (never used ones first), reusing what it can of that one."""
+        request ended longest ago (never used ones first), reusing what it can of that one. ``drafting``: the
+        request speculates, so only positions whose MTP draft-layer K/V the slot holds count."""
         free = sorted(set(range(self.n)) - set(self.running))
         if not self.stores:
             slot = min(free, key=lambda s: (self.ended[s], s))
             self.model.reset_slot(slot)
             return slot, 0
-        reuse = {s: self.stores[s].match(ids) for s in free}
+        reuse = {s: self.stores[s].match(ids, drafting) for s in free}
         good = [s for s in free if reuse[s] > 0 and 2 * reuse[s] >= len(self.stores[s].live)]
         slot = max(good, key=lambda s: (reuse[s], -s)) if good else min(free, key=lambda s: (self.ended[s], s))
         if reuse[slot] > 0:
             with self.in_slot(slot):
-                return slot, self.stores[slot].plan(ids)  # the linear-attention states from a snapshot
+                return slot, self.stores[slot].plan(ids, drafting)  # the linear-attention states from a snapshot
         self.stores[slot].forget()
         self.model.reset_slot(slot)
         return slot, 0
@@ -222,7 +231,11 @@ class BatchLoop:
         del seq.bounds[0]
         piece = seq.ids[start:end]
         with self.in_slot(seq.slot):
-            logits = self.model.forward(torch.tensor([piece], device=self.model.device), start)
+            logits = self.model.forward(torch.tensor([piece], device=self.model.device), start,
+                                        hidden=seq.spec is not None)
+            if seq.spec is not None:  # the MTP draft layer's K/V over the chunk (its slot's)
+                logits, hidden = logits
+                seq.spec.prefill.chunk(start, hidden)
             store = self.store(seq.slot)
             if store is not None:
                 store.fed(piece, start)
@@ -231,6 +244,8 @@ class BatchLoop:
         seq.filled = end
         if end == len(seq.ids):
             seq.logits = logits
+            if seq.spec is not None:
+                seq.spec.prefilled(end)
         self.rank.counter += 1
         seq.chunks += 1
         self._send(protocol.progress(seq.rid, end, self.rank.counter))
@@ -247,10 +262,32 @@ class BatchLoop:
             drawn.append((seq, [tok]))
         self._hand_out(drawn)
 
+    def _speculate(self) -> None:
+        """One speculative round for each speculating sequence with a token to run, slot after slot
+        (rank_batch_spec); their tokens then go out together. A round that fails fails its request alone."""
+        from engine.allreduce.base import PathError
+        from engine.core.lockstep import LockstepFailure
+
+        if not self.spec_k:
+            return
+        given = []
+        for slot in sorted(self.running):
+            seq = self.running[slot]
+            if seq.spec is None or seq.pending is None:
+                continue
+            try:
+                given.append((seq, rank_batch_spec.run(self, seq)))
+            except (LockstepFailure, PathError):
+                raise
+            except Exception as e:  # noqa: BLE001 - both ranks fail the same way on the same input
+                self._fail(seq, e)
+        self._hand_out(given)
+
     def _hand_out(self, given: list) -> None:
         """(sequence, its new tokens) pairs: one lockstep record over all of them (slot, token, the samplers' RNG
         offsets, positions) before any is sent, then each sequence's tokens up to a stop or its length."""
         from engine.core.lockstep import Record, token_hash
+        from engine.vision import serve as vserve
 
         if not given:
             return
@@ -258,6 +295,7 @@ class BatchLoop:
         if self.rank.lockstep is not None:
             flat = [v for seq, toks in given for t in toks for v in (seq.slot, t)]
             h = token_hash(flat, sum(seq.sampler.offset for seq, _ in given)) ^ int(self.rank.step_faults(self.step))
+            h ^= vserve.lockstep_hash(getattr(self.rank, "vision", None))  # the towers' outputs since the last step
             self.rank.lockstep.exchange(Record(self.step, len(flat) // 2, h, sum(s.pos for s, _ in given), 0))
         self.step += 1
         for seq, toks in given:
@@ -276,7 +314,7 @@ class BatchLoop:
 
     def _decode(self) -> None:
         rows = [self.running[s] for s in sorted(self.running)
-                if self.running[s].pending is not None]
+                if self.running[s].pending is not None and self.running[s].spec is None]
         if not rows:
             return
         dev = self.model.device
@@ -297,6 +335,11 @@ class BatchLoop:
         # the slot is free at once; with a prefix cache it keeps what it holds for a request that reuses it
         if not self.stores:
             self.model.reset_slot(seq.slot)
+        elif seq.spec is not None:
+            try:
+                rank_batch_spec.catch_up(self, seq)
+            except Exception:  # noqa: BLE001 - what the draft layer holds is in doubt: nothing kept
+                self._drop(seq.slot)
         self.ended[seq.slot], self.ends = self.ends, self.ends + 1
         self.cancelled.discard(seq.rid)
         from engine.core.lockstep import token_hash
@@ -304,7 +347,11 @@ class BatchLoop:
         # the one-at-a-time loop's line (the acceptance suite compares the two ranks' lines), and the slot
         self.rank.log_line(f"request {seq.rid} finish={reason} steps={seq.chunks + len(seq.out)} "
                            f"tokens={len(seq.out)} hash={token_hash(seq.out, 0):016x} slot={seq.slot}")
-        self._send(protocol.done(seq.rid, reason, seq.prompt_len, len(seq.out), cached_tokens=seq.cached))
+        decode = None
+        if seq.spec is not None:  # this request's drafted and accepted tokens (/metrics), with the rank's figures
+            decode = {**self.rank.decode_stats(), "spec": dict(seq.spec.counts)}
+        self._send(protocol.done(seq.rid, reason, seq.prompt_len, len(seq.out), decode=decode,
+                                 cached_tokens=seq.cached))
 
     def _fail(self, seq: Seq, e: Exception) -> None:
         """A request that failed in its slot: an error for it, the slot freed and zeroed."""

@@ -1,6 +1,7 @@
 """The rank's batch loop (engine/service/rank_batch.py, `serve --max-concurrency N`) driven round by round in one
 process (TP1; the served TP2 pair is tests/service/test_service_concurrency.py): prefix reuse per slot while other
-slots run, the answers equal to what the one-sequence runner answers cold (greedy, float32)."""
+slots run; MTP speculation per slot (--speculative mtp); the answers equal to what the one-sequence runner
+answers cold (greedy, float32)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class _Rank:
 
     def log_line(self, msg: str) -> None:
         pass
+
+    def decode_stats(self) -> dict:
+        return {}
 
 
 class _Sink:
@@ -103,11 +107,12 @@ def model(request, tmp_path_factory):
     return _load(d)
 
 
-def cold(m: Model, ids: list[int], n: int = ANSWER, spec_tokens: int = 0) -> list[int]:
-    """The one-sequence runner's greedy answer from nothing (one slot, no prefix cache)."""
+def cold(m: Model, ids: list[int], n: int = ANSWER, spec_tokens: int = 0, prefix: bool = False,
+         temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """The one-sequence runner's answer from nothing (one slot; no prefix cache unless ``prefix``)."""
     m.setup_cache(CONTEXT)
-    runner.prepare(m, prefix_cache_bytes=0, spec_tokens=spec_tokens)
-    out, _ = runner.run(m, ids, n, Sampler(0.0, 1.0, 0), set(), CHUNK, spec_tokens=spec_tokens)
+    runner.prepare(m, prefix_cache_bytes=None if prefix else 0, spec_tokens=spec_tokens)
+    out, _ = runner.run(m, ids, n, Sampler(temperature, 1.0, seed), set(), CHUNK, spec_tokens=spec_tokens)
     return out
 
 
@@ -162,3 +167,93 @@ def test_without_a_prefix_cache_nothing_is_reused(model):
         lp.send(rid, P)
         got, d = lp.answer(rid)
         assert got == ref and d["cached_tokens"] == 0
+
+
+# ---- MTP speculation per slot ----------------------------------------------------------------------------------
+K = 3
+THREE = [P, OTHER, [1] + [(5 * i + 9) % 250 + 3 for i in range(30)]]
+
+
+@pytest.fixture(scope="module")
+def mtp_model(mtp_demo_dir):
+    return _load(mtp_demo_dir)
+
+
+def _together(lp: Loop, prompts: list[list[int]], n: int, **kw) -> list[tuple[list[int], dict]]:
+    """The prompts sent a round apart (each admitted while the earlier ones run), answered."""
+    for i, ids in enumerate(prompts):
+        lp.send(f"r{i}", ids, n, **kw)
+        lp.until(lambda i=i: lp.slot_of(f"r{i}") is not None)
+    assert len(lp.loop.running) == len(prompts)  # all of them in their slots at once
+    return [lp.answer(f"r{i}") for i in range(len(prompts))]
+
+
+def test_three_speculating_requests_at_once_each_answer_their_solo_tokens(mtp_model):
+    want = [cold(mtp_model, ids, 24) for ids in THREE]  # greedy one token at a time, no speculation
+    lp = Loop(mtp_model, 3, spec_tokens=K)
+    solo = [lp.answer(lp.send(f"s{i}", ids, 24) or f"s{i}") for i, ids in enumerate(THREE)]
+    assert [t for t, _ in solo] == want
+    lp = Loop(mtp_model, 3, spec_tokens=K)  # fresh slots: nothing to reuse
+    got = _together(lp, THREE, 24)
+    assert [t for t, _ in got] == want
+    for _, d in got:  # it did speculate: the demo's random draft layer is nearly always wrong (rolled back)
+        assert d["decode"]["spec"]["draft_tokens"] > 0 and d["cached_tokens"] == 0
+
+
+def test_accepted_drafts_in_one_slot_and_rejected_ones_in_another_leave_every_answer_exact(mtp_model, monkeypatch):
+    """Drafts that are the true continuation for the first ``good`` of each round (the slot's own request's),
+    wrong after: each slot accepts and rolls back on its own, and every answer is still its solo answer."""
+    from engine.core import mtp
+
+    want = [cold(mtp_model, ids, 24) for ids in THREE]
+    lp = Loop(mtp_model, 3, spec_tokens=K)
+    good = {"r0": 3, "r1": 2, "r2": 0}
+    full = {f"r{i}": ids + w for i, (ids, w) in enumerate(zip(THREE, want))}
+
+    def draft(model, sampler, k, tokens, hidden, pos0):
+        rid = lp.loop.running[model.layers[0].slot].rid  # the slot the round runs in
+        pos = pos0 + len(tokens)
+        true = full[rid][pos + 1:pos + 1 + k]
+        true += [0] * (k - len(true))
+        return [t if j < good[rid] else (t + 1) % model.cfg.vocab_size for j, t in enumerate(true)], [None] * k
+
+    monkeypatch.setattr(mtp, "draft", draft)
+    got = _together(lp, THREE, 24)
+    assert [t for t, _ in got] == want
+    counts = [d["decode"]["spec"] for _, d in got]
+    assert counts[0]["accepted_tokens"] == counts[0]["draft_tokens"] > 0 and counts[0]["rounds"] < 10
+    assert 0 < counts[1]["accepted_tokens"] < counts[1]["draft_tokens"]
+    assert counts[2]["accepted_tokens"] == 0 and counts[2]["rounds"] == 23
+
+
+def test_sampled_speculation_per_slot_is_the_one_at_a_time_runner_s(mtp_model):
+    """Seeded sampling with drafts (the rejection rule draws from each request's own generator): three at once each
+    draw what the one-at-a-time runner draws, token for token."""
+    # a flat distribution (temperature 3): drafts are often accepted, so they steer the draws
+    want = [cold(mtp_model, ids, 20, K, prefix=True, temperature=3.0, seed=7 + i) for i, ids in enumerate(THREE)]
+    lp = Loop(mtp_model, 3, spec_tokens=K)
+    for i, ids in enumerate(THREE):
+        lp.send(f"r{i}", ids, 20, temperature=3.0, seed=7 + i)
+    got = [lp.answer(f"r{i}") for i in range(3)]
+    assert [t for t, _ in got] == want
+    assert sum(d["decode"]["spec"]["accepted_tokens"] for _, d in got) > 0
+
+
+def test_a_speculating_follow_up_reuses_its_slot_and_drafts_as_cold(mtp_model):
+    first = cold(mtp_model, P, ANSWER, K)
+    follow = P + first + [50, 51, 52]
+    want = cold(mtp_model, follow, ANSWER, K, prefix=True)
+    cold_counts = None
+    lp = Loop(mtp_model, 2, spec_tokens=K)
+    lp.send("cold", follow)
+    cold_counts = lp.answer("cold")[1]["decode"]["spec"]
+    lp = Loop(mtp_model, 2, spec_tokens=K)
+    lp.send("a", P)
+    assert lp.answer("a")[0] == first
+    lp.send("b", OTHER, 60)
+    lp.until(lambda: len(lp.tokens("b")) >= 3)
+    lp.send("f", follow)
+    got, d = lp.answer("f")
+    assert lp.slot_of("b") is not None
+    assert d["cached_tokens"] == len(P) + ANSWER - 1 and got == want
+    assert d["decode"]["spec"] == cold_counts  # the reused draft layer drafted what a cold one drafts

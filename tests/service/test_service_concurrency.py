@@ -26,11 +26,11 @@ PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there li
 MAX_TOKENS = 64
 
 
-def _hybrid() -> str:
-    out = os.path.join(_TMP, "demo-qwen3_5-plain")
+def _hybrid(mtp: bool = False) -> str:
+    out = os.path.join(_TMP, "demo-qwen3_5-mtp" if mtp else "demo-qwen3_5-plain")
     if not os.path.exists(out):
-        subprocess.run([sys.executable, "-m", "engine", "make-demo-model", out, "--arch", "qwen3_5"], cwd=REPO,
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run([sys.executable, "-m", "engine", "make-demo-model", out, "--arch", "qwen3_5",
+                        *(["--mtp"] if mtp else [])], cwd=REPO, check=True, capture_output=True, timeout=300)
     return out
 
 
@@ -185,8 +185,8 @@ def test_past_n_running_and_the_queue_429_with_retry_after(svc, solos):
 def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
     for extra, says in ((["--max-concurrency", "0"], "between 1 and 64"),
                         (["--max-concurrency", "65"], "between 1 and 64"),
-                        (["--max-concurrency", "2", "--speculative", "mtp", "--draft-tokens", "2"],
-                         "--speculative mtp")):
+                        (["--max-concurrency", "2", "--speculative", "mtp", "--draft-tokens", "5"],
+                         "--draft-tokens must be 1 to 4")):
         p = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", _hybrid(), "--tp", "2",
                             "--state-dir", str(tmp_path / "s"), *extra], cwd=REPO, capture_output=True, text=True,
                            timeout=60)
@@ -300,3 +300,35 @@ def test_a_follow_up_reuses_its_conversation_while_another_stream_runs(svc, solo
     assert svc.metric("v100plan_prefix_cache_reused_tokens_total") - reused >= cached
     assert runner["times"][0] < done_at < runner["times"][-1]  # the other stream ran meanwhile
     assert runner["tokens"][:MAX_TOKENS] == solos[0] and len(runner["tokens"]) == 300
+
+
+def test_speculating_requests_at_once_each_answer_their_solo_tokens():
+    """--speculative mtp with N = 3 on the hybrid + MTP demo: each slot runs its own draft-verify-rollback rounds;
+    three greedy streams sent together each answer what they answer alone, which is what `generate --tp 1`
+    answers without speculation, and the ranks report their drafts (/metrics)."""
+    model = _hybrid(mtp=True)
+    svc = ServiceProcess("--max-concurrency", "3", "--queue-cap", "0", "--max-context", "1024", "--speculative",
+                         "mtp", "--draft-tokens", "3", model=model, stall_timeout_s=60, allreduce_timeout_s=30)
+    try:
+        svc.wait_healthy(timeout_s=300)
+        svc.model_id = svc.client.get("/v1/models").json()["data"][0]["id"]
+        prompts = PROMPTS[:3]
+        want = [tp1_reference(tuple(prompt_ids(p)), 32, model=model)["token_ids"] for p in prompts]
+        alone = [_solo(svc, p, 32) for p in prompts]
+        assert alone == want
+        drafted = svc.metric("v100plan_spec_draft_tokens_total")
+        assert drafted > 0
+        outs = [{} for _ in prompts]
+        threads = []
+        for i, p in enumerate(prompts):
+            threads.append(threading.Thread(target=_stream, args=(svc, prompt_ids(p), 32, outs[i])))
+            threads[-1].start()
+            time.sleep(0.02)
+        for t in threads:
+            t.join(180)
+        assert [o.get("tokens") for o in outs] == want, outs
+        assert svc.metric("v100plan_spec_draft_tokens_total") > drafted
+        firsts, lasts = [o["times"][0] for o in outs], [o["times"][-1] for o in outs]
+        assert max(firsts) < min(lasts)  # all three decoded together
+    finally:
+        svc.stop()
