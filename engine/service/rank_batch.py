@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.service import protocol, rank_batch_spec
+from engine.service import protocol, rank_batch_images, rank_batch_spec
 
 
 @dataclass(eq=False)  # compared by identity (it holds tensors)
@@ -47,6 +47,8 @@ class Seq:
     cached: int = 0              # prompt positions reused from the slot's prefix cache (not prefilled)
     bounds: list = field(default_factory=list)  # the prefill chunks' bounds still to run
     spec: object = None          # engine.service.rank_batch_spec.SlotSpec of a speculating sequence
+    images: object = None        # engine.service.rank_batch_images.SlotImages while a prompt with images prefills
+    delta: int = 0               # its rotary positions run this far from its cache positions after the prompt
 
 
 class BatchLoop:
@@ -132,13 +134,12 @@ class BatchLoop:
             self._send(protocol.done(rid, "cancelled", len(req["prompt_ids"]), 0))
             return
         try:
-            if req.get("images"):
-                raise ValueError("images are not served with --max-concurrency above 1 yet")
             ids = [int(t) for t in req["prompt_ids"]]
             if not ids:
                 raise ValueError("the prompt is empty: give at least one token")
             if len(ids) >= self.model.max_context:
                 raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.model.max_context}")
+            ids, images = rank_batch_images.begin(getattr(self.rank, "vision", None), req, ids)  # key ids
             sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0),
                               processing=Processing.from_message(req.get("sampling"), ids),
                               constraint=self.rank.constraint_for(req.get("grammar")))
@@ -146,12 +147,13 @@ class BatchLoop:
             self._send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
             return
         # a request with penalties, a bias or a grammar is not speculated (its drafts would be judged without
-        # them), as one request at a time does
-        drafting = bool(self.spec_k) and sampler.plain
+        # them), nor one with images, as one request at a time does
+        drafting = bool(self.spec_k) and sampler.plain and images is None
         slot, first = self._slot_for(ids, drafting)
         seq = Seq(rid, slot, sampler, len(ids), min(int(req["max_tokens"]), self.model.max_context - len(ids)),
                   set(req.get("stop_token_ids") or []), pos=len(ids))
         seq.ids, seq.filled, seq.cached, seq.bounds = ids, first, first, self._bounds(len(ids), first)
+        seq.images, seq.delta = images, images.delta if images is not None else 0
         if drafting:
             seq.spec = rank_batch_spec.start(self, seq, ids, first)
         self.running[slot] = seq
@@ -230,7 +232,7 @@ class BatchLoop:
         start, end = seq.bounds[0], seq.bounds[1]
         del seq.bounds[0]
         piece = seq.ids[start:end]
-        with self.in_slot(seq.slot):
+        with self.in_slot(seq.slot), rank_batch_images.prefilling(self.model, self.rank.vision, seq.images):
             logits = self.model.forward(torch.tensor([piece], device=self.model.device), start,
                                         hidden=seq.spec is not None)
             if seq.spec is not None:  # the MTP draft layer's K/V over the chunk (its slot's)
@@ -244,6 +246,7 @@ class BatchLoop:
         seq.filled = end
         if end == len(seq.ids):
             seq.logits = logits
+            seq.images = None  # its rows and spans are no longer read (the delta stays)
             if seq.spec is not None:
                 seq.spec.prefilled(end)
         self.rank.counter += 1
@@ -321,7 +324,10 @@ class BatchLoop:
         toks = torch.tensor([s.pending for s in rows], dtype=torch.int64, device=dev)
         pos = torch.tensor([s.pos for s in rows], dtype=torch.int64, device=dev)
         slots = torch.tensor([s.slot for s in rows], dtype=torch.int64, device=dev)
-        logits = self.model.decode_batch(toks, pos, slots, max(s.pos for s in rows) + 1)
+        rope = None
+        if any(s.delta for s in rows):  # a prompt with images: its positions after the prompt turn at pos + delta
+            rope = torch.tensor([s.pos + s.delta for s in rows], dtype=torch.int64, device=dev)
+        logits = self.model.decode_batch(toks, pos, slots, max(s.pos for s in rows) + 1, rope)
         for i, seq in enumerate(rows):
             if self.stores:
                 self.stores[seq.slot].fed([seq.pending], seq.pos)

@@ -1,7 +1,7 @@
 """The rank's batch loop (engine/service/rank_batch.py, `serve --max-concurrency N`) driven round by round in one
 process (TP1; the served TP2 pair is tests/service/test_service_concurrency.py): prefix reuse per slot while other
-slots run; MTP speculation per slot (--speculative mtp); the answers equal to what the one-sequence runner
-answers cold (greedy, float32)."""
+slots run; MTP speculation per slot (--speculative mtp); prompts with images beside text ones; the answers equal
+to what the one-sequence runner answers cold (greedy, float32)."""
 
 from __future__ import annotations
 
@@ -257,3 +257,107 @@ def test_a_speculating_follow_up_reuses_its_slot_and_drafts_as_cold(mtp_model):
     assert lp.slot_of("b") is not None
     assert d["cached_tokens"] == len(P) + ANSWER - 1 and got == want
     assert d["decode"]["spec"] == cold_counts  # the reused draft layer drafted what a cold one drafts
+
+
+# ---- images --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vdemo(tmp_path_factory):
+    from engine.core.tokenizer import Tokenizer
+    from engine.vision import demo as vdemo_
+    from engine.vision.load import load_vision
+
+    d = tmp_path_factory.mktemp("batch-vision")
+    vdemo_.make(d)
+    m = _load(d)
+    m.setup_cache(CONTEXT)
+    return m, load_vision(m, d), Tokenizer(d)
+
+
+def _image_prompt(vis, tok, data: list[bytes], text: str) -> list[int]:
+    from engine.vision import serve as vserve
+
+    parts = [{"type": "image"} for _ in data] + [{"type": "text", "text": text}]
+    ids = tok.encode(tok.render_chat([{"role": "user", "content": parts}]))
+    return vserve.expand_prompt(ids, data, vis.cfg, vis.rules)
+
+
+LOGPROBS = {"logprobs": 5}  # each token's log-probability and the top 5: the answer's logits, compared closely
+
+
+def _cold_with_images(m, vis, ids: list[int], data: list[bytes], n: int, logprobs: list | None = None) -> list[int]:
+    """The one-at-a-time rank's way: the model's tables rewritten for the request (engine.vision.serve.begin);
+    ``logprobs`` gets each token's [logprob, top 5]."""
+    from engine.core.logits_processors import Processing
+    from engine.vision import serve as vserve
+
+    m.setup_cache(CONTEXT)
+    runner.prepare(m, prefix_cache_bytes=0)
+    keys, _ = vserve.begin(vis, {"prompt_ids": ids, "images": vserve.wire(data)}, 0)
+    sampler = Sampler(0.0, 1.0, 0, processing=Processing.from_message(dict(LOGPROBS), keys))
+    try:
+        return runner.run(m, keys, n, sampler, set(), CHUNK,
+                          on_token=lambda k, t: logprobs is not None and logprobs.append(sampler.logprobs))[0]
+    finally:
+        vis.end()
+
+
+def _close_logprobs(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for (lp, top), (lp_w, top_w) in zip(got, want):
+        assert [t for t, _ in top] == [t for t, _ in top_w]
+        assert abs(lp - lp_w) < 1e-4 and max(abs(a - b) for (_, a), (_, b) in zip(top, top_w)) < 1e-4
+
+
+def test_a_request_with_an_image_beside_text_requests_each_answer_their_solo_tokens(vdemo):
+    from engine.vision import serve as vserve
+    from tests.vision_helpers import image, png
+
+    m, vis, tok = vdemo
+    pics = [png(image(100, 70, 1)), png(image(200, 130, 2))]
+    img_ids = _image_prompt(vis, tok, pics, "what do you see in these two?")
+    assert img_ids.count(vis.cfg.image_token_id) > CHUNK  # the images span prefill chunks
+    texts = [tok.encode(tok.render_chat([{"role": "user", "content": t}])) for t in ("no picture here", "hello")]
+    want_lp: list = []
+    want_img = _cold_with_images(m, vis, img_ids, pics, 24, want_lp)
+    want_txt = [cold(m, ids, 24) for ids in texts]
+    lp = Loop(m, 3, vision=vis)
+    lp.send("t0", texts[0], 24)  # a text stream running while the image prompt is prefilled and decoded
+    lp.until(lambda: len(lp.tokens("t0")) >= 2)
+    lp.send("img", img_ids, 24, images=vserve.wire(pics), sampling=dict(LOGPROBS))
+    lp.until(lambda: lp.slot_of("img") is not None)
+    lp.send("t1", texts[1], 24)  # and one admitted after it
+    assert lp.answer("img")[0] == want_img
+    # the multimodal rotary rows in its prefill and decode: the greedy tokens alone would not tell (plain rows
+    # there move this demo's logits by about 2 % and keep the argmax)
+    _close_logprobs([m_["logprobs"] for m_ in lp.sink.msgs if m_["type"] == "token" and m_["id"] == "img"], want_lp)
+    assert [lp.answer(r)[0] for r in ("t0", "t1")] == want_txt
+    assert m.embed_prompt is None  # the model's own hook and tables are back
+    other = [png(image(100, 70, 3)), png(image(200, 130, 4))]  # the same sizes, other pixels
+    assert want_img != _cold_with_images(m, vis, img_ids, other, 24)  # the images do steer the answer
+
+
+def test_an_image_follow_up_reuses_its_slot_and_a_bad_image_fails_alone(vdemo):
+    from engine.vision import serve as vserve
+    from tests.vision_helpers import image, png
+
+    m, vis, tok = vdemo
+    pics = [png(image(120, 90, 9))]
+    first_ids = _image_prompt(vis, tok, pics, "describe")
+    first = _cold_with_images(m, vis, first_ids, pics, 8)
+    follow = first_ids + first + tok.encode("<|end|>\n<|user|>and again<|end|>\n<|assistant|>")[1:]
+    want_lp: list = []
+    want = _cold_with_images(m, vis, follow, pics, 12, want_lp)
+    lp = Loop(m, 2, vision=vis)
+    lp.send("a", first_ids, 8, images=vserve.wire(pics))
+    assert lp.answer("a")[0] == first
+    runs = vis.encoder_runs
+    lp.send("b", OTHER, 60)
+    lp.until(lambda: len(lp.tokens("b")) >= 3)
+    lp.send("bad", first_ids, 8, images=[vserve.wire([b"not an image"])[0]])
+    lp.until(lambda: lp.done("bad") is not None)
+    assert lp.done("bad")["type"] == "error" and "image" in lp.done("bad")["message"]
+    lp.send("f", follow, 12, images=vserve.wire(pics), sampling=dict(LOGPROBS))
+    got, d = lp.answer("f")
+    assert lp.slot_of("b") is not None and got == want
+    _close_logprobs([m_["logprobs"] for m_ in lp.sink.msgs if m_["type"] == "token" and m_["id"] == "f"], want_lp)
+    assert d["cached_tokens"] == len(first_ids) + len(first) - 1 and vis.encoder_runs == runs  # no tower run

@@ -332,3 +332,58 @@ def test_speculating_requests_at_once_each_answer_their_solo_tokens():
         assert max(firsts) < min(lasts)  # all three decoded together
     finally:
         svc.stop()
+
+
+def _chat(svc, content, out: dict) -> None:
+    with httpx.Client(base_url=svc.url, timeout=120) as c:
+        r = c.post("/v1/chat/completions", json={"model": "v100plan-demo-vision", "max_tokens": 24, "temperature": 0,
+                                                 "ignore_eos": True, "messages": [{"role": "user", "content": content}]})
+    out["status"], out["body"] = r.status_code, r.json()
+    out["tokens"] = (r.json().get("v100plan") or {}).get("token_ids")
+    out["at"] = time.monotonic()
+
+
+def test_a_request_with_an_image_beside_a_text_stream_answers_as_one_at_a_time():
+    """Images with N = 2 on the vision demo: a chat with two images sent while a text stream decodes, and a text
+    chat, each answer what the same requests answer alone, and what a service with one request at a time
+    (which rewrites the model's rotary tables for the image prompt) answers."""
+    import base64
+
+    from engine.vision import demo as vdemo
+    from tests.vision_helpers import image, png
+
+    d = os.path.join(_TMP, "demo-vision")
+    if not os.path.exists(d):
+        vdemo.make(d)
+    uri = [f"data:image/png;base64,{base64.b64encode(png(image(w, h, w))).decode()}" for w, h in ((100, 70), (160, 90))]
+    with_image = [{"type": "text", "text": "see "}, {"type": "image_url", "image_url": {"url": uri[0]}},
+                  {"type": "text", "text": " and "}, {"type": "image_url", "image_url": {"url": uri[1]}}]
+    text = "no picture here, just words"
+    answers = {}
+    for n in (1, 2):
+        svc = ServiceProcess("--max-concurrency", str(n), "--max-context", "1024", model=d, stall_timeout_s=60,
+                             allreduce_timeout_s=30)
+        try:
+            svc.wait_healthy(timeout_s=300)
+            alone = [{}, {}]
+            _chat(svc, with_image, alone[0])
+            _chat(svc, text, alone[1])
+            assert [a["status"] for a in alone] == [200, 200], alone
+            answers[n] = [a["tokens"] for a in alone]
+            if n == 1:
+                continue
+            svc.model_id = "v100plan-demo-vision"
+            runner, both = {}, [{}, {}]
+            t = threading.Thread(target=_stream, args=(svc, prompt_ids(PROMPTS[1]), 200, runner))
+            t.start()
+            wait_until(lambda: svc.health().json()["slots_busy"] == 1, 30, 0.01, "the text stream running")
+            threads = [threading.Thread(target=_chat, args=(svc, c, o)) for c, o in zip((with_image, text), both)]
+            for th in threads:
+                th.start()
+            for th in threads + [t]:
+                th.join(180)
+            assert [b["tokens"] for b in both] == answers[2], both
+            assert runner["tokens"][:MAX_TOKENS] == _solo(svc, PROMPTS[1]) and both[0]["at"] < runner["times"][-1]
+        finally:
+            svc.stop()
+    assert answers[2] == answers[1]
