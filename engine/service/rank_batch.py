@@ -139,10 +139,11 @@ class BatchLoop:
                 raise ValueError("the prompt is empty: give at least one token")
             if len(ids) >= self.model.max_context:
                 raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.model.max_context}")
-            ids, images = rank_batch_images.begin(getattr(self.rank, "vision", None), req, ids)  # key ids
             sampler = Sampler(req.get("temperature", 0.0), req.get("top_p", 1.0), req.get("seed", 0),
                               processing=Processing.from_message(req.get("sampling"), ids),
                               constraint=self.rank.constraint_for(req.get("grammar")))
+            # a prompt with images runs its key ids (image tokens by content: engine.vision.prompt)
+            ids, images = rank_batch_images.begin(getattr(self.rank, "vision", None), req, ids)
         except (ValueError, TypeError, OverflowError) as e:
             self._send(protocol.error(rid, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
             return
@@ -295,11 +296,11 @@ class BatchLoop:
         if not given:
             return
         self.rank.counter += 1
+        towers = vserve.lockstep_hash(getattr(self.rank, "vision", None))  # the towers' outputs since the last step
         if self.rank.lockstep is not None:
             flat = [v for seq, toks in given for t in toks for v in (seq.slot, t)]
             h = token_hash(flat, sum(seq.sampler.offset for seq, _ in given)) ^ int(self.rank.step_faults(self.step))
-            h ^= vserve.lockstep_hash(getattr(self.rank, "vision", None))  # the towers' outputs since the last step
-            self.rank.lockstep.exchange(Record(self.step, len(flat) // 2, h, sum(s.pos for s, _ in given), 0))
+            self.rank.lockstep.exchange(Record(self.step, len(flat) // 2, h ^ towers, sum(s.pos for s, _ in given), 0))
         self.step += 1
         for seq, toks in given:
             for tok in toks:

@@ -284,16 +284,18 @@ def _image_prompt(vis, tok, data: list[bytes], text: str) -> list[int]:
 LOGPROBS = {"logprobs": 5}  # each token's log-probability and the top 5: the answer's logits, compared closely
 
 
-def _cold_with_images(m, vis, ids: list[int], data: list[bytes], n: int, logprobs: list | None = None) -> list[int]:
-    """The one-at-a-time rank's way: the model's tables rewritten for the request (engine.vision.serve.begin);
-    ``logprobs`` gets each token's [logprob, top 5]."""
+def _cold_with_images(m, vis, ids: list[int], data: list[bytes], n: int, logprobs: list | None = None,
+                      sampling: dict | None = None) -> list[int]:
+    """The one-at-a-time rank's way: the model's tables rewritten for the request (engine.vision.serve.begin), the
+    sampler's processing made from the prompt's ids (engine.service.rank); ``logprobs`` gets each token's
+    [logprob, top 5]."""
     from engine.core.logits_processors import Processing
     from engine.vision import serve as vserve
 
     m.setup_cache(CONTEXT)
     runner.prepare(m, prefix_cache_bytes=0)
     keys, _ = vserve.begin(vis, {"prompt_ids": ids, "images": vserve.wire(data)}, 0)
-    sampler = Sampler(0.0, 1.0, 0, processing=Processing.from_message(dict(LOGPROBS), keys))
+    sampler = Sampler(0.0, 1.0, 0, processing=Processing.from_message({**LOGPROBS, **(sampling or {})}, ids))
     try:
         return runner.run(m, keys, n, sampler, set(), CHUNK,
                           on_token=lambda k, t: logprobs is not None and logprobs.append(sampler.logprobs))[0]
@@ -361,3 +363,20 @@ def test_an_image_follow_up_reuses_its_slot_and_a_bad_image_fails_alone(vdemo):
     assert lp.slot_of("b") is not None and got == want
     _close_logprobs([m_["logprobs"] for m_ in lp.sink.msgs if m_["type"] == "token" and m_["id"] == "f"], want_lp)
     assert d["cached_tokens"] == len(first_ids) + len(first) - 1 and vis.encoder_runs == runs  # no tower run
+
+
+def test_an_image_prompt_with_penalties_answers_as_one_at_a_time(vdemo):
+    """Penalties with images: the sampler's processing is made from the prompt's own ids, as the one-at-a-time
+    rank makes it (the key ids would differ only at the image-pad id, whose logit this answer does not reach)."""
+    from engine.vision import serve as vserve
+    from tests.vision_helpers import image, png
+
+    m, vis, tok = vdemo
+    pics = [png(image(64, 64, 5))]
+    ids = _image_prompt(vis, tok, pics, "again and again and again")
+    pen = {"repetition_penalty": 1.3, "presence_penalty": 0.5}
+    want = _cold_with_images(m, vis, ids, pics, 16, sampling=pen)
+    assert want != _cold_with_images(m, vis, ids, pics, 16)  # the penalties change this answer
+    lp = Loop(m, 2, vision=vis)
+    lp.send("p", ids, 16, images=vserve.wire(pics), sampling=dict(pen))
+    assert lp.answer("p")[0] == want
