@@ -306,6 +306,19 @@ def fp16_vs_bf16(args, doc: dict) -> None:
 PACKED_ATTRS = ("wqkv", "wo", "w13", "w2", "w_in", "w_out")  # every layer matrix the step can run packed
 
 
+def pack_layers(model, group: int, g) -> None:
+    """Every layer matrix of ``model`` (each mixer's and its MLP's: PACKED_ATTRS) replaced by a random packed one of
+    its shape, held as the GPU's GEMV reads it; embedding and head stay dense. Call before weights.init_random."""
+    from engine.kernels import gemv_int4
+
+    for layer in model.layers:
+        for block in (layer, layer.mlp):
+            for attr in PACKED_ATTRS:
+                t = getattr(block, attr, None)
+                if t is not None:
+                    setattr(block, attr, gemv_int4.held(_packed(*t.shape, group, model.device, g), model.device))
+
+
 def step(args, doc: dict) -> None:
     import dataclasses
     import json as _json
@@ -317,7 +330,6 @@ def step(args, doc: dict) -> None:
     from engine.core import config as ecfg
     from engine.core import quant_config, weights
     from engine.core.model import Model
-    from engine.kernels import gemv_int4
 
     dev = torch.device(args.device)
     g = torch.Generator(device=dev).manual_seed(3)
@@ -328,11 +340,7 @@ def step(args, doc: dict) -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     with torch.inference_mode():
         model = Model(cfg, dtype=getattr(torch, args.dtype), device=dev)
-        for layer in model.layers:
-            for attr in PACKED_ATTRS:
-                t = getattr(layer, attr, None)
-                if t is not None:
-                    setattr(layer, attr, gemv_int4.held(_packed(*t.shape, args.group, dev, g), dev))
+        pack_layers(model, args.group, g)
         weights.init_random(model)
         model.setup_cache(max(contexts) + 256)
     packed = sum(p.nbytes for p in model.packed())
