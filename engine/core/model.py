@@ -274,9 +274,12 @@ class Model:
         return logits
 
     @torch.inference_mode()
-    def decode_batch(self, toks: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, window: int) -> torch.Tensor:
+    def decode_batch(self, toks: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, window: int,
+                     rope_pos: torch.Tensor | None = None) -> torch.Tensor:
         """B sequences one token each: toks [B], pos [B] and slots [B] (device int64, distinct slots) -> float32
-        logits [B, V]; row b is what decode_step gives the sequence in slot slots[b] at pos[b] alone. The torch
+        logits [B, V]; row b is what decode_step gives the sequence in slot slots[b] at pos[b] alone. ``rope_pos``
+        [B]: the rows of the RoPE tables each token turns with where that is not its cache position (a prompt
+        with images: pos + its multimodal delta, engine.vision.mrope; None: pos). The torch
         forms only (no fused kernels, no CUDA graphs, no exchange inside the GEMVs: decode_step stays the
         one-sequence path the Decoder captures): one product over the B rows per linear layer, attention over each
         row's own slot up to its position (positions [0, window) gathered; window > every pos), each Gated
@@ -285,7 +288,8 @@ class Model:
         x = F.embedding(toks.view(b, 1), self.embed)  # [B, 1, D]
         zero = torch.zeros((), dtype=torch.float32, device=self.device)
         mask_bias = torch.where(torch.arange(window, device=self.device)[None] <= pos[:, None], zero, float("-inf"))
-        step = Step(pos, self.cos.index_select(0, pos), self.sin.index_select(0, pos),  # [B, rot]
+        rp = pos if rope_pos is None else rope_pos
+        step = Step(pos, self.cos.index_select(0, rp), self.sin.index_select(0, rp),  # [B, rot]
                     mask_bias.view(b, 1, 1, window), window, self.rank, slots=slots)
         delta = torch.zeros_like(x)
         for block in (bl for layer in self.layers for bl in (layer, layer.mlp)):

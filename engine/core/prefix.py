@@ -1,5 +1,8 @@
 """Prefix reuse across requests: a new prompt that starts with what the model last processed prefills only the
-rest. The engine holds one sequence at a time, so:
+rest. A PrefixCache tells what one sequence slot holds (the one-at-a-time runner's slot 0; with
+``--max-concurrency N`` > 1 each slot has one of its own, engine/service/rank_batch.py, and ``match`` lets it
+compare the free slots before it picks one). Its tensor work reads and writes the model's current slot
+(Model.use_slot). One sequence per slot, so:
 
   - K/V of positions [0, L) are still in the cache when the new prompt shares its first L tokens with the
     sequence the cache last held (``live``): nothing to copy for full attention;
@@ -102,7 +105,12 @@ class PrefixCache:
             self.reused_tokens += n
         return n
 
-    def _reusable(self, prompt: list[int], drafting: bool) -> int:
+    def match(self, prompt: list[int], drafting: bool = False) -> int:
+        """What plan() would reuse of ``prompt``, changing nothing (the batch loop, engine/service/rank_batch.py,
+        asks each free slot's cache before it picks one)."""
+        return self._reusable(prompt, drafting, apply=False)
+
+    def _reusable(self, prompt: list[int], drafting: bool, apply: bool = True) -> int:
         n = min(common_prefix(prompt, self.live), len(prompt) - 1)
         if drafting:  # the prefill writes the draft layer from position n on: it must hold [0, n) already
             n = min(n, common_prefix(prompt, self.drafted) - 1)
@@ -117,13 +125,15 @@ class PrefixCache:
                 if not usable:
                     return 0
                 n = max(usable)
-                self.snaps.move_to_end(n)
-                it = iter(self.snaps[n][1])
-                for la in self.linear:
-                    la.conv_ring.copy_(next(it))
-                    la.rec_state.copy_(next(it))
-        del self.live[n:]
-        # snapshots past n belong to a sequence the new prompt is about to overwrite
-        for p in [p for p in self.snaps if p > n]:
-            del self.snaps[p]
+                if apply:
+                    self.snaps.move_to_end(n)
+                    it = iter(self.snaps[n][1])
+                    for la in self.linear:
+                        la.conv_ring.copy_(next(it))
+                        la.rec_state.copy_(next(it))
+        if apply:
+            del self.live[n:]
+            # snapshots past n belong to a sequence the new prompt is about to overwrite
+            for p in [p for p in self.snaps if p > n]:
+                del self.snaps[p]
         return n

@@ -210,9 +210,6 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         eos_ids = () if body.ignore_eos else text.eos_token_ids
         # As vLLM: a temperature below GREEDY_BELOW is greedy (dividing by it overflows float32).
         temperature = 0.0 if body.temperature < GREEDY_BELOW else body.temperature
-        if pics and cfg.max_concurrency > 1:
-            raise ApiError(400, "images are not served with --max-concurrency above 1 yet (docs/service.md, "
-                                "'Concurrent requests')", "messages")
         params = GenerateParams(prompt_ids=tuple(prompt_ids), max_tokens=max_tokens or 1,
                                 temperature=temperature, top_p=body.top_p, seed=seed,
                                 stop_token_ids=eos_ids, sampling=_sampling(body, text), grammar=grammar,

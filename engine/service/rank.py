@@ -154,7 +154,7 @@ class Rank:
         from engine.core.model import Model
 
         a = self.args
-        why = concurrency_problem(a.max_concurrency, speculative.draft_tokens(a))
+        why = concurrency_problem(a.max_concurrency)
         if why:
             raise ValueError(why)
         marks = [("begin", time.monotonic())]  # the start-up phases' times go to the ready log line
@@ -221,8 +221,13 @@ class Rank:
         self.model.setup_cache(a.max_context, slots=a.max_concurrency)
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
+        # with --max-concurrency above 1 the speculative rounds run per slot, eagerly
+        # (engine/service/rank_batch_spec.py): no graphs of slot 0's rounds to capture
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
-                                 spec_tokens=self.spec_tokens)
+                                 spec_tokens=self.spec_tokens if a.max_concurrency == 1 else 0)
+        if self.spec_tokens and a.max_concurrency > 1:
+            decoder.info["speculation"] = {"draft_tokens": self.spec_tokens, "mode": "eager", "graphs": 0,
+                                           "capture_s": None, "why": "per-slot rounds (--max-concurrency above 1)"}
         decoder.info["prefix_cache"] = "off" if a.no_prefix_cache else "on"  # /health says it (every stats too)
         from engine.vision import config as vconfig
         from engine.vision import serve as vserve

@@ -273,7 +273,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     for name in ("queue_cap", "max_restarts"):
         if getattr(args, name) < 0:
             raise ServeConfigError(f"--{name.replace('_', '-')} must be 0 or more")
-    why = concurrency_problem(args.max_concurrency, _draft_tokens(args))
+    why = concurrency_problem(args.max_concurrency)
     if why:
         raise ServeConfigError(why)
     if args.max_context is not None and args.max_context < 2:
@@ -369,13 +369,11 @@ def _draft_tokens(args: argparse.Namespace) -> int:
 MAX_CONCURRENCY = 64
 
 
-def concurrency_problem(n: int, draft_tokens: int) -> str | None:
-    """Why --max-concurrency ``n`` cannot be served with these flags, or None."""
+def concurrency_problem(n: int) -> str | None:
+    """Why --max-concurrency ``n`` cannot be served, or None (every other flag runs with any N: MTP speculation
+    per slot, engine/service/rank_batch_spec.py)."""
     if not 1 <= n <= MAX_CONCURRENCY:
         return f"--max-concurrency must be between 1 and {MAX_CONCURRENCY}, not {n}"
-    if n > 1 and draft_tokens:
-        return ("--max-concurrency above 1 does not run with --speculative mtp yet (MTP drafting per slot is a "
-                "later slice): leave one of the two out")
     return None
 
 

@@ -97,10 +97,22 @@ class Vision:
         mrope.write(model, pos3, delta, first, cfg)
         self.tables_from = first
         model.embed_prompt = self.embed
+        return self._keys(ids, self.spans)
+
+    def _keys(self, ids: list[int], spans: list[Span]) -> list[int]:
         keys = list(ids)
-        for s in self.spans:
-            keys[s.start:s.start + s.tokens] = [model.cfg.vocab_size + int(s.digest[:KEY_BITS // 4], 16)] * s.tokens
+        for s in spans:
+            keys[s.start:s.start + s.tokens] = [self.model.cfg.vocab_size + int(s.digest[:KEY_BITS // 4], 16)] * s.tokens
         return keys
+
+    def slot_prompt(self, ids: list[int], images: list[Pixels]):
+        """A prompt with images for one sequence slot of the batch loop (engine/service/rank_batch_images.py), the
+        model's tables left as they are -> (key ids, spans, the prompt's own cos / sin rows [T, rot] in the
+        model's dtype, delta: what every position after the prompt adds to its rotary position)."""
+        spans = self._spans(ids, images)
+        pos3, delta = mrope.positions(ids, [(s.start, s.tokens, *s.grid) for s in spans])
+        cos, sin = mrope.table_rows(self.model, pos3, self.cfg.mrope_section)  # text rows are the plain rows
+        return self._keys(ids, spans), spans, cos, sin, delta
 
     def end(self) -> None:
         """After the request: the hook off (the tables stay until a request needs other rows)."""

@@ -2,7 +2,8 @@
 
 Requests sent at once decode together in the ranks' slots and each answers exactly what it answers alone;
 their first tokens arrive before the earlier ones finished (stream timestamps); a cancelled stream leaves the
-others unchanged; past N running and the queue bound, 429 with Retry-After; /health and /metrics say it.
+others unchanged; a follow-up reuses its conversation's slot while another stream runs; past N running and the
+queue bound, 429 with Retry-After; /health and /metrics say it.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there li
 MAX_TOKENS = 64
 
 
-def _hybrid() -> str:
-    out = os.path.join(_TMP, "demo-qwen3_5-plain")
+def _hybrid(mtp: bool = False) -> str:
+    out = os.path.join(_TMP, "demo-qwen3_5-mtp" if mtp else "demo-qwen3_5-plain")
     if not os.path.exists(out):
-        subprocess.run([sys.executable, "-m", "engine", "make-demo-model", out, "--arch", "qwen3_5"], cwd=REPO,
-                       check=True, capture_output=True, timeout=300)
+        subprocess.run([sys.executable, "-m", "engine", "make-demo-model", out, "--arch", "qwen3_5",
+                        *(["--mtp"] if mtp else [])], cwd=REPO, check=True, capture_output=True, timeout=300)
     return out
 
 
@@ -184,8 +185,8 @@ def test_past_n_running_and_the_queue_429_with_retry_after(svc, solos):
 def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
     for extra, says in ((["--max-concurrency", "0"], "between 1 and 64"),
                         (["--max-concurrency", "65"], "between 1 and 64"),
-                        (["--max-concurrency", "2", "--speculative", "mtp", "--draft-tokens", "2"],
-                         "--speculative mtp")):
+                        (["--max-concurrency", "2", "--speculative", "mtp", "--draft-tokens", "5"],
+                         "--draft-tokens must be 1 to 4")):
         p = subprocess.run([sys.executable, "-m", "engine", "serve", "--model", _hybrid(), "--tp", "2",
                             "--state-dir", str(tmp_path / "s"), *extra], cwd=REPO, capture_output=True, text=True,
                            timeout=60)
@@ -196,10 +197,7 @@ def test_bad_flag_combinations_exit_2_with_a_message(tmp_path):
 def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_streams_steps(svc, solos):
     """A 1500-token prompt (six 256-token chunks on CPU) admitted while a stream runs: the stream keeps getting
     tokens while that prompt is prefilled (one chunk per step), and both answer their solo tokens."""
-    long_ids = (prompt_ids(" ".join(PROMPTS)) * 200)[:1500]
-    alone: dict = {}
-    _stream(svc, long_ids, 8, alone)
-    assert alone["status"] == 200 and len(alone["tokens"]) == 8
+    long_ids = (prompt_ids(" ".join(PROMPTS)) * 200)[:1500]  # never sent before: prefilled from (nearly) nothing
     runner, late = {}, {}
     t = threading.Thread(target=_stream, args=(svc, prompt_ids(PROMPTS[0]), 200, runner))
     t.start()
@@ -208,7 +206,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_streams_steps(
     sent = time.monotonic()
     _stream(svc, long_ids, 8, late)
     t.join(180)
-    assert late["tokens"] == alone["tokens"]
+    alone: dict = {}  # the same prompt alone, after (before, its slot's prefix cache would spare the chunks above)
+    _stream(svc, long_ids, 8, alone)
+    assert alone["status"] == 200 and late["tokens"] == alone["tokens"] and len(alone["tokens"]) == 8
     assert runner["tokens"][:MAX_TOKENS] == solos[0] and len(runner["tokens"]) == 200
     between = [x for x in runner["times"] if sent < x < late["times"][0]]
     gaps = sorted(b - a for a, b in zip(runner["times"], runner["times"][1:]))
@@ -268,3 +268,122 @@ def test_each_row_samples_with_its_own_parameters(svc, solos):
         t.join(180)
     assert [o["tokens"] for o in outs] == alone
     assert alone[2] != solos[2]  # the penalties did change that answer (greedy otherwise)
+
+
+def _complete(svc, ids: list[int], max_tokens: int) -> tuple[list[int], int]:
+    r = svc.client.post("/v1/completions", json={"model": svc.model_id, "prompt": ids, "max_tokens": max_tokens,
+                                                 "temperature": 0.0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["v100plan"]["token_ids"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_a_follow_up_reuses_its_conversation_while_another_stream_runs(svc, solos):
+    """Prefix reuse per slot: a conversation's next turn, sent while another stream decodes, prefills only its new
+    tokens (usage's cached_tokens, /metrics) and answers what a cold `generate --tp 1` answers."""
+    ids = prompt_ids("A conversation about the weather in Paris, which")
+    first, _ = _complete(svc, ids, 16)
+    assert first == tp1_reference(tuple(ids), 16, model=svc.model_dir)["token_ids"]
+    follow = ids + first + prompt_ids(" And what about Rome")[1:]
+    want = tp1_reference(tuple(follow), 16, model=svc.model_dir)["token_ids"]
+    reused = svc.metric("v100plan_prefix_cache_reused_tokens_total")
+    runner: dict = {}
+    t = threading.Thread(target=_stream, args=(svc, prompt_ids(PROMPTS[0]), 300, runner))
+    t.start()
+    wait_until(lambda: svc.health().json()["slots_busy"] == 1, 30, 0.01, "the other stream running")
+    got, cached = _complete(svc, follow, 16)
+    done_at = time.monotonic()
+    t.join(180)
+    assert cached == len(ids) + len(first) - 1  # the whole first exchange but its answer's last token
+    assert got == want
+    # (the other stream may have reused a token or so of whichever slot it took)
+    assert svc.metric("v100plan_prefix_cache_reused_tokens_total") - reused >= cached
+    assert runner["times"][0] < done_at < runner["times"][-1]  # the other stream ran meanwhile
+    assert runner["tokens"][:MAX_TOKENS] == solos[0] and len(runner["tokens"]) == 300
+
+
+def test_speculating_requests_at_once_each_answer_their_solo_tokens():
+    """--speculative mtp with N = 3 on the hybrid + MTP demo: each slot runs its own draft-verify-rollback rounds;
+    three greedy streams sent together each answer what they answer alone, which is what `generate --tp 1`
+    answers without speculation, and the ranks report their drafts (/metrics)."""
+    model = _hybrid(mtp=True)
+    svc = ServiceProcess("--max-concurrency", "3", "--queue-cap", "0", "--max-context", "1024", "--speculative",
+                         "mtp", "--draft-tokens", "3", model=model, stall_timeout_s=60, allreduce_timeout_s=30)
+    try:
+        svc.wait_healthy(timeout_s=300)
+        svc.model_id = svc.client.get("/v1/models").json()["data"][0]["id"]
+        prompts = PROMPTS[:3]
+        want = [tp1_reference(tuple(prompt_ids(p)), 32, model=model)["token_ids"] for p in prompts]
+        alone = [_solo(svc, p, 32) for p in prompts]
+        assert alone == want
+        drafted = svc.metric("v100plan_spec_draft_tokens_total")
+        assert drafted > 0
+        outs = [{} for _ in prompts]
+        threads = []
+        for i, p in enumerate(prompts):
+            threads.append(threading.Thread(target=_stream, args=(svc, prompt_ids(p), 32, outs[i])))
+            threads[-1].start()
+            time.sleep(0.02)
+        for t in threads:
+            t.join(180)
+        assert [o.get("tokens") for o in outs] == want, outs
+        assert svc.metric("v100plan_spec_draft_tokens_total") > drafted
+        firsts, lasts = [o["times"][0] for o in outs], [o["times"][-1] for o in outs]
+        assert max(firsts) < min(lasts)  # all three decoded together
+    finally:
+        svc.stop()
+
+
+def _chat(svc, content, out: dict) -> None:
+    with httpx.Client(base_url=svc.url, timeout=120) as c:
+        r = c.post("/v1/chat/completions", json={"model": "v100plan-demo-vision", "max_tokens": 24, "temperature": 0,
+                                                 "ignore_eos": True, "messages": [{"role": "user", "content": content}]})
+    out["status"], out["body"] = r.status_code, r.json()
+    out["tokens"] = (r.json().get("v100plan") or {}).get("token_ids")
+    out["at"] = time.monotonic()
+
+
+def test_a_request_with_an_image_beside_a_text_stream_answers_as_one_at_a_time():
+    """Images with N = 2 on the vision demo: a chat with two images sent while a text stream decodes, and a text
+    chat, each answer what the same requests answer alone, and what a service with one request at a time
+    (which rewrites the model's rotary tables for the image prompt) answers."""
+    import base64
+
+    from engine.vision import demo as vdemo
+    from tests.vision_helpers import image, png
+
+    d = os.path.join(_TMP, "demo-vision")
+    if not os.path.exists(d):
+        vdemo.make(d)
+    uri = [f"data:image/png;base64,{base64.b64encode(png(image(w, h, w))).decode()}" for w, h in ((100, 70), (160, 90))]
+    with_image = [{"type": "text", "text": "see "}, {"type": "image_url", "image_url": {"url": uri[0]}},
+                  {"type": "text", "text": " and "}, {"type": "image_url", "image_url": {"url": uri[1]}}]
+    text = "no picture here, just words"
+    answers = {}
+    for n in (1, 2):
+        svc = ServiceProcess("--max-concurrency", str(n), "--max-context", "1024", model=d, stall_timeout_s=60,
+                             allreduce_timeout_s=30)
+        try:
+            svc.wait_healthy(timeout_s=300)
+            alone = [{}, {}]
+            _chat(svc, with_image, alone[0])
+            _chat(svc, text, alone[1])
+            assert [a["status"] for a in alone] == [200, 200], alone
+            answers[n] = [a["tokens"] for a in alone]
+            if n == 1:
+                continue
+            svc.model_id = "v100plan-demo-vision"
+            runner, both = {}, [{}, {}]
+            t = threading.Thread(target=_stream, args=(svc, prompt_ids(PROMPTS[1]), 200, runner))
+            t.start()
+            wait_until(lambda: svc.health().json()["slots_busy"] == 1, 30, 0.01, "the text stream running")
+            threads = [threading.Thread(target=_chat, args=(svc, c, o)) for c, o in zip((with_image, text), both)]
+            for th in threads:
+                th.start()
+            for th in threads + [t]:
+                th.join(180)
+            assert [b["tokens"] for b in both] == answers[2], both
+            assert runner["tokens"][:MAX_TOKENS] == _solo(svc, PROMPTS[1]) and both[0]["at"] < runner["times"][-1]
+        finally:
+            svc.stop()
+    assert answers[2] == answers[1]
