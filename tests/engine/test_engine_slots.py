@@ -219,7 +219,7 @@ def test_prefill_into_a_slot_writes_that_slot_only(tmp_path_factory):
 # Each rank of a TP2 pair over the gloo path: the hybrid demo's three prompts prefilled into slots, then decoded
 # together; the greedy tokens of each slot written out.
 RANK_SCRIPT = r'''
-import json, sys, threading, torch, torch.distributed as dist
+import json, os, sys, threading, torch, torch.distributed as dist
 from engine.core import config, weights
 from engine.allreduce.dist import init_control
 from engine.allreduce.select import build
@@ -243,8 +243,10 @@ for i in range(steps):
         row.append(t)
     pos = torch.tensor([len(ids) + i for ids in prompts])
     last = m.decode_batch(nxt, pos, torch.tensor(slots), 128)
-json.dump(toks, open(out, "w"))
+with open(out, "w") as fh:
+    json.dump(toks, fh)
 dist.barrier()
+os._exit(0)  # the tokens are written: skip interpreter teardown, where gloo's threads once aborted the process (-6)
 '''
 
 
