@@ -28,7 +28,7 @@ run() {  # run TREE_NAME TREE LABEL TIMEOUT ARGS...: one bench in that tree, its
   local name=$1 tree=$2 label=$3 limit=$4; shift 4
   local n=1
   while [ -e "$OUT/$label-$name-$n.json" ]; do n=$((n + 1)); done
-  (cd "$tree" && PYTHONPATH="$tree" timeout "$limit" python3 "$@" --out "$OUT/$label-$name-$n.json" \
+  (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" timeout "$limit" python3 "$@" --out "$OUT/$label-$name-$n.json" \
      > /dev/null 2> "$OUT/$label-$name-$n.err")
   echo "$label $name run $n: exit $?"
 }
