@@ -103,7 +103,8 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 "decode": service.decode.health() if pair else None,
                 "context": pair.context if pair else None,
                 "speculation": service.decode.speculation(cfg.draft_tokens),
-                "max_concurrency": cfg.max_concurrency, "slots_busy": service.slots_busy(),
+                "max_concurrency": service.max_concurrency, "slots_busy": service.slots_busy(),
+                "concurrency": service.concurrency,
                 "chat_template": text.chat_template(),
                 # MTP drafts are judged without a grammar or penalties: such requests decode one token a step
                 "not_speculated": ["response_format json", "tool_choice required or named", "logit_bias",
@@ -210,7 +211,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
         eos_ids = () if body.ignore_eos else text.eos_token_ids
         # As vLLM: a temperature below GREEDY_BELOW is greedy (dividing by it overflows float32).
         temperature = 0.0 if body.temperature < GREEDY_BELOW else body.temperature
-        if pics and cfg.max_concurrency > 1:
+        if pics and (service.max_concurrency or 1) > 1:
             raise ApiError(400, "images are not served with --max-concurrency above 1 yet (docs/service.md, "
                                 "'Concurrent requests')", "messages")
         params = GenerateParams(prompt_ids=tuple(prompt_ids), max_tokens=max_tokens or 1,
