@@ -238,7 +238,9 @@ class Rank:
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
         decoder = runner.prepare(self.model, prefix_cache_bytes=0 if a.no_prefix_cache else None,
                                  spec_tokens=self.spec_tokens)
-        decoder.info["prefix_cache"] = "off" if a.no_prefix_cache else "on"  # /health says it (every stats too)
+        # /health says it (every stats too). The batch loop (N > 1 slots, rank_batch.py) does not reuse prefixes yet:
+        # "off" there, until a slice that reuses them per slot says "on" again.
+        decoder.info["prefix_cache"] = "off" if a.no_prefix_cache or a.max_concurrency > 1 else "on"
         from engine.vision import config as vconfig
         from engine.vision import serve as vserve
 

@@ -151,6 +151,8 @@ def test_health_and_metrics_say_the_slots(svc, solos):
     body = svc.health().json()
     assert body["max_concurrency"] == N and body["slots_busy"] == 0
     assert body["concurrency"] == {"max_concurrency": N, "bound": "flag", "why": f"--max-concurrency {N}", "fits": None}
+    # the slots do not reuse prefixes yet, and the ranks say so (the acceptance suite waives prefix_reuse on it)
+    assert {d["prefix_cache"] for d in body["decode"].values()} == {"off"}
     assert svc.metric("v100plan_requests_running") == 0
 
 
