@@ -47,6 +47,10 @@ def test_prefix_reuse_is_waived_naming_the_flag_when_a_rank_says_it_is_off(tmp_p
     ctx = _ctx(tmp_path)
     ctx.decode = {"0": {"mode": "eager", "prefix_cache": "off"}, "1": {"mode": "eager", "prefix_cache": "off"}}
     assert "--no-prefix-cache" in features._prefix_applicable(ctx)
+    # off because the ranks hold several sequence slots (--max-concurrency N > 1): that is the reason given
+    ctx.shared["concurrency"] = {"max_concurrency": 4, "bound": "memory", "why": "4 at once"}
+    why = features._prefix_applicable(ctx)
+    assert "up to 4 requests at once" in why and "--no-prefix-cache" not in why
     ctx.decode = {"0": {"prefix_cache": "on"}, "1": {"prefix_cache": "on"}}
     assert features._prefix_applicable(ctx) is None
     ctx.is_engine = False

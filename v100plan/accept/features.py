@@ -49,6 +49,13 @@ def _prefix_applicable(ctx: Context) -> str | None:
         return f"needs the bundled engine (its v100plan extension); this server is {ctx.server or 'another make'}"
     said = {d.get("prefix_cache") for d in (ctx.decode or {}).values() if isinstance(d, dict)}
     if "off" in said:
+        from v100plan.accept.concurrency import served_concurrency
+
+        n = served_concurrency(ctx)["max_concurrency"]
+        if n and n > 1:  # the ranks' sequence slots (engine/service/rank_batch.py) do not reuse prefixes yet
+            return (f"the service decodes up to {n} requests at once and its ranks say prefix reuse is off: the "
+                    "sequence slots do not reuse prefixes yet (docs/service.md, 'Concurrent requests'); a service "
+                    "started with --max-concurrency 1 is checked")
         return "the service runs with --no-prefix-cache (every prompt is prefilled from its first token): " \
                "serve without that flag to check prefix reuse"
     return None
