@@ -190,6 +190,9 @@ def overrides_from_flags(max_context: int | None, dtype: str | None, kv: str | N
     from engine.allreduce.paths import ALLREDUCE_CHOICES  # stdlib-only
     from engine.core.speculative import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS  # stdlib-only
 
+    if max_context is not None and max_context < 2:
+        raise BadInput(f"--max-context {max_context}: a request needs at least one prompt and one generated "
+                       "token", hint="e.g. --max-context 4096 (default: the plan's, else the model's)")
     for flag, value, choices in (("--dtype", dtype, ("float16", "bfloat16", "float32")),
                                  ("--kv-cache-dtype", kv, ("auto", "int8")), ("--speculative", speculative, ("mtp", "off")),
                                  ("--allreduce", allreduce, ALLREDUCE_CHOICES)):
@@ -272,7 +275,9 @@ def file_sha256(path: str | Path) -> str:
 
 
 def check_speculation(settings: EngineSettings, model_dir: Path) -> None:
-    """MTP speculation asked for a model without an MTP layer is bad input here, not a release that fails to start."""
+    """MTP speculation asked for a model without an MTP layer (or beside N > 1 requests at once: check_concurrency) is
+    bad input here, not a release that fails to start."""
+    check_concurrency(settings)
     if not settings.draft_tokens:
         return
     try:
