@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from engine.bench import concurrency
 from engine.core import config as ecfg
