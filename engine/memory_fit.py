@@ -7,6 +7,7 @@ both run. Stdlib only and importing nothing else of the engine, so the control p
   bytes per element     = the element (int8: 1) + its share of a per-vector scale (int8: 4 bytes / head_dim)
   positions that fit    = floor((capacity - weights - runtime reserve - sequences x state) /
                                 (sequences x K/V per position))
+  sequences that fit    = floor((capacity - weights - runtime reserve) / (K/V per position x context + state))
 
 The runtime reserve (CUDA context, allocator slack, prefix snapshots, prefill workspace) is a measured figure kept
 in the bundled engine's profile (profiles/engines/v100plan.json, efficiency.runtime_reserve_gb, with its source);
@@ -67,6 +68,17 @@ def positions_that_fit(free_bytes: float, bytes_per_position: float, sequences: 
     if bytes_per_position <= 0:
         return 1 << 62
     return math.floor(free_bytes / (sequences * bytes_per_position))
+
+
+def sequences_that_fit(free_bytes: float, bytes_per_sequence: float) -> int:
+    """floor(free bytes / bytes one sequence holds (its K/V at the context + its linear-attention state)), 0 when
+    nothing is free; a sequence that holds nothing is never bounded by memory: a very large number then. The planner's
+    breakdown.memory.sequences_that_fit and the service's default --max-concurrency both take it (any one unit)."""
+    if free_bytes <= 0:
+        return 0
+    if bytes_per_sequence <= 0:
+        return 1 << 62
+    return max(0, int(free_bytes // bytes_per_sequence))
 
 
 def runtime_reserve(profile: Path = ENGINE_PROFILE) -> tuple[float, str]:

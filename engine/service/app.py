@@ -103,7 +103,8 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 "decode": service.decode.health() if pair else None,
                 "context": pair.context if pair else None,
                 "speculation": service.decode.speculation(cfg.draft_tokens),
-                "max_concurrency": cfg.max_concurrency, "slots_busy": service.slots_busy(),
+                "max_concurrency": service.max_concurrency, "slots_busy": service.slots_busy(),
+                "concurrency": service.concurrency,
                 "chat_template": text.chat_template(),
                 # MTP drafts are judged without a grammar or penalties: such requests decode one token a step
                 "not_speculated": ["response_format json", "tool_choice required or named", "logit_bias",

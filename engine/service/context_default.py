@@ -5,6 +5,9 @@ fits the card (docs/service.md, "Default context").
               = native, on CPU                                   (bound "native": host memory is not planned)
               = min(native, positions that fit this rank's card)  (bound "native" or "memory")
 
+positions that fit are for one sequence, or for N together when `--max-concurrency N` is given; with neither flag the
+context is chosen first (for one sequence), then how many sequences of it fit (engine/service/concurrency_default.py).
+
 What fits is engine.memory_fit's arithmetic, the planner's own: the card's memory (this rank's share of it when two
 ranks share one card), less what the rank holds once its weights (and vision tower) are loaded, less the runtime
 reserve from the bundled engine's profile, less the linear-attention state of a sequence, divided by this rank's
@@ -33,11 +36,21 @@ class Card:
 def kv_bytes_per_position(cfg: ModelConfig, world: int, dtype_bytes: int, kv_int8: bool) -> float:
     """This rank's K/V per position (full-attention layers and the MTP draft layers, its share of the KV heads)
     plus the RoPE cos/sin tables' row (2 x rotary dim x dtype bytes)."""
+    return slot_kv_bytes_per_position(cfg, world, dtype_bytes, kv_int8) + rope_bytes_per_position(cfg, dtype_bytes)
+
+
+def slot_kv_bytes_per_position(cfg: ModelConfig, world: int, dtype_bytes: int, kv_int8: bool) -> float:
+    """This rank's K/V per position of one sequence slot (full-attention layers and the MTP draft layers, its share
+    of the KV heads): what every slot holds."""
     layers = cfg.layer_types.count("full_attention") + cfg.mtp_layers
     element = (memory_fit.kv_element_bytes(1, memory_fit.INT8_SCALE_BYTES, cfg.head_dim) if kv_int8
                else float(dtype_bytes))
-    return (memory_fit.kv_bytes_per_position(layers, cfg.num_kv_heads // world, cfg.head_dim, element)
-            + 2 * cfg.rotary_dim * dtype_bytes)
+    return memory_fit.kv_bytes_per_position(layers, cfg.num_kv_heads // world, cfg.head_dim, element)
+
+
+def rope_bytes_per_position(cfg: ModelConfig, dtype_bytes: int) -> float:
+    """The RoPE cos/sin tables' row (2 x rotary dim x dtype bytes): one table for all the slots."""
+    return 2 * cfg.rotary_dim * dtype_bytes
 
 
 def state_bytes(cfg: ModelConfig, world: int, dtype_bytes: int) -> float:
@@ -51,8 +64,10 @@ def state_bytes(cfg: ModelConfig, world: int, dtype_bytes: int) -> float:
 
 
 def choose(flag: int | None, cfg: ModelConfig, *, world: int, dtype_bytes: int, kv_int8: bool,
-           card: Card | None) -> dict:
-    """{max_context, bound, why, native, fits}: ``card`` None means CPU. Raises ValueError when a GPU rank has no
+           card: Card | None, sequences: int = 1) -> dict:
+    """{max_context, bound, why, native, fits}: ``card`` None means CPU. ``sequences``: the slots the context must
+    fit in together (--max-concurrency given with no --max-context; the default concurrency is chosen after the
+    context, for one sequence: engine/service/concurrency_default.py). Raises ValueError when a GPU rank has no
     room for even a short context (the message says what to change)."""
     native = int(cfg.max_position_embeddings)
     if flag is not None:
@@ -62,16 +77,21 @@ def choose(flag: int | None, cfg: ModelConfig, *, world: int, dtype_bytes: int, 
         return {"max_context": native, "bound": "native", "native": native, "fits": None,
                 "why": f"the model's native context ({native}); on CPU host memory is not planned"}
     reserve_gb, reserve_source = memory_fit.runtime_reserve()
-    per_position = kv_bytes_per_position(cfg, world, dtype_bytes, kv_int8)
+    # S slots: S x (K/V per position) + one RoPE row per position; S x the linear-attention state
+    per_position = (slot_kv_bytes_per_position(cfg, world, dtype_bytes, kv_int8)
+                    + rope_bytes_per_position(cfg, dtype_bytes) / sequences)
     free = memory_fit.free_for_context(card.capacity_bytes, card.held_bytes, reserve_gb * memory_fit.GB,
-                                       state_bytes(cfg, world, dtype_bytes))
-    fits = memory_fit.positions_that_fit(free, per_position)
+                                       state_bytes(cfg, world, dtype_bytes), sequences)
+    fits = memory_fit.positions_that_fit(free, per_position, sequences)
+    each = f" for each of {sequences} sequences (--max-concurrency {sequences})" if sequences > 1 else ""
     arithmetic = (f"({card.capacity_bytes / 1e9:.2f} GB of {card.name or 'the card'} - {card.held_bytes / 1e9:.2f} GB "
-                  f"held - {reserve_gb:g} GB runtime reserve - linear-attention state) / "
-                  f"{per_position / 1024:.1f} KiB a position = {fits} positions")
+                  f"held - {reserve_gb:g} GB runtime reserve - linear-attention state{'s' if sequences > 1 else ''}) / "
+                  f"{sequences * per_position / 1024:.1f} KiB a position = {fits} positions{each}")
     if fits < 2:
-        raise ValueError(f"no room for a context on this card: {arithmetic}; give --max-context, --kv-cache-dtype "
-                         "int8 or a smaller (4-bit) checkpoint, or a card with more memory")
+        raise ValueError(f"no room for a context on this card: {arithmetic}; give "
+                         + ("a smaller --max-concurrency, " if sequences > 1 else "")
+                         + "--max-context, --kv-cache-dtype int8 or a smaller (4-bit) checkpoint, or a card with more "
+                           "memory")
     if fits >= native:
         return {"max_context": native, "bound": "native", "native": native, "fits": fits,
                 "why": f"the model's native context ({native}) fits: {arithmetic}"}

@@ -31,14 +31,15 @@ class ProtocolError(Exception):
 def ready(rank: int, pid: int, generation: int, allreduce: str, selftest: str,
           race: dict[str, dict[str, float]] | None, max_context: int, vocab_size: int,
           decode: dict[str, Any] | None = None, choice: dict[str, Any] | None = None,
-          context: dict[str, Any] | None = None) -> dict[str, Any]:
+          context: dict[str, Any] | None = None, concurrency: dict[str, Any] | None = None) -> dict[str, Any]:
     """``decode``: how this rank decodes and why (engine.core.runner.Decoder.info) and the card's read
     bandwidth with its source (read_bw_gbps, read_bw_source: measured | measured earlier | flag). ``choice``: why the
     allreduce path was chosen and every candidate's self-test result or the reason it was skipped. ``context``: the
-    context served and which bound chose it (engine.service.context_default.choose)."""
+    context served and which bound chose it (engine.service.context_default.choose). ``concurrency``: the sequence
+    slots held and which bound chose them (engine.service.concurrency_default)."""
     return {"type": "ready", "rank": rank, "pid": pid, "generation": generation, "allreduce": allreduce,
             "selftest": selftest, "race": race, "max_context": max_context, "vocab_size": vocab_size,
-            "decode": decode, "choice": choice, "context": context}
+            "decode": decode, "choice": choice, "context": context, "concurrency": concurrency}
 
 
 def fatal(message: str, cause: Cause = Cause.STARTUP) -> dict[str, Any]:

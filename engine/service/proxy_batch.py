@@ -20,7 +20,7 @@ from engine.service.proxy_ranks import RankPair
 class Batch:
     def __init__(self, service):
         self.svc = service
-        self.n = service.cfg.max_concurrency
+        self.n = service.max_concurrency  # serve's flags' or the first rank pair's (proxy_service._take_concurrency)
         self.inboxes: dict[str, asyncio.Queue] = {}
         self.send_lock = asyncio.Lock()
         self._dispatch: asyncio.Task | None = None

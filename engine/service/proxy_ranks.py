@@ -219,6 +219,7 @@ class RankPair:
     race: dict | None = None
     max_context: int | None = None
     context: dict | None = None  # the context served and its bound (engine.service.context_default.choose)
+    concurrency: dict | None = None  # the slots the ranks hold and their bound (engine.service.concurrency_default)
     vocab_size: int | None = None
     started_unix: float = field(default_factory=time.time)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # both ranks' messages, tagged "_rank"
@@ -405,6 +406,10 @@ async def start_pair(cfg: ServeConfig, generation: int, rank1_extra: tuple[str, 
     pair.max_context = min(contexts) if all(isinstance(c, int) for c in contexts) else r0.get("max_context")
     pair.context = dict(next((link.ready.get("context") for link in links
                               if link.ready.get("max_context") == pair.max_context), None) or {}) or None
+    # The ranks agree on their slots (the smaller figure); a rank too old to say: None.
+    held = [link.ready.get("concurrency") for link in links]
+    pair.concurrency = min((c for c in held if isinstance(c, dict) and isinstance(c.get("max_concurrency"), int)),
+                           key=lambda c: c["max_concurrency"], default=None)
     pair.vocab_size = r0.get("vocab_size")
     for link in links:
         if link.ready.get("selftest") != "passed":

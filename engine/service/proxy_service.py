@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from engine.service import protocol, watchdog
+from engine.service import concurrency_default, protocol, watchdog
 from engine.service.causes import Cause, Failure
 from engine.service.proxy_decode import DecodeReport
 from engine.service.proxy_jobs import GenerateParams, Job
@@ -100,6 +100,13 @@ class Service:
         self.queue: deque[Job] = deque()
         self.running: Job | None = None
         self.active: dict[str, Job] = {}  # --max-concurrency above 1: the requests on the ranks (proxy_batch)
+        # The requests decoded at once and what chose it (engine/service/concurrency_default.py): serve's flags and
+        # the model decided it, or (None until then) the first rank pair chose it from its cards' memory; every
+        # later pair is started with that figure, so the worker below never changes kind.
+        self.max_concurrency: int | None = cfg.max_concurrency
+        self.concurrency: dict = concurrency_default.record(cfg.max_concurrency, cfg.concurrency_bound,
+                                                            cfg.concurrency_why)
+        self._concurrency_known = asyncio.Event()
         self.budget = watchdog.RestartBudget(cfg.max_restarts)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -121,13 +128,18 @@ class Service:
         self.loop = loop
         if self.previous_exit is not None:
             self.log.emit("previous_exit", **self.previous_exit)
-        if self.cfg.max_concurrency > 1:
+        self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(self._work())]
+
+    async def _work(self) -> None:
+        """The worker that feeds the ranks: one request at a time, or up to N (proxy_batch), once N is known."""
+        if self.max_concurrency is None:
+            await self._concurrency_known.wait()
+        if self.max_concurrency > 1:
             from engine.service.proxy_batch import Batch
 
-            work = Batch(self).worker()
+            await Batch(self).worker()
         else:
-            work = self._worker()
-        self._tasks = [loop.create_task(self._lifecycle()), loop.create_task(work)]
+            await self._worker()
 
     async def drain(self, timeout_s: float) -> None:
         """SIGTERM/SIGINT: take no new request (503), let the running and queued ones finish for
@@ -197,7 +209,7 @@ class Service:
                 forks = self._forks if self._forks is not None and self._forks.alive else None
                 fault = self._start_fault()
                 reused = self._known if not fault else None
-                pair = await start_pair(self.cfg, self.generation, fault, forks, self._flags(reused))
+                pair = await start_pair(self.cfg, self.generation, fault, forks, self._pinned(self._flags(reused)))
             except RankStartError as exc:
                 cause = exc.cause
                 self._known = None  # the next start measures and races again
@@ -225,6 +237,7 @@ class Service:
                 await pair.close(grace_s=0.5)
                 return None
             self.pair = pair
+            self._take_concurrency(pair)
             self.state = "up"
             self.metrics.set("v100plan_ranks_up", 1)
             self.metrics.set("v100plan_rank_generation", pair.generation)
@@ -232,7 +245,9 @@ class Service:
                 self.metrics.set_only("v100plan_allreduce_path", 1, path=pair.allreduce)
             self.log.emit("restart" if after_failure is not None else "ranks_up",
                           generation=pair.generation, rank_pids=pair.pids, allreduce=pair.allreduce,
-                          race=pair.race, max_context=pair.max_context, context=pair.context, start_s=round(time.monotonic() - t0, 3),
+                          race=pair.race, max_context=pair.max_context, context=pair.context,
+                          max_concurrency=self.max_concurrency, concurrency=self.concurrency,
+                          start_s=round(time.monotonic() - t0, 3),
                           after=after_failure, forked=forks is not None)
             self.decode.ranks_up(pair.links)
             self._write_state()
@@ -282,6 +297,22 @@ class Service:
                 mine += ("--allreduce", known["allreduce"])
             flags.append(mine)
         return tuple(flags)
+
+    def _pinned(self, flags: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
+        """Each rank's flags, with the first pair's memory-chosen N once there is one (the rank's last
+        --max-concurrency wins over serve's `memory`)."""
+        if self.cfg.max_concurrency is not None or self.max_concurrency is None:
+            return flags
+        return tuple(f + ("--max-concurrency", str(self.max_concurrency)) for f in flags)
+
+    def _take_concurrency(self, pair: RankPair) -> None:
+        """The first pair's memory-chosen N (and why) becomes the service's, for good."""
+        if self.max_concurrency is not None:
+            return
+        chosen = pair.concurrency or concurrency_default.record(1, "memory", "the ranks did not say; one at a time")
+        self.max_concurrency = int(chosen["max_concurrency"])
+        self.concurrency = dict(chosen)
+        self._concurrency_known.set()
 
     def _read_reuse(self) -> dict | None:
         """What the previous proxy of this state dir left in service.json (read before this one rewrites it)."""
@@ -383,7 +414,8 @@ class Service:
                    if self.last_failure and self.state != "draining" else ""),
                 retry_after_s=10 if self.state == "starting" else 5,
             )
-        free = max(0, self.cfg.max_concurrency - len(self.active)) if self.cfg.max_concurrency > 1 else 0
+        n = self.max_concurrency or 1
+        free = max(0, n - len(self.active)) if n > 1 else 0
         if len(self.queue) >= self.cfg.queue_cap + free and (self.running is not None or self.active or self.queue):
             self._count_outcome("queue_full")
             raise QueueFull(f"{len(self.queue)} requests are already waiting (--queue-cap {self.cfg.queue_cap})",
@@ -396,7 +428,7 @@ class Service:
 
     def slots_busy(self) -> int:
         """Requests on the ranks now (/health)."""
-        return len(self.active) if self.cfg.max_concurrency > 1 else int(self.running is not None)
+        return len(self.active) if (self.max_concurrency or 1) > 1 else int(self.running is not None)
 
     def _count_outcome(self, outcome: str) -> None:
         self.metrics.inc("v100plan_request_outcomes_total", outcome=outcome)

@@ -41,6 +41,16 @@ DTYPES = (*dtype_rule.DTYPES, dtype_rule.AUTO)  # auto: engine.dtype_rule for th
 READ_BW_ENV = "V100PLAN_ENGINE_READ_BW_GBPS"
 
 
+def _slots(text: str) -> int | str:
+    """--max-concurrency: a number of slots, or `memory` (serve passes it when it was given no number)."""
+    if text == "memory":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a number of slots or memory, not {text!r}") from None
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory (unsharded, or a `shard` output)")
     p.add_argument("--rank", type=int, required=True, choices=(0, 1))
@@ -69,8 +79,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allreduce-timeout-s", type=float, default=DEFAULT_ALLREDUCE_TIMEOUT_S)
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt tokens per prefill step (default: 2048 on a GPU, as the field's engine, 256 on CPU)")
-    p.add_argument("--max-concurrency", type=int, default=1,
-                   help="sequence slots; above 1 requests decode together (engine/service/rank_batch.py; default: 1)")
+    p.add_argument("--max-concurrency", type=_slots, default=1,
+                   help="sequence slots; above 1 requests decode together (engine/service/rank_batch.py); memory: as "
+                        "many sequences of the context as fit this rank's card, at most 64, the smaller of the two "
+                        "ranks' figures (engine/service/concurrency_default.py; default: 1)")
     p.add_argument("--heartbeat-interval-s", type=float, default=HEARTBEAT_INTERVAL_S,
                    help="period of the heartbeat on the control socket once ready (0: none)")
     p.add_argument("--fail-selftest", action="append", default=[],
@@ -154,7 +166,7 @@ class Rank:
         from engine.core.model import Model
 
         a = self.args
-        why = concurrency_problem(a.max_concurrency)
+        why = None if a.max_concurrency == "memory" else concurrency_problem(a.max_concurrency)
         if why:
             raise ValueError(why)
         marks = [("begin", time.monotonic())]  # the start-up phases' times go to the ready log line
@@ -215,9 +227,11 @@ class Rank:
         from engine.vision.load import load_vision
 
         self.vision = None if a.no_vision else load_vision(self.model, a.model)  # replicated on both ranks
-        # The context is chosen once what the rank holds is on the card (weights, vision tower).
+        # The context is chosen once what the rank holds is on the card (weights, vision tower), then the slots.
         self.context = self._context(cfg, device, dtype)
         a.max_context = self.context["max_context"]
+        self.concurrency = self._concurrency(cfg, device, dtype)
+        a.max_concurrency = self.concurrency["max_concurrency"]
         self.model.setup_cache(a.max_context, slots=a.max_concurrency)
         marks.append(("weights", time.monotonic()))
         from engine.core import runner  # the decode step's graphs are captured now, not at the first request
@@ -248,6 +262,8 @@ class Rank:
         phases = ", ".join(f"{n} {t - p:.2f} s" for (_, p), (n, t) in zip(marks, marks[1:]))
         held = self.model.weights_info()
         log(self.r, f"context {a.max_context} (bound {self.context['bound']}: {self.context['why']})")
+        log(self.r, f"max_concurrency {a.max_concurrency} (bound {self.concurrency['bound']}: "
+                    f"{self.concurrency['why']})")
         log(self.r, f"ready: allreduce {name}, dtype {a.dtype}, device {a.device}, max_context {a.max_context}, "
                     f"weights {held['format']} {held['bytes'] / 1e9:.3f} GB, vision {decoder.info['vision']} "
                     f"(start-up {phases})")
@@ -255,22 +271,52 @@ class Rank:
                               decode={**decoder.info, **self.read_bw, "weight_bytes": self.model.weight_bytes(),
                                       "device": str(device)},
                               choice={"why": self.choice.why, "selftest": self.choice.selftest} if self.choice else None,
-                              context=self.context)
+                              context=self.context, concurrency=self.concurrency)
 
-    def _context(self, cfg, device, dtype) -> dict:
-        """--max-context, else the native context bounded by this rank's card (engine/service/context_default.py)."""
+    def _card(self, device):
+        """This rank's card for the memory defaults (None on CPU): its share of the card, what the rank holds now."""
         import torch
 
         from engine.service import context_default
 
+        if device.type != "cuda":
+            return None
+        props = torch.cuda.get_device_properties(device)
+        return context_default.Card(capacity_bytes=props.total_memory * self.args.card_share,
+                                    held_bytes=torch.cuda.memory_allocated(device), name=props.name)
+
+    def _context(self, cfg, device, dtype) -> dict:
+        """--max-context, else the native context bounded by this rank's card (engine/service/context_default.py),
+        for --max-concurrency N sequences when N is given."""
+        from engine.service import context_default
+
         a = self.args
-        card = None
-        if device.type == "cuda":
-            props = torch.cuda.get_device_properties(device)
-            card = context_default.Card(capacity_bytes=props.total_memory * a.card_share,
-                                        held_bytes=torch.cuda.memory_allocated(device), name=props.name)
         return context_default.choose(a.max_context, cfg, world=a.world, dtype_bytes=dtype.itemsize,
-                                      kv_int8=a.kv_cache_dtype == "int8", card=card)
+                                      kv_int8=a.kv_cache_dtype == "int8", card=self._card(device),
+                                      sequences=1 if a.max_concurrency == "memory" else a.max_concurrency)
+
+    def _concurrency(self, cfg, device, dtype) -> dict:
+        """--max-concurrency N, else (memory) the sequences of the chosen context that fit this rank's card, the
+        smaller of the two ranks' figures (engine/service/concurrency_default.py)."""
+        import torch
+
+        from engine.service import concurrency_default
+
+        a = self.args
+        if a.max_concurrency != "memory":
+            return concurrency_default.record(a.max_concurrency, "flag", f"--max-concurrency {a.max_concurrency}")
+        mine = concurrency_default.from_memory(a.max_context, cfg, world=a.world, dtype_bytes=dtype.itemsize,
+                                               kv_int8=a.kv_cache_dtype == "int8", card=self._card(device))
+        if self.path is None:
+            return mine
+        # Both ranks hold the same slots (their schedules are one): the smaller figure, if their cards differ.
+        both = [int(t.to("cpu").item()) for t in
+                self.path.all_gather(torch.tensor([mine["max_concurrency"]], dtype=torch.int64, device=device))]
+        if min(both) < mine["max_concurrency"]:
+            peer = 1 - self.r
+            return {**mine, "max_concurrency": min(both),
+                    "why": f"{min(both)} at once, what rank {peer}'s card fits (this rank's: {mine['why']})"}
+        return mine
 
     def _read_bw(self, device) -> dict:
         """The card's read bandwidth for the achieved fraction: the flag's, else measured now (a sum over

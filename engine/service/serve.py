@@ -249,7 +249,7 @@ def _serve(cfg, log, lock, forks) -> int:
         logging.getLogger(name).addFilter(limiter)
     log.emit("serve_start", host=cfg.host, port=cfg.port, model=text.model_id, model_dir=cfg.model_dir,
              allreduce=cfg.allreduce, devices=list(cfg.devices), dtype=cfg.dtype, queue_cap=cfg.queue_cap,
-             max_concurrency=cfg.max_concurrency,
+             max_concurrency=cfg.max_concurrency, concurrency_bound=cfg.concurrency_bound,
              stall_timeout_s=cfg.stall_timeout_s, liveness_timeout_s=cfg.liveness_timeout_s,
              max_restarts=cfg.max_restarts, max_connections=max_connections,
              fault_injection=cfg.enable_fault_injection, api_key=cfg.api_key is not None)

@@ -18,6 +18,8 @@ from engine import dtype_rule  # stdlib-only
 from engine.allreduce.paths import ALLREDUCE_CHOICES as ALLREDUCE_PATHS  # stdlib-only, like this module
 from engine.core import speculative  # stdlib-only too
 from engine.core.config import files_dir  # stdlib-only too
+from engine.service import concurrency_default  # stdlib-only too
+from engine.service.concurrency_default import MAX_CONCURRENCY
 
 # serve's exit codes that no restart mends: bad flags or model (2), a host that cannot serve (4: an extra
 # or CUDA missing). Its supervisors (supervisord, systemd) leave such an exit down and say so.
@@ -95,7 +97,10 @@ class ServeConfig:
     allow_image_urls: bool = False     # True: image_url parts may name http(s) URLs the proxy fetches
     max_images: int = 4                # image parts per request
     max_image_pixels: int = 16_777_216  # width x height of one image (engine.service.images)
-    max_concurrency: int = 1           # sequence slots per rank; above 1: continuous batching (rank_batch.py)
+    max_concurrency: int | None = 1    # sequence slots per rank; above 1: continuous batching (rank_batch.py);
+                                       # None: each GPU rank chooses it from memory (concurrency_default.py)
+    concurrency_bound: str = "flag"    # what chose max_concurrency: concurrency_default.BOUNDS
+    concurrency_why: str = ""          # ... and why, in a sentence (/health's concurrency)
 
     @property
     def is_loopback(self) -> bool:
@@ -187,10 +192,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-images", type=int, default=4, help="image parts per request (default: %(default)s)")
     parser.add_argument("--max-image-pixels", type=int, default=16_777_216,
                         help="width x height of one image, checked from its header before decoding (default: %(default)s)")
-    parser.add_argument("--max-concurrency", type=int, default=1,
+    parser.add_argument("--max-concurrency", type=int, default=None,
                         help=f"requests decoded at once, 1-{MAX_CONCURRENCY} (each rank holds that many sequence "
                              "slots; above 1 the plain torch decode runs them together, docs/service.md "
-                             "'Concurrent requests'; default: %(default)s, one at a time)")
+                             "'Concurrent requests'; default: 1 with --speculative mtp, with a vision tower loaded or "
+                             "on CPU, else as many sequences of the served context as fit the card beside the "
+                             f"weights, at most {MAX_CONCURRENCY}; /health's concurrency says which)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a rank making no progress this long during a request (or not answering an "
@@ -273,7 +280,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     for name in ("queue_cap", "max_restarts"):
         if getattr(args, name) < 0:
             raise ServeConfigError(f"--{name.replace('_', '-')} must be 0 or more")
-    why = concurrency_problem(args.max_concurrency)
+    why = concurrency_problem(args.max_concurrency) if args.max_concurrency is not None else None
     if why:
         raise ServeConfigError(why)
     if args.max_context is not None and args.max_context < 2:
@@ -299,7 +306,13 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     ping = args.ping_interval_s if args.ping_interval_s else min(10.0, args.stall_timeout_s / 4)
     # Never resolved: a symbolic link on the way is refused by the state directory's check, not followed.
     state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir(args.port)))
+    # The served N where the flags decide it; None: each GPU rank chooses from its card's memory.
+    slots = concurrency_default.before_ranks(args.max_concurrency, draft_tokens=_draft_tokens(args),
+                                             gpu=any(d.startswith("cuda") for d in devices))
     computed = {
+        "max_concurrency": slots["max_concurrency"] if slots else None,
+        "concurrency_bound": slots["bound"] if slots else "memory",
+        "concurrency_why": slots["why"] if slots else "each rank chooses it from its card's memory when it starts",
         "model_dir": str(model.resolve()),
         "api_key": api_key,
         "devices": devices,
@@ -366,9 +379,6 @@ def _draft_tokens(args: argparse.Namespace) -> int:
         raise ServeConfigError(str(e)) from None
 
 
-MAX_CONCURRENCY = 64
-
-
 def concurrency_problem(n: int) -> str | None:
     """Why --max-concurrency ``n`` cannot be served, or None (every other flag runs with any N: MTP speculation
     per slot, engine/service/rank_batch_spec.py)."""
@@ -396,7 +406,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
     ]
     if cfg.max_context is not None:
         cmd += ["--max-context", str(cfg.max_context)]
-    elif cfg.devices[0] == cfg.devices[1] and cfg.gpu:  # both ranks on one card: each plans on half of it
+    if ((cfg.max_context is None or cfg.max_concurrency is None) and cfg.devices[0] == cfg.devices[1]
+            and cfg.gpu):  # both ranks on one card: each plans on half of it
         cmd += ["--card-share", "0.5"]
     if cfg.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
@@ -406,7 +417,9 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd.append("--no-vision")
     if cfg.draft_tokens:
         cmd += ["--speculative", "mtp", "--draft-tokens", str(cfg.draft_tokens)]
-    if cfg.max_concurrency > 1:
+    if cfg.max_concurrency is None:  # the rank chooses from memory (a restart's pinned N follows in `extra`)
+        cmd += ["--max-concurrency", "memory"]
+    elif cfg.max_concurrency > 1:
         cmd += ["--max-concurrency", str(cfg.max_concurrency)]
     if cfg.enable_fault_injection:
         cmd.append("--enable-fault-injection")

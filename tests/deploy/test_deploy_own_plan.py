@@ -25,6 +25,7 @@ def test_two_v100s_run_the_plans_tp2_settings_and_the_engines_context():
     assert s.draft_tokens == plan["launch"]["draft_tokens"] == 3  # the config's MTP layer
     assert s.allreduce == tp2["allreduce_path"]
     assert s.max_context is None and "the engine's default (native, bounded by memory)" in why
+    assert s.max_concurrency == 1 and "1 request at a time (the plan's concurrency)" in why  # as the plan priced
     assert why.startswith("settings from deploy's own plan for box") and "MTP speculation with 3 draft tokens" in why
     assert origin["plan"] == "deploy's own plan for box" and origin["decode_tok_s"] == tp2["decode_tok_s"]
     assert len(origin["plan_sha256"]) == 64

@@ -60,18 +60,24 @@ def test_dry_run_prints_the_plans_serve_command(cli, env, server, port, mtp_mode
     assert cmd[1:4] == ["-m", "engine", "serve"] and cmd[0].endswith("/venv/bin/python")
     for flags in (["--dtype", "float16"], ["--kv-cache-dtype", "int8"], ["--speculative", "mtp"],
                   ["--draft-tokens", str(launch["draft_tokens"])], ["--max-context", str(launch["max_context"])],
-                  ["--device", "cuda"], ["--allreduce", launch["allreduce"]]):
+                  ["--device", "cuda"], ["--allreduce", launch["allreduce"]], ["--max-concurrency", "1"]):
         assert " ".join(flags) in line, (flags, line)
     assert "--port <SLOT_PORT>" in line and "<SLOT_DIR>/service.log" in line  # what only the host picks
     assert doc["settings"]["kv_cache_dtype"] == "int8" and doc["settings"]["draft_tokens"] == launch["draft_tokens"]
+    assert doc["settings"]["max_concurrency"] == launch["concurrency"] == 1  # the sequences the plan priced
     assert "would serve: " in sshd_mod.flat(r.stderr)
     # a flag wins over the plan, and says so
     r = _deploy(cli, server, port, mtp_model, "--plan", plan_27b, "--dry-run", "--speculative", "off",
-                "--kv-cache-dtype", "auto", "--max-context", "65536")
+                "--kv-cache-dtype", "auto", "--max-context", "65536", "--max-concurrency", "memory")
     assert r.exit_code == 0, r.stderr
     out = sshd_mod.flat(r.stdout + r.stderr)
-    assert "--speculative" not in out.split("would serve: ")[1].split("\n")[0]
-    assert "given: --max-context 65536, --kv-cache-dtype auto, --speculative off" in out
+    served = out.split("would serve: ")[1].split("\n")[0]
+    assert "--speculative" not in served and "--max-concurrency" not in served  # serve's own default
+    assert "given: --max-context 65536, --kv-cache-dtype auto, --speculative off, --max-concurrency memory" in out
+    assert "the engine's default (/health will say it)" in out  # the dry run's max concurrency row
+    # N > 1 with the plan's MTP speculation is refused here, before anything is uploaded
+    r = _deploy(cli, server, port, mtp_model, "--plan", plan_27b, "--dry-run", "--max-concurrency", "4")
+    assert r.exit_code == 2 and "4 requests at once" in sshd_mod.flat(r.stderr) and "Traceback" not in r.stderr
 
 
 def test_bad_settings_are_refused_before_connecting(cli, env, server, port, demo_model, plan_27b):
@@ -96,9 +102,12 @@ def test_deploy_runs_the_settings_and_status_shows_them(cli, env, server, port, 
         # what the service itself says it runs: the ranks' context (native on CPU) and speculation on
         assert st["health"]["context"]["bound"] == "native" and st["health"]["context"]["max_context"] == 4096
         assert st["health"]["speculation"]["draft_tokens"] == 2
+        # no --max-concurrency on CPU with MTP: one request at a time, and the bound says why
+        assert st["health"]["concurrency"]["max_concurrency"] == 1 and st["health"]["concurrency"]["bound"] == "mtp"
         r = cli("status", server.host_spec, "--deployment", DEP)
-        text = sshd_mod.flat(r.stdout)
+        text = sshd_mod.flat(r.stdout.replace("│", " "))  # a cell wrapped onto the table's next line reads on
         assert "context 4096 (native)" in text and "K/V int8" in text and "MTP 2 draft tokens" in text
+        assert "1 at once (mtp)" in text
         assert "flags: kv_cache_dtype int8, draft_tokens 2" in text
     finally:
         cli("stop", server.host_spec, "--deployment", DEP)

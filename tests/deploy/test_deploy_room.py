@@ -16,7 +16,7 @@ from v100plan.remote import room
 # nounits` prints it: 143771 MiB total (tests/fixtures/acceptance/qualify-h200x2-bf16-2026-11-30.txt); card 1
 # at the 139743 MiB used while the 27B served 256K (tests/fixtures/engine/h200-long-context-27b-256k-2026-12-02.json)
 H200_PAIR = "0, 0, 143771, 143771\n1, 139743, 143771, 4028\n"
-GPU = rel.EngineSettings(device="cuda")
+GPU = rel.EngineSettings(device="cuda", max_concurrency=1)  # deploy's GPU default: one at a time (a plan's)
 
 
 def _llama_cfg() -> dict:

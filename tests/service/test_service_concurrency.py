@@ -151,6 +151,9 @@ def test_health_and_metrics_say_the_slots(svc, solos):
         t.join(180)
     body = svc.health().json()
     assert body["max_concurrency"] == N and body["slots_busy"] == 0
+    assert body["concurrency"] == {"max_concurrency": N, "bound": "flag", "why": f"--max-concurrency {N}", "fits": None}
+    # each slot reuses its own prefixes, and the ranks say so
+    assert {d["prefix_cache"] for d in body["decode"].values()} == {"on"}
     assert svc.metric("v100plan_requests_running") == 0
 
 

@@ -78,6 +78,11 @@ def test_serve_without_max_context_serves_the_native_context(svc):
     assert card["max_model_len"] == 4096
     up = svc.events("ranks_up")
     assert up and up[-1]["max_context"] == 4096 and up[-1]["context"]["bound"] == "native"
+    # No --max-concurrency on CPU: one request at a time, and /health and ranks_up say why
+    # (tests/service/test_service_concurrency_default.py has the rule on a card)
+    assert health["max_concurrency"] == 1 and health["concurrency"]["bound"] == "cpu"
+    assert health["concurrency"]["max_concurrency"] == 1 and "on CPU" in health["concurrency"]["why"]
+    assert up[-1]["max_concurrency"] == 1 and up[-1]["concurrency"]["bound"] == "cpu"
     rank_logs = [p.read_text() for p in Path(svc.state_dir).rglob("rank0.g*.log")]
     assert rank_logs and "context 4096 (bound native" in rank_logs[-1]
     # Past the rank's old 2048: a 3000-token prompt is served, one past 4096 positions is refused.

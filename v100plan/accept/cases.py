@@ -101,7 +101,7 @@ def case(key: str, description: str, *, group: str, timeout_s: float | Callable[
 
 
 def registry() -> list[Case]:
-    from v100plan.accept import faults, features, functional, images, load, structured  # noqa: F401 - registers the cases
+    from v100plan.accept import concurrency, faults, features, functional, images, load, structured  # noqa: F401 - registers the cases
 
     return list(_REGISTRY.values())
 

@@ -21,11 +21,13 @@ from v100plan.accept.serving import SPEC_DRAFTS, health_block, spec_counters, sp
 
 F = "functional"
 # A conversation as plain text turns (any tokenizer takes it; the chat template plays no part), its
-# follow-up, and an unrelated prompt whose first characters differ from the conversation's, so the
-# engine (which keeps one sequence's state, engine/core/prefix.py) holds nothing the follow-up can reuse.
+# follow-up, and unrelated prompts whose first characters differ from the conversation's and from each other's, one
+# per sequence slot, so the engine (whose slots each keep one sequence's state, engine/core/prefix.py and
+# engine/service/rank_batch.py) holds nothing the follow-up can reuse once they ran.
 TURN_1 = "User: Tell me about the quick brown fox.\nAssistant:"
 FOLLOW_UP = "\nUser: And what did the fox do next?\nAssistant:"
-UNRELATED = "Quite another conversation begins here"
+UNRELATED = "another conversation begins here"
+OPENERS = ("Quite", "Now", "Here", "Then", "Later", "Elsewhere", "Meanwhile", "Today")
 TURN_TOKENS = 16
 NO_SPEC = ("speculation is off on this service: serve --speculative mtp [--draft-tokens K] turns it on (the model "
            "needs an MTP draft layer: mtp_num_hidden_layers in its config.json and mtp.* tensors, e.g. python -m "
@@ -60,9 +62,9 @@ def _prefix_applicable(ctx: Context) -> str | None:
 def prefix_reuse(ctx: Context) -> Outcome:
     """Proves: (1) the follow-up prefilled only what the first turn did not cover (cached_tokens, as the
     service reports it, covers the first turn's prompt); (2) its greedy answer equals the answer of the
-    same prompt sent after an unrelated request (the engine keeps one sequence's state, so that run can
-    reuse only what the unrelated prompt shares at its start, a BOS token, which its cached_tokens must
-    show: a cold prefill by the service's own account) and, with the weights here in float32, the answer
+    same prompt sent after one unrelated request per sequence slot (each slot keeps one sequence's state, so
+    that run can reuse only what the unrelated prompts share at their start, a BOS token, which its
+    cached_tokens must show: a cold prefill by the service's own account) and, with the weights here in float32, the answer
     of a fresh TP1 run with no cache; (3) the same prompt again reuses its work and answers the same."""
     o = Outcome()
     post = lambda prompt, n=TURN_TOKENS: ctx.client.post("/v1/completions", ctx.payload(prompt, n))  # noqa: E731
@@ -73,16 +75,23 @@ def prefix_reuse(ctx: Context) -> Outcome:
     warm = post(follow)
     if not o.check(warm.ok, f"the follow-up answered {warm.status}: {warm.error_message()}"):
         return o
-    evict = post(UNRELATED, 4)
+    # One unrelated request per sequence slot, one after another: each takes the slot that ended longest ago
+    # (none of them reuses another's prompt), so the last one overwrites the conversation's slot.
+    from v100plan.accept.concurrency import served_concurrency  # here: its cases register after these
+
+    slots = served_concurrency(ctx)["max_concurrency"] or 1
+    evicts = [post(f"{OPENERS[i % len(OPENERS)]} {i // len(OPENERS) or ''} {UNRELATED}".replace("  ", " "), 4)
+              for i in range(slots)]
+    evict = min(evicts, key=lambda a: _prompt_tokens(a) or 0)
     cold = post(follow)
     again = post(follow)
-    if not o.check(evict.ok and cold.ok and again.ok, f"a request answered {evict.status}/{cold.status}/"
-                                                     f"{again.status}"):
+    if not o.check(all(e.ok for e in evicts) and cold.ok and again.ok,
+                   f"a request answered {[e.status for e in evicts]}/{cold.status}/{again.status}"):
         return o
     turn1, cached = _prompt_tokens(first), _cached(warm)
     o.metrics.update({"turn_1_prompt_tokens": turn1, "follow_up_prompt_tokens": _prompt_tokens(warm),
                       "follow_up_cached_tokens": cached, "cold_cached_tokens": _cached(cold),
-                      "unrelated_prompt_tokens": _prompt_tokens(evict),
+                      "unrelated_prompt_tokens": _prompt_tokens(evict), "unrelated_requests": len(evicts),
                       "repeat_cached_tokens": _cached(again),
                       "follow_up_latency_s": round(warm.elapsed_s, 4), "cold_latency_s": round(cold.elapsed_s, 4)})
     if o.check(cached is not None, "the follow-up's usage has no prompt_tokens_details.cached_tokens"):
@@ -92,12 +101,13 @@ def prefix_reuse(ctx: Context) -> Outcome:
         o.check(turn1 is None or cached >= turn1 - 1,
                 f"the follow-up reused {cached} tokens, less than the first turn's prompt ({turn1} tokens)")
         o.check(cached < (_prompt_tokens(warm) or cached + 1), "cached_tokens covers the whole follow-up prompt")
-    # After the unrelated request the engine holds that request's state only: the follow-up can reuse what
-    # the two prompts share at their start (a tokenizer's BOS token), never the conversation.
+    # After the unrelated requests the engine's slots hold theirs only: the follow-up can reuse what the prompts
+    # share at their start (a tokenizer's BOS token), never the conversation.
     cold_cached, unrelated = _cached(cold), _prompt_tokens(evict)
     o.check(cold_cached is not None and unrelated is not None and cold_cached < unrelated and
             (turn1 is None or cold_cached < turn1 - 1),
-            f"the cold run still reused {cold_cached} tokens after an unrelated request of {unrelated}: no cold "
+            f"the cold run still reused {cold_cached} tokens after {len(evicts)} unrelated request(s) of "
+            f"{unrelated}+ tokens: no cold "
             "answer to compare with")
     o.check(warm.token_ids() == cold.token_ids(), f"the follow-up with its reused prefix answered "
                                                   f"{warm.text()[:60]!r}, the cold prompt {cold.text()[:60]!r}")

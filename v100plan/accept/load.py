@@ -1,5 +1,6 @@
 """The load scenario: N concurrent clients send M requests in all, mixing normal, streamed and
-cancelled ones. Every request must end with the reference answer, a deliberate cancel, or a clear
+cancelled ones. N is the --clients option, raised to the service's max_concurrency where its /health says more (so
+every sequence slot is used: concurrency.served_concurrency). Every request must end with the reference answer, a deliberate cancel, or a clear
 429/503 carrying Retry-After (which the client honours before it tries again); none lost, none
 answered twice, none wrong. Latency percentiles, tokens/s and one stream's decode speed are
 measured, and set against the plan's prediction when a plan is given."""
@@ -12,6 +13,7 @@ import time
 from collections import Counter
 
 from v100plan.accept.cases import Outcome, case, percentile
+from v100plan.accept.concurrency import served_concurrency
 from v100plan.accept.context import PROMPTS, Context
 
 KINDS = ("normal",) * 12 + ("stream",) * 5 + ("cancel",) * 3   # 60 % / 25 % / 15 %
@@ -147,8 +149,14 @@ def load(ctx: Context) -> Outcome:
             except Exception as exc:  # noqa: BLE001 - one request's crash is an outcome, not the suite's
                 tally.add("error", f"request {i}: {type(exc).__name__}: {exc}")
 
+    # As many clients as the service decodes at once, at least: fewer would leave slots idle and measure less.
+    slots = served_concurrency(ctx)["max_concurrency"]
+    clients = max(opts.clients, slots or 0)
+    if clients > opts.clients:
+        o.note("load", f"{clients} clients, not --clients {opts.clients}: the service decodes up to {slots} requests "
+                       "at once (its /health's max_concurrency)")
     t0 = time.monotonic()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(opts.clients)]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -171,7 +179,7 @@ def load(ctx: Context) -> Outcome:
     if served is None:
         unavailable["served_decode_tok_s"] = "no streamed request had three or more token events"
     ctx.shared["load"] = {
-        "clients": opts.clients, "requests": opts.requests, "mix": dict(mix), "outcomes": outcomes,
+        "clients": clients, "requests": opts.requests, "served_max_concurrency": slots, "mix": dict(mix), "outcomes": outcomes,
         "latency_s": {k: (round(v, 4) if v is not None else None) for k, v in
                       (("p50", percentile(lats, 50)), ("p90", percentile(lats, 90)),
                        ("p99", percentile(lats, 99)), ("max", max(lats) if lats else None))},

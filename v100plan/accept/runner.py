@@ -111,7 +111,7 @@ def run_acceptance(target: Target, options: AcceptOptions, *, plan: dict | None 
             "target": {"mode": target.mode, "endpoint": target.endpoint, "host": target.host,
                        "model": ctx.model or (target.model or "unknown"), "server": ctx.server,
                        "fault_control": ctx.fault_control, "decode": ctx.decode, "limits": ctx.limits,
-                       "speculation": ctx.speculation,
+                       "speculation": ctx.speculation, "concurrency": ctx.shared.get("concurrency"),
                        "engine": {**target.engine, "max_context": ctx.max_context} if target.engine else None,
                        "notes": notes}}
 

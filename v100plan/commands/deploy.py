@@ -24,6 +24,7 @@ from v100plan.commands.remote_options import (
     InventoryOpt,
     KeepReleasesOpt,
     KvCacheDtypeOpt,
+    MaxConcurrencyOpt,
     RemoteArgs,
     SpeculativeOpt,
     TorchOpt,
@@ -72,6 +73,7 @@ def register(app: typer.Typer) -> None:
         speculative: SpeculativeOpt = None,
         draft_tokens: DraftTokensOpt = None,
         allreduce: AllreduceOpt = None,
+        max_concurrency: MaxConcurrencyOpt = None,
         fault_injection: Annotated[bool, typer.Option("--enable-fault-injection",
                                                       help="Expose /control (loopback) for `accept`.")] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Only read the host and print every action.")] = False,
@@ -105,11 +107,9 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--port {port} is out of range", hint="a port is 1-65535")
         if health_timeout <= 0:
             raise BadInput("--health-timeout must be positive", hint="e.g. --health-timeout 300")
-        if max_context is not None and max_context < 2:
-            raise BadInput(f"--max-context {max_context}: a request needs at least one prompt and one generated "
-                           "token", hint="e.g. --max-context 4096 (default: the plan's, else the model's)")
         switch_mode = _switch_mode(switch)
-        overrides = rel.overrides_from_flags(max_context, dtype, kv_cache_dtype, speculative, draft_tokens, allreduce)
+        overrides = rel.overrides_from_flags(max_context, dtype, kv_cache_dtype, speculative, draft_tokens, allreduce,
+                                             max_concurrency)
         targets = [switch_target(t, drain_timeout, keep_releases)
                    for t in targets_of(remote, host, inventory, index_url, torch_spec)]
         interrupt_on_sigterm()  # a TERM cleans up as Ctrl-C does: the old release serving, or the new one switched
@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
                                                                       fault_injection, max_context)
             settings, given = rel.with_overrides(settings, overrides)
             chose += given
-            rel.check_speculation(settings, Path(model_dir))
+            rel.check_speculation(settings, Path(model_dir))  # and N > 1 beside it
             tell(f"chose: {chose}")
             return dp.deploy(target, model_dir, settings, dry_run=dry_run, health_timeout_s=health_timeout,
                              say=tell, chose=chose, switch_mode=switch_mode, probe_sent=sum(probe_sent),

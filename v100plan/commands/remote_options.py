@@ -32,6 +32,10 @@ DraftTokensOpt = Annotated[Optional[int], typer.Option(
     "--draft-tokens", metavar="K", help="MTP drafts per round (implies --speculative mtp; default: the plan's).")]
 AllreduceOpt = Annotated[Optional[str], typer.Option(
     "--allreduce", help="the ranks' allreduce path (default: the plan's, else auto: the engine's start-up race).")]
+MaxConcurrencyOpt = Annotated[Optional[str], typer.Option(
+    "--max-concurrency", metavar="N|memory",
+    help="Requests the engine decodes at once, 1-64, or memory: as many as fit the cards (serve's default there; "
+         "default: the plan's concurrency, else 1 on GPUs and the engine's default on CPU).")]
 KnownHostsOpt = Annotated[Optional[str], typer.Option(
     "--known-hosts", metavar="FILE", envvar="V100PLAN_KNOWN_HOSTS",
     help="known_hosts file to trust (default: ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts).")]

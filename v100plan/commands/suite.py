@@ -20,7 +20,8 @@ from v100plan.options import JsonOpt
 OutDirOpt = Annotated[Optional[Path], typer.Option(
     "--out", "-o", help="Directory for report.json, report.html, junit.xml and the service logs "
                         "(default: ./v100plan-report).")]
-ClientsOpt = Annotated[int, typer.Option("--clients", min=1, max=256, help="Concurrent clients in the load scenario.")]
+ClientsOpt = Annotated[int, typer.Option("--clients", min=1, max=256, help="Concurrent clients in the load scenario (raised to the service's max_concurrency where its /health "
+                                   "says more).")]
 RequestsOpt = Annotated[int, typer.Option("--requests", min=0, max=100000,
                                           help="Requests in all in the load scenario (0 waives it).")]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", min=1, max=50, help="Repetitions of each injected fault.")]

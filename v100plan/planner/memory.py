@@ -70,4 +70,4 @@ def sequences_that_fit(model: Model, lay: Layout, context_tokens: int, reserve_g
     free_gb = capacity_gb - lay.weights_gb_per_gpu - reserve_gb
     if per_seq_gb <= 0:
         return 0
-    return max(0, int(free_gb // per_seq_gb))
+    return memory_fit.sequences_that_fit(free_gb, per_seq_gb)  # the service's default --max-concurrency too

@@ -11,6 +11,7 @@ over SFTP and copied next to the report) -> stop that deployment, whatever happe
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,11 @@ class HostRun:
             settings = rel.EngineSettings(device="cpu", allreduce="gloo", port=self.port, fault_injection=True,
                                           chosen_by="--device cpu")
             chose = "--device cpu: both ranks on the host's CPU (float32, gloo)"
+        # qualify accepts the engine as it serves by default: as many requests at once as the cards hold (serve's
+        # memory rule; 1 on CPU, with MTP or images), not the one request its plan priced
+        if settings.max_concurrency is not None:
+            settings = replace(settings, max_concurrency=None)
+            chose += "; requests at once: the engine's default (what fits the cards; /health says it)"
         return settings, chose  # the watchdog limits deploy deploys: serve's defaults
 
     def start(self, model_dir: Path, probe: dict | None, plan: dict | None, notes: list[str], say):  # noqa: ANN001, ANN201

@@ -424,6 +424,9 @@ def deploy_rows(out: Outcome) -> list[tuple[str, object]]:
     if "after_reboot" in out.extra:
         rows.append(("after a reboot", out.extra["after_reboot"] or "nothing brings it back"))
     if out.dry_run:
+        if out.settings is not None:
+            n = out.settings.get("max_concurrency")
+            rows.append(("max concurrency", n if n is not None else "the engine's default (/health will say it)"))
         if out.extra.get("serve_command"):
             rows.append(("serve command", " ".join(out.extra["serve_command"])))
         rows.append(("actions", len(out.actions)))

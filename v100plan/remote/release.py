@@ -30,6 +30,8 @@ class EngineSettings:
     serve_extra: tuple[str, ...] = ()   # more `serve` flags (qualify's shortened watchdog limits)
     kv_cache_dtype: str = "auto"        # auto (the model's dtype) or int8
     draft_tokens: int = 0               # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
+    max_concurrency: int | None = None  # requests decoded at once (serve --max-concurrency); None: the engine's
+                                        # default (1 on CPU or with MTP; else what fits the cards)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "serve_extra", tuple(self.serve_extra))  # a manifest holds a JSON list
@@ -47,6 +49,8 @@ class EngineSettings:
             flags += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.draft_tokens:
             flags += ["--speculative", "mtp", "--draft-tokens", str(self.draft_tokens)]
+        if self.max_concurrency is not None:
+            flags += ["--max-concurrency", str(self.max_concurrency)]
         if self.fault_injection:
             flags.append("--enable-fault-injection")
         return flags + list(self.serve_extra)
@@ -57,7 +61,7 @@ class EngineSettings:
         dtype = self.dtype or ("float32" if self.device == "cpu" else "float16")
         return {"tp": 2, "devices": devices, "dtype": dtype, "allreduce": self.allreduce,
                 "max_context": self.max_context, "kv_cache_dtype": self.kv_cache_dtype,
-                "draft_tokens": self.draft_tokens}
+                "draft_tokens": self.draft_tokens, "max_concurrency": self.max_concurrency}
 
     def pinned(self) -> dict[str, Any]:
         """The settings that change what runs (not how they were chosen)."""
@@ -67,7 +71,8 @@ class EngineSettings:
             d.pop("serve_extra")
         else:
             d["serve_extra"] = list(self.serve_extra)
-        for name, default in (("kv_cache_dtype", "auto"), ("draft_tokens", 0)):  # the same: absent at their default
+        for name, default in (("kv_cache_dtype", "auto"), ("draft_tokens", 0),  # the same: absent at their default
+                              ("max_concurrency", None)):
             if d[name] == default:
                 d.pop(name)
         return d
@@ -87,7 +92,7 @@ def plan_origin(plan: dict[str, Any], source: str, sha256: str) -> dict[str, Any
             "hardware": inputs.get("hardware"), "gpus": inputs.get("gpus"), "model": inputs.get("model"),
             "context_tokens": inputs.get("context_tokens"), "workload": launch.get("workload"),
             "acceptance": launch.get("acceptance"), "decode_tok_s": tp2.get("decode_tok_s"),
-            "max_context": tp2.get("max_context")}
+            "max_context": tp2.get("max_context"), "concurrency": launch.get("concurrency")}
 
 
 SLOT_PORT = "<SLOT_PORT>"   # the port of the slot the release starts in (the front serves --port)
@@ -128,13 +133,25 @@ def settings_from_plan(plan: dict[str, Any], source: str, port: int,
                        "(it holds the model's dtype or int8)",
                        hint="plan again with --kv-cache-dtype int8 (or none), or deploy with --kv-cache-dtype")
     draft = int(launch.get("draft_tokens") or 0) if launch.get("speculative") == "mtp" else 0
+    # The plan's concurrency (plan --concurrency: the sequences it priced) is the served N; a plan made before the
+    # launch settings said it leaves the engine's default.
+    concurrency = launch.get("concurrency")
     settings = EngineSettings(device="cuda", dtype=launch["dtype"], allreduce=allreduce,
                               max_context=launch["max_context"], port=port, fault_injection=fault_injection,
-                              chosen_by=f"plan {source}", kv_cache_dtype=_PLAN_KV[kv], draft_tokens=draft)
+                              chosen_by=f"plan {source}", kv_cache_dtype=_PLAN_KV[kv], draft_tokens=draft,
+                              max_concurrency=int(concurrency) if isinstance(concurrency, int) else None)
     why = (f"settings from {source}: ranks on cuda:0 and cuda:1, {settings.dtype}, allreduce {allreduce}, "
            f"context limit {settings.max_context}, K/V {settings.kv_cache_dtype}, "
-           + (f"MTP speculation with {draft} draft tokens" if draft else "no speculation") + note)
+           + (f"MTP speculation with {draft} draft tokens" if draft else "no speculation") + ", "
+           + concurrency_phrase(settings.max_concurrency, "the plan's concurrency") + note)
     return settings, why
+
+
+def concurrency_phrase(n: int | None, whose: str) -> str:
+    """How many requests the release decodes at once, in words."""
+    if n is None:
+        return "requests at once: the engine's default (1 on CPU or with MTP; else what fits the cards)"
+    return (f"{n} requests at once" if n > 1 else "1 request at a time") + f" ({whose})"
 
 
 def settings_sentence(engine: dict[str, Any], health: dict[str, Any]) -> str:
@@ -143,8 +160,13 @@ def settings_sentence(engine: dict[str, Any], health: dict[str, Any]) -> str:
     ctx = health.get("context") or {}
     context = (f"context {ctx['max_context']} ({ctx.get('bound')})" if ctx.get("max_context") else
                f"context {s.max_context}" if s.max_context else "context: the engine's default")
+    said = health.get("concurrency") if isinstance(health.get("concurrency"), dict) else {}
+    n = said.get("max_concurrency") if isinstance(said.get("max_concurrency"), int) else s.max_concurrency
+    slots = (f"{n} at once" + (f" ({said['bound']})" if said.get("bound") else "") if n is not None
+             else "requests at once: the engine's default")
     return (f"{s.device}, {s.dtype or 'dtype by card'}, allreduce {health.get('allreduce') or s.allreduce}, {context}, "
-            f"K/V {s.kv_cache_dtype}, " + (f"MTP {s.draft_tokens} draft tokens" if s.draft_tokens else "no speculation"))
+            f"{slots}, K/V {s.kv_cache_dtype}, "
+            + (f"MTP {s.draft_tokens} draft tokens" if s.draft_tokens else "no speculation"))
 
 
 def origin_sentence(origin: dict[str, Any] | None) -> str:
@@ -162,11 +184,15 @@ def origin_sentence(origin: dict[str, Any] | None) -> str:
 
 
 def overrides_from_flags(max_context: int | None, dtype: str | None, kv: str | None, speculative: str | None,
-               draft: int | None, allreduce: str | None) -> dict:
-    """The engine settings given by flag (None: take the plan's or the probe's), each checked here."""
+               draft: int | None, allreduce: str | None, concurrency: str | None = None) -> dict:
+    """The engine settings given by flag (None: take the plan's or the probe's), each checked here. ``concurrency``:
+    --max-concurrency, a number of requests decoded at once or `memory` (the engine's default)."""
     from engine.allreduce.paths import ALLREDUCE_CHOICES  # stdlib-only
     from engine.core.speculative import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS  # stdlib-only
 
+    if max_context is not None and max_context < 2:
+        raise BadInput(f"--max-context {max_context}: a request needs at least one prompt and one generated "
+                       "token", hint="e.g. --max-context 4096 (default: the plan's, else the model's)")
     for flag, value, choices in (("--dtype", dtype, ("float16", "bfloat16", "float32")),
                                  ("--kv-cache-dtype", kv, ("auto", "int8")), ("--speculative", speculative, ("mtp", "off")),
                                  ("--allreduce", allreduce, ALLREDUCE_CHOICES)):
@@ -180,7 +206,23 @@ def overrides_from_flags(max_context: int | None, dtype: str | None, kv: str | N
     tokens = 0 if speculative == "off" else draft if draft is not None else -DEFAULT_DRAFT_TOKENS \
         if speculative == "mtp" else None
     return {"max_context": max_context, "dtype": dtype, "kv_cache_dtype": kv, "draft_tokens": tokens,
-            "allreduce": allreduce}
+            "allreduce": allreduce, "max_concurrency": _concurrency_flag(concurrency)}
+
+
+def _concurrency_flag(text: str | None) -> int | str | None:
+    """--max-concurrency N (1-64) or memory (kept as the word: with_overrides makes it the engine's default)."""
+    from engine.service.concurrency_default import MAX_CONCURRENCY  # stdlib-only
+
+    if text is None or text == "memory":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_CONCURRENCY or str(n) != text.strip():
+        raise BadInput(f"--max-concurrency {text!r}: give 1 to {MAX_CONCURRENCY}, or memory (the engine's default: "
+                       "what fits the cards)", hint="e.g. --max-concurrency 8")
+    return n
 
 
 def with_overrides(settings: EngineSettings, overrides: dict[str, Any]) -> tuple[EngineSettings, str]:
@@ -192,9 +234,11 @@ def with_overrides(settings: EngineSettings, overrides: dict[str, Any]) -> tuple
     if given.get("draft_tokens", 0) < 0:
         given["draft_tokens"] = settings.draft_tokens or -given["draft_tokens"]
     flag = {"max_context": "--max-context", "dtype": "--dtype", "kv_cache_dtype": "--kv-cache-dtype",
-            "draft_tokens": "--draft-tokens", "allreduce": "--allreduce"}
+            "draft_tokens": "--draft-tokens", "allreduce": "--allreduce", "max_concurrency": "--max-concurrency"}
     said = ", ".join("--speculative off" if k == "draft_tokens" and v == 0 else f"{flag[k]} {v}"
                      for k, v in given.items())
+    if given.get("max_concurrency") == "memory":
+        given["max_concurrency"] = None
     return replace(settings, **given), f"; given: {said}"
 
 
@@ -213,8 +257,9 @@ def settings_from_probe(report: dict[str, Any], host: str, port: int, fault_inje
     why = (f"{host} has {len(cards)} cards (compute capability {', '.join(ccs)}): ranks on cuda:0 and cuda:1, "
            f"{dtype}" + (" (no native bfloat16 below 8.0)" if old else "") +
            ", allreduce path chosen by the engine's start-up race")
+    # one request at a time, as a plan with the planner's default concurrency gives (--max-concurrency overrides)
     return EngineSettings(device="cuda", dtype=dtype, allreduce="auto", max_context=max_context, port=port,
-                          fault_injection=fault_injection, chosen_by=f"probe of {host}"), why
+                          fault_injection=fault_injection, chosen_by=f"probe of {host}", max_concurrency=1), why
 
 
 def file_sha256(path: str | Path) -> str:
@@ -222,7 +267,8 @@ def file_sha256(path: str | Path) -> str:
 
 
 def check_speculation(settings: EngineSettings, model_dir: Path) -> None:
-    """MTP speculation asked for a model without an MTP layer is bad input here, not a release that fails to start."""
+    """MTP speculation asked for a model without an MTP layer is bad input here, not a release that fails to
+    start."""
     if not settings.draft_tokens:
         return
     try:

@@ -8,8 +8,9 @@ The facts are measured on the host now, through the deploy's own remote runner:
 host's memory). On a host that lists cards, each card must hold the new release's rank beside what is in
 use there (the serving release included): need per rank = its weights (the shard manifest's bytes for
 that rank, else the planner's tp2 layout of config.json) + its share of the K/V at the release's context
-(the planner's ``kv_gb`` with ``kv_share_tp2``; the model's native context when no --max-context) +
-MARGIN_BYTES. The bundled engine puts rank r on cuda:r; with one card both ranks go on it. Every card
+(the planner's ``kv_gb`` with ``kv_share_tp2``; the model's native context when no --max-context) x the
+release's --max-concurrency + MARGIN_BYTES. A GPU release with no --max-concurrency takes as many sequence slots as its
+card holds (the engine's default from memory), so it needs the whole card: it never starts beside another. The bundled engine puts rank r on cuda:r; with one card both ranks go on it. Every card
 listed must hold it (CUDA's and nvidia-smi's orders may differ, so no card is assumed idle).
 """
 
@@ -79,7 +80,8 @@ def rank_need_bytes(config: dict[str, Any], settings: rel.EngineSettings,
     model = model_from_doc(model_doc(config, "config.json"))
     lay = layout("tp2", model, TP)
     context = settings.max_context or model.native_context
-    kv = kv_gb(model, context, lay.kv_share, 1) * 1e9 * (2 if settings.dtype == "float32" else 1)  # fp16/bf16 K/V
+    slots = settings.max_concurrency or 1  # None on a GPU: the whole card (choose), on CPU one slot
+    kv = kv_gb(model, context, lay.kv_share, slots) * 1e9 * (2 if settings.dtype == "float32" else 1)  # fp16/bf16 K/V
     weights = bytes_per_rank or [int(lay.weights_gb_per_gpu * 1e9)] * TP
     return [int(w + kv) + MARGIN_BYTES for w in weights]
 
@@ -127,6 +129,18 @@ def choose(requested: str, settings: rel.EngineSettings, cards: list[Card] | Non
             return Switch("blue-green", f"both ranks on CPU ({found}): the new release starts beside the old one", [])
         return Switch("stop-start", f"ranks on GPUs whose free memory was not measured ({found}): the old release "
                       "stops first (an outage until the new one passes /health; --switch blue-green when both fit)", [])
+    if settings.device != "cpu" and settings.max_concurrency is None:
+        # the engine's default concurrency fills each card with as many slots as fit beside its own weights
+        gpus = [{"index": c.index, "need_bytes": c.total_bytes, "free_bytes": c.free_bytes, "used_bytes": c.used_bytes,
+                 "total_bytes": c.total_bytes, "fits": False} for c in cards]
+        why = ("the new release takes as many sequence slots as its cards hold (no --max-concurrency: the engine's "
+               "default from memory), so it needs the whole card")
+        if requested == "blue-green" and serving:
+            raise BadInput(f"{host}: --switch blue-green: {why} and cannot start beside release {serving}; nothing was "
+                           "stopped", hint="deploy with --max-concurrency N (N slots that fit beside the old release), "
+                                           "or --switch stop-start (an outage until the new release passes /health)")
+        return Switch("stop-start", f"{why}: the old release stops first, an outage until the new one passes /health "
+                      "(--max-concurrency N sizes it for blue-green)", gpus)
     gpus = per_card(cards, need)
     if all(g["fits"] for g in gpus):
         return Switch("blue-green", f"every card holds the new release's rank beside what is in use there "
