@@ -75,9 +75,13 @@ def test_dry_run_prints_the_plans_serve_command(cli, env, server, port, mtp_mode
     assert "--speculative" not in served and "--max-concurrency" not in served  # serve's own default
     assert "given: --max-context 65536, --kv-cache-dtype auto, --speculative off, --max-concurrency memory" in out
     assert "the engine's default (/health will say it)" in out  # the dry run's max concurrency row
-    # N > 1 with the plan's MTP speculation is refused here, before anything is uploaded
+    # N > 1 with the plan's MTP speculation is served (a speculation round per slot); past 64, refused before upload
     r = _deploy(cli, server, port, mtp_model, "--plan", plan_27b, "--dry-run", "--max-concurrency", "4")
-    assert r.exit_code == 2 and "4 requests at once" in sshd_mod.flat(r.stderr) and "Traceback" not in r.stderr
+    assert r.exit_code == 0, r.stderr
+    served = sshd_mod.flat(r.stdout + r.stderr).split("would serve: ")[1].split("\n")[0]
+    assert "--max-concurrency 4" in served and "--speculative mtp" in served, served
+    r = _deploy(cli, server, port, mtp_model, "--plan", plan_27b, "--dry-run", "--max-concurrency", "65")
+    assert r.exit_code == 2 and "65" in sshd_mod.flat(r.stderr) and "Traceback" not in r.stderr
 
 
 def test_bad_settings_are_refused_before_connecting(cli, env, server, port, demo_model, plan_27b):

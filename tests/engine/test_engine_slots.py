@@ -35,8 +35,9 @@ def model(request, tmp_path_factory, one_thread):
     biases, o_proj's bias-free rows), a small Qwen3-Next (MoE MLPs: each row routes to its own experts); each with the relative logits tolerance against the one-sequence path."""
     name = request.param
     # an int8 cache turns the last-bit differences of a B-row product (it does not round as the one-row product
-    # does) into a neighbouring int8 code now and then: 2.5e-4 relative seen, where 16-bit caches stay below 1e-6
-    tol = 1e-3 if name.endswith("-int8") else 1e-5
+    # does) into a neighbouring int8 code now and then: 2.5e-4 relative seen here, 1.2e-3 on the CI machine (its
+    # BLAS rounds otherwise), where 16-bit caches stay below 1e-6; a stale state or a wrong slot costs whole units
+    tol = 5e-3 if name.endswith("-int8") else 1e-5
     if name == "qwen2.5-0.5b":
         return random_small_model(name, CONTEXT), tol
     if name == "qwen3-next":
