@@ -195,7 +195,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-concurrency", type=int, default=None,
                         help=f"requests decoded at once, 1-{MAX_CONCURRENCY} (each rank holds that many sequence "
                              "slots; above 1 the plain torch decode runs them together, docs/service.md "
-                             "'Concurrent requests'; default: 1 with --speculative mtp, with a vision tower loaded or "
+                             "'Concurrent requests'; default: 1 with --speculative mtp or "
                              "on CPU, else as many sequences of the served context as fit the card beside the "
                              f"weights, at most {MAX_CONCURRENCY}; /health's concurrency says which)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
