@@ -9,9 +9,12 @@ What each number is (every time a median over CUDA-graph replays between CUDA ev
                       the floor's aggregate tok/s; what the batch can gain at best over C = 1
   solo                the one-sequence service step at the context (engine.bench.decode.decode: the Decoder's CUDA
                       graph for that window with the kernels the service picks on this card): ms, tok/s, of floor
-  batched[C]          decode_batch for C sequences (slots 0..C-1, every row at position context - 1) captured in
-                      one CUDA graph per C: ms per step, aggregate tok/s (C x 1000 / ms), per-request tok/s
-                      (1000 / ms), step_ratio = ms / ms at C = 1 batched, of_floor; vs_solo: aggregate / solo tok/s
+  batched[C]          the service's batched step for C sequences (slots 0..C-1, every row at position context - 1):
+                      engine.service.batch_graphs' graph of C's row bucket (1, 2, 4, ... up to the largest C; a C
+                      between two buckets runs the larger, padded) at the Decoder's window for that position: ms per
+                      step, aggregate tok/s (C x 1000 / ms), per-request tok/s (1000 / ms), step_ratio = ms / ms at
+                      C = 1 batched, of_floor; eager_ms: the same step launched eagerly (10 in a row between CUDA
+                      events, launches included: what the service ran before the step was captured), eager_over_graph
   targets             the issue's targets from these figures: aggregate at C = 8 over C = 1 (>= 5), per-request at
                       C = 8 over C = 1 (>= 0.6), each against the batched C = 1 and against the solo step
   agreement           with --agree T: C sequences (distinct random prompts) decoded T greedy tokens together
@@ -52,7 +55,7 @@ def predictions(weight_bytes: int, per_seq_bytes: int, batches: list[int], read_
 
 def targets(batched: dict, solo_tok_s: float | None) -> dict:
     """The issue's two ratios at C = 8 (or the largest C timed, named), against batched C = 1 and the solo step."""
-    cs = sorted(int(c) for c in batched)
+    cs = sorted(int(c) for c, v in batched.items() if "error" not in v)  # a C with no graph: left out
     if 1 not in cs or len(cs) < 2:
         return {}
     c = 8 if 8 in cs else cs[-1]
@@ -67,28 +70,55 @@ def targets(batched: dict, solo_tok_s: float | None) -> dict:
     return out
 
 
-def batched(model, batches: list[int], context: int, read_gbps: float, per_seq_bytes: int) -> dict:
-    """decode_batch at each C in one CUDA graph, every row at position context - 1 in its own slot."""
+def eager_ms(model, toks, pos, slots, window: int, steps: int = 10) -> float:
+    """decode_batch launched eagerly, ``steps`` in a row between CUDA events (no host sync between them): ms per
+    step, the launches included (what the service ran before its batched step was captured)."""
     import torch
 
-    from engine.core import timing
+    for _ in range(2):
+        model.decode_batch(toks, pos, slots, window)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(steps):
+        model.decode_batch(toks, pos, slots, window)
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / steps
 
-    window = -(-context // 256) * 256
+
+def batched(model, batches: list[int], context: int, read_gbps: float, per_seq_bytes: int,
+            eager: bool = True) -> dict:
+    """The service's batched step (engine.service.batch_graphs: the graph of C's row bucket at the window the
+    Decoder picks for position context - 1), every row at position context - 1 in its own slot; ``eager``: the
+    same step launched eagerly too."""
+    import torch
+
+    from engine.core import runner, timing
+    from engine.service.batch_graphs import BatchGraphs
+
+    window = next(w for w in runner.buckets(model.max_context) if context - 1 < w)  # the Decoder's window rule
+    graphs = BatchGraphs(model, max(batches), [window])
+    graphs.capture()
     w = model.weight_bytes()
     out, base = {}, None
     for c in batches:
-        toks = torch.randint(0, model.cfg.vocab_size, (c,), device=model.device)
-        pos = torch.full((c,), context - 1, dtype=torch.long, device=model.device)
-        slots = torch.arange(c, device=model.device)
-        graph = timing.capture(lambda t=toks, p=pos, s=slots: model.decode_batch(t, p, s, window), model.device)
-        ms = timing.time_graph_ms(graph)
-        del graph
+        r, win = graphs.load([1] * c, [context - 1] * c, list(range(c)), [context - 1] * c)
+        g = graphs.graph(r, win)
+        if g is None:
+            out[str(c)] = {"error": f"no graph for {r} rows at window {win}: {graphs.info.get('eager_why')}"}
+            continue
+        ms = timing.time_graph_ms(g)
         base = base or ms
         floor = _floor_ms(w, per_seq_bytes, c, read_gbps)
-        out[str(c)] = {"ms": round(ms, 4), "aggregate_tok_s": round(c * 1000 / ms, 2),
+        out[str(c)] = {"rows": r, "window": win, "ms": round(ms, 4), "aggregate_tok_s": round(c * 1000 / ms, 2),
                        "per_request_tok_s": round(1000 / ms, 2), "step_ratio": round(ms / base, 4),
                        "of_floor": round(floor / ms, 4),
                        "total_gbps": round(x_bytes_over_ms(w + c * per_seq_bytes, ms), 1)}
+        if eager:
+            e = eager_ms(model, graphs.toks[:r], graphs.pos[:r], graphs.slots[:r], win)
+            out[str(c)].update(eager_ms=round(e, 4), eager_over_graph=round(e / ms, 3))
+    del graphs
     torch.cuda.empty_cache()
     return out
 
@@ -147,6 +177,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"))
     p.add_argument("--agree", type=int, default=0, help="greedy tokens for the agreement check (0: skip)")
     p.add_argument("--skip-solo", action="store_true", help="do not time the one-sequence service step")
+    p.add_argument("--skip-eager", action="store_true", help="do not time the batched step launched eagerly")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None, help="also write the JSON here (rewritten after every phase)")
     args = p.parse_args(argv)
@@ -214,7 +245,8 @@ def main(argv: list[str]) -> int:
         if not args.skip_solo:
             doc["solo"] = dbench.decode(model, [args.context], None, doc["read_bw_gbps"])[str(args.context)]
             emit_json(doc, args.out)
-        doc["batched"] = batched(model, args.batch_list, args.context, doc["read_bw_gbps"], per_seq)
+        doc["batched"] = batched(model, args.batch_list, args.context, doc["read_bw_gbps"], per_seq,
+                                 eager=not args.skip_eager)
     doc["targets"] = targets(doc["batched"], doc.get("solo", {}).get("tok_s"))
     emit_json(doc, args.out)
     if args.agree:

@@ -243,6 +243,12 @@ class Rank:
             decoder.info["speculation"] = {"draft_tokens": self.spec_tokens, "mode": "eager", "graphs": 0,
                                            "capture_s": None, "why": "per-slot rounds (--max-concurrency above 1)"}
         decoder.info["prefix_cache"] = "off" if a.no_prefix_cache else "on"  # /health says it (every stats too)
+        self.batch_graphs = None
+        if a.max_concurrency > 1:  # the batched step's graphs per (row bucket, window), before ready
+            from engine.service import batch_graphs
+
+            self.batch_graphs, decoder.info["batch_graphs"] = batch_graphs.for_rank(self.model, decoder,
+                                                                                  a.max_concurrency)
         from engine.vision import config as vconfig
         from engine.vision import serve as vserve
 

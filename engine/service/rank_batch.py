@@ -3,7 +3,9 @@
 N sequence slots (Model.setup_cache(context, slots=N)). Each round: both ranks agree which of the requests and
 cancels they have received are taken now, admitted requests get a free slot, one prefill chunk of the oldest
 admitted prompt runs (the prefill budget between two decode steps), then every running sequence with a
-token to decode decodes it together (Model.decode_batch: the torch forms). A finished or cancelled request frees its slot at once.
+token to decode decodes it together (Model.decode_batch: the torch forms, replayed from CUDA graphs per row bucket
+and window where the rank's decoder runs graphs: engine/service/batch_graphs.py). A finished or cancelled request
+frees its slot at once.
 
 Prefix reuse per slot (unless --no-prefix-cache): a freed slot keeps what it held (K/V, Gated DeltaNet states and
 their snapshots, the MTP draft layer's K/V), told by an engine.core.prefix.PrefixCache of its own; a new request
@@ -321,14 +323,19 @@ class BatchLoop:
                 if self.running[s].pending is not None and self.running[s].spec is None]
         if not rows:
             return
-        dev = self.model.device
-        toks = torch.tensor([s.pending for s in rows], dtype=torch.int64, device=dev)
-        pos = torch.tensor([s.pos for s in rows], dtype=torch.int64, device=dev)
-        slots = torch.tensor([s.slot for s in rows], dtype=torch.int64, device=dev)
-        rope = None
-        if any(s.delta for s in rows):  # a prompt with images: its positions after the prompt turn at pos + delta
-            rope = torch.tensor([s.pos + s.delta for s in rows], dtype=torch.int64, device=dev)
-        logits = self.model.decode_batch(toks, pos, slots, max(s.pos for s in rows) + 1, rope)
+        graphs = getattr(self.rank, "batch_graphs", None)
+        if graphs is not None:  # captured per (row bucket, window): engine/service/batch_graphs.py
+            logits = graphs.step([s.pending for s in rows], [s.pos for s in rows], [s.slot for s in rows],
+                                 [s.pos + s.delta for s in rows])
+        else:
+            dev = self.model.device
+            toks = torch.tensor([s.pending for s in rows], dtype=torch.int64, device=dev)
+            pos = torch.tensor([s.pos for s in rows], dtype=torch.int64, device=dev)
+            slots = torch.tensor([s.slot for s in rows], dtype=torch.int64, device=dev)
+            rope = None
+            if any(s.delta for s in rows):  # a prompt with images: its positions after the prompt turn at pos + delta
+                rope = torch.tensor([s.pos + s.delta for s in rows], dtype=torch.int64, device=dev)
+            logits = self.model.decode_batch(toks, pos, slots, max(s.pos for s in rows) + 1, rope)
         for i, seq in enumerate(rows):
             if self.stores:
                 self.stores[seq.slot].fed([seq.pending], seq.pos)

@@ -23,7 +23,7 @@ def test_the_floor_reads_the_weights_once_and_each_sequence_apart():
 def test_targets_judge_c8_against_the_solo_step_when_timed():
     rows = {"1": {"aggregate_tok_s": 30.0, "per_request_tok_s": 30.0},
             "8": {"aggregate_tok_s": 200.0, "per_request_tok_s": 25.0}}
-    t = concurrency.targets(rows, solo_tok_s=45.0)
+    t = concurrency.targets({**rows, "16": {"error": "no graph for 16 rows at window 4096"}}, solo_tok_s=45.0)
     assert t["c"] == 8 and t["aggregate_over_batched_1"] == pytest.approx(6.667, abs=1e-3)
     assert t["aggregate_over_solo"] == pytest.approx(4.444, abs=1e-3)
     assert t["aggregate_target_5x_met"] is False  # judged against the faster solo step
