@@ -15,6 +15,7 @@ from engine.core.model import Model
 from engine.core.sampling import Sampler
 from engine.service import protocol
 from engine.service.rank_batch import BatchLoop
+from tests.engine.test_engine_mtp_packed import checkpoints  # noqa: F401 (a fixture: the packed hybrid + MTP)
 
 CONTEXT = 256
 CHUNK = 16
@@ -198,6 +199,17 @@ def test_three_speculating_requests_at_once_each_answer_their_solo_tokens(mtp_mo
     assert [t for t, _ in got] == want
     for _, d in got:  # it did speculate: the demo's random draft layer is nearly always wrong (rolled back)
         assert d["decode"]["spec"]["draft_tokens"] > 0 and d["cached_tokens"] == 0
+
+
+def test_a_gptq_checkpoint_three_at_once_answers_its_solo_tokens_plain_and_speculating(checkpoints):  # noqa: F811
+    """The packed (GPTQ int4) hybrid with its packed draft layer: three greedy requests at once, through the batched
+    step's packed products of three rows, each answer the one-sequence runner's; speculating per slot too."""
+    m = _load(checkpoints[0])
+    assert m.weights_info()["format"].startswith("gptq-int4")
+    want = [cold(m, ids, 16) for ids in THREE]
+    for k in (0, K):
+        got = _together(Loop(m, 3, spec_tokens=k), THREE, 16)
+        assert [t for t, _ in got] == want, f"spec_tokens={k}"
 
 
 def test_accepted_drafts_in_one_slot_and_rejected_ones_in_another_leave_every_answer_exact(mtp_model, monkeypatch):
