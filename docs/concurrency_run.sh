@@ -3,7 +3,7 @@
 # padded eager step bit for bit), then the service's batched step at C = 1..16 (engine.bench.concurrency: the graph
 # of each row bucket, and the same step launched eagerly) on the 27B hybrid shape at 4K, bf16 then int4. The whole
 # script stays inside LIMIT seconds (default 300); each part gets what is left. Results in $OUT.
-#   bash docs/concurrency_run.sh   (pytest and its needs as wheels: PYTHONPATH set as the device README says)
+#   LAYERS=16 LIMIT=170 bash docs/concurrency_run.sh   (a quarter of the 27B's layers, a short lease; pytest and its needs as wheels: PYTHONPATH set as the device README says)
 set -u
 OUT=${OUT:-/tmp/concurrency-run}
 LIMIT=${LIMIT:-300}
@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.csv" 2>&1
 left() { echo $((LIMIT - SECONDS)); }
 t0=$SECONDS
-timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/gpu-junit.xml" \
+timeout 75 python3 -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/gpu-junit.xml" \
   tests/engine/test_engine_batch_graphs_gpu.py > "$OUT/gpu.log" 2>&1
 echo "gpu tests: exit $? in $((SECONDS - t0)) s"; tail -3 "$OUT/gpu.log"
 b() {  # b NAME MODULE ARGS...: inside what is left of LIMIT, 20 s kept for the next
@@ -22,5 +22,5 @@ b() {  # b NAME MODULE ARGS...: inside what is left of LIMIT, 20 s kept for the 
   timeout "$t" python3 -m "$@" --out "$OUT/$name.json" > /dev/null 2> "$OUT/$name.err"
   echo "$name: exit $? in $((SECONDS - t0)) s"
 }
-b conc-bf16-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16
-b conc-int4-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --int4 --skip-solo
+b conc-bf16-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 ${LAYERS:+--layers $LAYERS}
+b conc-int4-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --int4 --skip-solo ${LAYERS:+--layers $LAYERS}
