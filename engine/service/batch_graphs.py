@@ -15,8 +15,14 @@ Static inputs (token, position, slot, rotary position; N rows each) are filled b
 come out of one shared [N, V] buffer, copied out for the caller. Captured at start-up by both ranks in the same
 order (the allreduces of their warm-up steps pair up), before ``ready``. The warm-up steps run rows at position 0 of
 slots 0..r-1; every slot is zeroed afterwards, so no request sees them. A (rows, window) whose warm-up runs out of
-memory is not captured: that shape, and every larger window for as many rows or more, runs eagerly (the reason
-is in ``info``). Without graphs (CPU, a path that waits on the host) the loop calls decode_batch directly.
+memory is not captured at TP1: that shape, and every larger window for as many rows or more, runs eagerly (the
+reason is in ``info``); with a peer rank it ends the capture (the two ranks could disagree on what to skip, and
+their warm-up allreduces must pair up), and the loop runs every step eagerly. Without graphs (CPU, a path that
+waits on the host) the loop calls decode_batch directly.
+
+Off unless ``serve --batch-graphs``: its GPU check (tests/engine/test_engine_batch_graphs_gpu.py: replays equal
+the padded eager step bit for bit) and its bench (docs/concurrency_run.sh) are written and have not run on a GPU
+yet; the padding and the buffers are checked on CPU (tests/engine/test_engine_batch_graphs.py).
 """
 
 from __future__ import annotations
@@ -99,6 +105,8 @@ class BatchGraphs:
                             self._run(r, w)
                     torch.cuda.current_stream(dev).wait_stream(side)
                 except torch.OutOfMemoryError:
+                    if self.model.comm is not None:
+                        raise
                     torch.cuda.current_stream(dev).wait_stream(side)
                     torch.cuda.synchronize(dev)
                     torch.cuda.empty_cache()
@@ -156,11 +164,14 @@ class BatchGraphs:
         return self.out[:b].clone()
 
 
-def for_rank(model, decoder, n: int) -> tuple[BatchGraphs | None, dict]:
-    """(the batch loop's graphs, what /health says of them): captured now when N > 1 and the rank's decoder runs
-    graphs; else None (the loop calls decode_batch eagerly), with the reason."""
+def for_rank(model, decoder, n: int, enabled: bool = False) -> tuple[BatchGraphs | None, dict]:
+    """(the batch loop's graphs, what /health says of them): captured now when ``enabled`` (serve --batch-graphs),
+    N > 1 and the rank's decoder runs graphs; else None (the loop calls decode_batch eagerly), with the reason."""
     if n < 2:
         return None, {"mode": "none", "why": "one sequence at a time (the Decoder's graphs)"}
+    if not enabled:
+        return None, {"mode": "eager", "why": "serve --batch-graphs not given (off by default until the captured "
+                                              "step's GPU check has run: docs/service.md)"}
     if not getattr(decoder, "graphs", False):
         return None, {"mode": "eager", "why": "the decoder runs no graphs here (CPU, or an allreduce path that "
                                               "waits on the host)"}

@@ -71,6 +71,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt from its first token (default: reuse what the ranks hold, "
                         "engine.core.prefix)")
+    p.add_argument("--batch-graphs", action="store_true",
+                   help="N > 1: the batched step replayed from CUDA graphs (engine/service/batch_graphs.py)")
     speculative.add_arguments(p)
     p.add_argument("--no-vision", action="store_true",
                    help="do not load the checkpoint's vision tower (its memory stays free; images are refused)")
@@ -247,8 +249,8 @@ class Rank:
         if a.max_concurrency > 1:  # the batched step's graphs per (row bucket, window), before ready
             from engine.service import batch_graphs
 
-            self.batch_graphs, decoder.info["batch_graphs"] = batch_graphs.for_rank(self.model, decoder,
-                                                                                  a.max_concurrency)
+            self.batch_graphs, decoder.info["batch_graphs"] = batch_graphs.for_rank(
+                self.model, decoder, a.max_concurrency, enabled=a.batch_graphs)
         from engine.vision import config as vconfig
         from engine.vision import serve as vserve
 

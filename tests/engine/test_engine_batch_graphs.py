@@ -62,3 +62,32 @@ def test_a_position_past_the_last_window_and_too_many_rows_are_refused(hybrid):
         g.step([1], [128], [0], [128])
     with pytest.raises(ValueError, match="at most 2 sequences"):
         g.step([1, 2, 3], [4, 4, 4], [0, 1, 0], [4, 4, 4])
+
+
+def test_serve_batch_graphs_is_opt_in_reaches_the_ranks_and_each_rank_says_why_it_runs_eagerly(hybrid, tmp_path):
+    import argparse
+
+    from engine.core import demo, runner
+    from engine.service import batch_graphs
+    from engine.service import serve_config as sc
+    from engine.service.rank import add_args
+
+    rp = argparse.ArgumentParser()
+    add_args(rp)
+
+    demo.make(tmp_path, arch="llama")
+    p = argparse.ArgumentParser()
+    sc.add_serve_arguments(p)
+    on = sc.config_from_args(p.parse_args(["--model", str(tmp_path), "--max-concurrency", "4", "--batch-graphs"]))
+    off = sc.config_from_args(p.parse_args(["--model", str(tmp_path), "--max-concurrency", "4"]))
+    assert "--batch-graphs" not in sc.rank_command(off, 0, 1, "/tmp/rv", "/tmp/sock")
+    assert rp.parse_args(sc.rank_command(on, 0, 1, "/tmp/rv", "/tmp/sock")[4:]).batch_graphs  # after -m engine rank
+
+    m = hybrid
+    m.setup_cache(CONTEXT, slots=4)
+    dec = runner.prepare(m)  # on CPU: no graphs
+    assert batch_graphs.for_rank(m, dec, 1, enabled=True)[1]["mode"] == "none"
+    g, info = batch_graphs.for_rank(m, dec, 4)
+    assert g is None and info["mode"] == "eager" and "--batch-graphs not given" in info["why"]
+    g, info = batch_graphs.for_rank(m, dec, 4, enabled=True)
+    assert g is None and info["mode"] == "eager" and "runs no graphs here" in info["why"]
