@@ -104,6 +104,7 @@ def create_app(service: Service, text: ModelText, pool: TextPool | None = None) 
                 "context": pair.context if pair else None,
                 "speculation": service.decode.speculation(cfg.draft_tokens),
                 "max_concurrency": service.max_concurrency, "slots_busy": service.slots_busy(),
+                "slots": service.slots(), "queue_depth": len(service.queue),
                 "concurrency": service.concurrency,
                 "chat_template": text.chat_template(),
                 # MTP drafts are judged without a grammar or penalties: such requests decode one token a step

@@ -430,6 +430,14 @@ class Service:
         """Requests on the ranks now (/health)."""
         return len(self.active) if (self.max_concurrency or 1) > 1 else int(self.running is not None)
 
+    def slots(self) -> list[dict]:
+        """Each request on the ranks now, oldest first (keyed /health): its id and the positions its sequence holds
+        (prompt + tokens generated so far: the context its slot serves)."""
+        jobs = list(self.active.values()) if (self.max_concurrency or 1) > 1 else [j for j in (self.running,) if j]
+        return [{"request": j.id, "prompt_tokens": len(j.params.prompt_ids), "completion_tokens": j.completion_tokens,
+                 "context_tokens": len(j.params.prompt_ids) + j.completion_tokens}
+                for j in sorted(jobs, key=lambda j: j.started_monotonic or 0.0)]
+
     def _count_outcome(self, outcome: str) -> None:
         self.metrics.inc("v100plan_request_outcomes_total", outcome=outcome)
 

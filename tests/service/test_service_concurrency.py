@@ -143,14 +143,21 @@ def test_health_and_metrics_say_the_slots(svc, solos):
 
     def all_running():
         seen["running"] = max(seen["running"], svc.metric("v100plan_requests_running"))
-        seen["busy"] = max(seen["busy"], svc.health().json()["slots_busy"])
+        h = svc.health().json()
+        seen["busy"] = max(seen["busy"], h["slots_busy"])
+        if h["slots_busy"] == N:
+            seen["slots"] = h["slots"]
         return seen["running"] == N and seen["busy"] == N
 
     wait_until(all_running, 60, 0.05, "all slots busy")
     for t in threads:
         t.join(180)
+    # each running request with the positions its slot holds: its prompt and what it generated so far
+    lengths = sorted(len(prompt_ids(p)) for p in PROMPTS)
+    assert sorted(s["prompt_tokens"] for s in seen["slots"]) == lengths, seen["slots"]
+    assert all(s["context_tokens"] == s["prompt_tokens"] + s["completion_tokens"] for s in seen["slots"])
     body = svc.health().json()
-    assert body["max_concurrency"] == N and body["slots_busy"] == 0
+    assert body["max_concurrency"] == N and body["slots_busy"] == 0 and body["slots"] == [] and body["queue_depth"] == 0
     assert body["concurrency"] == {"max_concurrency": N, "bound": "flag", "why": f"--max-concurrency {N}", "fits": None}
     # each slot reuses its own prefixes, and the ranks say so
     assert {d["prefix_cache"] for d in body["decode"].values()} == {"on"}
