@@ -1,8 +1,9 @@
 """The batched decode step of ``serve --max-concurrency N`` as CUDA graphs, one per (row bucket, window).
 
-Model.decode_batch is hundreds of small torch kernels per layer; launched one by one from Python they cost more
-than the weights take to read (docs/engine-speed.md, "Concurrent decoding"). Where the rank's Decoder runs graphs
-(a CUDA card, and a capturable allreduce path at TP2), the batch loop replays captured steps instead:
+Model.decode_batch is tens of small torch kernels per layer, each launched from Python when run eagerly; the
+concurrency bench timed it as one graph per C (docs/engine-speed.md, 2026-12-06), which is not how the service
+ran it. Where the rank's Decoder runs graphs (a CUDA card, and a capturable allreduce path at TP2), the batch loop
+replays captured steps instead (how much that saves over the eager launches is what the bench's eager_ms is for):
 
   rows     buckets 1, 2, 4, 8, ... up to N (N itself the last): B running sequences take the smallest bucket that
            holds them; the rows past B repeat row 0 (its token, position, slot and rotary position), so they compute

@@ -185,6 +185,49 @@ class Model:
 
 
 @dataclass(frozen=True)
+class BatchedStepRow:
+    """One measured context of the engine's batched decode step: the one-sequence step's ms and the batched step's
+    ms for C sequences decoded together, all of one run."""
+    context_tokens: int
+    solo_ms: float
+    step_ms: dict[int, float]
+
+    def ratios(self) -> dict[int, float]:
+        """C -> the batched step's time over the one-sequence step's (the step ratio)."""
+        return {c: ms / self.solo_ms for c, ms in sorted(self.step_ms.items())}
+
+
+@dataclass(frozen=True)
+class BatchedStepFamily:
+    name: str                         # "bf16", "int4": the weights the figures were measured with
+    formats: tuple[str, ...]          # the weight formats they stand for
+    rows: tuple[BatchedStepRow, ...]  # by context, smallest first
+
+
+@dataclass(frozen=True)
+class BatchedStep:
+    """The profile's ``batched_step``: what the engine's step for C sequences costs against its one-sequence step."""
+    source: str
+    note: str
+    families: tuple[BatchedStepFamily, ...]
+
+    def family_for(self, fmt: str) -> BatchedStepFamily | None:
+        return next((f for f in self.families if fmt in f.formats), None)
+
+
+def _batched_step(entry: dict[str, Any] | None) -> BatchedStep | None:
+    if not entry:
+        return None
+    families = tuple(
+        BatchedStepFamily(name, tuple(fam["formats"]), tuple(sorted(
+            (BatchedStepRow(int(r["context_tokens"]), float(r["solo_ms"]),
+                            {int(c): float(ms) for c, ms in r["step_ms"].items()}) for r in fam["contexts"]),
+            key=lambda r: r.context_tokens)))
+        for name, fam in entry["families"].items())
+    return BatchedStep(entry["source"], entry["note"], families)
+
+
+@dataclass(frozen=True)
 class Engine:
     id: str
     name: str
@@ -216,6 +259,9 @@ class Engine:
     multi_node: bool = False                   # pipeline/tensor parallel across boxes
     max_concurrency: int | None = None         # most sequences decoded together (None: the engine batches)
     max_concurrency_source: str = ""
+    # The engine's measured batched decode step (concurrency > 1 priced as its one-sequence round x the step's
+    # ratio, batch_step.py). None: C sequences' reads with the weights once, as the arithmetic says.
+    batched_step: BatchedStep | None = None
     aliases: tuple[str, ...] = ()
     generic_generations: tuple[str, ...] = ()  # generations the generation-free figures were calibrated on
     # Under tensor parallel: "split" (vocab parallel, each rank reads 1/tp of the output head) or "replicated"
@@ -522,6 +568,7 @@ def engine_from_doc(doc: dict[str, Any], others: Mapping[str, dict[str, Any]] | 
         max_tp=int(doc.get("max_tp", 2)), multi_node=bool(doc.get("multi_node", False)),
         max_concurrency=(doc.get("max_concurrency") or {}).get("value"),
         max_concurrency_source=(doc.get("max_concurrency") or {}).get("source", ""),
+        batched_step=_batched_step(doc.get("batched_step")),
         aliases=tuple(doc.get("aliases") or ()), generic_generations=tuple(doc.get("calibrated_generations") or ()),
         tp_output_head=(doc.get("tp_output_head") or {}).get("value", "split"),
         tp_output_head_source=(doc.get("tp_output_head") or {}).get("source", "default: vocab parallel"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from v100plan.planner import allreduce as ar
-from v100plan.planner import calibration, card_scaling, nearest, uncertainty
+from v100plan.planner import batch_step, calibration, card_scaling, nearest, uncertainty
 from v100plan.planner.decode import Round, decode_round, read_ms, round_overhead_ms, tokens_per_round
 from v100plan.planner.formats import weight_format
 from v100plan.planner.inputs import Engine, Hardware, Model, Target
@@ -47,11 +47,18 @@ def _clock_ratio(hw: Hardware, lay: Layout) -> float:
 
 
 def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Target,
-              choice: ar.PathChoice | None, tpr: float, reserve_gb: float, verified_tokens: int) -> StrategyResult:
+              choice: ar.PathChoice | None, tpr: float, reserve_gb: float, verified_tokens: int,
+              batch: batch_step.StepRatio | None = None) -> StrategyResult:
+    """One strategy. ``batch`` (an engine with a measured batched step, concurrency > 1): the round is priced as
+    ONE sequence's (weights once, one sequence's K/V and state) x batch.value (the step ratio; for speculating
+    sequences, which take their rounds in turn, the concurrency); the ceilings stay the physical ones."""
     lay = layout(name, model, target.gpus, verified_tokens * target.concurrency,
                  head_replicated=engine.tp_output_head == "replicated")
     card = hw.card
     C = target.concurrency
+    Cr = 1 if batch else C  # the sequences the priced round reads
+    lay_r = layout(name, model, target.gpus, verified_tokens, head_replicated=engine.tp_output_head == "replicated") \
+        if batch else lay
     mem = memory_per_gpu(model, lay, target.context_tokens, C, reserve_gb, card.memory_gb)
     maxc = max_context(model, lay, C, reserve_gb, card.memory_gb)
     path = choice.path if (lay.tp >= 2 and choice) else "none"
@@ -120,11 +127,15 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
                               aggregate_ceiling_tok_s=round(ceiling * C * lay.streams, 2), round_ms=None, prefill_s=None,
                               reason=reason, **base)
 
+    ceiling_read_gb = weights_gb + kv_read_gb  # the physical floor: weights once, C sequences' K/V and state
+    if batch:
+        kv_read_gb = Cr * model.kv_bytes_at(target.context_tokens) * lay_r.kv_read_share / 1e9
+        weights_gb = lay_r.weights_read_gb + Cr * model.state_bytes_per_sequence * lay_r.kv_read_share / 1e9
     ratio = _clock_ratio(hw, lay)
     ar_us, ar_source = None, None
     if lay.tp > 2:
         # Wider than two: the box's figure for this many cards, else log2(tp) two-card allreduces (allreduce.py).
-        wide = ar.wide_allreduce(hw, engine, lay.tp, model.allreduce_bytes_per_token * verified_tokens * C, choice)
+        wide = ar.wide_allreduce(hw, engine, lay.tp, model.allreduce_bytes_per_token * verified_tokens * Cr, choice)
         ar_us, ar_source = wide.us, wide.source
         base["allreduce_path"] = wide.path
     elif lay.tp == 2 and choice:
@@ -133,11 +144,11 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
     hop_us = choice.decode_us if choice else 0.0
     if lay.pp > 1:
         net = hw.network
-        hop_us = (net.latency_us + model.allreduce_bytes_per_token * verified_tokens * C / (net.bw_gbps * 1e3)) if net else 0.0
+        hop_us = (net.latency_us + model.allreduce_bytes_per_token * verified_tokens * Cr / (net.bw_gbps * 1e3)) if net else 0.0
     per_layer = speeds.per_layer.value
     overhead_ms = round_overhead_ms(oh.value, per_layer, model.layers) * scale.overhead_factor
     draft_ms = _draft_ms(model, engine, card.read_bw.value, fw.value, oh.value, per_layer, verified_tokens - 1)
-    verify_ms = _verify_compute_ms(model, engine, hw, verified_tokens * C, lay.tp)
+    verify_ms = _verify_compute_ms(model, engine, hw, verified_tokens * Cr, lay.tp)
     rnd: Round = decode_round(
         weights_gb=weights_gb, kv_gb=kv_read_gb, bw_gbps=card.read_bw.value, weight_fraction=fw.value,
         kv_fraction=fk.value, overhead_ms=overhead_ms, clock_ratio=ratio,
@@ -159,6 +170,16 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         breakdown["decode"].update(overhead_constant_ms=oh.value, overhead_per_layer_ms=per_layer, layers=model.layers)
     if rnd.draft_ms:
         breakdown["decode"]["draft_ms"] = round(rnd.draft_ms, 3)
+    round_ms, ceiling_tok_s = rnd.total_ms, rnd.ceiling_tok_s
+    if batch:
+        round_ms = rnd.total_ms * batch.value
+        ceiling_tok_s = tpr / read_ms(ceiling_read_gb, card.read_bw.value) * 1e3
+        breakdown["decode"].update(
+            one_sequence_round_ms=round(rnd.total_ms, 3), ceiling_read_gb=round(ceiling_read_gb, 3),
+            ceiling_ms=round(read_ms(ceiling_read_gb, card.read_bw.value), 3), batch_step_how=batch.how,
+            batch_step_basis=batch.basis, batch_step_source=batch.source,
+            **({"batch_step_ratio": round(batch.value, 4), "batch_step_family": batch.family} if batch.kind == "batched"
+               else {"rounds_in_turn": C}))
     prefill_s, prefill_breakdown, why_not = _prefill(hw, model, engine, target, choice, lay, ratio)
     if prefill_breakdown:
         breakdown["prefill"] = prefill_breakdown
@@ -166,11 +187,11 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         reason += f"; no prefill estimate: {why_not}"
     elif model.vision:
         breakdown["image"] = _image_prefill(hw, model, engine, lay.tp, ratio)
-    per_stream = rnd.tok_s
+    per_stream = tpr / round_ms * 1e3
     return StrategyResult(
         fits=True, decode_tok_s=round(per_stream, 2), aggregate_tok_s=round(per_stream * C * lay.streams, 2),
-        decode_ceiling_tok_s=round(rnd.ceiling_tok_s, 2), aggregate_ceiling_tok_s=round(rnd.ceiling_tok_s * C * lay.streams, 2),
-        round_ms=round(rnd.total_ms, 3), prefill_s=prefill_s, reason=reason, **base,
+        decode_ceiling_tok_s=round(ceiling_tok_s, 2), aggregate_ceiling_tok_s=round(ceiling_tok_s * C * lay.streams, 2),
+        round_ms=round(round_ms, 3), prefill_s=prefill_s, reason=reason, **base,
     )
 
 
@@ -247,13 +268,14 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
     ctx = format_tokens(target.context_tokens)
     lines = [f"bandwidth {hw.card.read_bw.value:g} GB/s ({hw.card.read_bw.source})"]
     if d:
+        one = "one_sequence_round_ms" in d  # a round of several sequences priced from the engine's measured step
         fw_tp2 = " (tp2 figure)" if r.name == "tp2" and engine.tp2_weight_bw_fraction.value is not None else ""
         fk_tp2 = " (tp2 figure)" if r.name == "tp2" and engine.tp2_kv_bw_fraction.value is not None else ""
         lines += [
             f"weights read per round {d['weights_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['weight_bw_fraction']:g}"
             f"{fw_tp2}) = {d['weights_ms']:.2f} ms",
             f"KV read at {ctx}: {d['kv_read_gb']:.2f} GB / ({d['bandwidth_gbps']:g} GB/s x {d['kv_bw_fraction']:g}{fk_tp2}) "
-            f"= {d['kv_ms']:.2f} ms ({model.kv_bytes_per_token:.0f} bytes/token x {target.concurrency} sequence(s))",
+            f"= {d['kv_ms']:.2f} ms ({model.kv_bytes_per_token:.0f} bytes/token x {1 if one else target.concurrency} sequence(s))",
             _overhead_line(d, engine),
         ]
         if d["allreduce_ms"]:
@@ -265,10 +287,20 @@ def _why(r: StrategyResult, hw: Hardware, model: Model, engine: Engine, target: 
             lines.append(f"{k} draft step(s) ({model.draft_kind}) {d['draft_ms']:.2f} ms")
         formula = (f"(1 - {acceptance:g}^{k + 1}) / (1 - {acceptance:g})" if definition == "per_token" and k
                    else f"1 + {k} x {acceptance:g}")
+        if one and "batch_step_ratio" in d:
+            lines.append(f"{target.concurrency} sequences in one batched step: one-sequence round "
+                         f"{d['one_sequence_round_ms']:.2f} ms x step ratio {d['batch_step_ratio']:g} ({d['batch_step_how']}: "
+                         f"{d['batch_step_basis']}) = {r.round_ms:.2f} ms")
+        elif one:
+            lines.append(f"{d['rounds_in_turn']} speculating sequences take their rounds in turn: "
+                         f"{d['rounds_in_turn']} x {d['one_sequence_round_ms']:.2f} ms = {r.round_ms:.2f} ms between one "
+                         "request's rounds (an upper bound: the eager per-slot round is not measured)")
+        ceiling_gb = (f"{d['ceiling_read_gb']:.2f} GB ({target.concurrency} sequences' K/V)" if one
+                      else f"{d['weights_read_gb']:.2f} + {d['kv_read_gb']:.2f} GB")
         lines += [
             f"round {r.round_ms:.2f} ms; tokens per round {formula} = {d['tokens_per_round']:g}; "
             f"decode {d['tokens_per_round']:g} / {r.round_ms:.2f} ms = {r.decode_tok_s:.1f} tok/s per stream",
-            f"ceiling {d['tokens_per_round']:g} / ({d['weights_read_gb']:.2f} + {d['kv_read_gb']:.2f} GB / {d['bandwidth_gbps']:g} GB/s "
+            f"ceiling {d['tokens_per_round']:g} / ({ceiling_gb} / {d['bandwidth_gbps']:g} GB/s "
             f"= {d['ceiling_ms']:.2f} ms) = {r.decode_ceiling_tok_s:.1f} tok/s",
         ]
     lines.append(f"memory per GPU: weights {gib(m['weights_gb']):.2f} + KV {gib(m['kv_gb']):.2f} + reserve "
@@ -345,6 +377,29 @@ def _with_intervals(r: StrategyResult, bands: dict | None, rung: str, unmodelled
 def unmodelled_structures(model: Model) -> list[str]:
     """What the model declares that the planner does not price (its 'unmodelled: X' assumptions)."""
     return [a.removeprefix("unmodelled: ") for a in model.assumptions if a.startswith("unmodelled: ")]
+
+
+def _batch_pricing(model: Model, engine: Engine, target: Target, k: int) -> tuple[batch_step.StepRatio | None, list[str]]:
+    """How a round of several sequences is priced where the engine's batched step is measured (batch_step.py):
+    (the step ratio or the speculative rounds in turn, the notes that say so); (None, []) for one sequence or an
+    engine without the table (C sequences' reads, weights once)."""
+    C = target.concurrency
+    if C <= 1 or engine.batched_step is None:
+        return None, []
+    if k:
+        return batch_step.in_turn(C), [
+            f"engine {engine.id} does not batch speculating sequences ({batch_step.SPECULATIVE_SOURCE}): with {C} "
+            f"requests each takes its own round in turn, so per request = the one-sequence speculative round's tok/s / "
+            f"{C} and aggregate = that round's tok/s; an upper bound: the eager per-slot round's extra cost over the "
+            "graph round priced here is not measured"]
+    fmt = model.format
+    r = batch_step.step_ratio(engine.batched_step, fmt, C, target.context_tokens)
+    if r is None:
+        return None, [f"engine {engine.id}'s batched step is not measured for {fmt} weights: {C} sequences priced by "
+                      "their reads (weights once, each sequence's K/V), which the measured step is far slower than"]
+    return r, [f"engine {engine.id} decodes {C} sequences in one batched step: each round is the one-sequence round x "
+               f"{r.value:.3f}, the batched step's time over the one-sequence step's ({r.how}: {r.basis}); "
+               f"from {r.source}; {engine.batched_step.note}"]
 
 
 def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Target, bands: dict | None = None) -> Plan:
@@ -426,7 +481,9 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
                          f"log2({tp}) two-card allreduces")
         else:
             notes.append(f"tp{tp}: no {tp}-GPU or two-card allreduce figure for {hardware.card.id}: allreduces not priced")
-    results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1) for n in names]
+    batch, batch_notes = _batch_pricing(model, engine, target, k)
+    notes += batch_notes
+    results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1, batch) for n in names]
     rec = _recommend(results, target.objective)
     why: list[str] = []
     launch = None
