@@ -48,6 +48,20 @@ def slot_kv_bytes_per_position(cfg: ModelConfig, world: int, dtype_bytes: int, k
     return memory_fit.kv_bytes_per_position(layers, cfg.num_kv_heads // world, cfg.head_dim, element)
 
 
+def batch_workspace_bytes_per_position(cfg: ModelConfig, world: int, dtype_bytes: int, kv_int8: bool) -> float:
+    """The batched step's transient memory per row and position (N > 1 only): Model.decode_batch gathers each row's
+    window of K and V out of its slot ([kv heads, W, head dim] in the compute dtype, and with an int8 cache the
+    gathered codes and scales before they are dequantised), then the float32 scores and their softmax and the
+    probabilities in the compute dtype ([heads, W]) and the row's float32 mask, one attention layer at a time
+    (engine/model/attention.py decode_rows). Not held between steps, but a rank must have room for it with every
+    slot at its last position, so each slot is planned with it."""
+    if not cfg.layer_types.count("full_attention"):
+        return 0.0
+    kv, heads, hd = cfg.num_kv_heads // world, cfg.num_heads // world, cfg.head_dim
+    gathered = 2 * kv * hd * dtype_bytes + (2 * kv * (hd + memory_fit.INT8_SCALE_BYTES) if kv_int8 else 0)
+    return gathered + heads * (4 + 4 + dtype_bytes) + 4
+
+
 def rope_bytes_per_position(cfg: ModelConfig, dtype_bytes: int) -> float:
     """The RoPE cos/sin tables' row (2 x rotary dim x dtype bytes): one table for all the slots."""
     return 2 * cfg.rotary_dim * dtype_bytes
@@ -79,7 +93,8 @@ def choose(flag: int | None, cfg: ModelConfig, *, world: int, dtype_bytes: int, 
     reserve_gb, reserve_source = memory_fit.runtime_reserve()
     # S slots: S x (K/V per position) + one RoPE row per position; S x the linear-attention state
     per_position = (slot_kv_bytes_per_position(cfg, world, dtype_bytes, kv_int8)
-                    + rope_bytes_per_position(cfg, dtype_bytes) / sequences)
+                    + rope_bytes_per_position(cfg, dtype_bytes) / sequences
+                    + (batch_workspace_bytes_per_position(cfg, world, dtype_bytes, kv_int8) if sequences > 1 else 0))
     free = memory_fit.free_for_context(card.capacity_bytes, card.held_bytes, reserve_gb * memory_fit.GB,
                                        state_bytes(cfg, world, dtype_bytes), sequences)
     fits = memory_fit.positions_that_fit(free, per_position, sequences)
