@@ -209,16 +209,21 @@ def test_each_strategy_says_how_many_sequences_its_cards_hold_and_that_many_fit(
     assert not over["fits"] and "per GPU" in over["reason"]
 
 
-def test_the_bundled_engine_is_not_planned_to_batch_what_it_serves_one_at_a_time(cli):
-    """Its profile says it decodes one sequence at a time: four concurrent requests fit no strategy (they
-    would queue), with the reason and the way out; one request plans as before."""
-    r = cli("plan", "--engine", "v100plan", "--concurrency", "4", "--json")
+def test_the_bundled_engine_is_planned_to_batch_what_it_now_serves_together(cli):
+    """serve --max-concurrency decodes up to 64 sequences in one batched step: four concurrent requests plan (no
+    'would queue' refusal), each at the one-sequence round's speed over the measured step ratio (more in
+    test_planner_batched_step.py); 65 are past what the service takes and refused."""
+    base = ("plan", "--hardware", "h200", "--gpus", "1", "--engine", "v100plan", "--weights", "int4-gptq", "--context", "4K",
+            "--draft-tokens", "0")
+    one = next(s for s in cli.json(*base, "--concurrency", "1")["strategies"] if s["name"] == "single")
+    four = next(s for s in cli.json(*base, "--concurrency", "4")["strategies"] if s["name"] == "single")
+    assert four["fits"] and "would queue" not in four["reason"]
+    assert four["decode_tok_s"] == pytest.approx(one["decode_tok_s"] / (43.26 / 8.37), rel=1e-3)  # int4 4K, C = 4
+    assert four["aggregate_tok_s"] == pytest.approx(4 * four["decode_tok_s"], rel=1e-3)
+    r = cli(*base, "--concurrency", "65", "--json")
     assert r.exit_code == 1
-    doc = json.loads(r.stdout)
-    assert not any(s["fits"] for s in doc["strategies"])
-    assert all("decodes at most 1 sequence(s) at once: 4 concurrent requests would queue" in s["reason"]
-               for s in doc["strategies"])
-    assert any(s["fits"] for s in cli.json("plan", "--engine", "v100plan", "--concurrency", "1")["strategies"])
+    assert all("decodes at most 64 sequence(s) at once: 65 concurrent requests would queue" in s["reason"]
+               for s in json.loads(r.stdout)["strategies"])
 
 
 @pytest.mark.parametrize("card, bw, gib, cc, bf16", [

@@ -74,7 +74,8 @@ def _evaluate(name: str, hw: Hardware, model: Model, engine: Engine, target: Tar
         problems.append(f"engine {engine.id} does not run {name} (it runs {', '.join(engine.strategies)})")
     if engine.max_concurrency is not None and C > engine.max_concurrency:
         problems.append(f"engine {engine.id} decodes at most {engine.max_concurrency} sequence(s) at once: {C} concurrent "
-                        "requests would queue, not batch (plan --concurrency 1, or --engine vllm / sglang)")
+                        f"requests would queue, not batch (plan --concurrency {engine.max_concurrency} or fewer, or "
+                        "--engine vllm / sglang)")
     if lay.pp > 1 and not engine.multi_node:
         problems.append(f"engine {engine.id} does not run across nodes (vllm and sglang do)")
     if lay.tp >= 2 and target.gpus >= 2 and choice is None:

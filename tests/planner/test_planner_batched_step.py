@@ -1,0 +1,163 @@
+"""The bundled engine decodes several sequences in one batched step (serve --max-concurrency N > 1), and the plan
+prices a round of C sequences as the one-sequence round x the step's measured ratio (v100plan/planner/batch_step.py).
+
+The expected figures are worked out here from the bench's milliseconds as docs/engine-speed.md writes them up
+('2026-12-06, nvidia-h100-x1 ... house check and batching': python -m engine.bench.concurrency, one H100, the 27B
+hybrid shape), not read back from the engine profile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from v100plan import plan_inputs
+from v100plan.planner import Target
+from v100plan.planner.plan import plan_strategies
+from v100plan.planning import load_engine, load_hardware, plan_document
+
+# docs/engine-speed.md, 2026-12-06: the one-sequence step ("solo") and the batched step for C sequences, in ms
+BF16_4K_SOLO, BF16_4K = 19.81, {1: 31.49, 2: 33.47, 4: 36.83, 8: 45.03, 16: 61.03}
+BF16_64K_SOLO, BF16_64K = 21.06, {1: 42.43, 4: 80.89}
+INT4_4K_SOLO, INT4_4K = 8.37, {1: 19.71, 2: 39.76, 4: 43.26, 8: 51.34, 16: 67.35}
+
+HW, MODEL = "h200", "qwen3.5-27b"  # one card that holds the 27B in bf16
+
+
+def _plan(c: int, context: str = "4K", weights: str = "bf16", draft_tokens: int | None = 0) -> dict:
+    return plan_document(HW, 1, MODEL, "v100plan", context, None, c, "latency", weights=weights,
+                         draft_tokens=draft_tokens)
+
+
+def _single(doc: dict) -> dict:
+    return next(s for s in doc["strategies"] if s["name"] == "single")
+
+
+def _r4(c: float) -> float:
+    """The bf16 4K step ratio, linear between the measured counts (the line through 8 and 16 beyond them)."""
+    xs = sorted(BF16_4K)
+    if c > xs[-1]:
+        a, b = xs[-2], xs[-1]
+    else:
+        a, b = max(x for x in xs if x <= c), min(x for x in xs if x >= c)
+    if a == b:
+        return BF16_4K[a] / BF16_4K_SOLO
+    ms = BF16_4K[a] + (BF16_4K[b] - BF16_4K[a]) * (c - a) / (b - a)
+    return ms / BF16_4K_SOLO
+
+
+def test_eight_sequences_at_4k_run_at_the_measured_batched_step_over_the_solo_step():
+    one, eight = _single(_plan(1)), _single(_plan(8))
+    assert one["fits"] and eight["fits"]
+    per_request = one["decode_tok_s"] / (BF16_4K[8] / BF16_4K_SOLO)
+    assert eight["decode_tok_s"] == pytest.approx(per_request, rel=1e-3)
+    assert eight["aggregate_tok_s"] == pytest.approx(8 * eight["decode_tok_s"], rel=1e-3)
+    assert eight["round_ms"] == pytest.approx(one["round_ms"] * BF16_4K[8] / BF16_4K_SOLO, rel=1e-3)
+    d = eight["breakdown"]["decode"]
+    assert d["batch_step_how"] == "measured" and d["batch_step_family"] == "bf16"
+    assert "docs/engine-speed.md" in d["batch_step_source"] and "H100" in d["batch_step_source"]
+    # the ceilings stay physical: weights read once for all eight, each sequence's K/V; the round is far above
+    assert eight["decode_ceiling_tok_s"] < one["decode_ceiling_tok_s"]
+    assert eight["decode_ceiling_tok_s"] > one["decode_ceiling_tok_s"] / 1.5  # not divided by the step ratio (2.27)
+    assert eight["aggregate_ceiling_tok_s"] == pytest.approx(8 * eight["decode_ceiling_tok_s"], rel=1e-3)
+
+
+def test_a_count_between_measured_ones_is_interpolated_and_one_past_16_extrapolated():
+    one = _single(_plan(1))["decode_tok_s"]
+    two, three, four = (_single(_plan(c)) for c in (2, 3, 4))
+    assert three["decode_tok_s"] == pytest.approx(one / _r4(3), rel=1e-3)
+    assert two["decode_tok_s"] > three["decode_tok_s"] > four["decode_tok_s"]
+    assert three["breakdown"]["decode"]["batch_step_how"] == "interpolated"
+    doc = _plan(32)
+    big = _single(doc)
+    want = (BF16_4K[16] + (BF16_4K[16] - BF16_4K[8]) * 2) / BF16_4K_SOLO  # the line through C = 8 and 16, at 32
+    assert want == pytest.approx(_r4(32))
+    assert big["decode_tok_s"] == pytest.approx(one / want, rel=1e-3)
+    assert big["breakdown"]["decode"]["batch_step_how"] == "extrapolated"
+    assert "C = 32 extrapolated linearly from C = 8 and 16" in big["breakdown"]["decode"]["batch_step_basis"]
+    assert any("extrapolated" in n and "batched step" in n for n in doc["notes"])
+
+
+def test_one_sequence_plans_are_the_solo_step_as_before():
+    hw, engine = load_hardware(HW, 1), load_engine("v100plan")
+    model, _ = plan_inputs.load_model(MODEL, "bf16", None, engine, None, 0)
+    target = Target(context_tokens=4096, gpus=1, concurrency=1, draft_tokens=0)
+    with_table = plan_strategies(hw, model, engine, target).strategy("single")
+    without = plan_strategies(hw, model, replace(engine, batched_step=None), target).strategy("single")
+    assert engine.batched_step is not None
+    assert with_table.decode_tok_s == without.decode_tok_s and with_table.round_ms == without.round_ms
+    assert "batch_step_ratio" not in with_table.breakdown["decode"]
+    # and for C > 1 the table is what slows the round: the arithmetic alone (weights once) would be far faster
+    eight = replace(target, concurrency=8)
+    assert (plan_strategies(hw, model, engine, eight).strategy("single").decode_tok_s
+            < 0.5 * plan_strategies(hw, model, replace(engine, batched_step=None), eight).strategy("single").decode_tok_s)
+
+
+def test_an_engine_whose_profile_caps_concurrency_still_refuses_more():
+    hw, engine = load_hardware(HW, 1), load_engine("v100plan")
+    capped = replace(engine, max_concurrency=2)
+    model, _ = plan_inputs.load_model(MODEL, "bf16", None, engine, None, 0)
+    res = plan_strategies(hw, model, capped, Target(context_tokens=4096, gpus=1, concurrency=4, draft_tokens=0))
+    assert not any(r.fits for r in res.strategies)
+    assert all("decodes at most 2 sequence(s) at once: 4 concurrent requests would queue" in r.reason
+               for r in res.strategies)
+    assert plan_strategies(hw, model, capped, Target(context_tokens=4096, gpus=1, concurrency=2,
+                                                     draft_tokens=0)).strategy("single").fits
+
+
+def test_more_sequences_than_the_card_holds_still_fail_on_memory():
+    fit = _single(_plan(1, "64K"))["breakdown"]["memory"]["sequences_that_fit"]
+    assert 1 < fit < 64
+    assert _single(_plan(fit, "64K"))["fits"]
+    over = _single(_plan(fit + 1, "64K"))
+    assert not over["fits"] and "per GPU" in over["reason"]
+
+
+def test_int4_weights_take_the_int4_ratios_held_at_every_context():
+    one, eight = _single(_plan(1, weights="int4-gptq")), _single(_plan(8, weights="int4-gptq"))
+    assert eight["decode_tok_s"] == pytest.approx(one["decode_tok_s"] / (INT4_4K[8] / INT4_4K_SOLO), rel=1e-3)
+    assert eight["breakdown"]["decode"]["batch_step_family"] == "int4"
+    far1, far8 = _single(_plan(1, "64K", "int4-gptq")), _single(_plan(8, "64K", "int4-gptq"))
+    assert far8["decode_tok_s"] == pytest.approx(far1["decode_tok_s"] / (INT4_4K[8] / INT4_4K_SOLO), rel=1e-3)
+    d = far8["breakdown"]["decode"]
+    assert d["batch_step_how"] == "extrapolated" and "only 4K measured for int4" in d["batch_step_basis"]
+
+
+def test_long_contexts_add_the_64k_increment_in_log2_context():
+    # the 64K row's increment over 4K: a fixed part (C = 1) and a part per row (C = 4 against C = 1), linear in C
+    d1 = BF16_64K[1] / BF16_64K_SOLO - BF16_4K[1] / BF16_4K_SOLO
+    d4 = BF16_64K[4] / BF16_64K_SOLO - BF16_4K[4] / BF16_4K_SOLO
+
+    def ratio(c: int, ctx: int) -> float:
+        t = math.log2(ctx / 4096) / 4
+        return _r4(c) + t * (d1 + (c - 1) * (d4 - d1) / 3)
+
+    at64 = _single(_plan(1, "64K"))["decode_tok_s"]
+    four = _single(_plan(4, "64K"))
+    assert four["decode_tok_s"] == pytest.approx(at64 / (BF16_64K[4] / BF16_64K_SOLO), rel=1e-3)
+    assert four["breakdown"]["decode"]["batch_step_how"] == "measured"
+    two = _single(_plan(2, "64K"))
+    assert two["decode_tok_s"] == pytest.approx(at64 / ratio(2, 65536), rel=1e-3)
+    assert two["breakdown"]["decode"]["batch_step_how"] == "interpolated"
+    # 16K, eight sequences: between the 4K ratio and the one extrapolated to C = 8 at 64K
+    r16 = _single(_plan(8, "16K"))["breakdown"]["decode"]["batch_step_ratio"]
+    assert r16 == pytest.approx(ratio(8, 16384), abs=1e-4)
+    assert _r4(8) < r16 < ratio(8, 65536)
+    assert _single(_plan(8, "16K"))["breakdown"]["decode"]["batch_step_how"] == "extrapolated"  # C = 8 past 4 at 64K
+    # beyond 64K: extrapolated in log2(context), said
+    far = _single(_plan(4, "128K"))["breakdown"]["decode"]
+    assert far["batch_step_ratio"] == pytest.approx(ratio(4, 131072), abs=1e-4)
+    assert far["batch_step_how"] == "extrapolated" and "beyond the 4K and 64K rows" in far["batch_step_basis"]
+
+
+def test_speculating_sequences_take_their_rounds_in_turn():
+    one, doc = _single(_plan(1, draft_tokens=None)), _plan(4, draft_tokens=None)
+    four = _single(doc)
+    assert doc["inputs"]["draft_tokens"] > 0
+    assert four["aggregate_tok_s"] == pytest.approx(one["decode_tok_s"], rel=1e-3)
+    assert four["decode_tok_s"] == pytest.approx(one["decode_tok_s"] / 4, rel=1e-3)
+    assert four["breakdown"]["decode"]["rounds_in_turn"] == 4
+    assert any("does not batch speculating sequences" in n and "upper bound" in n
+               and "eager per-slot round's extra cost" in n and "not measured" in n for n in doc["notes"])
