@@ -8,6 +8,7 @@ hybrid shape), not read back from the engine profile.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import replace
 
@@ -161,3 +162,15 @@ def test_speculating_sequences_take_their_rounds_in_turn():
     assert four["breakdown"]["decode"]["rounds_in_turn"] == 4
     assert any("does not batch speculating sequences" in n and "upper bound" in n
                and "eager per-slot round's extra cost" in n and "not measured" in n for n in doc["notes"])
+
+
+def test_the_launch_line_serves_the_sequences_the_plan_priced():
+    from engine.service import serve_config
+
+    parser = argparse.ArgumentParser()
+    serve_config.add_serve_arguments(parser)
+    argv = _plan(8)["launch"]["commands"][0]["argv"]
+    assert argv[:4] == ["python", "-m", "engine", "serve"] and parser.parse_args(argv[4:]).max_concurrency == 8
+    assert "--max-concurrency" not in " ".join(_plan(1)["launch"]["commands"][0]["argv"])  # serve's default as before
+    doc = _plan(8)
+    assert any("--batch-graphs" in n and "eagerly" in n and "not measured" in n for n in doc["notes"])

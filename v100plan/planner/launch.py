@@ -13,7 +13,8 @@ first node's address. Flags as the engines document them:
 - llama.cpp: `llama-server -m MODEL.gguf -ngl 99 -c CTX --split-mode layer`, and `-fa on -ctk T -ctv T`
   for a quantized KV cache.
 - the bundled engine: `python -m engine serve --model MODEL --device cuda:0,cuda:1 --max-context CTX --dtype D`
-  (+ `--kv-cache-dtype int8`, `--speculative mtp --draft-tokens K` where the plan has them); its two ranks on one
+  (+ `--kv-cache-dtype int8`, `--speculative mtp --draft-tokens K` where the plan has them, `--max-concurrency C`
+  where it plans C > 1 sequences); its two ranks on one
   card (`--device cuda:0,cuda:0`) for single, one service per card for replicas; it does not split layers.
 - TensorRT-LLM: `trtllm-serve MODEL --tp_size N --pp_size M --max_seq_len CTX` (its OpenAI-compatible server; the
   dtype is the checkpoint's).
@@ -106,6 +107,8 @@ def _bundled(model: Any, lay: Any, target: Any, dtype: str, k: int) -> list[dict
         base += ["--kv-cache-dtype", "int8"]
     if k and getattr(model, "draft_kind", "") == "mtp":
         base += ["--speculative", "mtp", "--draft-tokens", str(k)]
+    if target.concurrency > 1:  # the sequences the plan priced (serve's own default is memory's, or 1 with MTP)
+        base += ["--max-concurrency", str(target.concurrency)]
     if lay.name == "tp2":
         return [{"node": "all", "argv": base + ["--device", "cuda:0,cuda:1"]}]
     if lay.name == "single":
