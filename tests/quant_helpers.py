@@ -188,3 +188,40 @@ def held_bytes(tensors: dict[str, torch.Tensor], desc_act: bool) -> int:
             if name.endswith(("q_proj.g_idx", "o_proj.g_idx", "gate_proj.g_idx", "down_proj.g_idx")):
                 n += t.numel() * 4
     return n
+
+
+# the projections a 4-bit release of the hybrid packs (decoder and MTP draft layer alike)
+HYBRID_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv",
+               "in_proj_z", "out_proj")
+
+
+def pack_checkpoint(src: Path, packed_dir: Path, dense_dir: Path | None, group: int) -> dict[str, torch.Tensor]:
+    """A checkpoint directory's projections (HYBRID_PROJ) packed GPTQ v1 sym (group ``group``) into ``packed_dir``,
+    and the same weights dequantised as a plain checkpoint into ``dense_dir`` (when given); every other file copied.
+    Returns the packed file's tensors."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(src / "model.safetensors"))
+    raw = json.loads((src / "config.json").read_text())
+    packed, dense = {}, {}
+    for name, t in tensors.items():
+        if not name.endswith(".weight") or name.split(".")[-2] not in HYBRID_PROJ:
+            packed[name] = dense[name] = t
+            continue
+        g_idx = _group_index(t.shape[1], group, None)
+        q, zeros, scales = quantise(t.float(), g_idx, True, min_zero=1)
+        dense[name] = dequantise(q, zeros, scales, g_idx).to(t.dtype).contiguous()
+        base = name.removesuffix(".weight")
+        packed.update({f"{base}.{part}": v.contiguous() for part, v in pack_gptq(q, zeros, scales, g_idx).items()})
+    quant = {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": True,
+                                     "desc_act": False, "checkpoint_format": "gptq"}}
+    for d, held, extra in ((packed_dir, packed, quant), (dense_dir, dense, {})):
+        if d is None:
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        save_file(held, str(d / "model.safetensors"), metadata={"format": "pt"})
+        (d / "config.json").write_text(json.dumps({**raw, **extra}))
+        for f in src.iterdir():
+            if f.name not in ("model.safetensors", "config.json") and f.is_file():
+                (d / f.name).write_bytes(f.read_bytes())
+    return packed

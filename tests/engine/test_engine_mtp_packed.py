@@ -11,19 +11,16 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from engine.core import config as ecfg
 from engine.core import quant, runner, weights
 from engine.core.model import Model
 from engine.core.sampling import Sampler
 from tests.engine_helpers import REPO
-from tests.quant_helpers import _group_index, dequantise, pack_gptq, quantise
+from tests.quant_helpers import pack_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/engine/conftest.py
 
-PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv", "in_proj_z",
-        "out_proj")
 PROMPTS = [[1, 17, 200, 42, 5, 99, 7, 150, 3, 3, 3, 3], list(range(40, 70))]
 GROUP = 32
 
@@ -32,31 +29,8 @@ GROUP = 32
 def checkpoints(mtp_demo_dir, tmp_path_factory):
     """(packed: GPTQ v1 sym g32, every projection of the decoder and of the draft layer; dense: the same weights
     dequantised, as a plain checkpoint; the packed file's tensors)."""
-    src = load_file(str(mtp_demo_dir / "model.safetensors"))
-    raw = json.loads((mtp_demo_dir / "config.json").read_text())
-    packed, dense = {}, {}
-    for name, t in src.items():
-        mod = name.split(".")[-2]
-        if not name.endswith(".weight") or mod not in PROJ:
-            packed[name] = dense[name] = t
-            continue
-        g_idx = _group_index(t.shape[1], GROUP, None)
-        q, zeros, scales = quantise(t.float(), g_idx, True, min_zero=1)
-        dense[name] = dequantise(q, zeros, scales, g_idx).to(t.dtype).contiguous()
-        base = name.removesuffix(".weight")
-        packed.update({f"{base}.{part}": v.contiguous() for part, v in pack_gptq(q, zeros, scales, g_idx).items()})
-    out = {}
-    for key, tensors, extra in (("packed", packed, {"quantization_config": {
-            "quant_method": "gptq", "bits": 4, "group_size": GROUP, "sym": True, "desc_act": False,
-            "checkpoint_format": "gptq"}}), ("dense", dense, {})):
-        d = tmp_path_factory.mktemp(f"mtp-{key}")
-        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
-        (d / "config.json").write_text(json.dumps({**raw, **extra}))
-        for f in mtp_demo_dir.iterdir():
-            if f.name not in ("model.safetensors", "config.json") and f.is_file():
-                (d / f.name).write_bytes(f.read_bytes())
-        out[key] = d
-    return out["packed"], out["dense"], packed
+    packed, dense = tmp_path_factory.mktemp("mtp-packed"), tmp_path_factory.mktemp("mtp-dense")
+    return packed, dense, pack_checkpoint(mtp_demo_dir, packed, dense, GROUP)
 
 
 def _load(d) -> Model:

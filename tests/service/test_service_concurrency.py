@@ -312,16 +312,32 @@ def test_a_follow_up_reuses_its_conversation_while_another_stream_runs(svc, solo
     assert runner["tokens"][:MAX_TOKENS] == solos[0] and len(runner["tokens"]) == 300
 
 
-def test_speculating_requests_at_once_each_answer_their_solo_tokens():
-    """--speculative mtp with N = 3 on the hybrid + MTP demo: each slot runs its own draft-verify-rollback rounds;
-    three greedy streams sent together each answer what they answer alone, which is what `generate --tp 1`
-    answers without speculation, and the ranks report their drafts (/metrics)."""
-    model = _hybrid(mtp=True)
+def _packed() -> str:
+    """The hybrid + MTP demo with every projection (the draft layer's too) packed GPTQ int4, group 32."""
+    from pathlib import Path
+
+    from tests.quant_helpers import pack_checkpoint
+
+    out = os.path.join(_TMP, "demo-qwen3_5-mtp-gptq")
+    if not os.path.exists(out):
+        pack_checkpoint(Path(_hybrid(mtp=True)), Path(out), None, 32)
+    return out
+
+
+@pytest.mark.parametrize("weights", ["dense", "gptq"])
+def test_speculating_requests_at_once_each_answer_their_solo_tokens(weights):
+    """--speculative mtp with N = 3 on the hybrid + MTP demo, as it is and packed GPTQ int4 (every projection, the
+    draft layer's too): each slot runs its own draft-verify-rollback rounds; three greedy streams sent together
+    each answer what they answer alone, which is what `generate --tp 1` answers without speculation, and the ranks
+    report their drafts (/metrics)."""
+    model = _hybrid(mtp=True) if weights == "dense" else _packed()
     svc = ServiceProcess("--max-concurrency", "3", "--queue-cap", "0", "--max-context", "1024", "--speculative",
                          "mtp", "--draft-tokens", "3", model=model, stall_timeout_s=60, allreduce_timeout_s=30)
     try:
         svc.wait_healthy(timeout_s=300)
         svc.model_id = svc.client.get("/v1/models").json()["data"][0]["id"]
+        formats = {d["weights"]["format"].split("-g")[0] for d in svc.health().json()["decode"].values()}
+        assert formats == ({"gptq-int4"} if weights == "gptq" else {"bfloat16", "float32"} & formats), formats
         prompts = PROMPTS[:3]
         want = [tp1_reference(tuple(prompt_ids(p)), 32, model=model)["token_ids"] for p in prompts]
         alone = [_solo(svc, p, 32) for p in prompts]
