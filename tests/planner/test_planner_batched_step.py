@@ -153,6 +153,20 @@ def test_long_contexts_add_the_64k_increment_in_log2_context():
     assert far["batch_step_how"] == "extrapolated" and "beyond the 4K and 64K rows" in far["batch_step_basis"]
 
 
+def _pair(c: int, draft_tokens: int | None) -> dict:
+    """The default V100 pair (tp2 fits, its allreduces priced) with the 27B's int4 weights at 4K."""
+    return plan_document("v100-pg500-216", 2, MODEL, "v100plan", "4K", None, c, "latency", weights="int4-gptq",
+                         draft_tokens=draft_tokens)
+
+
+def test_a_pair_prices_the_one_sequence_round_with_its_own_allreduces():
+    one, eight = ({s["name"]: s for s in _pair(c, 0)["strategies"] if s["fits"]} for c in (1, 8))
+    assert {"single", "tp2"} <= set(eight)
+    for name, s in eight.items():
+        assert s["decode_tok_s"] == pytest.approx(one[name]["decode_tok_s"] / (INT4_4K[8] / INT4_4K_SOLO), rel=1e-3), name
+        assert s["breakdown"]["decode"]["allreduce_ms"] == one[name]["breakdown"]["decode"]["allreduce_ms"]
+
+
 def test_speculating_sequences_take_their_rounds_in_turn():
     one, doc = _single(_plan(1, draft_tokens=None)), _plan(4, draft_tokens=None)
     four = _single(doc)
@@ -160,6 +174,11 @@ def test_speculating_sequences_take_their_rounds_in_turn():
     assert four["aggregate_tok_s"] == pytest.approx(one["decode_tok_s"], rel=1e-3)
     assert four["decode_tok_s"] == pytest.approx(one["decode_tok_s"] / 4, rel=1e-3)
     assert four["breakdown"]["decode"]["rounds_in_turn"] == 4
+    solo, many = ({s["name"]: s for s in _pair(c, None)["strategies"] if s["fits"]} for c in (1, 3))
+    assert "tp2" in many
+    for name, s in many.items():  # every strategy, tp2's allreduces included: three rounds of one sequence in turn
+        assert s["aggregate_tok_s"] == pytest.approx(solo[name]["aggregate_tok_s"], rel=1e-3), name
+        assert s["decode_tok_s"] == pytest.approx(solo[name]["decode_tok_s"] / 3, rel=1e-3), name
     assert any("does not batch speculating sequences" in n and "upper bound" in n
                and "eager per-slot round's extra cost" in n and "not measured" in n for n in doc["notes"])
 

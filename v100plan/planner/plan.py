@@ -437,9 +437,13 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
         reserve = engine.runtime_reserve_gb.value
     if not hardware.card.read_bw.source.startswith("measured"):
         notes.append(f"{hardware.card.id}: bandwidth is nominal, not measured; run `v100plan probe` for a measured figure")
+    # Where the engine's batched step is measured, a round of several sequences is priced from the one-sequence
+    # round, whose allreduces carry one sequence's tokens.
+    batch, batch_notes = _batch_pricing(model, engine, target, k)
+    notes += batch_notes
     choice = None
     if hardware.gpus >= 2 or target.gpus >= 2:
-        decode_bytes = (k + 1) * model.allreduce_bytes_per_token * target.concurrency
+        decode_bytes = (k + 1) * model.allreduce_bytes_per_token * (1 if batch else target.concurrency)
         prefill_bytes = engine.prefill_chunk_tokens * model.allreduce_bytes_per_token
         choice = ar.choose_path(hardware, engine, decode_bytes, prefill_bytes)
         if choice is None and (engine.multi_node or engine.max_tp > 2):
@@ -482,8 +486,6 @@ def plan_strategies(hardware: Hardware, model: Model, engine: Engine, target: Ta
                          f"log2({tp}) two-card allreduces")
         else:
             notes.append(f"tp{tp}: no {tp}-GPU or two-card allreduce figure for {hardware.card.id}: allreduces not priced")
-    batch, batch_notes = _batch_pricing(model, engine, target, k)
-    notes += batch_notes
     results = [_evaluate(n, hardware, model, engine, target, choice, tpr, reserve, k + 1, batch) for n in names]
     rec = _recommend(results, target.objective)
     why: list[str] = []
