@@ -24,3 +24,7 @@ b() {  # b NAME MODULE ARGS...: inside what is left of LIMIT, 20 s kept for the 
 }
 b conc-bf16-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 ${LAYERS:+--layers $LAYERS}
 b conc-int4-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --int4 --skip-solo ${LAYERS:+--layers $LAYERS}
+# the same through HTTP, two ranks on the one card (device mailbox: eager steps there), then with --batch-graphs
+# where the pair runs graphs (two cards: --devices cuda:0,cuda:1)
+b served-conc engine.bench.served_concurrency --layers ${LAYERS:-16} --devices ${DEVICES:-cuda:0,cuda:0} \
+  --batches 1,2,4,8 --prompt-tokens 256 --short 16 --long 80 --max-context 4096 --workdir /tmp/served-conc

@@ -69,16 +69,18 @@ def write_random_checkpoint(config_path: str, dst: Path, dtype: str, device: str
     return {"bytes": nbytes, "files": n_file, "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def start_serve(work: Path, devices: str, dtype: str, max_context: int) -> tuple[subprocess.Popen, int, str, object]:
-    """`python -m engine serve --tp 2` on work/model as a user starts it (127.0.0.1, a free port, NVLink multicast
-    off, long start and stall limits for long prompts), its log in work/serve.log: (process, port, command, log)."""
+def start_serve(work: Path, devices: str, dtype: str, max_context: int, model_dir: Path | None = None,
+                extra: list[str] | None = None) -> tuple[subprocess.Popen, int, str, object]:
+    """`python -m engine serve --tp 2` on work/model (or ``model_dir``) as a user starts it (127.0.0.1, a free port,
+    NVLink multicast off, long start and stall limits for long prompts; ``extra``: more serve flags), its log in
+    work/serve.log: (process, port, command, log)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
     port = free_port()
-    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(work / "model"), "--tp", "2", "--port", str(port),
-           "--device", devices, "--dtype", dtype, "--max-context", str(max_context),
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(model_dir or work / "model"), "--tp", "2",
+           "--port", str(port), "--device", devices, "--dtype", dtype, "--max-context", str(max_context),
            "--state-dir", str(work / "state"), "--served-model-name", "bench", "--start-timeout-s", "600",
-           "--stall-timeout-s", "900"]
+           "--stall-timeout-s", "900", *(extra or [])]
     log = open(work / "serve.log", "wb")
     proc = subprocess.Popen(cmd, cwd=BUNDLE_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     return proc, port, " ".join(cmd[1:]), log
@@ -157,10 +159,11 @@ def timed(port: int, body: dict) -> tuple[float, dict]:
     return dt, json.loads(text)
 
 
-def stream_gaps(port: int, body: dict, timeout_s: float = 600) -> dict:
-    """Arrival time (ms after the request) of every SSE data event with a token, and their gaps."""
+def stream_gaps(port: int, body: dict, timeout_s: float = 600, on_event=None, t0: float | None = None) -> dict:
+    """Arrival time (ms after ``t0``, default the request) of every SSE data event with a token, and their gaps;
+    ``on_event(arrivals)`` is called after each event arrives."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
@@ -178,6 +181,8 @@ def stream_gaps(port: int, body: dict, timeout_s: float = 600) -> dict:
             if line.startswith("data: {"):
                 events += 1
                 arrivals.append(round(now, 3))
+                if on_event is not None:
+                    on_event(arrivals)
     c.close()
     gaps = [round(b - a, 3) for a, b in zip(arrivals, arrivals[1:])]
     q = sorted(gaps)
