@@ -161,6 +161,17 @@ def agreement(model, c: int, steps: int, prompt: int = 16) -> dict:
             "first_difference_at": first, "sequences_identical": sum(f is None for f in first)}
 
 
+def batch_list(p: argparse.ArgumentParser, text: str) -> list[int]:
+    """--batches: C values, comma-separated, each 1..64 (sorted, once each); else the parser's error (exit 2)."""
+    try:
+        cs = sorted({int(c) for c in text.split(",") if c})
+    except ValueError:
+        p.error(f"--batches takes whole numbers separated by commas, not {text!r}")
+    if not cs or not all(1 <= c <= 64 for c in cs):
+        p.error("--batches: each C between 1 and 64")
+    return cs
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     pass
 
@@ -181,12 +192,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None, help="also write the JSON here (rewritten after every phase)")
     args = p.parse_args(argv)
-    try:
-        args.batch_list = sorted({int(c) for c in args.batches.split(",") if c})
-    except ValueError:
-        p.error(f"--batches takes whole numbers separated by commas, not {args.batches!r}")
-    if not args.batch_list or not all(1 <= c <= 64 for c in args.batch_list):
-        p.error("--batches: each C between 1 and 64")
+    args.batch_list = batch_list(p, args.batches)
     if args.context < 2:
         p.error("--context must be at least 2")
     return args

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from engine import DATA_DIR
 from engine.bench import served
+from engine.bench.concurrency import batch_list
 
 
 def per_request_ms(short_s: list[float], long_s: list[float], short: int, long: int) -> float:
@@ -135,12 +136,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="where the random checkpoint goes (default: a temp dir)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    try:
-        args.batch_list = sorted({int(c) for c in args.batches.split(",") if c})
-    except ValueError:
-        p.error(f"--batches takes whole numbers separated by commas, not {args.batches!r}")
-    if not args.batch_list or not all(1 <= c <= 64 for c in args.batch_list):
-        p.error("--batches: each C between 1 and 64")
+    args.batch_list = batch_list(p, args.batches)
     if not 1 <= args.short < args.long:
         p.error("--short must be at least 1 and below --long")
     need = args.prompt_tokens + args.long
