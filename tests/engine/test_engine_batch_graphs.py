@@ -70,7 +70,7 @@ def test_serve_batch_graphs_is_opt_in_reaches_the_ranks_and_each_rank_says_why_i
     from engine.core import demo, runner
     from engine.service import batch_graphs
     from engine.service import serve_config as sc
-    from engine.service.rank import add_args
+    from engine.service.rank_cli import add_args
 
     rp = argparse.ArgumentParser()
     add_args(rp)

@@ -88,20 +88,20 @@ def test_read_bandwidth_from_the_environment_is_labelled_flag(monkeypatch):
     """A rank given the card's read bandwidth reports it as given, not as measured."""
     import argparse
 
-    from engine.service import rank
+    from engine.service import rank, rank_cli
 
-    monkeypatch.setenv(rank.READ_BW_ENV, "4326")
+    monkeypatch.setenv(rank_cli.READ_BW_ENV, "4326")
     p = argparse.ArgumentParser()
-    rank.add_args(p)
+    rank_cli.add_args(p)
     args = p.parse_args(["--model", "m", "--rank", "0", "--world", "1", "--rendezvous", "x",
                          "--control-socket", "y"])
     assert args.read_bw_gbps == 4326.0
     r = rank.Rank(args)
     import torch
     assert r._read_bw(torch.device("cpu")) == {"read_bw_gbps": 4326.0, "read_bw_source": "flag"}
-    monkeypatch.delenv(rank.READ_BW_ENV)
+    monkeypatch.delenv(rank_cli.READ_BW_ENV)
     p = argparse.ArgumentParser()
-    rank.add_args(p)
+    rank_cli.add_args(p)
     args = p.parse_args(["--model", "m", "--rank", "0", "--rendezvous", "x", "--control-socket", "y"])
     got = rank.Rank(args)._read_bw(torch.device("cpu"))
     assert got["read_bw_source"] == "measured" and got["read_bw_gbps"] > 0.1

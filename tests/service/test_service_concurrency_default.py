@@ -12,7 +12,7 @@ import pytest
 
 from engine import memory_fit
 from engine.core import config as engine_config
-from engine.service import concurrency_default, context_default, rank
+from engine.service import concurrency_default, context_default, rank_cli
 from engine.service.serve_config import ServeConfigError, add_serve_arguments, config_from_args, rank_command
 from tests.paths import REPO
 from v100plan.planning import plan_document
@@ -131,7 +131,7 @@ def test_the_rank_is_told_to_choose_from_memory_and_on_its_share_of_a_shared_car
     assert "--max-concurrency" not in flags(_serve(tmp_path))  # CPU: 1, the rank's own default
     assert flags(_serve(tmp_path, "--max-concurrency", "4"))[-3:] != ["--max-concurrency", "memory"]
     p = argparse.ArgumentParser()
-    rank.add_args(p)
+    rank_cli.add_args(p)
     base = ["--rank", "0", "--rendezvous", "/tmp/x", "--control-socket", "/tmp/x.sock", "--model", "/tmp/m"]
     assert p.parse_args([*base, "--max-concurrency", "memory"]).max_concurrency == "memory"
     # a restart pins the first pair's figure after serve's `memory`: the last one given wins
