@@ -68,3 +68,17 @@ def test_the_engine_has_no_import_circle():
 
 def test_the_circle_finder_finds_a_circle():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}
+
+
+def test_no_engine_file_is_over_600_lines_and_every_triton_kernel_is_at_module_level():
+    """The engine house's bounds (docs/engine.md): a file a reader can hold, kernels defined where they are found."""
+    long = {str(p.relative_to(REPO)): n for p in ENGINE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}
+    nested = []
+    for path in ENGINE.rglob("*.py"):
+        for fn in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for inner in ast.walk(fn):
+                if inner is not fn and isinstance(inner, ast.FunctionDef) and any(
+                        "jit" in ast.unparse(d) for d in inner.decorator_list):
+                    nested.append(f"{path.relative_to(REPO)}:{inner.lineno} {inner.name}")
+    assert nested == []
