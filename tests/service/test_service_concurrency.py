@@ -36,8 +36,10 @@ def _hybrid(mtp: bool = False) -> str:
 
 @pytest.fixture(scope="module", params=["dense", "hybrid"])
 def svc(request):
+    from tests.service.test_service_openai import TEMPLATE  # a Qwen-like chat template with tools
+
     s = ServiceProcess("--max-concurrency", str(N), "--queue-cap", "0", "--max-context", "2048",
-                       "--enable-fault-injection",
+                       "--enable-fault-injection", "--chat-template", TEMPLATE, "--text-jobs-per-client", str(N),
                        model=_hybrid() if request.param == "hybrid" else None, stall_timeout_s=60,
                        allreduce_timeout_s=30)
     try:
@@ -278,6 +280,55 @@ def test_each_row_samples_with_its_own_parameters(svc, solos):
         t.join(180)
     assert [o["tokens"] for o in outs] == alone
     assert alone[2] != solos[2]  # the penalties did change that answer (greedy otherwise)
+
+
+def _agent_bodies(svc) -> list[tuple[str, dict]]:
+    """What coding agents send: a JSON-schema answer, a named tool call, a completion with a logit bias, sampled
+    (seeded), and a plain greedy completion."""
+    from tests.service.test_service_openai import SCHEMA, USER, WEATHER
+
+    chat = {"model": svc.model_id, "messages": USER, "chat_template_kwargs": {"enable_thinking": False}}
+    return [("/v1/chat/completions", {**chat, "max_tokens": 80, "temperature": 1.0, "seed": 1, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA, "strict": True}}}),
+            ("/v1/chat/completions", {**chat, "max_tokens": 160, "seed": 1, "tools": WEATHER, "tool_choice": {
+                "type": "function", "function": {"name": "get_weather"}}}),
+            ("/v1/completions", {"model": svc.model_id, "prompt": PROMPTS[1], "max_tokens": 24, "temperature": 1.0,
+                                 "seed": 3, "logit_bias": {"41": 8.0}, "ignore_eos": True}),
+            ("/v1/completions", {"model": svc.model_id, "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0.0,
+                                 "ignore_eos": True})]
+
+
+def _answer(svc, path: str, body: dict, out: list, i: int) -> None:
+    """(token ids, message or text, finish reason) into out[i]; a call's id (random per answer) left out."""
+    r = svc.client.post(path, json=body, timeout=180)
+    if r.status_code != 200:
+        out[i] = ("status", r.status_code, r.text)
+        return
+    msg = r.json()["choices"][0]
+    said = msg.get("message") or msg.get("text")
+    for call in (said.get("tool_calls") or []) if isinstance(said, dict) else []:
+        call.pop("id", None)
+    out[i] = (r.json()["v100plan"]["token_ids"], said, msg["finish_reason"])
+
+
+def test_agents_requests_at_once_each_answer_what_they_answer_alone(svc):
+    """A grammar (JSON schema), a named tool call and a logit bias are each row's own (its sampler's constraint and
+    processing): sent at once beside a plain request, each answers token for token what it answers alone."""
+    bodies = _agent_bodies(svc)
+    alone: list = [None] * len(bodies)
+    for i, (path, body) in enumerate(bodies):
+        _answer(svc, path, body, alone, i)
+    json.loads(alone[0][1]["content"])  # the schema held (the grammar ran)
+    assert alone[1][2] == "tool_calls" and alone[1][1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert alone[2][0].count(41) > alone[3][0].count(41)  # the bias moved that answer
+    together: list = [None] * len(bodies)
+    threads = [threading.Thread(target=_answer, args=(svc, path, body, together, i))
+               for i, (path, body) in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert together == alone
 
 
 def _complete(svc, ids: list[int], max_tokens: int) -> tuple[list[int], int]:
