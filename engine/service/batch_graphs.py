@@ -54,8 +54,9 @@ def padded(values: list[int], r: int) -> list[int]:
 
 class BatchGraphs:
     """``step(toks, pos, slots, rope)`` (host lists of B ints each) -> float32 logits [B, V]: the batched step of
-    those rows, replayed from the graph of its (row bucket, window), or eagerly for a shape that has none.
-    ``capture=False`` runs the same static buffers, padding and windows eagerly (what the CPU tests drive)."""
+    those rows, replayed from the graph of its (row bucket, window), or eagerly for a shape that has none. Before
+    capture() (or on CPU, where it is never called) every shape runs eagerly through the same static buffers,
+    padding and windows (what the CPU tests drive)."""
 
     def __init__(self, model, n: int, windows: list[int]):
         self.model, self.n, self.windows = model, n, list(windows)

@@ -4,8 +4,8 @@ N sequence slots (Model.setup_cache(context, slots=N)). Each round: both ranks a
 cancels they have received are taken now, admitted requests get a free slot, one prefill chunk of the oldest
 admitted prompt runs (the prefill budget between two decode steps), then every running sequence with a
 token to decode decodes it together (Model.decode_batch: the torch forms, replayed from CUDA graphs per row bucket
-and window where the rank's decoder runs graphs: engine/service/batch_graphs.py). A finished or cancelled request
-frees its slot at once.
+and window with serve --batch-graphs where the decoder runs graphs: engine/service/batch_graphs.py). A finished
+or cancelled request frees its slot at once.
 
 Prefix reuse per slot (unless --no-prefix-cache): a freed slot keeps what it held (K/V, Gated DeltaNet states and
 their snapshots, the MTP draft layer's K/V), told by an engine.core.prefix.PrefixCache of its own; a new request
