@@ -88,9 +88,9 @@ def test_batched_rows_match_dequantise_then_matmul_and_the_one_row_gemv(m, metho
             mag = F.linear(x.float().abs(), wd.abs(), b.float().abs())
             got = {}
             for form in (gemv_int4.ROWS_DOT, gemv_int4.ROWS_FMA):
-                for split in (1, 2):
+                for split in (1, 2):  # split 2 with its next tile loaded ahead (stages 2)
                     out = torch.full((m, n), float("nan"), dtype=dtype)
-                    gemv_int4.launch_rows(x, w, b, out, blocks=(32, 64, 4, split, form))
+                    gemv_int4.launch_rows(x, w, b, out, blocks=(32, 64, 4, split, form, split))
                     within(out, ref, mag, dtype)
                     got[form, split] = out
             if (desc_act, tiles) == layouts[-1]:  # each row against the M = 1 kernel on that row alone (its
@@ -106,7 +106,8 @@ def test_batched_rows_match_dequantise_then_matmul_and_the_one_row_gemv(m, metho
 
 def test_a_masked_tail_along_k_and_n_one_group_and_groups_of_32():
     """K = 200 in one group (-1: a tile past K is masked), N = 40 under row blocks of 32 (a masked block), no bias;
-    and groups of 32 (tiles of 32 inputs, the least tl.dot takes)."""
+    and groups of 32 (tiles of 32 inputs, the least tl.dot takes); each tile's loads then its sums, and the next
+    tile loaded ahead (the slice's last tile loaded again, never summed)."""
     from engine.kernels import gemv_int4
 
     g = torch.Generator().manual_seed(7)
@@ -118,9 +119,9 @@ def test_a_masked_tail_along_k_and_n_one_group_and_groups_of_32():
                 ref = F.linear(x.float(), wd)
                 mag = F.linear(x.float().abs(), wd.abs())
                 for form in (gemv_int4.ROWS_DOT, gemv_int4.ROWS_FMA):
-                    for split in (1, 2):
+                    for split, stages in ((1, 1), (2, 1), (1, 2), (2, 2)):  # stages 2: a masked tile ahead
                         out = torch.full((m, n), float("nan"), dtype=dtype)
-                        gemv_int4.launch_rows(x, w, None, out, blocks=(32, 128, 4, split, form))
+                        gemv_int4.launch_rows(x, w, None, out, blocks=(32, 128, 4, split, form, stages))
                         within(out, ref, mag, dtype)
 
 
@@ -174,3 +175,28 @@ def test_rows_past_the_batch_limit_and_bad_blocks_are_refused():
         gemv_int4.launch_rows(torch.randn(2, 128), w, None, torch.empty(2, 32), blocks=(32, 32, 4, 1, 5))
     with pytest.raises(ValueError, match="nest"):
         gemv_int4.launch_rows(torch.randn(2, 128), w, None, torch.empty(2, 32), blocks=(32, 4, 4, 1, 0))
+    with pytest.raises(ValueError, match="stages"):
+        gemv_int4.launch_rows(torch.randn(2, 128), w, None, torch.empty(2, 32), blocks=(32, 32, 4, 1, 0, 3))
+
+
+def test_up_to_one_row_upto_rows_run_as_one_row_gemvs(monkeypatch):
+    """linear_rows with ONE_ROW_UPTO 3: three rows are three one-row GEMVs (equal to each row alone, bit for bit),
+    four rows the batched GEMV."""
+    from engine.kernels import gemv_int4
+
+    g = torch.Generator().manual_seed(19)
+    w, wd = checkpoint("gptq", 64, 256, 64, False, g)
+    monkeypatch.setattr(gemv_int4, "ONE_ROW_UPTO", [3])
+    calls = []
+    real = gemv_int4.launch_rows
+    monkeypatch.setattr(gemv_int4, "launch_rows", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    for m in (3, 4):
+        x = torch.randn(m, 256, generator=g).to(torch.bfloat16)
+        y = gemv_int4.linear_rows(x, w)
+        for r in range(m):
+            alone = torch.empty(64, dtype=torch.bfloat16)
+            gemv_int4.launch(gemv_int4.PROLOGUE_PLAIN, x[r].contiguous(), w, None, alone)
+            if m == 3:
+                assert torch.equal(y[r], alone)
+        within(y, F.linear(x.float(), wd), F.linear(x.float().abs(), wd.abs()), torch.bfloat16)
+    assert calls == [4]

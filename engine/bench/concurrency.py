@@ -87,8 +87,35 @@ def eager_ms(model, toks, pos, slots, window: int, steps: int = 10) -> float:
     return s.elapsed_time(e) / steps
 
 
+def profile_step(model, toks, pos, slots, window: int, steps: int = 3, top: int = 30) -> dict:
+    """The batched step launched eagerly ``steps`` times under torch.profiler (CUDA activity only): GPU time per
+    step and its kernels by total time (name, calls per step, us per step, share), the ``top`` largest."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    model.decode_batch(toks, pos, slots, window)
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            model.decode_batch(toks, pos, slots, window)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append((us / steps, e.count / steps, e.key))
+    total = sum(r[0] for r in rows)
+    rows.sort(reverse=True)
+    return {"steps": steps, "gpu_us_per_step": round(total, 1), "kernels": [
+        {"name": k[:120], "calls": round(n, 2), "us": round(us, 1), "share": round(us / total, 4)}
+        for us, n, k in rows[:top]]}
+
+
 def batched(model, batches: list[int], context: int, read_gbps: float, per_seq_bytes: int,
-            eager: bool = True) -> dict:
+            eager: bool = True, profile_c: int = 0) -> dict:
     """The service's batched step (engine.service.batch_graphs: the graph of C's row bucket at the window the
     Decoder picks for position context - 1), every row at position context - 1 in its own slot; ``eager``: the
     same step launched eagerly too."""
@@ -118,6 +145,8 @@ def batched(model, batches: list[int], context: int, read_gbps: float, per_seq_b
         if eager:
             e = eager_ms(model, graphs.toks[:r], graphs.pos[:r], graphs.slots[:r], win)
             out[str(c)].update(eager_ms=round(e, 4), eager_over_graph=round(e / ms, 3))
+        if c == profile_c:
+            out[str(c)]["profile"] = profile_step(model, graphs.toks[:r], graphs.pos[:r], graphs.slots[:r], win)
     del graphs
     torch.cuda.empty_cache()
     return out
@@ -189,6 +218,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--agree", type=int, default=0, help="greedy tokens for the agreement check (0: skip)")
     p.add_argument("--skip-solo", action="store_true", help="do not time the one-sequence service step")
     p.add_argument("--skip-eager", action="store_true", help="do not time the batched step launched eagerly")
+    p.add_argument("--profile", type=int, default=0, metavar="C",
+                   help="also profile the batched step at this C (its kernels by GPU time; 0: none)")
+    p.add_argument("--int4-one-row-upto", type=int, default=None, metavar="R",
+                   help="--int4: run products of up to R rows as R one-row GEMVs (default: the engine's)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None, help="also write the JSON here (rewritten after every phase)")
     args = p.parse_args(argv)
@@ -227,6 +260,11 @@ def main(argv: list[str]) -> int:
                  "weights": "int4 (GPTQ, group %d)" % args.group if args.int4 else dtype,
                  "method": "CUDA events; median of 5 batches of 50 graph replays; random weights made on the GPU"}
     doc["read_bw_gbps"] = round(dbench.read_bandwidth_gbps(dev), 1)
+    from engine.kernels import gemv_int4
+
+    if args.int4_one_row_upto is not None:
+        gemv_int4.ONE_ROW_UPTO[0] = args.int4_one_row_upto
+    doc["int4_one_row_upto"] = gemv_int4.ONE_ROW_UPTO[0]
     if args.int4:  # as engine.bench.int4's step: the quantised config, every layer matrix then packed
         import dataclasses
 
@@ -252,7 +290,7 @@ def main(argv: list[str]) -> int:
             doc["solo"] = dbench.decode(model, [args.context], None, doc["read_bw_gbps"])[str(args.context)]
             emit_json(doc, args.out)
         doc["batched"] = batched(model, args.batch_list, args.context, doc["read_bw_gbps"], per_seq,
-                                 eager=not args.skip_eager)
+                                 eager=not args.skip_eager, profile_c=args.profile)
     doc["targets"] = targets(doc["batched"], doc.get("solo", {}).get("tok_s"))
     emit_json(doc, args.out)
     if args.agree:

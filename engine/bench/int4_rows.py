@@ -36,9 +36,11 @@ from pathlib import Path
 
 ROWS = (1, 2, 4, 8, 16)
 L2_SPAN_BYTES = 512 * 2 ** 20  # at least this many weight bytes per graph, so no matrix is read from L2
-# batched-GEMV blocks (BLOCK_N, BLOCK_K, num_warps, split, form: 1 = tl.dot, 0 = FMA) also timed at --sweep-rows
-# (each a Triton compile on a fresh machine: few, so the whole bench stays well inside two minutes)
-CONFIGS = [(64, 128, 4, 1, 1), (128, 128, 8, 1, 1), (64, 64, 4, 1, 1), (64, 128, 4, 4, 1), (16, 128, 4, 4, 0)]
+# batched-GEMV blocks (BLOCK_N, BLOCK_K, num_warps, split, form: 1 = tl.dot, 0 = FMA, stages: 2 = the next tile's
+# loads before this tile's arithmetic, 1 = not) also timed at --sweep-rows (each a Triton compile on a fresh machine:
+# few, so the whole bench stays well inside two minutes)
+CONFIGS = [(64, 128, 4, 1, 1, 1), (64, 128, 4, 1, 1, 2), (128, 128, 8, 1, 1, 2), (32, 128, 4, 1, 1, 2),
+           (64, 128, 4, 4, 1, 2), (16, 128, 4, 4, 0, 2), (32, 128, 4, 1, 0, 2)]
 
 
 def matrices(cfg: dict) -> dict[str, tuple[int, int]]:
@@ -56,10 +58,11 @@ def _configs(text: str) -> list[tuple[int, ...]]:
     try:
         out = [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--configs: {text!r} is not ';'-separated BN,BK,warps,split,form") from None
-    if any(len(c) != 5 or c[4] not in (0, 1) for c in out):
-        raise argparse.ArgumentTypeError("--configs: each configuration has five numbers (BN,BK,warps,split,form), "
-                                         "form 0 (FMA) or 1 (tl.dot)")
+        raise argparse.ArgumentTypeError(
+            f"--configs: {text!r} is not ';'-separated BN,BK,warps,split,form[,stages]") from None
+    if any(len(c) not in (5, 6) or c[4] not in (0, 1) or c[5:] not in ((), (1,), (2,)) for c in out):
+        raise argparse.ArgumentTypeError("--configs: each configuration has five or six numbers "
+                                         "(BN,BK,warps,split,form[,stages]), form 0 (FMA) or 1 (tl.dot), stages 1 or 2")
     return out
 
 

@@ -135,6 +135,7 @@ def variants() -> list[tuple[str, object, dict, int]]:
         gdn_chunk_jit,
         gdn_decode_jit,
         gemv_int4_jit,
+        gemv_int4_rows_jit,
         gemv_jit,
         rows_norm_jit,
     )
@@ -149,7 +150,7 @@ def variants() -> list[tuple[str, object, dict, int]]:
     q4 = dict(HAS_BIAS=False, BLOCK_N=32, BLOCK_K=128, GS=128, ZOFF=1, EMU=False, SEND=False, EPW=2, STAGES=2,
               PAIRS=False, ASM=True, EVEN_N=False, EVEN_K=True, SPLIT=1, TB=0, TW=16)
     q4row = dict(HAS_PERM=False, SUB=128, EMU=False, STATS_BLOCK=8192, PAIRS=False)
-    rows4 = gemv_int4_jit.int4_rows_kernel  # the batched GEMV (continuous batching's 2..16 rows), words in tiles
+    rows4 = gemv_int4_rows_jit.int4_rows_kernel  # the batched GEMV (continuous batching's 2..16 rows), words in tiles
     q4rows = dict(HAS_BIAS=False, HAS_PERM=False, M_PAD=16, BLOCK_N=64, BLOCK_K=128, GS=128, ZOFF=1, DOT=False,
                   DOT_F32=False, EMU=False, SPLIT=1, EVEN_K=True, EVEN_N=True, TB=32, TW=16)
     attn_c = dict(N_HEADS=32, N_KV=8, G=4, G_PAD=16, HD=128, CHUNK=128, BLOCK_S=128, SPLITS=8, QK_NORM=True,
@@ -206,6 +207,8 @@ def variants() -> list[tuple[str, object, dict, int]]:
         ("int4_rows:FMA form, 16 rows, split-K, desc_act order", rows4,
          {**q4rows, "M_PAD": 16, "BLOCK_N": 8, "SPLIT": 8, "HAS_PERM": True, "EVEN_N": False}, 4),
         ("int4_rows:DOT form, 16 rows (FMA code on sm_70), split-K", rows4, {**q4rows, "DOT": True, "SPLIT": 8}, 4),
+        ("int4_rows:FMA form, 4 rows, the next tile loaded ahead", rows4,
+         {**q4rows, "M_PAD": 4, "BLOCK_N": 32, "STAGES": 2}, 4),
     ]
 
 

@@ -256,6 +256,7 @@ def dequantise(w, dtype: torch.dtype, blocks: tuple[int, int] = (32, 128)) -> to
 ROWS_MAX = 16  # PackedLinear.linear on a GPU: 2..ROWS_MAX rows here, more (a prefill chunk) dequantise + cuBLAS
 ROWS_FMA, ROWS_DOT = 0, 1  # launch_rows' blocks[4]: float32 broadcast multiply-adds, or tl.dot on 16-bit tiles
 DOT_MIN_ROWS = 16  # tl.dot's least dimension: the DOT form pads the rows to 16 whatever M is
+ROWS_STAGES = 1  # launch_rows' blocks[5] when they name none: 1 = each tile's loads then its arithmetic
 ROWS_PROGRAMS = 512  # the default split-K aims at this many programs (about four per SM of an H100's 132)
 
 
@@ -279,16 +280,17 @@ def _rows_default_blocks(n: int, k: int, m: int, dtype: torch.dtype, device: tor
         bn = max(8, min(64, 2048 // (_pow2_at_least(m) * 16)))
     grid_n = -(-n // bn)
     split = max(1, min(-(-ROWS_PROGRAMS // grid_n), k // 128))
-    return bn, 128, 4, split, ROWS_DOT if dot else ROWS_FMA
+    return bn, 128, 4, split, ROWS_DOT if dot else ROWS_FMA, ROWS_STAGES
 
 
 def launch_rows(x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
                 blocks: tuple[int, ...] | None = None) -> torch.Tensor:
     """out [M, N] = x [M, K] @ W^T (+ b) for 1 <= M <= ROWS_MAX rows (x contiguous, in the module's input order; a
-    desc_act order is applied in the kernel): engine.kernels.gemv_int4_jit.int4_rows_kernel, one launch, each
+    desc_act order is applied in the kernel): engine.kernels.gemv_int4_rows_jit.int4_rows_kernel, one launch, each
     weight word, zero point and scale read once for all M rows. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[, split[,
-    form]]) with form ROWS_DOT (tl.dot, rows padded to 16; float32 activations multiply in IEEE float32) or
-    ROWS_FMA (the default form when blocks name none); blocks None: _rows_default_blocks. Each output is a float32
+    form[, stages]]]) with form ROWS_DOT (tl.dot, rows padded to 16; float32 activations multiply in IEEE float32)
+    or ROWS_FMA (the default form when blocks name none), stages 2 (the next tile's loads before this tile's
+    arithmetic) or 1 (ROWS_STAGES when blocks name none); blocks None: _rows_default_blocks. Each output is a float32
     sum of the exact products (q - z) x per tile, times the group's scale, summed over tiles and split-K slices in a
     fixed order, plus the bias, rounded once to out's dtype: the M = 1 GEMV's rounding. Row m differs from the M = 1
     GEMV's output on that row only through the float32 summation order (and, on a GPU in 16 bits, the M = 1 pairs
@@ -302,8 +304,9 @@ def launch_rows(x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
     bn, bk, warps = cfg[:3]
     split = cfg[3] if len(cfg) > 3 else 1
     form = cfg[4] if len(cfg) > 4 else ROWS_FMA
-    if form not in (ROWS_FMA, ROWS_DOT):
-        raise ValueError(f"int4 rows GEMV: blocks {cfg}: form must be 0 (FMA) or 1 (DOT)")
+    stages = cfg[5] if len(cfg) > 5 else ROWS_STAGES
+    if form not in (ROWS_FMA, ROWS_DOT) or stages not in (1, 2):
+        raise ValueError(f"int4 rows GEMV: blocks {cfg}: form must be 0 (FMA) or 1 (DOT), stages 1 or 2")
     dot = form == ROWS_DOT
     bk = min(bk, _pow2_at_least(k))
     if w.tile_rows:
@@ -324,21 +327,29 @@ def launch_rows(x: torch.Tensor, w, b: torch.Tensor | None, out: torch.Tensor,
         counters = _counters(out.device, grid_n)
     m_pad = max(DOT_MIN_ROWS if dot else 1, _pow2_at_least(m))
     interp = interpreting()
-    from engine.kernels import gemv_int4_jit
+    from engine.kernels import gemv_int4_rows_jit
 
-    gemv_int4_jit.int4_rows_kernel[(grid_n, split)](
+    gemv_int4_rows_jit.int4_rows_kernel[(grid_n, split)](
         w.qweight, w.qzeros, w.scales, x, w.perm if w.perm is not None else w.qweight, b if b is not None else out,
         out, part, counters, m, n, k, k // 8, ks // 8, HAS_BIAS=b is not None, HAS_PERM=w.perm is not None,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, GS=gs, ZOFF=w.zero_offset, DOT=dot,
         DOT_F32=dot and (interp or x.dtype == torch.float32), EMU=interp and x.dtype == torch.bfloat16, SPLIT=split,
-        EVEN_K=k % bk == 0, EVEN_N=n % bn == 0, TB=_tb(w), TW=TILE_WORDS, num_warps=warps)
+        EVEN_K=k % bk == 0, EVEN_N=n % bn == 0, TB=_tb(w), TW=TILE_WORDS, STAGES=stages, num_warps=warps)
     return out
 
 
+ONE_ROW_UPTO = [0]  # linear_rows runs M <= this many rows as M one-row GEMVs (launch), not the batched GEMV
+
+
 def linear_rows(x: torch.Tensor, w, b: torch.Tensor | None = None, blocks: tuple[int, ...] | None = None):
-    """x [..., K] with 1..ROWS_MAX rows @ W^T + b through the batched GEMV (launch_rows), [..., N] in x's dtype."""
+    """x [..., K] with 1..ROWS_MAX rows @ W^T + b through the batched GEMV (launch_rows), [..., N] in x's dtype;
+    up to ONE_ROW_UPTO[0] rows, one row at a time through the one-row GEMV (launch) instead."""
     k = w.in_features
     x2 = x.reshape(-1, k).contiguous()
     out = torch.empty(x2.shape[0], w.out_features, dtype=x.dtype, device=x.device)
-    launch_rows(x2, w, b, out, blocks)
+    if x2.shape[0] <= ONE_ROW_UPTO[0] and blocks is None:
+        for r in range(x2.shape[0]):
+            launch(PROLOGUE_PLAIN, x2[r], w, b, out[r])
+    else:
+        launch_rows(x2, w, b, out, blocks)
     return out.view(*x.shape[:-1], w.out_features)

@@ -222,8 +222,8 @@ def test_the_batched_int4_gemv_matches_dequantise_then_matmul_and_the_one_row_ge
     """PackedLinear.linear with 2..16 rows on a GPU: the batched GEMV (gemv_int4.linear_rows; tl.dot on tensor
     cores for 16-bit activations from sm_80) on words held in tiles, against dequantise-then-matmul in float32 (the
     output's rounding: rel < 4e-3 in 16 bits; float32 sums in another order: 1e-5) and, row by row, against the
-    one-row GEMV (whose fp16-pairs form rounds per word in fp16: rel < 4e-3); every blocks form and split-K the same
-    way; the same output on a second call (fixed reduction order)."""
+    one-row GEMV (whose fp16-pairs form rounds per word in fp16: rel < 4e-3); every blocks form, split-K and the next
+    tile loaded ahead (stages 2) the same way; the same output on a second call (fixed reduction order)."""
     from engine.kernels import gemv_int4
 
     g = torch.Generator().manual_seed(5)
@@ -241,7 +241,8 @@ def test_the_batched_int4_gemv_matches_dequantise_then_matmul_and_the_one_row_ge
         assert torch.equal(w.linear(x, b), y)
         for r in range(m):
             assert rel(y[r], w.linear(x[r:r + 1], b)) < max(tol, 4e-3), (m, r)
-        for blocks in ((64, 128, 4, 1, 1), (128, 128, 8, 4, 1), (16, 128, 4, 4, 0), (32, 64, 4, 1, 0)):
+        for blocks in ((64, 128, 4, 1, 1), (128, 128, 8, 4, 1), (16, 128, 4, 4, 0), (32, 64, 4, 1, 0),
+                       (64, 128, 4, 1, 1, 2), (64, 128, 4, 4, 1, 2), (32, 128, 4, 4, 0, 2)):  # stages 2: one ahead
             out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
             gemv_int4.launch_rows(x.view(m, k), w, b, out, blocks=blocks)
             assert rel(out, ref.view(m, n)) < tol, (m, blocks)

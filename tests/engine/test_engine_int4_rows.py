@@ -23,7 +23,7 @@ HAVE_TRITON = importlib.util.find_spec("triton") is not None
 @pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed: the int4 kernels cannot run")
 @pytest.mark.early(interpreter_spec("tests/engine_int4_rows_cases.py"))
 def test_the_batched_int4_gemv_matches_dequantise_then_matmul_and_the_one_row_gemv_under_the_interpreter():
-    run_interpreter_cases("tests/engine_int4_rows_cases.py", 13)
+    run_interpreter_cases("tests/engine_int4_rows_cases.py", 14)
 
 
 def _ptx(capability: int, cx: dict, act: str = "*bf16") -> str:
@@ -32,7 +32,7 @@ def _ptx(capability: int, cx: dict, act: str = "*bf16") -> str:
     from triton.compiler import ASTSource
 
     from engine.core import sm70
-    from engine.kernels.gemv_int4_jit import int4_rows_kernel as kern
+    from engine.kernels.gemv_int4_rows_jit import int4_rows_kernel as kern
 
     base = dict(HAS_BIAS=True, HAS_PERM=False, M_PAD=16, BLOCK_N=64, BLOCK_K=128, GS=128, ZOFF=1, DOT=True,
                 DOT_F32=False, EMU=False, SPLIT=1, EVEN_K=True, EVEN_N=True, TB=32, TW=16)
