@@ -29,7 +29,7 @@ b() {  # b NAME MODULE ARGS...: inside what is left of LIMIT, 20 s kept for the 
   echo "$name: exit $? in $((SECONDS - t0)) s"
 }
 b int4-rows engine.bench.int4_rows --sweep-rows 2,8,16
-b conc-bf16-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --profile 8 ${LAYERS:+--layers $LAYERS}
+b conc-bf16-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --profile 8 --agree 32 ${LAYERS:+--layers $LAYERS}
 b conc-int4-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --int4 --profile 8 \
   ${LAYERS:+--layers $LAYERS}
 b conc-int4-4k-onerow4 engine.bench.concurrency --context 4096 --batches 1,2,3,4 --int4 --skip-solo --skip-eager \

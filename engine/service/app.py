@@ -54,7 +54,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 def create_app(service: Service, text: ModelText, pool: TextPool | None = None) -> FastAPI:
     cfg = service.cfg
     pool = pool or TextPool(cfg.model_dir, cfg.served_model_name, cfg.text_workers, cfg.text_jobs_per_client,
-                           cfg.chat_template)
+                           cfg.chat_template, concurrency=lambda: service.max_concurrency)
     pictures = images.ProxyImages.from_serve(cfg, text)  # image_url parts (engine.service.images)
 
     @contextlib.asynccontextmanager

@@ -5,8 +5,9 @@ of a second (the tokenizers library does not release it), so 16 of them at once 
 4-7 s and the watchdog declared a healthy rank frozen. Here each prompt is encoded (and a chat
 rendered first) by one of ``--text-workers`` spawned processes that load the model's tokenizer once,
 and each client (its address, and whether it showed the API key) may have at most
-``--text-jobs-per-client`` prompts there at once: one more is refused with 429 at once, so one client's
-burst waits on its own share, not on everyone's.
+``--text-jobs-per-client`` prompts there at once (default: the served concurrency, at least 2, so a client may
+fill every slot): one more is refused with 429 at once, so one client's burst waits on its own share, not on
+everyone's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import signal
 from concurrent.futures.process import BrokenProcessPool
 
 _TEXT = None  # the worker's ModelText
+
+
+MIN_PER_CLIENT = 2  # the per-client limit's least default (a service of one slot still takes a second prompt)
 
 
 class ClientBusy(Exception):
@@ -66,10 +70,12 @@ def _ready() -> int:
 
 
 class TextPool:
-    def __init__(self, model_dir: str, served_model_name: str | None, workers: int, per_client: int,
-                 template_file: str | None = None):
+    def __init__(self, model_dir: str, served_model_name: str | None, workers: int, per_client: int | None,
+                 template_file: str | None = None, concurrency=None):
+        """``per_client`` None: the limit follows ``concurrency()`` (the served N once known; None before), at least
+        MIN_PER_CLIENT."""
         self._args = (model_dir, served_model_name, template_file)
-        self.workers, self.per_client = workers, per_client
+        self.workers, self._per_client, self._concurrency = workers, per_client, concurrency
         self._in_flight: dict[tuple, int] = {}
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
@@ -94,11 +100,18 @@ class TextPool:
         """(prompt text, its token ids) for a chat request."""
         return self._answer(await self._run(client, _chat, messages, tools, extra), "messages")
 
+    @property
+    def per_client(self) -> int:
+        if self._per_client is not None:
+            return self._per_client
+        return max(MIN_PER_CLIENT, (self._concurrency() if self._concurrency else None) or 0)
+
     async def _run(self, client: tuple, fn, *args):
-        held = self._in_flight.get(client, 0)
-        if held >= self.per_client:
+        held, limit = self._in_flight.get(client, 0), self.per_client
+        if held >= limit:
+            why = "" if self._per_client is not None else ": the served concurrency, at least 2"
             raise ClientBusy(f"this client already has {held} prompts being tokenized (--text-jobs-per-client "
-                             f"{self.per_client}); send the next when one is answered")
+                             f"{limit}{why}); send the next when one is answered")
         self._in_flight[client] = held + 1
         try:
             for attempt in (0, 1):

@@ -86,7 +86,8 @@ class ServeConfig:
     keep_alive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
     max_connections: int = 256         # open client connections; beyond: an idle one is closed, else 503
     text_workers: int = 2              # processes that tokenize prompts (never the event loop)
-    text_jobs_per_client: int = 2      # one client's prompts in those workers at once; beyond: 429
+    text_jobs_per_client: int | None = None  # one client's prompts in those workers at once (None: the served N,
+    # at least 2); beyond: 429
     standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
     no_prefix_cache: bool = False      # True: every prompt prefilled from its first token
@@ -263,9 +264,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-workers", type=int, default=2,
                         help="worker processes that tokenize prompts and render chat templates, off the event "
                              "loop that watches the ranks (default: %(default)s)")
-    parser.add_argument("--text-jobs-per-client", type=int, default=2,
+    parser.add_argument("--text-jobs-per-client", type=int, default=None,
                         help="prompts of one client (its address, and whether it sent the API key) in those "
-                             "workers at once; one more is answered 429 (default: %(default)s)")
+                             "workers at once; one more is answered 429 (default: the served concurrency, at "
+                             "least 2, so one client can fill every slot)")
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -302,7 +304,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise ServeConfigError(f"--liveness-timeout-s must be at least {2 * HEARTBEAT_INTERVAL_S:g} s "
                                f"(two heartbeats) or 0")
     for name in ("max_connections", "text_workers", "text_jobs_per_client"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ServeConfigError(f"--{name.replace('_', '-')} must be 1 or more")
     if args.max_images < 0 or args.max_image_pixels < 1:
         raise ServeConfigError("--max-images must be 0 or more and --max-image-pixels 1 or more")

@@ -39,7 +39,8 @@ def svc(request):
     from tests.service.test_service_openai import TEMPLATE  # a Qwen-like chat template with tools
 
     s = ServiceProcess("--max-concurrency", str(N), "--queue-cap", "0", "--max-context", "2048",
-                       "--enable-fault-injection", "--chat-template", TEMPLATE, "--text-jobs-per-client", str(N),
+                       "--enable-fault-injection", "--chat-template", TEMPLATE,  # no --text-jobs-per-client: its
+                       # default, the served N, lets one client's N text requests be tokenized at once
                        model=_hybrid() if request.param == "hybrid" else None, stall_timeout_s=60,
                        allreduce_timeout_s=30)
     try:

@@ -220,3 +220,33 @@ def test_the_default_body_limit_fits_a_prompt_that_fills_the_context(tmp_path):
     assert _cfg("--max-context", "262144", "--body-limit-bytes", "65536").body_limit_bytes == 65536
     native = json.loads((Path(demo_model()) / "config.json").read_text())["max_position_embeddings"]
     assert _cfg().body_limit_bytes == max(1 << 20, 16 * native)
+
+
+def test_one_clients_prompts_in_the_text_workers_default_to_the_served_concurrency():
+    """--text-jobs-per-client's default follows the served N (at least 2), so one client (one address, one key: an
+    agent host, a team behind one proxy) can fill every slot; a flag fixes it; one past the limit is ClientBusy
+    (429) before any worker is asked."""
+    import asyncio
+
+    from engine.service.proxy_text_pool import ClientBusy, TextPool
+
+    served = {"n": None}
+    pool = TextPool("unused", None, 1, None, concurrency=lambda: served["n"])
+    assert pool.per_client == 2  # before the ranks chose N
+    served["n"] = 8
+    assert pool.per_client == 8
+    served["n"] = 1
+    assert pool.per_client == 2
+    assert TextPool("unused", None, 1, 3, concurrency=lambda: 8).per_client == 3
+    assert _cfg().text_jobs_per_client is None and _cfg("--text-jobs-per-client", "5").text_jobs_per_client == 5
+    with pytest.raises(ServeConfigError, match="--text-jobs-per-client must be 1 or more"):
+        _cfg("--text-jobs-per-client", "0")
+    served["n"] = 4
+    pool._in_flight[("127.0.0.1", False)] = 4
+
+    def never(*_):
+        raise AssertionError("a worker was asked")
+
+    with pytest.raises(ClientBusy, match=r"already has 4 prompts .*--text-jobs-per-client 4: the served concurrency"):
+        asyncio.run(pool._run(("127.0.0.1", False), never))
+    assert pool._pool is None  # no worker was started for it
