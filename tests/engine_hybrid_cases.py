@@ -175,3 +175,35 @@ def test_prefill_with_the_gdn_chunk_kernel_gives_the_torch_forms_logits_and_stat
     rec = [i for i, t in enumerate(got_states) if t.shape[-2:] == (32, 32)]  # the recurrent states
     for i in rec:
         assert rel(got_states[i], ref_states[i]) <= max(1.5 * rel(want_states[i], ref_states[i]), 1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_batched_gdn_decode_kernel_gives_each_row_the_one_row_kernels_output_and_states(dtype):
+    """decode.gdn_decode_rows (the batched step's Gated DeltaNet mix: programs per value head and row, each row's
+    slot's ring and state in the pools, in place) against decode.gdn_decode on each row's slot alone: outputs,
+    rings and states bit for bit; the slot no row names untouched; and against the torch form (gdn_mix_rows)."""
+    from engine.model.gdn import gdn_mix_rows
+
+    g = torch.Generator().manual_seed(23)
+    nk, nv, dk, dv, ks, slots_n = 2, 6, 32, 32, 4, 4
+    chans = 2 * nk * dk + nv * dv
+    rings = (0.5 * torch.randn(slots_n, chans, ks, generator=g)).to(dtype)
+    recs = 0.1 * torch.randn(slots_n, nv, dk, dv, generator=g)
+    conv_w = (0.3 * torch.randn(chans, ks, generator=g)).to(dtype)
+    a_log, dt_bias = torch.rand(nv, generator=g).to(dtype), (1 + 0.2 * torch.randn(nv, generator=g)).to(dtype)
+    gnorm = (1 + 0.2 * torch.randn(dv, generator=g)).to(dtype)
+    slots, pos = torch.tensor([2, 0, 3]), torch.tensor([7, 40, 2])
+    proj = torch.randn(3, chans + nv * dv + 2 * nv, generator=g).to(dtype)
+    kw = dict(nk=nk, nv=nv, dk=dk, dv=dv, eps=1e-6)
+    r_rows, s_rows = rings.clone(), recs.clone()
+    y = decode.gdn_decode_rows(proj, r_rows, conv_w, a_log, dt_bias, gnorm, s_rows, pos, slots, **kw)
+    r_one, s_one = rings.clone(), recs.clone()
+    for i, (sl, p) in enumerate(zip(slots.tolist(), pos.tolist())):
+        alone = decode.gdn_decode(proj[i], r_one[sl], conv_w, a_log, dt_bias, gnorm, s_one[sl], torch.tensor([p]),
+                                  **kw)
+        assert torch.equal(y[i], alone), i
+    assert torch.equal(r_rows, r_one) and torch.equal(s_rows, s_one)
+    assert torch.equal(r_rows[1], rings[1]) and torch.equal(s_rows[1], recs[1])  # slot 1: no row names it
+    r_t, s_t = rings.clone(), recs.clone()
+    ref = gdn_mix_rows(proj, r_t, conv_w, a_log, dt_bias, gnorm, s_t, pos, slots, **kw)
+    assert rel(y, ref) < (1e-5 if dtype is torch.float32 else 2e-2) and rel(s_rows, s_t) < 1e-5

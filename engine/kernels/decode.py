@@ -351,3 +351,23 @@ def gdn_decode(proj: torch.Tensor, conv_ring: torch.Tensor, conv_w: torch.Tensor
         DK=dk, DV=dv, KSIZE=conv_w.shape[1], EMU=interpreting() and proj.dtype == torch.bfloat16,
         num_warps=8 if dk * dv >= 8192 else 4)
     return y
+
+
+def gdn_decode_rows(proj: torch.Tensor, rings: torch.Tensor, conv_w: torch.Tensor, a_log: torch.Tensor,
+                    dt_bias: torch.Tensor, gnorm: torch.Tensor, recs: torch.Tensor, pos: torch.Tensor,
+                    slots: torch.Tensor, *, nk: int, nv: int, dk: int, dv: int, eps: float) -> torch.Tensor:
+    """gdn_decode for B sequences (the batched step): proj [B, conv channels + z + b + a] (row b: the sequence in
+    pool row slots[b] at pos[b]) -> y [B, nv dv]; each row's ring (rings [slots, C, K]) and state (recs [slots, nv,
+    dk, dv]) updated in place, by the same kernel as one row (programs per value head and row): no gather, no
+    scatter."""
+    from engine.kernels import gdn_decode_jit
+
+    if not (rings.is_contiguous() and recs.is_contiguous() and proj.stride(-1) == 1):
+        raise ValueError("gdn_decode_rows: the ring and state pools must be contiguous, proj's rows dense")
+    b = proj.shape[0]
+    y = torch.empty(b, nv * dv, dtype=proj.dtype, device=proj.device)
+    gdn_decode_jit.gdn_decode_kernel[(nv, b)](
+        proj, rings, conv_w, a_log, dt_bias, gnorm, recs, y, pos, float(eps), NK=nk, NV=nv, DK=dk, DV=dv,
+        KSIZE=conv_w.shape[1], EMU=interpreting() and proj.dtype == torch.bfloat16, slot_ptr=slots,
+        proj_stride=proj.stride(0), ROWS=True, num_warps=8 if dk * dv >= 8192 else 4)
+    return y

@@ -1,6 +1,8 @@
 """A Gated DeltaNet layer's decode step between its two GEMVs in one kernel (engine.kernels.decode launches it and
 says what it computes): one program per value head, the causal conv over the ring, the gates, the delta rule on
-the float32 state and the gated RMSNorm; engine.kernels.gdn's ``step`` is its torch reference."""
+the float32 state and the gated RMSNorm; engine.kernels.gdn's ``step`` is its torch reference. ROWS: the batched
+step's form (decode.gdn_decode_rows), one program per (value head, row): row r's projection, its slot's ring and
+state in the pools (slot_ptr[r]), its position pos_ptr[r], in place; the same arithmetic per row."""
 
 from __future__ import annotations
 
@@ -30,14 +32,24 @@ def _conv(proj_ptr, ring_ptr, cw_ptr, ch, pos, WRITE, KSIZE: tl.constexpr, dt: t
 @triton.jit
 def gdn_decode_kernel(proj_ptr, ring_ptr, cw_ptr, alog_ptr, dtb_ptr, gn_ptr, state_ptr, y_ptr, pos_ptr, eps,
                       NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                      KSIZE: tl.constexpr, EMU: tl.constexpr):
+                      KSIZE: tl.constexpr, EMU: tl.constexpr, slot_ptr=None, proj_stride=0,
+                      ROWS: tl.constexpr = False):
     h = tl.program_id(0)  # value head
     dt = y_ptr.dtype.element_ty
     RATIO: tl.constexpr = NV // NK
     kh = h // RATIO
     KD: tl.constexpr = NK * DK
     VD: tl.constexpr = NV * DV
-    pos = tl.load(pos_ptr).to(tl.int32)
+    if ROWS:  # row program_id(1): its projection and output rows, its slot's ring and state in the pools
+        r = tl.program_id(1)
+        slot = tl.load(slot_ptr + r).to(tl.int64)
+        pos = tl.load(pos_ptr + r).to(tl.int32)
+        proj_ptr += r * proj_stride
+        y_ptr += r * VD
+        ring_ptr += slot * ((2 * KD + VD) * KSIZE)
+        state_ptr += slot * (NV * DK * DV)
+    else:
+        pos = tl.load(pos_ptr).to(tl.int32)
     ks = tl.arange(0, DK)
     vs = tl.arange(0, DV)
     first = (h % RATIO) == 0  # one program per key head writes the q/k channels' ring slot

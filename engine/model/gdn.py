@@ -58,6 +58,9 @@ def gdn_mix_rows(proj, rings, conv_w, a_log, dt_bias, gnorm, recs, pos, slots, *
     return gated_norm(o.to(proj.dtype), z.view(n, nv, dv), gnorm, eps).reshape(n, vd)
 
 
+ROWS_KERNEL = [True]  # the batched step's mix by the kernel where kernels run (False: the torch form; a bench's A/B)
+
+
 class GatedDeltaNet(Block):
     kind = "linear_attention"
     WEIGHTS = ("input_norm", "w_in", "conv_w", "a_log", "dt_bias", "gnorm", "w_out")
@@ -174,13 +177,16 @@ class GatedDeltaNet(Block):
         return x, linear(y.reshape(1, 1, self.nv * self.dv), self.w_out, None)
 
     def decode_rows(self, x: torch.Tensor, delta: torch.Tensor, s: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        """The torch form for B sequences at once: x, delta [B, 1, D] (row b: the sequence in slot s.slots[b] at
-        s.pos[b]) -> (x + delta, out_proj partial [B, 1, D]); one product over the B rows for each projection, each
-        row's conv ring and recurrent state (its slot's) updated."""
+        """B sequences at once: x, delta [B, 1, D] (row b: the sequence in slot s.slots[b] at s.pos[b]) -> (x +
+        delta, out_proj partial [B, 1, D]); one product over the B rows for each projection, each row's conv ring
+        and recurrent state (its slot's) updated: where the kernels run (decode.runs_here), by the one-row decode
+        kernel's batched form in place (decode.gdn_decode_rows); else the torch form (gdn_mix_rows)."""
         b = x.shape[0]
         x = x + delta
         h = rms_norm(x, self.input_norm, self.eps, self.zc)
         proj = matmul(h, self.w_in, None).view(b, -1)  # [B, conv channels | z | b | a]
-        y = gdn_mix_rows(proj, self.ring_pool, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.rec_pool,
-                         s.pos, s.slots, nk=self.nk, nv=self.nv, dk=self.dk, dv=self.dv, eps=self.eps)
+        kernel = ROWS_KERNEL[0] and decode.runs_here(x.device)
+        fn = decode.gdn_decode_rows if kernel else gdn_mix_rows  # the kernel: in place
+        y = fn(proj, self.ring_pool, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.rec_pool, s.pos,
+               s.slots, nk=self.nk, nv=self.nv, dk=self.dk, dv=self.dv, eps=self.eps)
         return x, matmul(y.view(b, 1, self.nv * self.dv), self.w_out, None)
