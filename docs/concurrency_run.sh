@@ -3,8 +3,8 @@
 # equal the padded eager step bit for bit) and of the batched int4 GEMV (every blocks form, stages 1 and 2); the
 # batched int4 GEMV against the one-row one (engine.bench.int4_rows, block settings swept at M = 2, 8, 16); then
 # the service's batched step at C = 1..16 (engine.bench.concurrency: the graph of each row bucket, and the same
-# step launched eagerly, its kernels profiled at C = 8) on the 27B hybrid shape at 4K in bf16 (and with the Gated
-# DeltaNet mix in its torch form, the comparison), then int4 with the engine's routing and with up to 4 rows as
+# step launched eagerly, its kernels profiled at C = 8) on the 27B hybrid shape at 4K in bf16 (and with attention
+# and the Gated DeltaNet mix in their torch forms, the comparison), then int4 with the engine's routing and with up to 4 rows as
 # one-row GEMVs; last, the service through HTTP. The whole script stays
 # inside LIMIT seconds (default 540); each part gets what is left. Results in $OUT.
 #   LIMIT=540 bash docs/concurrency_run.sh   (pytest and its needs as wheels: PYTHONPATH set as the device README says)
@@ -31,8 +31,8 @@ b() {  # b NAME MODULE ARGS...: inside what is left of LIMIT, 20 s kept for the 
 }
 b int4-rows engine.bench.int4_rows --sweep-rows 2,8,16
 b conc-bf16-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --profile 8 --agree 32 ${LAYERS:+--layers $LAYERS}
-b conc-bf16-4k-gdntorch engine.bench.concurrency --context 4096 --batches 1,8 --skip-solo --skip-eager \
-  --gdn-rows-torch ${LAYERS:+--layers $LAYERS}
+b conc-bf16-4k-rowstorch engine.bench.concurrency --context 4096 --batches 1,8 --skip-solo --skip-eager \
+  --rows-torch ${LAYERS:+--layers $LAYERS}
 b conc-int4-4k engine.bench.concurrency --context 4096 --batches 1,2,4,8,16 --int4 --profile 8 \
   ${LAYERS:+--layers $LAYERS}
 b conc-int4-4k-onerow4 engine.bench.concurrency --context 4096 --batches 1,2,3,4 --int4 --skip-solo --skip-eager \

@@ -207,3 +207,82 @@ def test_the_batched_gdn_decode_kernel_gives_each_row_the_one_row_kernels_output
     r_t, s_t = rings.clone(), recs.clone()
     ref = gdn_mix_rows(proj, r_t, conv_w, a_log, dt_bias, gnorm, s_t, pos, slots, **kw)
     assert rel(y, ref) < (1e-5 if dtype is torch.float32 else 2e-2) and rel(s_rows, s_t) < 1e-5
+
+
+@pytest.mark.parametrize("dtype,int8", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)])
+def test_the_batched_attention_kernel_gives_each_row_its_one_row_output_and_cache(dtype, int8):
+    """decode.decode_attention with slots (the batched step's attention: a grid axis over rows, each row's K/V
+    written and read in its own slot of the pools) against the one-row launch on each row's slot alone, Qwen3.5's
+    form (gated, partial rotary, zero-centred q/k norms): outputs and caches bit for bit with the same programs per
+    row; the slot no row names untouched; with the default programs (shared out over the rows) within rounding."""
+    g = torch.Generator().manual_seed(29)
+    n_heads, n_kv, hd, rot, ctx, slots_n, w = 4, 2, 64, 16, 96, 4, 64
+    kdt = torch.int8 if int8 else dtype
+    kp = (torch.randint(-100, 100, (slots_n, n_kv, ctx, hd), generator=g).to(kdt) if int8
+          else torch.randn(slots_n, n_kv, ctx, hd, generator=g).to(dtype))
+    vp = (torch.randint(-100, 100, (slots_n, n_kv, ctx, hd), generator=g).to(kdt) if int8
+          else torch.randn(slots_n, n_kv, ctx, hd, generator=g).to(dtype))
+    ksp = 0.01 * torch.rand(slots_n, n_kv, ctx, generator=g) if int8 else None
+    vsp = 0.01 * torch.rand(slots_n, n_kv, ctx, generator=g) if int8 else None
+    slots, pos = torch.tensor([3, 0, 2]), torch.tensor([5, 50, 63])
+    qkv = torch.randn(3, (2 * n_heads + 2 * n_kv) * hd, generator=g).to(dtype)
+    ang = pos[:, None].float() * torch.rand(rot, generator=g)[None]
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    qn, kn = (0.1 * torch.randn(hd, generator=g)).to(dtype), (0.1 * torch.randn(hd, generator=g)).to(dtype)
+    kw = dict(n_heads=n_heads, n_kv=n_kv, hd=hd, eps=1e-6, window=w, gated=True, zc=True)
+
+    def pools():
+        return [t.clone() if t is not None else None for t in (kp, vp, ksp, vsp)]
+
+    rk, rv, rks, rvs = pools()
+    got = decode.decode_attention(qkv, cos, sin, pos, qn, kn, rk, rv, k_scale=rks, v_scale=rvs, slots=slots,
+                                  splits=2, **kw)
+    ok, ov, oks, ovs = pools()
+    for i, sl in enumerate(slots.tolist()):
+        one = slice(sl, sl + 1)
+        alone = decode.decode_attention(qkv[i], cos[i:i + 1], sin[i:i + 1], pos[i:i + 1], qn, kn, ok[one], ov[one],
+                                        k_scale=oks[one] if int8 else None, v_scale=ovs[one] if int8 else None,
+                                        splits=2, **kw)
+        assert torch.equal(got[i], alone[0]), i
+    assert torch.equal(rk, ok) and torch.equal(rv, ov) and (not int8 or torch.equal(rks, oks))
+    assert torch.equal(rk[1], kp[1]) and torch.equal(rv[1], vp[1])  # slot 1: no row names it
+    rk, rv, rks, rvs = pools()
+    default = decode.decode_attention(qkv, cos, sin, pos, qn, kn, rk, rv, k_scale=rks, v_scale=rvs, slots=slots,
+                                      **kw)
+    assert rel(default, got) < (1e-5 if dtype is torch.float32 else 1e-2)
+
+
+def test_the_batched_step_on_the_kernels_gives_each_sequence_its_fused_one_sequence_step():
+    """Model.decode_batch where the kernels run (the batched attention and Gated DeltaNet kernels, torch products):
+    three sequences in slots 2, 0, 3 of four, at different positions, against each alone through decode_step's
+    fused kernels: logits within float32 rounding, the same greedy tokens over six steps, states alike."""
+    torch.manual_seed(0)
+    model = Model(ecfg.from_dict(CFG), dtype=torch.float32, device="cpu")
+    g = torch.Generator().manual_seed(31)
+    with torch.inference_mode():
+        for _, t in expected_tensors(model):
+            t.copy_((0.1 if t.dim() == 1 else 0.08) * torch.randn(t.shape, generator=g))
+        model.setup_cache(96, slots=4)
+        slots = [2, 0, 3]
+        prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (9, 30, 17)]
+        firsts = [int(model.prefill_slot(s, p).argmax()) for s, p in zip(slots, prompts)]
+        saved = snapshot_state(model)
+        toks, pos = list(firsts), [len(p) for p in prompts]
+        together = []
+        for _ in range(6):
+            logits = model.decode_batch(torch.tensor(toks), torch.tensor(pos), torch.tensor(slots), 64)
+            together.append(logits)
+            toks, pos = logits.argmax(-1).tolist(), [p + 1 for p in pos]
+        batched_states = snapshot_state(model)
+        restore_state(model, saved)
+        for i, s in enumerate(slots):
+            model.use_slot(s)
+            tok, p = firsts[i], len(prompts[i])
+            for step in range(6):
+                one = model.decode_step(torch.tensor([tok]), torch.tensor([p]), 64, kernels="fused")
+                assert rel(together[step][i], one) < 1e-5, (i, step)
+                tok, p = int(one.argmax()), p + 1
+                assert tok == int(together[step][i].argmax()), (i, step)
+        model.use_slot(0)
+        for a, b in zip(snapshot_state(model), batched_states):
+            assert rel(a, b) < 1e-5

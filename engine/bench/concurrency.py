@@ -222,9 +222,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="also profile the batched step at this C (its kernels by GPU time; 0: none)")
     p.add_argument("--int4-one-row-upto", type=int, default=None, metavar="R",
                    help="--int4: run products of up to R rows as R one-row GEMVs (default: the engine's)")
-    p.add_argument("--gdn-rows-torch", action="store_true",
-                   help="the batched step's Gated DeltaNet mix in its torch form (gather, step, scatter), not the "
-                        "kernel the service runs: the comparison")
+    p.add_argument("--rows-torch", action="store_true",
+                   help="the batched step's attention and Gated DeltaNet mix in their torch forms (per-row gathers), "
+                        "not the kernels the service runs: the comparison")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=None, help="also write the JSON here (rewritten after every phase)")
     args = p.parse_args(argv)
@@ -268,11 +268,10 @@ def main(argv: list[str]) -> int:
     if args.int4_one_row_upto is not None:
         gemv_int4.ONE_ROW_UPTO[0] = args.int4_one_row_upto
     doc["int4_one_row_upto"] = gemv_int4.ONE_ROW_UPTO[0]
-    if args.gdn_rows_torch:
-        from engine.model import gdn
+    from engine.model import base
 
-        gdn.ROWS_KERNEL[0] = False
-    doc["gdn_rows"] = "torch" if args.gdn_rows_torch else "kernel"
+    base.ROWS_KERNELS[0] = not args.rows_torch
+    doc["rows_attention_and_gdn"] = "torch" if args.rows_torch else "kernels"
     if args.int4:  # as engine.bench.int4's step: the quantised config, every layer matrix then packed
         import dataclasses
 

@@ -1,6 +1,8 @@
 """The one-query attention of the decode step in one Triton kernel, and its combine as a kernel of its own
 (engine.kernels.decode launches them and says what they compute): per kv head, q/k RMSNorm, RoPE at pos, K/V written
-into the cache, the window split over programs (flash-decoding) and the partials combined in a fixed order."""
+into the cache, the window split over programs (flash-decoding) and the partials combined in a fixed order. ROWS:
+the batched step's form, a third grid axis over rows, each row in its own slot of the cache pools (its position,
+its window), the same arithmetic per row."""
 
 from __future__ import annotations
 
@@ -186,12 +188,30 @@ def attention_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr,
                      EMU: tl.constexpr, ROT: tl.constexpr = 0, GATED: tl.constexpr = False,
                      ZC: tl.constexpr = False, ksc_ptr=None, vsc_ptr=None, stride_sh=0,
                      INT8: tl.constexpr = False, APART: tl.constexpr = False,
-                     PERMUTE: tl.constexpr = False):
+                     PERMUTE: tl.constexpr = False, slot_ptr=None, row_qkv=0, row_cs=0, slot_k=0, slot_v=0,
+                     slot_s=0, ROWS: tl.constexpr = False):
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     dt = qkv_ptr.dtype.element_ty
     HALF: tl.constexpr = HD // 2
-    pos = tl.load(pos_ptr).to(tl.int32)
+    if ROWS:  # the batched step: row program_id(2), its qkv / cos / sin / output rows, its slot's caches
+        r = tl.program_id(2)
+        slot = tl.load(slot_ptr + r).to(tl.int64)
+        pos = tl.load(pos_ptr + r).to(tl.int32)
+        qkv_ptr += r * row_qkv
+        cos_ptr += r * row_cs
+        sin_ptr += r * row_cs
+        kc_ptr += slot * slot_k
+        vc_ptr += slot * slot_v
+        if INT8:
+            ksc_ptr += slot * slot_s
+            vsc_ptr += slot * slot_s
+        out_ptr += r * (N_HEADS * HD)
+        part_acc += r * (N_KV * SPLITS * G_PAD * HD)
+        part_ml += r * (N_KV * SPLITS * 2 * G_PAD)
+        count_ptr += r * N_KV
+    else:
+        pos = tl.load(pos_ptr).to(tl.int32)
     # this program's first tile of the cache first: its loads are in flight during the q/k work below
     lo = sp * CHUNK
     offs = lo + tl.arange(0, BLOCK_S)

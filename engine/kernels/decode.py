@@ -267,7 +267,8 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
                      num_warps: int | None = None, gated: bool = False, zc: bool = False,
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                      stages: int | None = None,
-                     apart: bool | None = None, permute: bool | None = None) -> torch.Tensor:
+                     apart: bool | None = None, permute: bool | None = None,
+                     slots: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [..., (n_heads + 2 n_kv) hd] (one row), cos/sin [1, hd] at pos, pos [1] (device int64) ->
     attention output [1, 1, n_heads hd] in qkv's dtype; K/V of pos written into the caches [1, kv, S, hd].
     ``combine``: "last" (the last program of a kv head combines, one kernel) or "kernel" (a second kernel);
@@ -279,7 +280,10 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     loop keeps in flight (1: none; default STAGES); ``apart``: position
     pos attended after the tiles from registers instead of inside its tile (default: APART when stages > 1; the
     same scores, summed in another order); ``permute``: an int8 cache in fp16 widened by a byte permute (default
-    I8_PERMUTE; exact either way). The launch's defaults: launch_config."""
+    I8_PERMUTE; exact either way). The launch's defaults: launch_config. ``slots`` [B] (device int64, distinct):
+    the batched step's B rows at once (qkv [B, ...], cos / sin [B, rot], pos [B]; the caches and scales are the
+    pools [slots, kv, S, hd] / [slots, kv, S], row b in pool row slots[b]) -> [B, 1, n_heads hd], each row what
+    it gives alone, with the window's programs shared out over the rows."""
     from engine.kernels import attention_jit
 
     cap = torch.cuda.get_device_capability(qkv.device) if qkv.device.type == "cuda" else None
@@ -289,24 +293,31 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     g = n_heads // n_kv
     g_pad = max(16, 1 << (g - 1).bit_length())
     bs = block_s
+    rows = 1 if slots is None else qkv.shape[0]
     if splits is None:
-        n_split, chunk = splits_for(window, n_kv, bs)
+        n_split, chunk = splits_for(window, n_kv * rows, bs)
     else:
         tiles = -(-window // bs)
         chunk = -(-tiles // splits) * bs
         n_split = -(-window // chunk)
     dev = qkv.device
-    out = torch.empty(n_heads * hd, dtype=qkv.dtype, device=dev)
-    part_acc = torch.empty(n_kv * n_split * g_pad * hd, dtype=torch.float32, device=dev)
-    part_ml = torch.empty(n_kv * n_split * 2 * g_pad, dtype=torch.float32, device=dev)
-    one = combine == "last"
-    count = _counter(k_cache, n_kv) if one else part_ml
+    out = torch.empty(rows, n_heads * hd, dtype=qkv.dtype, device=dev)
+    part_acc = torch.empty(rows * n_kv * n_split * g_pad * hd, dtype=torch.float32, device=dev)
+    part_ml = torch.empty(rows * n_kv * n_split * 2 * g_pad, dtype=torch.float32, device=dev)
+    one = combine == "last" or slots is not None  # the batched form combines in its last program only
+    count = _counter(k_cache, n_kv * (1 if slots is None else ROWS_COUNTERS)) if one else part_ml
+    if rows > ROWS_COUNTERS:
+        raise ValueError(f"decode_attention: {rows} rows, at most {ROWS_COUNTERS}")
+    extra = {} if slots is None else dict(
+        slot_ptr=slots, row_qkv=qkv.stride(0), row_cs=cos.stride(0), slot_k=k_cache.stride(0),
+        slot_v=v_cache.stride(0), slot_s=k_scale.stride(0) if k_scale is not None else 0, ROWS=True)
     qk = q_norm is not None
     emu = interpreting() and qkv.dtype == torch.bfloat16
     int8 = k_scale is not None
     permute = I8_PERMUTE if permute is None else permute
-    attention_jit.attention_kernel[(n_kv, n_split)](
-        qkv.reshape(-1), cos.reshape(-1), sin.reshape(-1), pos, q_norm if qk else qkv, k_norm if qk else qkv,
+    attention_jit.attention_kernel[(n_kv, n_split, rows)](
+        qkv.reshape(-1) if slots is None else qkv, cos.reshape(-1) if slots is None else cos,
+        sin.reshape(-1) if slots is None else sin, pos, q_norm if qk else qkv, k_norm if qk else qkv,
         k_cache, v_cache, out, part_acc, part_ml, count, float(eps), 1.0 / math.sqrt(hd),
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         N_HEADS=n_heads, N_KV=n_kv, G=g, G_PAD=g_pad, HD=hd, CHUNK=chunk, BLOCK_S=bs, SPLITS=n_split,
@@ -315,11 +326,16 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
         ksc_ptr=k_scale if int8 else part_ml, vsc_ptr=v_scale if int8 else part_ml,
         stride_sh=k_scale.stride(1) if int8 else 0, INT8=int8, APART=apart,
         PERMUTE=bool(int8 and permute and qkv.dtype == torch.float16 and not interpreting()), num_stages=stages,
-        num_warps=num_warps)
+        num_warps=num_warps, **extra)
+    if slots is not None:
+        return out.view(rows, 1, n_heads * hd)
     if not one:
         attention_jit.combine_kernel[(n_kv,)](part_acc, part_ml, out, qkv.reshape(-1), SPLITS=n_split, G=g,
                                               G_PAD=g_pad, HD=hd, EMU=emu, GATED=gated, num_warps=4)
     return out.view(1, 1, n_heads * hd)
+
+
+ROWS_COUNTERS = 64  # the batched form's arrival counters per cache pool: kv heads x this many rows (serve's N <= 64)
 
 
 def attention_supported(hd: int, n_heads: int, n_kv: int) -> bool:

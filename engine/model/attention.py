@@ -15,6 +15,7 @@ from engine.core import kvquant, prefill_attention
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul  # F.linear for dense or packed (GPTQ / AWQ) weights
 from engine.kernels import decode
+from engine.model import base
 from engine.model.base import Block, Chunk, Step, rms_norm, rope
 
 
@@ -185,16 +186,23 @@ class FullAttention(Block):
 
 
     def decode_rows(self, x, delta, s: Step):
-        """The torch form for B sequences at once: x, delta [B, 1, D] (row b: the sequence in slot s.slots[b] at
-        position s.pos[b]) -> (x + delta, o_proj partial [B, 1, D]). One product over the B rows for QKV and o_proj;
-        each row's K/V written into its slot, each row attending over its own slot's positions [0, pos[b]] (the
-        window gathered per slot, s.mask_bias masking each row past its position: a reused slot's older K/V stay
-        unread)."""
+        """B sequences at once: x, delta [B, 1, D] (row b: the sequence in slot s.slots[b] at position s.pos[b]) ->
+        (x + delta, o_proj partial [B, 1, D]). One product over the B rows for QKV and o_proj; each row's K/V
+        written into its slot, each row attending over its own slot's positions [0, pos[b]]: where the fused
+        kernels run (fused_here), the one-query attention kernel's batched form reads each row's slot in place
+        (decode.decode_attention with slots); else the torch form gathers the window per slot (s.mask_bias
+        masking each row past its position: a reused slot's older K/V stay unread)."""
         n_heads, n_kv, hd, pos, slots, w = self.n_heads, self.n_kv, self.hd, s.pos, s.slots, s.window
         b = x.shape[0]
         x = x + delta
         h = rms_norm(x, self.input_norm, self.eps, self.zc)
         qkv = matmul(h, self.wqkv, self.bqkv)  # [B, 1, (h [x 2 gated] + 2 kv) * hd]
+        if base.ROWS_KERNELS[0] and self.fused_here(x.device, s.cos.shape[-1]):  # the one-query kernel, per row
+            a = decode.decode_attention(
+                qkv.view(b, -1), s.cos, s.sin, pos, self.q_norm, self.k_norm, self.k_pool, self.v_pool,
+                n_heads=n_heads, n_kv=n_kv, hd=hd, eps=self.eps, window=w, gated=self.gated, zc=self.zc,
+                k_scale=self.k_scale_pool, v_scale=self.v_scale_pool, slots=slots)
+            return x, matmul(a, self.wo, self.bias_once(self.bo, s.rank))
         q, k, v = qkv.split([self.q_rows, n_kv * hd, n_kv * hd], dim=-1)
         gate = None
         if self.gated:

@@ -41,6 +41,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
 
 
+# The batched step (Model.decode_batch) runs its attention and Gated DeltaNet mix by the one-row decode kernels'
+# batched forms where the kernels run; False: their torch forms everywhere (a bench's comparison, never the service)
+ROWS_KERNELS = [True]
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One decode step's inputs, shared by every layer: device tensors only, so the step can be captured.

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from engine.core.config import ModelConfig
 from engine.core.quant import matmul
 from engine.kernels import decode, gdn
+from engine.model import base
 from engine.model.base import Block, Chunk, Step, rms_norm
 
 
@@ -56,9 +57,6 @@ def gdn_mix_rows(proj, rings, conv_w, a_log, dt_bias, gnorm, recs, pos, slots, *
     o = gdn.step_rows(q.view(n, nk, dk), k.view(n, nk, dk), v.view(n, nv, dv), g, beta, state)  # [B, nv, dv]
     recs[slots] = state
     return gated_norm(o.to(proj.dtype), z.view(n, nv, dv), gnorm, eps).reshape(n, vd)
-
-
-ROWS_KERNEL = [True]  # the batched step's mix by the kernel where kernels run (False: the torch form; a bench's A/B)
 
 
 class GatedDeltaNet(Block):
@@ -185,7 +183,7 @@ class GatedDeltaNet(Block):
         x = x + delta
         h = rms_norm(x, self.input_norm, self.eps, self.zc)
         proj = matmul(h, self.w_in, None).view(b, -1)  # [B, conv channels | z | b | a]
-        kernel = ROWS_KERNEL[0] and decode.runs_here(x.device)
+        kernel = base.ROWS_KERNELS[0] and decode.runs_here(x.device)
         fn = decode.gdn_decode_rows if kernel else gdn_mix_rows  # the kernel: in place
         y = fn(proj, self.ring_pool, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.rec_pool, s.pos,
                s.slots, nk=self.nk, nv=self.nv, dk=self.dk, dv=self.dv, eps=self.eps)

@@ -228,7 +228,7 @@ def test_tp2_greedy_tokens_equal_transformers_through_generate(hybrid):
                     reason="Triton is not installed: the fused kernels cannot run (pip install triton)")
 @pytest.mark.early(interpreter_spec("tests/engine_hybrid_cases.py"))
 def test_fused_hybrid_kernels_match_the_plain_blocks_under_the_triton_interpreter():
-    run_interpreter_cases("tests/engine_hybrid_cases.py", 13)
+    run_interpreter_cases("tests/engine_hybrid_cases.py", 17)
 
 
 def test_the_served_tp2_answer_equals_transformers_and_images_are_refused(hybrid):
