@@ -1,7 +1,7 @@
 """`python -m engine.bench.served_concurrency`: `serve --max-concurrency N` measured through HTTP, as clients see it.
 
   1. a checkpoint: --model DIR, or a random-weight one of --config's shape (--layers to cut it) written to disk;
-  2. `python -m engine serve --tp 2 --max-concurrency max(C)` on it (127.0.0.1; --batch-graphs passed through);
+  2. `python -m engine serve --tp 2 --max-concurrency max(C)` on it (127.0.0.1; --no-batch-graphs passed through);
   3. for each C in --batches: C non-streamed greedy completions released together, each with its own prompt of
      --prompt-tokens token ids, first of --short then of --long generated tokens (ignore_eos), --rounds times;
      per-request ms/token = (median long wall - median short wall) / (long - short), so the prefill and the HTTP
@@ -131,7 +131,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--interfere-tokens", type=int, default=3000, help="0: skip step 4")
     p.add_argument("--interfere-after", type=int, default=8)
-    p.add_argument("--batch-graphs", action="store_true", help="serve --batch-graphs")
+    p.add_argument("--no-batch-graphs", dest="batch_graphs", action="store_false", help="serve --no-batch-graphs")
     p.add_argument("--start-timeout-s", type=float, default=600.0)
     p.add_argument("--workdir", default=None, help="where the random checkpoint goes (default: a temp dir)")
     p.add_argument("--out", default=None)
@@ -182,8 +182,8 @@ def main(argv: list[str]) -> int:
     emit()
     extra = ["--max-concurrency", str(max(args.batch_list)), "--queue-cap", str(max(args.batch_list) + 1)]
     proc, port, cmd, log = served.start_serve(work, args.devices, args.dtype, args.max_context,
-                                              model_dir=model_dir, extra=extra + (["--batch-graphs"]
-                                                                                  if args.batch_graphs else []))
+                                              model_dir=model_dir, extra=extra + ([] if args.batch_graphs
+                                                                                  else ["--no-batch-graphs"]))
     doc["serve_command"] = cmd
     serial = iter(range(1_000_000))
 

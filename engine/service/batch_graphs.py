@@ -21,9 +21,10 @@ reason is in ``info``); with a peer rank it ends the capture (the two ranks coul
 their warm-up allreduces must pair up), and the loop runs every step eagerly. Without graphs (CPU, a path that
 waits on the host) the loop calls decode_batch directly.
 
-Off unless ``serve --batch-graphs``: its GPU check (tests/engine/test_engine_batch_graphs_gpu.py: replays equal
-the padded eager step bit for bit) and its bench (docs/concurrency_run.sh) are written and have not run on a GPU
-yet; the padding and the buffers are checked on CPU (tests/engine/test_engine_batch_graphs.py).
+On unless ``serve --no-batch-graphs``: its GPU check (tests/engine/test_engine_batch_graphs_gpu.py: replays equal
+the padded eager step bit for bit) passed on an H100 (2026-12-06, docs/concurrency_run.sh), where the graphs took the
+27B's batched step from 33.3 ms launched eagerly to 22.7 ms at C = 1 (27.7 to 25.3 ms at C = 8,
+docs/engine-speed.md); the padding and the buffers are checked on CPU (tests/engine/test_engine_batch_graphs.py).
 """
 
 from __future__ import annotations
@@ -166,14 +167,14 @@ class BatchGraphs:
         return self.out[:b].clone()
 
 
-def for_rank(model, decoder, n: int, enabled: bool = False) -> tuple[BatchGraphs | None, dict]:
-    """(the batch loop's graphs, what /health says of them): captured now when ``enabled`` (serve --batch-graphs),
-    N > 1 and the rank's decoder runs graphs; else None (the loop calls decode_batch eagerly), with the reason."""
+def for_rank(model, decoder, n: int, enabled: bool = True) -> tuple[BatchGraphs | None, dict]:
+    """(the batch loop's graphs, what /health says of them): captured now when ``enabled`` (unless serve
+    --no-batch-graphs), N > 1 and the rank's decoder runs graphs; else None (the loop calls decode_batch eagerly),
+    with the reason."""
     if n < 2:
         return None, {"mode": "none", "why": "one sequence at a time (the Decoder's graphs)"}
     if not enabled:
-        return None, {"mode": "eager", "why": "serve --batch-graphs not given (off by default until the captured "
-                                              "step's GPU check has run: docs/service.md)"}
+        return None, {"mode": "eager", "why": "serve --no-batch-graphs"}
     if not getattr(decoder, "graphs", False):
         return None, {"mode": "eager", "why": "the decoder runs no graphs here (CPU, or an allreduce path that "
                                               "waits on the host)"}

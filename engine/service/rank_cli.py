@@ -47,8 +47,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt from its first token (default: reuse what the ranks hold, "
                         "engine.core.prefix)")
-    p.add_argument("--batch-graphs", action="store_true",
-                   help="N > 1: the batched step replayed from CUDA graphs (engine/service/batch_graphs.py)")
+    p.add_argument("--no-batch-graphs", dest="batch_graphs", action="store_false",
+                   help="N > 1: the batched step launched eagerly, not replayed from CUDA graphs "
+                        "(engine/service/batch_graphs.py)")
     speculative.add_arguments(p)
     p.add_argument("--no-vision", action="store_true",
                    help="do not load the checkpoint's vision tower (its memory stays free; images are refused)")

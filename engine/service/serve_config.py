@@ -91,7 +91,7 @@ class ServeConfig:
     standby_ranks: bool = True         # fork restarts' ranks from a process that imported torch once
     kv_cache_dtype: str = "auto"       # auto: the model's dtype; int8: engine.core.kvquant
     no_prefix_cache: bool = False      # True: every prompt prefilled from its first token
-    batch_graphs: bool = False         # True: N > 1 replays the batched step from CUDA graphs (batch_graphs.py)
+    batch_graphs: bool = True          # N > 1 replays the batched step from CUDA graphs (batch_graphs.py); False: eager
     draft_tokens: int = 0              # MTP drafts per round (--speculative mtp --draft-tokens K); 0: off
     chat_template: str | None = None   # --chat-template FILE (absolute): wins over the model's own template
     reasoning_parser: str = "auto"     # qwen3: reasoning apart (reasoning_content); none: inline; auto: by vocabulary
@@ -200,11 +200,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "'Concurrent requests'; default: 1 with --speculative mtp or "
                              "on CPU, else as many sequences of the served context as fit the card beside the "
                              f"weights, at most {MAX_CONCURRENCY}; /health's concurrency says which)")
-    parser.add_argument("--batch-graphs", action="store_true",
-                        help="with --max-concurrency above 1 on GPUs whose decoder runs graphs, replay the batched "
-                             "step from CUDA graphs per row bucket and window (engine/service/batch_graphs.py); "
-                             "default: off, the step launched eagerly, until its GPU check has run "
-                             "(docs/service.md 'Concurrent requests')")
+    parser.add_argument("--no-batch-graphs", dest="batch_graphs", action="store_false",
+                        help="with --max-concurrency above 1, launch the batched step eagerly instead of replaying "
+                             "it from CUDA graphs per row bucket and window (engine/service/batch_graphs.py; the "
+                             "default on GPUs whose decoder runs graphs: fewer start-up captures, slower steps)")
     parser.add_argument("--queue-cap", type=int, default=16, help="requests that may wait (beyond: 429; default: %(default)s)")
     parser.add_argument("--stall-timeout-s", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         help="a rank making no progress this long during a request (or not answering an "
@@ -421,8 +420,8 @@ def rank_command(cfg: ServeConfig, rank: int, generation: int, rendezvous: str, 
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.no_prefix_cache:
         cmd.append("--no-prefix-cache")
-    if cfg.batch_graphs:
-        cmd.append("--batch-graphs")
+    if not cfg.batch_graphs:
+        cmd.append("--no-batch-graphs")
     if cfg.no_vision:
         cmd.append("--no-vision")
     if cfg.draft_tokens:

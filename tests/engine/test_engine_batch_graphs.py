@@ -64,7 +64,7 @@ def test_a_position_past_the_last_window_and_too_many_rows_are_refused(hybrid):
         g.step([1, 2, 3], [4, 4, 4], [0, 1, 0], [4, 4, 4])
 
 
-def test_serve_batch_graphs_is_opt_in_reaches_the_ranks_and_each_rank_says_why_it_runs_eagerly(hybrid, tmp_path):
+def test_serve_batch_graphs_are_on_by_default_the_opt_out_reaches_the_ranks_and_each_rank_says_why_it_runs_eagerly(hybrid, tmp_path):
     import argparse
 
     from engine.core import demo, runner
@@ -78,16 +78,18 @@ def test_serve_batch_graphs_is_opt_in_reaches_the_ranks_and_each_rank_says_why_i
     demo.make(tmp_path, arch="llama")
     p = argparse.ArgumentParser()
     sc.add_serve_arguments(p)
-    on = sc.config_from_args(p.parse_args(["--model", str(tmp_path), "--max-concurrency", "4", "--batch-graphs"]))
-    off = sc.config_from_args(p.parse_args(["--model", str(tmp_path), "--max-concurrency", "4"]))
-    assert "--batch-graphs" not in sc.rank_command(off, 0, 1, "/tmp/rv", "/tmp/sock")
+    on = sc.config_from_args(p.parse_args(["--model", str(tmp_path), "--max-concurrency", "4"]))
+    off = sc.config_from_args(p.parse_args(["--model", str(tmp_path), "--max-concurrency", "4", "--no-batch-graphs"]))
+    assert on.batch_graphs and not off.batch_graphs
+    assert "--no-batch-graphs" not in sc.rank_command(on, 0, 1, "/tmp/rv", "/tmp/sock")
     assert rp.parse_args(sc.rank_command(on, 0, 1, "/tmp/rv", "/tmp/sock")[4:]).batch_graphs  # after -m engine rank
+    assert not rp.parse_args(sc.rank_command(off, 0, 1, "/tmp/rv", "/tmp/sock")[4:]).batch_graphs
 
     m = hybrid
     m.setup_cache(CONTEXT, slots=4)
     dec = runner.prepare(m)  # on CPU: no graphs
     assert batch_graphs.for_rank(m, dec, 1, enabled=True)[1]["mode"] == "none"
-    g, info = batch_graphs.for_rank(m, dec, 4)
-    assert g is None and info["mode"] == "eager" and "--batch-graphs not given" in info["why"]
-    g, info = batch_graphs.for_rank(m, dec, 4, enabled=True)
+    g, info = batch_graphs.for_rank(m, dec, 4, enabled=False)
+    assert g is None and info["mode"] == "eager" and "--no-batch-graphs" in info["why"]
+    g, info = batch_graphs.for_rank(m, dec, 4)  # the default: on, where the decoder runs graphs
     assert g is None and info["mode"] == "eager" and "runs no graphs here" in info["why"]
