@@ -62,6 +62,7 @@ from engine import tuning
 from engine.kernels.exchange import as_sent, epw, ticket_args
 from engine.kernels.interpreter import interpreting
 from engine.kernels.prologue import PROLOGUE_NAMES, PROLOGUE_NORM, PROLOGUE_PLAIN, PROLOGUE_SILU
+from engine.kernels.shapes import attention_supported, gdn_supported, rotary_supported  # noqa: F401 (the blocks ask here)
 
 # ---- where the kernels run ------------------------------------------------------------------------------------
 CPU_KERNELS = False  # the tests set it (with TRITON_INTERPRET=1): the fused blocks run their kernels on CPU
@@ -338,21 +339,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
 ROWS_COUNTERS = 64  # the batched form's arrival counters per cache pool: kv heads x this many rows (serve's N <= 64)
 
 
-def attention_supported(hd: int, n_heads: int, n_kv: int) -> bool:
-    """Shapes decode_attention handles: a power-of-two head dimension of 32 or more (Llama, Qwen: 64, 128)
-    and whole groups of query heads per kv head. Others run the plain attention (with the Triton GEMVs)."""
-    return hd >= 32 and hd & (hd - 1) == 0 and n_heads % n_kv == 0
-
-
-def rotary_supported(rot: int, hd: int) -> bool:
-    """A partial rotary the kernel's halves can hold: the rotary pairs inside the first half of the head."""
-    return rot == hd or (rot % 2 == 0 and rot // 2 <= hd // 2)
-
-
 # ---- the Gated DeltaNet step -----------------------------------------------------------------------------------
-def gdn_supported(dk: int, dv: int) -> bool:
-    """Head sizes gdn_decode's kernel holds in one program: powers of two from 16 up to 256."""
-    return all(16 <= n <= 256 and n & (n - 1) == 0 for n in (dk, dv))
 
 
 def gdn_decode(proj: torch.Tensor, conv_ring: torch.Tensor, conv_w: torch.Tensor, a_log: torch.Tensor,

@@ -177,13 +177,13 @@ class GatedDeltaNet(Block):
     def decode_rows(self, x: torch.Tensor, delta: torch.Tensor, s: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """B sequences at once: x, delta [B, 1, D] (row b: the sequence in slot s.slots[b] at s.pos[b]) -> (x +
         delta, out_proj partial [B, 1, D]); one product over the B rows for each projection, each row's conv ring
-        and recurrent state (its slot's) updated: where the kernels run (decode.runs_here), by the one-row decode
+        and recurrent state (its slot's) updated: where the kernels run (fused_here), by the one-row decode
         kernel's batched form in place (decode.gdn_decode_rows); else the torch form (gdn_mix_rows)."""
         b = x.shape[0]
         x = x + delta
         h = rms_norm(x, self.input_norm, self.eps, self.zc)
         proj = matmul(h, self.w_in, None).view(b, -1)  # [B, conv channels | z | b | a]
-        kernel = base.ROWS_KERNELS[0] and decode.runs_here(x.device)
+        kernel = base.ROWS_KERNELS[0] and self.fused_here(x.device, 0)
         fn = decode.gdn_decode_rows if kernel else gdn_mix_rows  # the kernel: in place
         y = fn(proj, self.ring_pool, self.conv_w, self.a_log, self.dt_bias, self.gnorm, self.rec_pool, s.pos,
                s.slots, nk=self.nk, nv=self.nv, dk=self.dk, dv=self.dv, eps=self.eps)

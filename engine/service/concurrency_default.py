@@ -60,7 +60,8 @@ def from_memory(context: int, cfg: ModelConfig, *, world: int, dtype_bytes: int,
     reserve_gb, reserve_source = memory_fit.runtime_reserve()
     rope = context * context_default.rope_bytes_per_position(cfg, dtype_bytes)
     slot_kv = context_default.slot_kv_bytes_per_position(cfg, world, dtype_bytes, kv_int8)
-    # each slot also needs room for its row of the batched step's attention workspace (context_default)
+    # each slot also needs room for its row of the batched step's attention workspace where the torch form runs
+    # (context_default: 0 where the attention kernel reads the slot in place)
     work = context_default.batch_workspace_bytes_per_position(cfg, world, dtype_bytes, kv_int8)
     state = context_default.state_bytes(cfg, world, dtype_bytes)
     free = card.capacity_bytes - card.held_bytes - reserve_gb * memory_fit.GB - rope
@@ -69,8 +70,9 @@ def from_memory(context: int, cfg: ModelConfig, *, world: int, dtype_bytes: int,
         fits = min(1, memory_fit.sequences_that_fit(free, context * slot_kv + state))
     arithmetic = (f"({card.capacity_bytes / 1e9:.2f} GB of {card.name or 'the card'} - {card.held_bytes / 1e9:.2f} GB "
                   f"held - {reserve_gb:g} GB runtime reserve ({reserve_source.split(' (')[0]}) - {rope / 1e9:.3f} GB "
-                  f"RoPE tables) / ({context} positions x ({slot_kv / 1024:.1f} KiB K/V + {work / 1024:.1f} KiB "
-                  f"batched-step workspace) + {state / 1e6:.1f} MB linear-attention state) = {fits} sequences")
+                  f"RoPE tables) / ({context} positions x ({slot_kv / 1024:.1f} KiB K/V"
+                  + (f" + {work / 1024:.1f} KiB batched-step workspace" if work else "")
+                  + f") + {state / 1e6:.1f} MB linear-attention state) = {fits} sequences")
     if fits > MAX_CONCURRENCY:
         return record(MAX_CONCURRENCY, "cap", f"{MAX_CONCURRENCY} at once, the most a rank holds: {arithmetic}", fits)
     if fits < 1:  # only with --max-context given: the default context fits one sequence by construction

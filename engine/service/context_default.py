@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from engine import memory_fit
 from engine.core.config import ModelConfig
+from engine.kernels import shapes
 
 BOUNDS = ("native", "memory", "flag")
 
@@ -49,15 +50,19 @@ def slot_kv_bytes_per_position(cfg: ModelConfig, world: int, dtype_bytes: int, k
 
 
 def batch_workspace_bytes_per_position(cfg: ModelConfig, world: int, dtype_bytes: int, kv_int8: bool) -> float:
-    """The batched step's transient memory per row and position (N > 1 only): Model.decode_batch gathers each row's
-    window of K and V out of its slot ([kv heads, W, head dim] in the compute dtype, and with an int8 cache the
-    gathered codes and scales before they are dequantised), then the float32 scores and their softmax and the
-    probabilities in the compute dtype ([heads, W]) and the row's float32 mask, one attention layer at a time
-    (engine/model/attention.py decode_rows). Not held between steps, but a rank must have room for it with every
-    slot at its last position, so each slot is planned with it."""
+    """The batched step's transient memory per row and position (N > 1 only, on a GPU: the ranks this plan is for).
+    Where the attention kernel holds the shape (engine.kernels.shapes), it reads each row's slot in place and its
+    partials are per row, not per position: 0. Otherwise the torch form (engine/model/attention.py decode_rows)
+    gathers each row's window of K and V out of its slot ([kv heads, W, head dim] in the compute dtype, and with an
+    int8 cache the gathered codes and scales before they are dequantised), then the float32 scores and their
+    softmax and the probabilities in the compute dtype ([heads, W]) and the row's float32 mask, one attention layer
+    at a time. Not held between steps, but a rank must have room for it with every slot at its last position, so
+    each slot is planned with it."""
     if not cfg.layer_types.count("full_attention"):
         return 0.0
     kv, heads, hd = cfg.num_kv_heads // world, cfg.num_heads // world, cfg.head_dim
+    if shapes.attention_supported(hd, heads, kv) and shapes.rotary_supported(cfg.rotary_dim or hd, hd):
+        return 0.0
     gathered = 2 * kv * hd * dtype_bytes + (2 * kv * (hd + memory_fit.INT8_SCALE_BYTES) if kv_int8 else 0)
     return gathered + heads * (4 + 4 + dtype_bytes) + 4
 

@@ -46,15 +46,13 @@ def test_the_27b_on_an_h200_serves_as_many_native_contexts_as_fit(cfg27b):
     assert ctx["max_context"] == 262144 and ctx["bound"] == "native"
     got = concurrency_default.from_memory(262144, cfg27b, world=2, dtype_bytes=2, kv_int8=False, card=H200)
     reserve = memory_fit.runtime_reserve()[0] * 1e9
-    # K/V of 16 + 1 MTP layers, and the batched step's workspace a row: K and V gathered (2 x 2 kv heads x 256 x 2
-    # bytes), the scores, their softmax and the probabilities of 12 heads (4 + 4 + 2 bytes each) and the mask's 4
-    slot = (262144 * (17 * (4 // 2) * 256 * 2 * 2 + 2 * 2 * 256 * 2 + 12 * 10 + 4)
-            + context_default.state_bytes(cfg27b, 2, 2))
+    # K/V of 16 + 1 MTP layers; no batched-step workspace: the attention kernel reads each slot in place
+    slot = 262144 * 17 * (4 // 2) * 256 * 2 * 2 + context_default.state_bytes(cfg27b, 2, 2)
     rope = 262144 * 2 * cfg27b.rotary_dim * 2
     want = int((H200.capacity_bytes - H200.held_bytes - reserve - rope) // slot)
     assert got["max_concurrency"] == got["fits"] == want == 12 and got["bound"] == "memory"
     assert "12 at once" in got["why"] and "NVIDIA H200" in got["why"] and "runtime reserve" in got["why"]
-    assert "2.1 KiB batched-step workspace" in got["why"]
+    assert "workspace" not in got["why"]
     doc = plan_document("h200", 2, str(CONFIG_27B), "v100plan", "256K", None, 1, "latency", weights="bf16")
     (tp2,) = [s for s in doc["strategies"] if s["name"] == "tp2"]
     planned = tp2["breakdown"]["memory"]["sequences_that_fit"]
@@ -138,3 +136,16 @@ def test_the_rank_is_told_to_choose_from_memory_and_on_its_share_of_a_shared_car
     assert p.parse_args([*base, "--max-concurrency", "memory", "--max-concurrency", "7"]).max_concurrency == 7
     with pytest.raises(SystemExit):
         p.parse_args([*base, "--max-concurrency", "lots"])
+
+
+def test_where_the_attention_kernel_does_not_hold_the_shape_each_slot_plans_the_torch_forms_gathered_window(cfg27b):
+    """A head dimension the kernel does not hold (96: not a power of two) runs the batched step's torch attention,
+    which gathers each row's window: K and V (2 x 2 kv heads x 96 x 2 bytes a position at TP2), the scores, their
+    softmax and the probabilities of 12 heads (4 + 4 + 2 bytes each) and the mask's 4; the 27B's own shape: 0."""
+    from dataclasses import replace
+
+    assert context_default.batch_workspace_bytes_per_position(cfg27b, 2, 2, False) == 0.0
+    odd = replace(cfg27b, head_dim=96)
+    assert context_default.batch_workspace_bytes_per_position(odd, 2, 2, False) == 2 * 2 * 96 * 2 + 12 * 10 + 4
+    got = concurrency_default.from_memory(65536, odd, world=2, dtype_bytes=2, kv_int8=False, card=H200)
+    assert "KiB batched-step workspace" in got["why"]
