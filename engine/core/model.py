@@ -19,7 +19,8 @@ Two forward paths share the weights:
                                      runner, ranks, `generate`, the benches); engine/core/runner.py's Decoder
                                      replays it from graphs per context bucket.
   ``decode_batch(toks, pos, slots, window)``  B sequences, each in its state slot (setup_cache's ``slots``), one
-                                     token each: the torch forms only, no graphs (docs/engine.md, Slots).
+                                     token each: rows forms of the kernels where they run, else torch forms;
+                                     graphs per row bucket by engine/service/batch_graphs.py (docs/engine.md).
 The kernel choice ("fused" or "eager", engine.core.decode_mode) is handed in: to decode_step by the runner's
 Decoder, to the prefill as ``Model.kernels`` (set by the loader and the Decoder).
 """
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 
 from engine.core.config import ModelConfig
 from engine.core.kvquant import KV_DTYPES
-from engine.model.base import Chunk, Step, rms_norm, rope, rotate_half  # noqa: F401 (rope, rotate_half re-exported)
+from engine.model.base import Chunk, Step, add_rms_norm, rms_norm, rope, rotate_half  # noqa: F401 (rope, rotate_half)
 from engine.model.registry import make_layer
 
 
@@ -279,11 +280,12 @@ class Model:
         """B sequences one token each: toks [B], pos [B] and slots [B] (device int64, distinct slots) -> float32
         logits [B, V]; row b is what decode_step gives the sequence in slot slots[b] at pos[b] alone. ``rope_pos``
         [B]: the rows of the RoPE tables each token turns with where that is not its cache position (a prompt
-        with images: pos + its multimodal delta, engine.vision.mrope; None: pos). The torch
-        forms only (no fused kernels, no CUDA graphs, no exchange inside the GEMVs: decode_step stays the
-        one-sequence path the Decoder captures): one product over the B rows per linear layer, attention over each
-        row's own slot up to its position (positions [0, window) gathered; window > every pos), each Gated
-        DeltaNet row updating its slot's conv ring and recurrent state. No host sync."""
+        with images: pos + its multimodal delta, engine.vision.mrope; None: pos). One product over
+        the B rows per linear layer (no exchange inside the GEMVs); where the kernels run, the residual adds and
+        norms, the attention (each row over its own slot up to its position, window > every pos) and the Gated
+        DeltaNet mix (each row's conv ring and recurrent state in its slot) are the one-sequence kernels' forms for
+        rows, else torch forms that gather each row's window and state. No host sync: capturable
+        (engine/service/batch_graphs.py replays it)."""
         cfg, b = self.cfg, toks.shape[0]
         x = F.embedding(toks.view(b, 1), self.embed)  # [B, 1, D]
         zero = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -295,7 +297,7 @@ class Model:
         for block in (bl for layer in self.layers for bl in (layer, layer.mlp)):
             x, part = block.decode(x, delta, step)
             delta = self._reduce(part)
-        x = rms_norm(x + delta, self.norm, cfg.rms_norm_eps, self.zc)
+        x = add_rms_norm(x, delta, self.norm, cfg.rms_norm_eps, self.zc, rows=True)[1]
         return self._gather(F.linear(x, self.head)).float()[:, -1]  # [B, V]
 
     def offers_exchange(self, kernels: str | None) -> bool:

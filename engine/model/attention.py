@@ -16,7 +16,7 @@ from engine.core.config import ModelConfig
 from engine.core.quant import matmul  # F.linear for dense or packed (GPTQ / AWQ) weights
 from engine.kernels import decode
 from engine.model import base
-from engine.model.base import Block, Chunk, Step, rms_norm, rope
+from engine.model.base import Block, Chunk, Step, add_rms_norm, rms_norm, rope
 
 
 class FullAttention(Block):
@@ -30,6 +30,7 @@ class FullAttention(Block):
         places them, engine.core.quant_load)."""
         d = cfg.hidden_size
         self.eps, self.zc = cfg.rms_norm_eps, cfg.zero_centred_norm
+        self._kernel_shape: dict[int, bool] = {}  # rotary width -> whether the attention kernel holds the shape
         self.input_norm = torch.empty(d, **e)
         self.n_heads = cfg.num_heads // world
         self.n_kv = cfg.num_kv_heads // world
@@ -121,8 +122,11 @@ class FullAttention(Block):
     # ---- the decode step ---------------------------------------------------------------------------
     def fused_here(self, device: torch.device, rot: int) -> bool:
         """Whether the fused path runs this layer's attention as one kernel (and so can carry the TP2 exchange)."""
-        return (decode.runs_here(device) and decode.attention_supported(self.hd, self.n_heads, self.n_kv)
-                and decode.rotary_supported(rot, self.hd))
+        held = self._kernel_shape.get(rot)
+        if held is None:  # asked once per rotary width (engine.kernels.shapes), not once a token
+            held = self._kernel_shape[rot] = (decode.attention_supported(self.hd, self.n_heads, self.n_kv)
+                                              and decode.rotary_supported(rot, self.hd))
+        return decode.runs_here(device) and held
 
     def decode(self, x: torch.Tensor, delta: torch.Tensor, s: Step, send=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x, delta [1, 1, D] -> (x + delta, o_proj partial [1, 1, D]); this position's K/V written at s.pos.
@@ -194,8 +198,7 @@ class FullAttention(Block):
         masking each row past its position: a reused slot's older K/V stay unread)."""
         n_heads, n_kv, hd, pos, slots, w = self.n_heads, self.n_kv, self.hd, s.pos, s.slots, s.window
         b = x.shape[0]
-        x = x + delta
-        h = rms_norm(x, self.input_norm, self.eps, self.zc)
+        x, h = add_rms_norm(x, delta, self.input_norm, self.eps, self.zc, rows=True)
         qkv = matmul(h, self.wqkv, self.bqkv)  # [B, 1, (h [x 2 gated] + 2 kv) * hd]
         if base.ROWS_KERNELS[0] and self.fused_here(x.device, s.cos.shape[-1]):  # the one-query kernel, per row
             a = decode.decode_attention(

@@ -26,6 +26,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zc: bool = False
     return weight * h.to(x.dtype)
 
 
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, zc: bool = False,
+                 rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)): the batched step's rows (``rows``) in one kernel where the kernels run
+    (engine.kernels.rows_norm.add_norm: rms_norm's rounding; the torch form is ten kernels a norm), else torch."""
+    if rows and ROWS_KERNELS[0] and decode.runs_here(x.device):
+        from engine.kernels import rows_norm
+
+        return rows_norm.add_norm(x, delta, weight, eps, zc)
+    x = x + delta
+    return x, rms_norm(x, weight, eps, zc)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -144,7 +156,7 @@ class DenseMLP(Block):
         if s.fused and decode.runs_here(x.device):
             gu, x = decode.linear_norm(x, delta, self.post_norm, self.eps, self.w13, b13, zc=self.zc)
             return x, decode.linear_silu(gu, self.w2, b2, send=send)
-        x = x + delta  # the mixer's reduced output
-        h = rms_norm(x, self.post_norm, self.eps, self.zc)
-        gate, up = matmul(h, self.w13, b13).chunk(2, dim=-1)  # [1, 1, ff] each
+        # the mixer's reduced output added, then the norm (one kernel for a batched step's rows)
+        x, h = add_rms_norm(x, delta, self.post_norm, self.eps, self.zc, rows=s.slots is not None)
+        gate, up = matmul(h, self.w13, b13).chunk(2, dim=-1)  # [rows, 1, ff] each
         return x, matmul(F.silu(gate) * up, self.w2, b2)

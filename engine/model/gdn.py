@@ -15,7 +15,7 @@ from engine.core.config import ModelConfig
 from engine.core.quant import matmul
 from engine.kernels import decode, gdn
 from engine.model import base
-from engine.model.base import Block, Chunk, Step, rms_norm
+from engine.model.base import Block, Chunk, Step, add_rms_norm, rms_norm
 
 
 def gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -78,6 +78,7 @@ class GatedDeltaNet(Block):
         self.a_log = torch.empty(self.nv, **e)
         self.dt_bias = torch.empty(self.nv, **e)
         self.gnorm = torch.empty(self.dv, **e)
+        self._kernel_shape = decode.gdn_supported(self.dk, self.dv)  # the decode kernel holds these heads
         self.w_out = torch.empty(d, self.nv * self.dv, **m)  # columns: this rank's value heads
         self.ring_pool = self.rec_pool = None
 
@@ -146,7 +147,7 @@ class GatedDeltaNet(Block):
 
     # ---- the decode step ---------------------------------------------------------------------------
     def fused_here(self, device: torch.device, rot: int) -> bool:
-        return decode.runs_here(device) and decode.gdn_supported(self.dk, self.dv)
+        return decode.runs_here(device) and self._kernel_shape
 
     def mix(self, proj: torch.Tensor, pos: torch.Tensor, fused: bool) -> torch.Tensor:
         """proj [conv channels | z | b | a] (one row) -> y [nv dv]; the decoding slot's ring and state updated
@@ -180,8 +181,7 @@ class GatedDeltaNet(Block):
         and recurrent state (its slot's) updated: where the kernels run (fused_here), by the one-row decode
         kernel's batched form in place (decode.gdn_decode_rows); else the torch form (gdn_mix_rows)."""
         b = x.shape[0]
-        x = x + delta
-        h = rms_norm(x, self.input_norm, self.eps, self.zc)
+        x, h = add_rms_norm(x, delta, self.input_norm, self.eps, self.zc, rows=True)
         proj = matmul(h, self.w_in, None).view(b, -1)  # [B, conv channels | z | b | a]
         kernel = base.ROWS_KERNELS[0] and self.fused_here(x.device, 0)
         fn = decode.gdn_decode_rows if kernel else gdn_mix_rows  # the kernel: in place
