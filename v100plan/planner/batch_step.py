@@ -1,28 +1,28 @@
 """The bundled engine's batched decode step, as a ratio to its one-sequence step (the profile's ``batched_step``).
 
 With ``serve --max-concurrency`` above 1 the engine decodes every running sequence in one batched step
-(Model.decode_batch, replayed from CUDA graphs per row bucket), even for one running request. That step runs
-torch forms whose cost grows with the rows (element-wise kernels, each row's K/V window gathered, the recurrent
-rows' state gathered and scattered), not the one-sequence step's fused kernels, so it is far from the reads'
-arithmetic (docs/engine-speed.md, 2026-12-06). The planner prices a round of C sequences as its own
-one-sequence round (weights once, one sequence's K/V and recurrent state) times the measured step ratio
+(Model.decode_batch, replayed from CUDA graphs per row bucket), even for one running request. That step runs the
+attention and Gated DeltaNet kernels' forms for rows but one product per layer over the rows (not the
+one-sequence step's fused GEMVs), so even one row costs more than the one-sequence step, and each further row
+adds its own K/V, state and share of the products (docs/engine-speed.md, 2026-12-06). The planner prices a round
+of C sequences as its own one-sequence round (weights once, one sequence's K/V and recurrent state) times the
+measured step ratio
 
     r(C, ctx) = the batched step's ms for C sequences / the one-sequence step's ms, of the same run.
 
 In C: linear interpolation between the measured counts; outside them the line through the nearest two
 (past 16: extrapolated, said).
 
-In context, rows lo < hi (4K and 64K for bf16; past the largest row, the largest two), t = log2(ctx / lo) /
-log2(hi / lo):
+In context, rows lo < hi (past the largest row, the largest two), t = log2(ctx / lo) / log2(hi / lo):
 
     r(C, ctx) = r_lo(C) + t x d(C),     d(c) = r_hi(c) - r_lo(c) at the counts both rows measured,
 
-d linear in C through those counts (and beyond them on the line through the nearest two). With bf16's 64K row
-(C = 1 and 4 only) that is d(C) = d(1) + (C - 1) x (d(4) - d(1)) / 3: a fixed part the batched step pays at 64K
-whatever its rows (d(1)) plus a part per further row (each row's K/V window gathered). At a measured point it
-gives the measured ratio. At or below the smallest row: that row's ratios (the ratio grew with context from 4K
-to 64K, so this errs slow); between rows: interpolated; past the largest: t > 1, extrapolated. A family with one
-row (int4: 4K only) uses its ratios at every context, said (likely optimistic beyond it, as bf16's ratio grows).
+d linear in C through those counts (and beyond them on the line through the nearest two): with a long row
+measured at C = 1 and 4 only, d(C) = d(1) + (C - 1) x (d(4) - d(1)) / 3, a fixed part the batched step pays at that
+context whatever its rows plus a part per further row (each row's K/V read). At a measured point it gives the
+measured ratio. At or below the smallest row: that row's ratios; between rows: interpolated; past the largest:
+t > 1, extrapolated. A family with one row (bf16 and int4 today: 4K only) uses its ratios at every context, said
+(likely optimistic beyond it: each further row reads its own K/V, which grows with the context).
 
 Speculating sequences are not batched (``in_turn``): each takes its own round in turn, so a round of C is C
 one-sequence rounds: per request the one-sequence round's tok/s / C, aggregate that round's tok/s.
@@ -105,7 +105,7 @@ def step_ratio(table: BatchedStep, fmt: str, concurrency: int, context_tokens: i
             why = f"context {format_tokens(context_tokens)} at or below {at}: the {at} ratio held"
         else:
             why = (f"only {at} measured for {fam.name}: its {at} ratio held at {format_tokens(context_tokens)} "
-                   "(bf16's ratio grew with context, so likely optimistic)")
+                   "(each further row reads its own K/V, which grows with context: likely optimistic)")
         return StepRatio(r_lo, "extrapolated", f"{fam.name}: {words_c} at {at}; {why}", table.source, fam.name)
     hi_i = next((i for i, r in enumerate(rows) if r.context_tokens >= context_tokens), len(rows) - 1)
     hi_i = max(hi_i, 1)
