@@ -138,6 +138,16 @@ def _woff(kw, TB: tl.constexpr, TW: tl.constexpr, SW: tl.constexpr):
 
 
 @triton.jit
+def _row_words(qw_ptr, rows, wcols, KW, TB: tl.constexpr, TW: tl.constexpr):
+    """Pointers to words wcols of each of ``rows`` (kw 0; _woff moves along K): the words in rows (TB 0), or in tiles
+    of TB rows x TW words (PackedLinear.tiled)."""
+    if TB == 0:
+        return qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
+    rb = (rows // TB).to(tl.int64) * (TB * KW) + (rows % TB) * TW
+    return qw_ptr + rb[:, None] + wcols[None, :]
+
+
+@triton.jit
 def _tile_loads(wp, hp_ptr, hw_ptr, s_ptr, qz_ptr, kw, kwend, rows, rmask, wcols, zshift, N, KW,
                 SW: tl.constexpr, GS: tl.constexpr, ZOFF: tl.constexpr, EVEN_K: tl.constexpr,
                 TB: tl.constexpr = 0, TW: tl.constexpr = 16):
@@ -300,11 +310,7 @@ def _int4_item(pid, pk, qw_ptr, qz_ptr, s_ptr, hp_ptr, hw_ptr, b_ptr, y_ptr, par
     SW: tl.constexpr = SUB // 8  # words per row per sub-tile
     wcols = tl.arange(0, SW)
     zshift = (rows % 8) * 4
-    if TB == 0:  # the words in rows
-        wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
-    else:  # in tiles of TB rows x TW words (PackedLinear.tiled)
-        rb = (rows // TB).to(tl.int64) * (TB * KW) + (rows % TB) * TW
-        wp = qw_ptr + rb[:, None] + wcols[None, :]
+    wp = _row_words(qw_ptr, rows, wcols, KW, TB, TW)
     acc = tl.zeros((BLOCK_N, SW), dtype=tl.float32)
     # the loop counts in words (KS: words per slice) so that the compiler sees 16-byte-aligned word offsets
     kwbeg = pk * KS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from engine.kernels.gemv_int4_jit import _woff
+from engine.kernels.gemv_int4_jit import _row_words, _woff
 from engine.kernels.rounding_jit import rnd
 
 
@@ -98,11 +98,7 @@ def int4_rows_kernel(qw_ptr, qz_ptr, s_ptr, x_ptr, perm_ptr, b_ptr, y_ptr, part_
     wcols = tl.arange(0, SW)
     mcols = tl.arange(0, M_PAD)
     zshift = (rows % 8) * 4
-    if TB == 0:  # the words in rows
-        wp = qw_ptr + rows[:, None].to(tl.int64) * KW + wcols[None, :]
-    else:  # in tiles of TB rows x TW words (PackedLinear.tiled)
-        rb = (rows // TB).to(tl.int64) * (TB * KW) + (rows % TB) * TW
-        wp = qw_ptr + rb[:, None] + wcols[None, :]
+    wp = _row_words(qw_ptr, rows, wcols, KW, TB, TW)
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     kwbeg = pk * KS
