@@ -193,10 +193,9 @@ def test_up_to_one_row_upto_rows_run_as_one_row_gemvs(monkeypatch):
     for m in (3, 4):
         x = torch.randn(m, 256, generator=g).to(torch.bfloat16)
         y = gemv_int4.linear_rows(x, w)
-        for r in range(m):
+        for r in range(m if m == 3 else 0):  # the routed rows: each its one-row GEMV, bit for bit
             alone = torch.empty(64, dtype=torch.bfloat16)
             gemv_int4.launch(gemv_int4.PROLOGUE_PLAIN, x[r].contiguous(), w, None, alone)
-            if m == 3:
-                assert torch.equal(y[r], alone)
+            assert torch.equal(y[r], alone)
         within(y, F.linear(x.float(), wd), F.linear(x.float().abs(), wd.abs()), torch.bfloat16)
     assert calls == [4]
